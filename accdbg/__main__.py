@@ -1,0 +1,5 @@
+import sys
+
+from accdbg.cli.main import main
+
+sys.exit(main())

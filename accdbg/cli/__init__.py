@@ -1,0 +1,1 @@
+"""The command layer: parses flags, calls the Python API, prints one-line errors."""

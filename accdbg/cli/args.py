@@ -1,0 +1,53 @@
+"""Reusable argument groups, so every component spells shared flags the same way."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+from accdbg.errors import AccdbgError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one-line :class:`AccdbgError`s, not usage dumps."""
+
+    def error(self, message: str) -> NoReturn:
+        raise AccdbgError(f"{message} (see: {self.prog} --help)")
+
+
+def add_common(parser: argparse.ArgumentParser, component: str) -> None:
+    g = parser.add_argument_group("common arguments")
+    g.add_argument("-w", "--working_dir", default="working_directory",
+                   help="working directory; results go under <working_dir>/" + component)
+    g.add_argument("--output_dirname", default=None,
+                   help=f"run folder name under <working_dir>/{component} instead of the timestamp")
+    g.add_argument("-v", "--verbose", action="store_true",
+                   help="verbose logging, and tracebacks on errors")
+
+
+def add_model(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    g = parser.add_argument_group("model arguments")
+    g.add_argument("-f", "--framework", nargs="+", required=required, metavar="FRAMEWORK",
+                   help="framework and optional version, e.g. 'onnx' or 'onnx 1.17' (case insensitive)")
+    g.add_argument("-m", "--model_path", required=required, help="path to the model file")
+    g.add_argument("-i", "--input_tensor", nargs="+", action="append", required=required,
+                   metavar="INPUT_TENSOR",
+                   help='"name" dims path [dtype], e.g. "data" 1,3,224,224 data.raw float32; repeat per input')
+    g.add_argument("-o", "--output_tensor", action="append", default=[],
+                   help="name of a graph output tensor that must be produced; repeatable")
+
+
+def add_framework_runtime(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("framework runtime arguments")
+    g.add_argument("--disable_graph_optimization", action="store_true",
+                   help="disable onnxruntime graph optimizations (basic optimizations are on by default)")
+    g.add_argument("--onnx_custom_op_lib", default=None, help="path to an onnxruntime custom-op library")
+    g.add_argument("--memory_budget_mb", type=float, default=4096,
+                   help="most megabytes of exposed tensors held at once; beyond it the dump is split over several runs (default 4096)")
+    g.add_argument("--include_constants", action="store_true",
+                   help="also dump the outputs of Constant nodes (parameters, not activations)")
+
+
+def options_dict(args: argparse.Namespace) -> dict:
+    """Every option of a run, JSON-ready, for ``<component>_options.json``."""
+    return {k: v for k, v in vars(args).items() if not k.startswith("_")}

@@ -1,0 +1,127 @@
+"""Entry point of ``qnn-accuracy-debugger`` / ``accdbg``.
+
+A component flag (``--framework_diagnosis``, ``--inference_engine``, ...) selects one
+component; without one the wrapper runs the debugging algorithm. Each component is a module
+with ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args)``, registered below.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import traceback
+from collections.abc import Sequence
+
+from accdbg.cli.args import Parser
+from accdbg.errors import AccdbgError
+
+PROG = "qnn-accuracy-debugger"
+
+# component flag -> module implementing it (None: not implemented yet)
+COMPONENTS: dict[str, str | None] = {
+    "framework_diagnosis": "accdbg.cli.framework_diagnosis",
+    "inference_engine": None,
+    "verification": None,
+    "compare_encodings": None,
+    "tensor_inspection": None,
+}
+WRAPPER: str | None = None
+
+
+def setup_logging(verbose: bool) -> None:
+    logger = logging.getLogger("accdbg")
+    logger.setLevel(logging.DEBUG)
+    for h in list(logger.handlers):
+        if getattr(h, "_accdbg_console", False):
+            logger.removeHandler(h)
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.DEBUG if verbose else logging.INFO)
+    console.setFormatter(logging.Formatter("%(message)s"))
+    console._accdbg_console = True  # type: ignore[attr-defined]
+    logger.addHandler(console)
+    logger.propagate = False
+
+
+def top_level_help() -> str:
+    lines = [
+        f"usage: {PROG} [--framework_diagnosis | --inference_engine | --verification |",
+        "        --compare_encodings | --tensor_inspection] [-h] [component options]",
+        "",
+        "Finds which layer of a model breaks on the QNN runtime, and why.",
+        "Select at most one component; with none, framework diagnosis, inference engine and",
+        "verification run in sequence (oneshot-layerwise debugging).",
+        "",
+        "components:",
+    ]
+    for name, module in COMPONENTS.items():
+        desc = importlib.import_module(module).HELP if module else "(not implemented yet)"
+        lines.append(f"  --{name:<22} {desc}")
+    lines += ["", f"For a component's options: {PROG} --help --<component>"]
+    return "\n".join(lines)
+
+
+def split_component(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    chosen = [a[2:] for a in argv if a.startswith("--") and a[2:] in COMPONENTS]
+    if len(chosen) > 1:
+        raise AccdbgError(
+            f"choose at most one component flag; got {', '.join('--' + c for c in chosen)}"
+        )
+    rest = [a for a in argv if not (a.startswith("--") and a[2:] in COMPONENTS)]
+    return (chosen[0] if chosen else None), rest
+
+
+def build_parser(component: str, module) -> Parser:
+    parser = Parser(prog=f"{PROG} --{component}", description=module.HELP)
+    module.add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "-v" in argv or "--verbose" in argv
+    setup_logging(verbose)
+    try:
+        component, rest = split_component(argv)
+        if component is None:
+            if not rest or (WRAPPER is None and any(a in ("-h", "--help") for a in rest)):
+                print(top_level_help())
+                return 0
+            if WRAPPER is None:
+                raise AccdbgError(
+                    "the end-to-end wrapper (no component flag) is not implemented yet; "
+                    "choose a component, e.g. --framework_diagnosis"
+                )
+            module = importlib.import_module(WRAPPER)
+            component = module.NAME
+        else:
+            module_name = COMPONENTS[component]
+            if module_name is None:
+                raise AccdbgError(f"--{component} is not implemented yet")
+            module = importlib.import_module(module_name)
+        parser = build_parser(component, module)
+        try:
+            args = parser.parse_args(rest)
+        except SystemExit as exc:  # --help
+            return int(exc.code or 0)
+        return int(module.run(args) or 0)
+    except AccdbgError as exc:
+        if verbose:
+            traceback.print_exc()
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: say so in one line, keep the traceback for -v
+        if verbose:
+            traceback.print_exc()
+        print(
+            f"{PROG}: internal error: {type(exc).__name__}: {exc} (rerun with -v for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pieces every component shares: run folders, tensor files, inputs, logging."""

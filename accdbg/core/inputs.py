@@ -1,0 +1,137 @@
+"""Model inputs as users give them: ``-i name dims file [dtype]`` and qnn-net-run input lists."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from accdbg.core.dtypes import parse_dtype
+from accdbg.errors import AccdbgError
+
+
+@dataclass(frozen=True)
+class InputTensor:
+    """One ``--input_tensor``: name, dims, raw file and element type."""
+
+    name: str
+    dims: tuple[int, ...]
+    path: Path
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.dims)) * self.dtype.itemsize
+
+    def load(self) -> np.ndarray:
+        """Read the raw file, checking its size against dims x dtype."""
+        check_raw_size(self.path, self.dims, self.dtype, f"--input_tensor {self.name!r}")
+        return np.fromfile(self.path, dtype=self.dtype).reshape(self.dims)
+
+
+def parse_dims(text: str, what: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in str(text).replace("x", ",").split(",") if d.strip() != "")
+    except ValueError:
+        raise AccdbgError(f"{what}: dims {text!r} must be comma-separated integers, e.g. 1,3,224,224") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise AccdbgError(f"{what}: dims {text!r} must be positive integers, e.g. 1,3,224,224")
+    return dims
+
+
+def parse_input_tensor(values: list[str]) -> InputTensor:
+    """``["data", "1,3,224,224", "data.raw", "float32"]`` -> :class:`InputTensor`."""
+    if len(values) not in (3, 4):
+        raise AccdbgError(
+            f"--input_tensor takes: name dims path [dtype], e.g. \"data\" 1,3,224,224 data.raw float32; got {values!r}"
+        )
+    name, dims, path = values[0], values[1], values[2]
+    what = f"--input_tensor {name!r}"
+    dtype = parse_dtype(values[3], f"{what} dtype") if len(values) == 4 else np.dtype("float32")
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise AccdbgError(f"{what}: raw file {path!r} does not exist")
+    return InputTensor(name=name, dims=parse_dims(dims, what), path=p.absolute(), dtype=dtype)
+
+
+def check_raw_size(path: Path, dims, dtype: np.dtype, what: str) -> None:
+    expected = int(np.prod(dims)) * np.dtype(dtype).itemsize
+    try:
+        actual = os.path.getsize(path)
+    except OSError:
+        raise AccdbgError(f"{what}: raw file {str(path)!r} does not exist or cannot be read") from None
+    if actual != expected:
+        raise AccdbgError(
+            f"{what}: raw file {str(path)!r} has {actual} bytes, expected {expected} "
+            f"({'x'.join(map(str, dims))} x {np.dtype(dtype).name})"
+        )
+
+
+@dataclass(frozen=True)
+class InputListEntry:
+    """One line of an input list: one inference. ``name`` is None for positional paths."""
+
+    line_no: int
+    items: tuple[tuple[str | None, Path], ...]
+
+
+@dataclass(frozen=True)
+class InputList:
+    path: Path
+    entries: tuple[InputListEntry, ...]
+    output_names: tuple[str, ...]
+
+
+def _resolve(raw: str, base: Path) -> Path:
+    p = Path(raw).expanduser()
+    if p.is_absolute() or p.exists():
+        return p.absolute()
+    return (base / p).absolute()
+
+
+def parse_input_list(path: str | os.PathLike) -> InputList:
+    """Parse a qnn-net-run input list.
+
+    One inference per line: either paths in the model's input order, or ``name:=path`` pairs,
+    separated by spaces. A line starting with ``#`` names output tensors (space separated).
+    Relative paths are taken from the current folder, else from the list's own folder.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise AccdbgError(f"--input_list {str(path)!r} does not exist")
+    entries: list[InputListEntry] = []
+    outputs: list[str] = []
+    for no, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("#"):
+            outputs.extend(t for t in text[1:].replace(",", " ").split() if t)
+            continue
+        items: list[tuple[str | None, Path]] = []
+        for tok in text.split():
+            if ":=" in tok:
+                name, _, file = tok.partition(":=")
+                if not name or not file:
+                    raise AccdbgError(f"{p}:{no}: {tok!r} must be name:=path")
+                items.append((name, _resolve(file, p.parent)))
+            else:
+                items.append((None, _resolve(tok, p.parent)))
+        kinds = {n is None for n, _ in items}
+        if len(kinds) > 1:
+            raise AccdbgError(f"{p}:{no}: mixes plain paths and name:=path pairs; use one form per line")
+        for _, f in items:
+            if not f.is_file():
+                raise AccdbgError(f"{p}:{no}: input file {str(f)!r} does not exist")
+        entries.append(InputListEntry(no, tuple(items)))
+    if not entries:
+        raise AccdbgError(f"--input_list {str(p)!r} has no input lines")
+    return InputList(path=p.absolute(), entries=tuple(entries), output_names=tuple(outputs))
+
+
+def write_input_list(path: Path, inputs: list[InputTensor]) -> Path:
+    """Write a one-line ``name:=path`` input list for the given inputs."""
+    path.write_text(" ".join(f"{t.name}:={t.path}" for t in inputs) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,239 @@
+"""ONNX model handling shared by framework diagnosis, the QNN engine and the algorithms.
+
+Loading with clear errors, fixing dynamic input dims, listing node outputs in topological
+order, and exposing intermediates as graph outputs. Graph surgery uses onnx's own helpers.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from accdbg.errors import AccdbgError
+
+TWO_GIB = 2**31 - 1024
+
+
+def load_model(path: str | os.PathLike, what: str = "--model_path") -> onnx.ModelProto:
+    """Load an ONNX model (external data included) or fail with a one-line reason."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise AccdbgError(f"{what} {str(path)!r} does not exist")
+    if not p.is_file():
+        raise AccdbgError(f"{what} {str(path)!r} is not a file")
+    try:
+        model = onnx.load(str(p))
+    except Exception as exc:  # protobuf raises several unrelated types
+        raise AccdbgError(
+            f"{what} {str(path)!r} is not a valid ONNX model ({type(exc).__name__}: {exc})"
+        ) from None
+    if not model.graph.node:
+        raise AccdbgError(f"{what} {str(path)!r} is not a valid ONNX model (its graph has no nodes)")
+    return model
+
+
+def initializer_names(model: onnx.ModelProto) -> set[str]:
+    return {i.name for i in model.graph.initializer}
+
+
+def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that are not initializers (old exporters list weights as inputs)."""
+    inits = initializer_names(model)
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def dims_of(vi: onnx.ValueInfoProto) -> list[int | str | None]:
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return []
+    return [
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
+    ]
+
+
+def describe_inputs(model: onnx.ModelProto) -> str:
+    parts = []
+    for vi in real_inputs(model):
+        dims = ",".join("?" if d is None else str(d) for d in dims_of(vi))
+        parts.append(f"{vi.name} [{dims}]")
+    return ", ".join(parts) or "(none)"
+
+
+def elem_dtype(vi: onnx.ValueInfoProto) -> np.dtype | None:
+    et = vi.type.tensor_type.elem_type
+    if not et:
+        return None
+    return np.dtype(helper.tensor_dtype_to_np_dtype(et))
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Set the given inputs' dims (dynamic or not), checking rank and static dims agree.
+
+    Stale ``value_info`` is dropped so shape inference recomputes it from the fixed dims.
+    """
+    by_name = {vi.name: vi for vi in real_inputs(model)}
+    for name, dims in shapes.items():
+        vi = by_name[name]
+        old = dims_of(vi)
+        if old and len(old) != len(dims):
+            raise AccdbgError(
+                f"--input_tensor {name!r}: dims {','.join(map(str, dims))} have rank {len(dims)}, "
+                f"the model expects rank {len(old)} [{','.join('?' if d is None else str(d) for d in old)}]"
+            )
+        for i, (o, n) in enumerate(zip(old, dims, strict=False)):
+            if isinstance(o, int) and o > 0 and o != n:
+                raise AccdbgError(
+                    f"--input_tensor {name!r}: dim {i} is {n}, the model fixes it to {o} "
+                    f"(model input [{','.join('?' if d is None else str(d) for d in old)}])"
+                )
+        shape = vi.type.tensor_type.shape
+        del shape.dim[:]
+        for d in dims:
+            shape.dim.add().dim_value = int(d)
+    del model.graph.value_info[:]
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx shape inference, tolerant of ops it does not know (custom domains)."""
+    try:
+        if model.ByteSize() < TWO_GIB:
+            return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # inference is a best effort: unknown shapes only cost precision
+        pass
+    return model
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A node output: who made it and what we know of it before running."""
+
+    name: str
+    node: str
+    op_type: str
+    index: int
+    dtype: np.dtype | None
+    shape: tuple[int, ...] | None
+
+    @property
+    def nbytes(self) -> int | None:
+        if self.shape is None or self.dtype is None:
+            return None
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+
+def node_name(node: onnx.NodeProto, index: int) -> str:
+    return node.name or f"{node.op_type}_{index}"
+
+
+def topological_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Nodes in a dependency-respecting order (ONNX requires it, but not every exporter obeys)."""
+    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered: list[onnx.NodeProto] = []
+    while pending:
+        rest = []
+        for n in pending:
+            if all(i in available for i in n.input):
+                ordered.append(n)
+                available.update(n.output)
+            else:
+                rest.append(n)
+        if len(rest) == len(pending):  # a cycle or outer-scope names: keep file order
+            ordered.extend(rest)
+            break
+        pending = rest
+    return ordered
+
+
+def tensor_infos(model: onnx.ModelProto, skip_op_types: Iterable[str] = ()) -> list[TensorInfo]:
+    """Every node output in topological order, with dtype/shape where inference knows them."""
+    skip = set(skip_op_types)
+    known: dict[str, onnx.ValueInfoProto] = {}
+    for vi in [*model.graph.value_info, *model.graph.output, *model.graph.input]:
+        known[vi.name] = vi
+    infos: list[TensorInfo] = []
+    seen: set[str] = set()
+    for i, node in enumerate(topological_nodes(model.graph)):
+        if node.op_type in skip:
+            continue
+        for out in node.output:
+            if not out or out in seen:
+                continue
+            seen.add(out)
+            vi = known.get(out)
+            dims = dims_of(vi) if vi is not None else []
+            shape = (
+                tuple(int(d) for d in dims)
+                if vi is not None and vi.type.tensor_type.HasField("shape")
+                and all(isinstance(d, int) for d in dims)
+                else None
+            )
+            infos.append(
+                TensorInfo(
+                    name=out,
+                    node=node_name(node, i),
+                    op_type=node.op_type,
+                    index=len(infos),
+                    dtype=elem_dtype(vi) if vi is not None else None,
+                    shape=shape,
+                )
+            )
+    return infos
+
+
+def with_outputs(model: onnx.ModelProto, names: Iterable[str], keep_existing: bool = False) -> onnx.ModelProto:
+    """A copy of the model whose graph outputs are exactly ``names`` (plus the old ones if asked).
+
+    Outputs are added untyped when inference did not type them; onnxruntime fills that in.
+    """
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    typed = {vi.name: vi for vi in [*m.graph.value_info, *m.graph.output]}
+    old = list(m.graph.output)
+    del m.graph.output[:]
+    wanted = list(dict.fromkeys(names))
+    if keep_existing:
+        wanted = list(dict.fromkeys([*(o.name for o in old), *wanted]))
+    for name in wanted:
+        vi = onnx.ValueInfoProto()
+        if name in typed:
+            vi.CopyFrom(typed[name])
+        else:
+            vi.name = name
+        m.graph.output.append(vi)
+    return m
+
+
+def all_tensor_names(model: onnx.ModelProto) -> list[str]:
+    names = [i.name for i in model.graph.input]
+    for n in model.graph.node:
+        names.extend(o for o in n.output if o)
+    return names
+
+
+def check_tensor_names(model: onnx.ModelProto, names: Iterable[str], flag: str) -> None:
+    """Each name must be a tensor of the graph; otherwise name the nearest ones."""
+    known = all_tensor_names(model)
+    known_set = set(known)
+    for name in names:
+        if name not in known_set:
+            near = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+            hint = f"; near matches: {', '.join(near)}" if near else ""
+            raise AccdbgError(f"{flag} {name!r} is not a tensor of the model{hint}")
+
+
+def serialize(model: onnx.ModelProto, scratch_dir: Path, stem: str = "model") -> bytes | str:
+    """Bytes for onnxruntime, or a file path with external data when the model is over 2 GiB."""
+    if model.ByteSize() < TWO_GIB:
+        return model.SerializeToString()
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    path = scratch_dir / f"{stem}.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location=f"{stem}.data")
+    return str(path)

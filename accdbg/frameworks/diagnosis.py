@@ -1,0 +1,149 @@
+"""Framework diagnosis: the float golden reference, every intermediate tensor on disk.
+
+The exposed outputs are split over several runs when their total size exceeds the memory
+budget, and each tensor is written as soon as its run returns, so peak memory is about one
+batch, not the whole model.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from accdbg.core.inputs import InputTensor
+from accdbg.core.onnx_model import TensorInfo
+from accdbg.core.progress import progress
+from accdbg.core.run_dir import RunDir
+from accdbg.core.tensor_store import TensorWriter
+from accdbg.frameworks.base import RunnerOptions, get_runner_class
+
+log = logging.getLogger("accdbg.framework_diagnosis")
+
+DEFAULT_MEMORY_BUDGET_MB = 4096
+
+
+def plan_batches(infos: Sequence[TensorInfo], budget_bytes: int) -> list[list[TensorInfo]]:
+    """Group tensors in topological order so each group's known size fits the budget.
+
+    A tensor of unknown size counts as the largest known one (conservative); a tensor larger
+    than the budget goes alone.
+    """
+    known = [i.nbytes for i in infos if i.nbytes is not None]
+    fallback = max(known) if known else budget_bytes
+    batches: list[list[TensorInfo]] = []
+    current: list[TensorInfo] = []
+    used = 0
+    for info in infos:
+        size = info.nbytes if info.nbytes is not None else fallback
+        if current and used + size > budget_bytes:
+            batches.append(current)
+            current, used = [], 0
+        current.append(info)
+        used += size
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class DiagnosisResult:
+    """Where the golden tensors went, and their manifest as a table."""
+
+    run_dir: Path
+    tensors: pd.DataFrame
+    batches: int
+    seconds: float
+
+
+def run_framework_diagnosis(
+    framework: str,
+    model_path: str | Path,
+    inputs: Sequence[InputTensor],
+    output_tensors: Sequence[str] = (),
+    working_dir: str | Path = "working_directory",
+    output_dirname: str | None = None,
+    disable_graph_optimization: bool = False,
+    onnx_custom_op_lib: str | Path | None = None,
+    memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB,
+    include_constants: bool = False,
+    options_record: dict | None = None,
+) -> DiagnosisResult:
+    """Run the float model and dump every intermediate tensor; returns the manifest table."""
+    start = time.perf_counter()
+    options = RunnerOptions(
+        disable_graph_optimization=disable_graph_optimization,
+        custom_op_lib=Path(onnx_custom_op_lib).expanduser().absolute() if onnx_custom_op_lib else None,
+        include_constants=include_constants,
+    )
+    runner_cls = get_runner_class(framework)
+    feeds = {t.name: t.load() for t in inputs}  # sizes checked before anything is written
+    runner = runner_cls(Path(model_path).expanduser().absolute(), inputs, options)
+    runner.activate()
+    try:
+        runner.check_outputs(list(output_tensors))
+        infos = runner.tensors()
+        budget = int(memory_budget_mb * 2**20)
+        batches = plan_batches(infos, budget)
+        with RunDir(working_dir, "framework_diagnosis", output_dirname) as run:
+            options.scratch_dir = run.path / ".scratch"
+            run.write_options(
+                options_record
+                or {
+                    "framework": framework,
+                    "model_path": str(model_path),
+                    "input_tensor": [[t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name] for t in inputs],
+                    "output_tensor": list(output_tensors),
+                    "disable_graph_optimization": disable_graph_optimization,
+                    "onnx_custom_op_lib": str(onnx_custom_op_lib) if onnx_custom_op_lib else None,
+                    "memory_budget_mb": memory_budget_mb,
+                }
+            )
+            log.info("model %s: %d tensors to dump in %d run(s)", model_path, len(infos), len(batches))
+            writer = TensorWriter(
+                run.path,
+                meta={"component": "framework_diagnosis", "framework": runner.name,
+                      "model": str(Path(model_path).name)},
+            )
+            for batch in progress(batches, "framework diagnosis", total=len(batches)):
+                values = runner.infer(feeds, [i.name for i in batch])
+                for info in batch:
+                    arr = values.pop(info.name)
+                    writer.write(info.name, arr, node=info.node, op_type=info.op_type,
+                                 index=info.index, layout=runner.layout)
+                del values
+            writer.save_manifest()
+            _cleanup(options.scratch_dir)
+            table = manifest_table(writer)
+            log.info("wrote %d tensors (%d bytes) to %s", len(table), int(table["bytes"].sum()), run.final_path)
+    finally:
+        runner.deactivate()
+    return DiagnosisResult(run.path, table, len(batches), time.perf_counter() - start)
+
+
+def manifest_table(writer: TensorWriter) -> pd.DataFrame:
+    rows = [
+        {
+            "name": r.name,
+            "file": r.file,
+            "op_type": r.op_type,
+            "node": r.node,
+            "index": r.index,
+            "shape": r.shape,
+            "native_dtype": r.native_dtype,
+            "bytes": r.size * np.dtype(r.dtype).itemsize,
+        }
+        for r in writer.records.values()
+    ]
+    return pd.DataFrame(rows).sort_values("index", ignore_index=True) if rows else pd.DataFrame(rows)
+
+
+def _cleanup(path: Path | None) -> None:
+    if path is not None and path.exists():
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,83 @@
+"""Float ONNX models on onnxruntime's CPU provider, any node output on demand."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from accdbg.core import onnx_model as om
+from accdbg.errors import AccdbgError
+from accdbg.frameworks.base import FrameworkRunner, register
+
+
+def session_options(disable_optimization: bool, custom_op_lib=None) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if disable_optimization
+        else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    )
+    if custom_op_lib is not None:
+        if not custom_op_lib.is_file():
+            raise AccdbgError(f"--onnx_custom_op_lib {str(custom_op_lib)!r} does not exist")
+        try:
+            so.register_custom_ops_library(str(custom_op_lib))
+        except Exception as exc:
+            raise AccdbgError(
+                f"--onnx_custom_op_lib {str(custom_op_lib)!r} could not be loaded: {exc}"
+            ) from None
+    return so
+
+
+@register
+class OnnxRunner(FrameworkRunner):
+    """Exposes the requested node outputs as graph outputs and runs one session per request."""
+
+    name = "onnx"
+
+    def activate(self) -> None:
+        model = om.load_model(self.model_path)
+        given = {t.name: t for t in self.inputs}
+        model_inputs = {vi.name: vi for vi in om.real_inputs(model)}
+        for name in given:
+            if name not in model_inputs:
+                raise AccdbgError(
+                    f"--input_tensor {name!r} is not an input of the model; its inputs are: "
+                    f"{om.describe_inputs(model)}"
+                )
+        missing = [n for n in model_inputs if n not in given]
+        if missing:
+            raise AccdbgError(
+                f"model input {missing[0]!r} has no --input_tensor; the model's inputs are: "
+                f"{om.describe_inputs(model)}"
+            )
+        om.fix_input_shapes(model, {n: t.dims for n, t in given.items()})
+        self.model = om.infer_shapes(model)
+        skip = () if self.options.include_constants else ("Constant",)
+        self._tensors = om.tensor_infos(self.model, skip)
+        self._so = session_options(
+            self.options.disable_graph_optimization, self.options.custom_op_lib
+        )
+
+    def tensors(self):
+        return self._tensors
+
+    def check_outputs(self, names: Sequence[str]) -> None:
+        om.check_tensor_names(self.model, names, "-o/--output_tensor")
+
+    def infer(self, feeds, outputs):
+        exposed = om.with_outputs(self.model, outputs)
+        data = om.serialize(exposed, self.options.scratch_dir or self.model_path.parent)
+        try:
+            sess = ort.InferenceSession(data, sess_options=self._so, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise AccdbgError(
+                f"onnxruntime could not load {str(self.model_path)!r}: {str(exc).splitlines()[0]}"
+            ) from None
+        names = [o.name for o in sess.get_outputs()]
+        values = sess.run(names, feeds)
+        del sess
+        return dict(zip(names, (np.asarray(v) for v in values), strict=True))

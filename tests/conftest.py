@@ -1,0 +1,53 @@
+"""Shared fixtures: synthetic models built with onnx.helper, and the real PP-OCR models."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("ACCDBG_NO_PROGRESS", "1")
+
+from tests import models  # noqa: E402
+
+
+def _rapidocr_model(name: str) -> Path:
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail(
+            "rapidocr-onnxruntime==1.4.4 is not installed; the test command installs it "
+            "(pip install --no-deps rapidocr-onnxruntime==1.4.4)"
+        )
+    path = Path(spec.submodule_search_locations[0]) / "models" / name
+    assert path.is_file(), path
+    return path
+
+
+@pytest.fixture(scope="session")
+def ppocr_det() -> Path:
+    return _rapidocr_model("ch_PP-OCRv4_det_infer.onnx")
+
+
+@pytest.fixture(scope="session")
+def ppocr_cls() -> Path:
+    return _rapidocr_model("ch_ppocr_mobile_v2.0_cls_infer.onnx")
+
+
+@pytest.fixture(scope="session")
+def ppocr_input(tmp_path_factory) -> Path:
+    """A deterministic 1x3x320x320 image-like input for the det model."""
+    path = tmp_path_factory.mktemp("ppocr") / "x.raw"
+    rng = np.random.default_rng(7)
+    yy, xx = np.mgrid[0:320, 0:320] / 320.0
+    img = np.stack([np.sin(6 * xx) * np.cos(4 * yy), xx - yy, (xx * yy) ** 0.5]).astype(np.float32)
+    img += 0.05 * rng.standard_normal(img.shape).astype(np.float32)
+    img[None].astype(np.float32).tofile(path)
+    return path
+
+
+@pytest.fixture
+def mlp(tmp_path) -> models.Built:
+    return models.mlp(tmp_path)

@@ -1,0 +1,87 @@
+"""Small synthetic ONNX models with numpy reference formulas, for unit tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+@dataclass
+class Built:
+    path: Path
+    input_path: Path
+    input_name: str
+    dims: tuple[int, ...]
+    expected: dict[str, np.ndarray]  # tensor name -> value computed with numpy
+
+
+def save(graph: onnx.GraphProto, path: Path, opset: int = 17) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def mlp(tmp: Path, names: dict[str, str] | None = None, batch_dim: str | int = "N") -> Built:
+    """x[N,4] -> MatMul -> Add -> Relu -> MatMul -> y, with a dynamic batch dim.
+
+    ``names`` renames intermediates (to test awkward tensor names).
+    """
+    n = {"mm": "mm1", "add": "add1", "relu": "relu1", "y": "y"} | (names or {})
+    rng = np.random.default_rng(1)
+    w1 = rng.standard_normal((4, 6)).astype(np.float32)
+    b1 = rng.standard_normal(6).astype(np.float32)
+    w2 = rng.standard_normal((6, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], [n["mm"]], name="matmul_1"),
+            helper.make_node("Add", [n["mm"], "b1"], [n["add"]], name="add_1"),
+            helper.make_node("Relu", [n["add"]], [n["relu"]], name="relu_1"),
+            helper.make_node("MatMul", [n["relu"], "w2"], [n["y"]], name="matmul_2"),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch_dim, 4])],
+        [helper.make_tensor_value_info(n["y"], TensorProto.FLOAT, [batch_dim, 3])],
+        [numpy_helper.from_array(a, k) for k, a in {"w1": w1, "b1": b1, "w2": w2}.items()],
+    )
+    path = save(graph, tmp / "mlp.onnx")
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    x_path = tmp / "x.raw"
+    x.tofile(x_path)
+    mm = x @ w1
+    add = mm + b1
+    relu = np.maximum(add, 0)
+    y = relu @ w2
+    expected = {n["mm"]: mm, n["add"]: add, n["relu"]: relu, n["y"]: y}
+    return Built(path, x_path, "x", (2, 4), expected)
+
+
+def conv_net(tmp: Path, channels: int = 8, size: int = 16, layers: int = 3, seed: int = 0) -> Built:
+    """A small CNN (Conv/Relu chain, then global pooling) used for memory-split tests."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    prev, cin = "x", 3
+    for i in range(layers):
+        w = (rng.standard_normal((channels, cin, 3, 3)) * 0.3).astype(np.float32)
+        b = (rng.standard_normal(channels) * 0.1).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"conv{i}"], pads=[1, 1, 1, 1], name=f"Conv_{i}"))
+        nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"relu{i}"], name=f"Relu_{i}"))
+        prev, cin = f"relu{i}", channels
+    nodes.append(helper.make_node("GlobalAveragePool", [prev], ["pool"], name="Pool"))
+    graph = helper.make_graph(
+        nodes, "convnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("pool", TensorProto.FLOAT, [1, channels, 1, 1])],
+        inits,
+    )
+    path = save(graph, tmp / "convnet.onnx")
+    x = rng.standard_normal((1, 3, size, size)).astype(np.float32)
+    x_path = tmp / "conv_x.raw"
+    x.tofile(x_path)
+    return Built(path, x_path, "x", (1, 3, size, size), {})

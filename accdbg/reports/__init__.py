@@ -1,0 +1,1 @@
+"""Report writers: CSV, JSON, HTML and Excel views of results."""

@@ -7,7 +7,7 @@ import logging
 
 from accdbg.cli import args as A
 from accdbg.core.inputs import parse_input_tensor
-from accdbg.frameworks import base as framework_base
+from accdbg.frameworks import versions as framework_versions
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 
 NAME = "framework_diagnosis"
@@ -23,9 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_framework(values: list[str]) -> str:
     """``['onnx', '1.17']`` -> ``'onnx'``, after checking the optional version."""
-    name = values[0].lower()
-    framework_base.get_runner_class(name)
-    return name
+    return framework_versions.check_framework(values)
 
 
 def run(args: argparse.Namespace) -> int:

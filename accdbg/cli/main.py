@@ -21,9 +21,9 @@ PROG = "qnn-accuracy-debugger"
 # component flag -> module implementing it (None: not implemented yet)
 COMPONENTS: dict[str, str | None] = {
     "framework_diagnosis": "accdbg.cli.framework_diagnosis",
-    "inference_engine": None,
-    "verification": None,
-    "compare_encodings": None,
+    "inference_engine": "accdbg.cli.inference_engine",
+    "verification": "accdbg.cli.verification",
+    "compare_encodings": "accdbg.cli.compare_encodings",
     "tensor_inspection": None,
 }
 WRAPPER: str | None = None

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor
-from accdbg.core.onnx_model import TensorInfo
 from accdbg.core.progress import progress
 from accdbg.core.run_dir import RunDir
 from accdbg.core.tensor_store import TensorWriter
@@ -27,29 +27,6 @@ from accdbg.frameworks.base import RunnerOptions, get_runner_class
 log = logging.getLogger("accdbg.framework_diagnosis")
 
 DEFAULT_MEMORY_BUDGET_MB = 4096
-
-
-def plan_batches(infos: Sequence[TensorInfo], budget_bytes: int) -> list[list[TensorInfo]]:
-    """Group tensors in topological order so each group's known size fits the budget.
-
-    A tensor of unknown size counts as the largest known one (conservative); a tensor larger
-    than the budget goes alone.
-    """
-    known = [i.nbytes for i in infos if i.nbytes is not None]
-    fallback = max(known) if known else budget_bytes
-    batches: list[list[TensorInfo]] = []
-    current: list[TensorInfo] = []
-    used = 0
-    for info in infos:
-        size = info.nbytes if info.nbytes is not None else fallback
-        if current and used + size > budget_bytes:
-            batches.append(current)
-            current, used = [], 0
-        current.append(info)
-        used += size
-    if current:
-        batches.append(current)
-    return batches
 
 
 @dataclass
@@ -90,7 +67,7 @@ def run_framework_diagnosis(
         runner.check_outputs(list(output_tensors))
         infos = runner.tensors()
         budget = int(memory_budget_mb * 2**20)
-        batches = plan_batches(infos, budget)
+        batches = plan_batches(infos, lambda i: i.nbytes, budget)
         with RunDir(working_dir, "framework_diagnosis", output_dirname) as run:
             options.scratch_dir = run.path / ".scratch"
             run.write_options(
@@ -115,8 +92,8 @@ def run_framework_diagnosis(
                 values = runner.infer(feeds, [i.name for i in batch])
                 for info in batch:
                     arr = values.pop(info.name)
-                    writer.write(info.name, arr, node=info.node, op_type=info.op_type,
-                                 index=info.index, layout=runner.layout)
+                    writer.write(info.name, arr, node=info.node, op_type=info.op_type, index=info.index,
+                                 layout=getattr(info, "layout", runner.layout), **getattr(info, "extra", {}))
                 del values
             writer.save_manifest()
             _cleanup(options.scratch_dir)

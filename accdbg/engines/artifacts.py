@@ -1,0 +1,103 @@
+"""Files an inference-engine run leaves beside ``output/`` for verification and users."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from accdbg.core.run_dir import write_json_atomic
+from accdbg.core.tensor_store import TensorFolder
+from accdbg.engines.exposure import Exposed
+
+
+def merge_qnn_json(json_dir: Path, out_path: Path) -> Path | None:
+    """One ``model_net.json`` from the QNN EP's per-partition graph dumps.
+
+    With one QNN partition the file is the EP's own; with several, their ``graph.nodes`` and
+    ``graph.tensors`` are merged and ``partitions`` lists the source graphs.
+    """
+    files = sorted(p for p in json_dir.glob("*.json") if not p.name.endswith("_tensor_log.json"))
+    if not files:
+        return None
+    merged: dict = {}
+    for path in files:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not merged:
+            merged = data
+            merged.setdefault("graph", {}).setdefault("nodes", {})
+            merged["graph"].setdefault("tensors", {})
+            merged["partitions"] = [path.stem]
+            continue
+        merged["graph"]["nodes"].update(data.get("graph", {}).get("nodes", {}))
+        merged["graph"]["tensors"].update(data.get("graph", {}).get("tensors", {}))
+        merged["partitions"].append(path.stem)
+    write_json_atomic(out_path, merged)
+    return out_path
+
+
+def qnn_tensor_names(model_net: Path | None) -> dict[str, dict]:
+    if model_net is None or not model_net.exists():
+        return {}
+    return json.loads(model_net.read_text(encoding="utf-8")).get("graph", {}).get("tensors", {})
+
+
+def qnn_name_for(e: Exposed, qnn_tensors: dict[str, dict]) -> str | None:
+    """The QNN graph's name for an exposed tensor (the EP names node-unit outputs after the Q)."""
+    q = e.q_output or e.graph_tensor
+    for cand in (q, q.removesuffix("_Output"), e.graph_tensor, e.qdq_tensor, e.name):
+        if cand in qnn_tensors:
+            return cand
+    return None
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", name).lower()
+
+
+def tensor_mapping(exposed: list[Exposed], golden_names: set[str] | None) -> dict[str, str]:
+    """Inference tensor name -> framework tensor name.
+
+    From the float model when known (exact names); else best effort against a golden folder:
+    exact, then equal after sanitizing (QNN-style names), then the QDQ name.
+    """
+    mapping: dict[str, str] = {}
+    by_sanitized = {_sanitize(n): n for n in (golden_names or set())}
+    for e in exposed:
+        if e.framework_name:
+            mapping[e.name] = e.framework_name
+            continue
+        if golden_names is None:
+            continue
+        for cand in (e.name, e.qdq_tensor):
+            if cand in golden_names:
+                mapping[e.name] = cand
+                break
+            if _sanitize(cand) in by_sanitized:
+                mapping[e.name] = by_sanitized[_sanitize(cand)]
+                break
+    return mapping
+
+
+def golden_names(folder: Path | None) -> set[str] | None:
+    if folder is None:
+        return None
+    return set(TensorFolder(folder).names())
+
+
+def graph_struct(model_name: str, exposed: list[Exposed], shapes: dict[str, list[int]]) -> dict:
+    """Layers in execution order, as verification orders its rows."""
+    layers = []
+    for i, e in enumerate(sorted(exposed, key=lambda e: e.index)):
+        shape = shapes.get(e.name)
+        layers.append({
+            "index": i,
+            "name": e.node,
+            "type": e.op_type,
+            "inputs": e.inputs,
+            "outputs": [e.name],
+            "output_shapes": {e.name: shape},
+            "layouts": {e.name: "NCHW" if shape is not None and len(shape) == 4 else None},
+            "quantized": e.quantized,
+        })
+    return {"format": "accdbg-graph-struct/1", "model": model_name, "layers": layers}

@@ -1,0 +1,79 @@
+"""Make a real-world ONNX model acceptable to QNN, and say what was done.
+
+QNN takes no dynamic shapes and refuses constant subgraphs it cannot fold itself, so a float
+model is: shape-fixed from the given input dims, constant-folded and simplified by
+onnxruntime's basic offline optimizations (which also fold BatchNormalization into Conv), and
+passed through onnxruntime's QNN pre-processing (LayerNorm/GELU fusions...). QDQ models only get
+their shapes fixed - optimizing them on CPU would fuse Q/DQ into CPU-only ops.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+
+from accdbg.core import onnx_model as om
+from accdbg.errors import AccdbgError
+
+log = logging.getLogger("accdbg.inference_engine")
+
+
+def _counts(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], steps: list[str]) -> onnx.ModelProto:
+    dynamic = {
+        vi.name: om.dims_of(vi) for vi in om.real_inputs(model)
+        if any(not isinstance(d, int) or d <= 0 for d in om.dims_of(vi))
+    }
+    missing = [n for n in dynamic if n not in shapes]
+    if missing:
+        dims = ",".join("?" if not isinstance(d, int) else str(d) for d in dynamic[missing[0]])
+        raise AccdbgError(
+            f"model input {missing[0]!r} has dynamic dims [{dims}]; give them with "
+            f"-i/--input_tensor {missing[0]!r} <dims> <file>"
+        )
+    given = {k: v for k, v in shapes.items() if k in {vi.name for vi in om.real_inputs(model)}}
+    om.fix_input_shapes(model, given)
+    for name in dynamic:
+        steps.append(f"fixed dynamic input {name} to [{','.join(map(str, shapes[name]))}]")
+    return om.infer_shapes(model)
+
+
+def prepare_float_model(
+    model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], work_dir: Path
+) -> tuple[Path, list[str]]:
+    """Shape-fix, fold and pre-process a float model for QNN; returns its path and the steps."""
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    steps: list[str] = []
+    model = fix_shapes(model, shapes, steps)
+    fixed = work_dir / "model.fixed.onnx"
+    onnx.save(model, str(fixed))
+    before = _counts(model)
+    folded = work_dir / "model.folded.onnx"
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(folded)
+    try:
+        ort.InferenceSession(str(fixed), so, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise AccdbgError(f"onnxruntime could not load the model for pre-processing: {str(exc).splitlines()[0]}") from None
+    after = _counts(onnx.load(str(folded), load_external_data=False))
+    removed = {k: before[k] - after.get(k, 0) for k in before if before[k] > after.get(k, 0)}
+    if removed:
+        steps.append(
+            "constant folding and basic fusions (onnxruntime): removed "
+            + ", ".join(f"{n} {k}" for k, n in sorted(removed.items()))
+        )
+    pre = work_dir / "model.qnn_pre.onnx"
+    if qnn_preprocess_model(str(folded), str(pre)):
+        steps.append("onnxruntime QNN pre-processing fused ops (e.g. LayerNorm, GELU)")
+        return pre, steps
+    return folded, steps

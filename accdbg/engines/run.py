@@ -1,0 +1,354 @@
+"""Inference engine component: the model on QNN, every intermediate tensor on disk.
+
+Stages (``--stage``), mapped onto ONNX artefacts:
+
+* ``source``    a float ONNX model: pre-processed for QNN, quantized with calibration data from
+                the input list (``onnxruntime.quantization`` QNN config), then run.
+* ``converted`` the user's own QDQ ONNX model (e.g. exported by AIMET), run as is.
+* ``compiled``  a QNN context binary wrapped in an EPContext ONNX model; its graph is sealed,
+                so only its outputs can be dumped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+
+from accdbg.core import onnx_model as om
+from accdbg.core.inputs import InputList, InputTensor, check_raw_size, parse_input_list
+from accdbg.core.run_dir import RunDir, write_json_atomic
+from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder
+from accdbg.engines import artifacts, exposure
+from accdbg.engines.base import EngineOptions, get_engine
+from accdbg.engines.isolate import Isolated
+from accdbg.engines.prepare import fix_shapes, prepare_float_model
+from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
+from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
+from accdbg.errors import AccdbgError
+
+log = logging.getLogger("accdbg.inference_engine")
+
+STAGES = ("source", "converted", "compiled")
+OUTPUT_DATA_TYPES = ("float_only", "native_only", "float_and_native")
+FUSION_TOLERANCE = 1e-6
+
+
+@dataclass
+class EngineResult:
+    """An inference-engine run: where things are, and the dumped tensors as a table."""
+
+    run_dir: Path
+    results: list[Path]
+    tensors: pd.DataFrame
+    qdq_model: Path
+    model_net_json: Path | None
+    tensor_mapping: Path
+    graph_struct: Path
+    engine_label: str
+    report: JobReport
+    preprocessing: list[str]
+    seconds: float
+
+
+def build_feeds(
+    model: onnx.ModelProto, input_list: InputList | None, input_tensors: Sequence[InputTensor]
+) -> tuple[list[dict[str, tuple[str, tuple[int, ...], str]]], dict[str, tuple[int, ...]], dict[str, np.dtype]]:
+    """Per-inference feeds, with every file checked against its input's dims and dtype."""
+    inputs = om.real_inputs(model)
+    names = [vi.name for vi in inputs]
+    given = {t.name: t for t in input_tensors}
+    for name in given:
+        if name not in names:
+            raise AccdbgError(
+                f"--input_tensor {name!r} is not an input of the model; its inputs are: {om.describe_inputs(model)}"
+            )
+    dims: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, np.dtype] = {}
+    for vi in inputs:
+        static = om.dims_of(vi)
+        if vi.name in given:
+            dims[vi.name] = given[vi.name].dims
+            dtypes[vi.name] = given[vi.name].dtype
+        else:
+            if not static or not all(isinstance(d, int) and d > 0 for d in static):
+                raise AccdbgError(
+                    f"model input {vi.name!r} has dynamic dims [{','.join('?' if not isinstance(d, int) else str(d) for d in static)}]; "
+                    f"give them with -i/--input_tensor {vi.name!r} <dims> <file>"
+                )
+            dims[vi.name] = tuple(int(d) for d in static)
+            dtypes[vi.name] = om.elem_dtype(vi) or np.dtype("float32")
+    feeds: list[dict[str, tuple[str, tuple[int, ...], str]]] = []
+    if input_list is not None:
+        for entry in input_list.entries:
+            where = f"{input_list.path}:{entry.line_no}"
+            named = entry.items[0][0] is not None
+            if named:
+                files = {}
+                for n, p in entry.items:
+                    if n not in names:
+                        raise AccdbgError(f"{where}: {n!r} is not an input of the model; its inputs are: {om.describe_inputs(model)}")
+                    files[n] = p
+                missing = [n for n in names if n not in files]
+                if missing:
+                    raise AccdbgError(f"{where}: no file for model input {missing[0]!r}")
+            else:
+                if len(entry.items) != len(names):
+                    raise AccdbgError(
+                        f"{where}: {len(entry.items)} file(s) for {len(names)} model input(s) ({', '.join(names)})"
+                    )
+                files = {n: p for n, (_, p) in zip(names, entry.items, strict=True)}
+            for n, p in files.items():
+                check_raw_size(p, dims[n], dtypes[n], f"{where}: input {n!r}")
+            feeds.append({n: (str(p), dims[n], dtypes[n].name) for n, p in files.items()})
+    elif given:
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise AccdbgError(f"model input {missing[0]!r} has no --input_tensor and there is no --input_list")
+        for t in given.values():
+            check_raw_size(t.path, t.dims, t.dtype, f"--input_tensor {t.name!r}")
+        feeds.append({n: (str(given[n].path), dims[n], dtypes[n].name) for n in names})
+    else:
+        raise AccdbgError("give the inputs with -l/--input_list or -i/--input_tensor")
+    return feeds, dims, dtypes
+
+
+def _overrides(path: str | Path | None, ignore: bool, model_path: Path) -> dict | None:
+    if path is None or ignore:
+        if path is not None:
+            log.info("--ignore_encodings: not applying %s", path)
+        return None
+    p = Path(path)
+    if not p.is_file():
+        raise AccdbgError(f"-qo/--quantization_overrides {str(path)!r} does not exist")
+    try:
+        from accdbg.encodings.aimet import read_aimet
+        from accdbg.encodings.overrides import aimet_to_tensor_quant_overrides
+    except ImportError:
+        raise AccdbgError("-qo/--quantization_overrides needs accdbg.encodings, which this build lacks") from None
+    return aimet_to_tensor_quant_overrides(read_aimet(p), onnx.load(str(model_path), load_external_data=False))
+
+
+def run_inference_engine(
+    model_path: str | Path | None = None,
+    input_list: str | Path | None = None,
+    input_tensors: Sequence[InputTensor] = (),
+    runtime: str = "htp",
+    architecture: str = "x86_64-linux-clang",
+    stage: str = "source",
+    engine: str = "qnn",
+    act_bitwidth: int = 8,
+    weights_bitwidth: int = 8,
+    bias_bitwidth: int = 32,
+    act_quantizer: str = "tf",
+    param_quantizer: str = "tf",
+    per_channel: bool = False,
+    quantization_overrides: str | Path | None = None,
+    ignore_encodings: bool = False,
+    precision: str = "int8",
+    debug: bool = True,
+    output_data_type: str = "float_only",
+    add_layer_outputs: Sequence[str] = (),
+    add_layer_types: Sequence[str] = (),
+    skip_layer_types: Sequence[str] = (),
+    skip_layer_outputs: Sequence[str] = (),
+    profiling_level: str | None = None,
+    perf_profile: str | None = None,
+    soc_model: str | None = None,
+    disable_cpu_fallback: bool = False,
+    golden_dir_for_mapping: str | Path | None = None,
+    framework_model_path: str | Path | None = None,
+    working_dir: str | Path = "working_directory",
+    output_dirname: str | None = None,
+    memory_budget_mb: float = 4096,
+    options_record: dict | None = None,
+) -> EngineResult:
+    """Run the model on the chosen engine and dump its intermediate tensors."""
+    start = time.perf_counter()
+    if stage not in STAGES:
+        raise AccdbgError(f"--stage {stage!r} is not known; expected one of: {', '.join(STAGES)}")
+    if output_data_type not in OUTPUT_DATA_TYPES:
+        raise AccdbgError(f"-odt {output_data_type!r} is not known; expected one of: {', '.join(OUTPUT_DATA_TYPES)}")
+    if precision not in ("int8", "fp16"):
+        raise AccdbgError(f"--precision {precision!r} is not known; expected int8 or fp16")
+    if model_path is None:
+        raise AccdbgError(f"-m/--model_path is required for --stage {stage}")
+    eng = get_engine(engine)
+    options = EngineOptions(runtime=runtime, architecture=architecture, precision=precision,
+                            soc_model=soc_model, profiling_level=profiling_level,
+                            disable_cpu_fallback=disable_cpu_fallback, perf_profile=perf_profile)
+    eng.check_host(options)
+    model_path = Path(model_path).expanduser().absolute()
+    model = om.load_model(model_path)
+    if stage == "compiled" and not any(n.op_type == "EPContext" for n in model.graph.node):
+        raise AccdbgError(f"--stage compiled: {str(model_path)!r} has no EPContext node (not a QNN context model)")
+    has_qdq = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    if stage == "source" and has_qdq and precision == "int8":
+        raise AccdbgError(f"{str(model_path)!r} is already quantized (QDQ); run it with --stage converted")
+    parsed_list = parse_input_list(input_list) if input_list else None
+    feeds, dims, dtypes = build_feeds(model, parsed_list, input_tensors)
+    fw_path = Path(framework_model_path) if framework_model_path else (model_path if stage == "source" else None)
+    fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path"))) if fw_path else None
+    gold = artifacts.golden_names(Path(golden_dir_for_mapping)) if golden_dir_for_mapping else None
+
+    with RunDir(working_dir, "inference_engine", output_dirname) as run:
+        run.write_options(options_record or {"model_path": str(model_path), "stage": stage, "engine": engine,
+                                             "runtime": runtime, "architecture": architecture,
+                                             "act_bitwidth": act_bitwidth, "weights_bitwidth": weights_bitwidth,
+                                             "bias_bitwidth": bias_bitwidth, "act_quantizer": act_quantizer,
+                                             "param_quantizer": param_quantizer, "per_channel": per_channel,
+                                             "precision": precision, "debug": debug,
+                                             "input_list": str(input_list) if input_list else None})
+        work = run.path / ".work"
+        work.mkdir()
+        steps: list[str] = []
+        stem = model_path.name.removesuffix(".onnx")
+        log.info("engine: %s, runtime %s, stage %s", eng.label, runtime, stage)
+        if stage == "source":
+            prepared, steps = prepare_float_model(model, dims, work)
+            if precision == "fp16":
+                target = run.path / f"{stem}.fp16.onnx"
+                shutil.copyfile(prepared, target)
+                steps.append("no quantization: float model on HTP in fp16")
+            else:
+                target = run.path / f"{stem}.qdq.onnx"
+                t = time.perf_counter()
+                quantize_for_qnn(prepared, target, FeedsReader([{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds], dims, dtypes),
+                                 act_bitwidth, weights_bitwidth, bias_bitwidth, act_quantizer, param_quantizer,
+                                 per_channel, _overrides(quantization_overrides, ignore_encodings, prepared))
+                steps.append(f"quantized for QNN (A{act_bitwidth}W{weights_bitwidth}, {act_quantizer}/{param_quantizer}"
+                             f"{', per-channel' if per_channel else ''}) with {len(feeds)} calibration input(s) "
+                             f"in {time.perf_counter() - t:.1f} s")
+        elif stage == "converted":
+            target = run.path / f"{stem}.onnx"
+            onnx.save(fix_shapes(model, dims, steps), str(target))
+        else:
+            target = model_path
+            if debug:
+                log.warning("a compiled QNN context exposes only its graph outputs; run --stage converted to dump intermediates")
+        for s in steps:
+            log.info("pre-processing: %s", s)
+        target_model = onnx.load(str(target), load_external_data=False)
+        selected = [] if stage == "compiled" else exposure.select(
+            target_model, fw_names, add_layer_outputs, add_layer_types, skip_layer_types, skip_layer_outputs)
+        json_dir = run.path / "qnn_json"
+        options.json_graph_dir = None if eng.simulation else str(json_dir)
+        if profiling_level:
+            options.profiling_path = str(run.path / "qnn_profiling.csv")
+        job = Job(engine=eng.name, options=options, model_path=str(target), exposed=selected, feeds=feeds,
+                  output_root=str(run.path / "output"), native_log=str(run.path / "backend_log.txt"),
+                  output_data_type=output_data_type,
+                  memory_budget_bytes=int(memory_budget_mb * 2**20),
+                  meta={"component": "inference_engine", "engine": eng.label, "runtime": runtime,
+                        "model": target.name})
+        plain, report, diffs = _execute(eng, job, debug and stage != "compiled", run.final_path, runtime)
+        model_net = artifacts.merge_qnn_json(json_dir, run.path / "model_net.json") if json_dir.exists() else None
+        qnn_tensors = artifacts.qnn_tensor_names(model_net)
+        _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
+        mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
+        mapping_path = run.path / "tensor_mapping.json"
+        write_json_atomic(mapping_path, mapping)
+        struct_path = run.path / f"{stem}_graph_struct.json"
+        write_json_atomic(struct_path, artifacts.graph_struct(stem, selected, report.shapes))
+        _report_partitioning(run.path, plain, eng.label)
+        _report_fusion(diffs)
+        write_json_atomic(run.path / "preprocessing.json", steps)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(run.path / "output" / ".scratch", ignore_errors=True)
+    results = [run.path / "output" / Path(r).name for r in report.results]
+    table = _table(results[0]) if results else pd.DataFrame()
+    log.info("inference engine: %d tensors per input, %d input(s), %.1f s -> %s",
+             len(table), len(results), time.perf_counter() - start, run.path)
+    return EngineResult(
+        run_dir=run.path, results=results, tensors=table,
+        qdq_model=run.path / Path(target).name if stage != "compiled" else Path(target),
+        model_net_json=(run.path / "model_net.json") if model_net else None,
+        tensor_mapping=run.path / "tensor_mapping.json", graph_struct=run.path / struct_path.name,
+        engine_label=eng.label, report=report, preprocessing=steps, seconds=time.perf_counter() - start,
+    )
+
+
+def _annotate_manifests(results: list[Path], selected: list[exposure.Exposed], qnn_tensors: dict) -> None:
+    if not qnn_tensors:
+        return
+    names = {e.name: artifacts.qnn_name_for(e, qnn_tensors) for e in selected}
+    for root in results:
+        path = root / MANIFEST_NAME
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for rec in data["tensors"]:
+            qn = names.get(rec["name"])
+            if qn:
+                rec.setdefault("extra", {})["qnn_name"] = qn
+                axis = qnn_tensors[qn].get("axis_format")
+                if axis:
+                    rec["extra"]["qnn_axis_format"] = axis
+        write_json_atomic(path, data)
+
+
+def _report_partitioning(run_path: Path, report: JobReport, label: str) -> None:
+    info = {
+        "engine": label,
+        "placement_counts": report.placement_counts,
+        "cpu_nodes": [{"type": t, "name": n} for t, n in report.cpu_nodes],
+        "unsupported_by_qnn": report.unsupported,
+    }
+    write_json_atomic(run_path / "partitioning.json", info)
+    qnn = report.placement_counts.get("QNNExecutionProvider")
+    cpu = report.cpu_nodes
+    if qnn is not None:
+        log.info("partitioning: %d QNN partition(s); %d node(s) on CPU%s", qnn, len(cpu),
+                 (": " + ", ".join(f"{n} ({t})" for t, n in cpu[:8]) + (" ..." if len(cpu) > 8 else "")) if cpu else "")
+    for u in report.unsupported:
+        log.warning("QNN does not support node %s (%s)%s", u["name"], u["type"], f": {u['reason']}" if u["reason"] else "")
+
+
+def _execute(eng, job: Job, debug: bool, final_path: Path, runtime: str) -> tuple[JobReport, JobReport, list[dict]]:
+    """Plain and debug jobs: concurrently in two children for native engines, else in turn."""
+    what = f"running {Path(job.model_path).name} on {eng.label} -r {runtime}"
+    if eng.isolated:
+        plain_log = replace(job, native_log=str(Path(job.native_log).with_name("backend_log.txt")))
+        debug_log = replace(job, native_log=str(Path(job.native_log).with_name("backend_log_debug.txt")))
+        plain_h = Isolated(plain_job, plain_log, not debug, what=what, log_hint=str(final_path / "backend_log.txt"))
+        debug_h = Isolated(debug_job, debug_log, what=what + " (debug graph)",
+                           log_hint=str(final_path / "backend_log_debug.txt")) if debug else None
+        try:
+            plain = plain_h.result()
+            dbg = debug_h.result() if debug_h else plain
+        finally:
+            if debug_h:
+                debug_h.kill()
+    else:
+        plain = plain_job(job, not debug)
+        dbg = debug_job(job) if debug else plain
+    diffs: list[dict] = []
+    if debug:
+        for p, d in zip(plain.finals, dbg.finals, strict=True):
+            diffs.append({i: float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+                          for i, (a, b) in enumerate(zip(load_finals(p), load_finals(d), strict=True))})
+    dbg.sessions += plain.sessions if debug else 0
+    return plain, dbg, diffs
+
+
+def _report_fusion(fusion_diffs: list[dict]) -> None:
+    for i, diffs in enumerate(fusion_diffs):
+        for name, d in diffs.items():
+            if d > FUSION_TOLERANCE:
+                log.warning(
+                    "Result_%d: graph output #%s differs by up to %.6g between the debug run and a plain run - exposing "
+                    "intermediates changed what QNN fuses; the dumped intermediates are from the debug graph", i, name, d)
+
+
+def _table(result: Path) -> pd.DataFrame:
+    folder = TensorFolder(result)
+    rows = [{"name": r.name, "file": r.file, "op_type": r.op_type, "node": r.node, "index": r.index,
+             "shape": r.shape, "native_dtype": r.native_dtype, **{k: r.extra.get(k) for k in ("scale", "offset", "bitwidth", "qnn_name")}}
+            for r in folder]
+    return pd.DataFrame(rows)

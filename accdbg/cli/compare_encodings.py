@@ -24,36 +24,70 @@ log = logging.getLogger("accdbg")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("compare arguments")
-    g.add_argument("--input", help="QNN model net JSON (model_net.json, or a QNN EP graph dump, or a folder with one)")
+    g.add_argument(
+        "--input",
+        help="QNN model net JSON (model_net.json, or a QNN EP graph dump, or a folder with one)",
+    )
     g.add_argument("--aimet_encodings_json", help="AIMET encodings JSON (legacy or 1.0.0 format)")
-    g.add_argument("--precision", type=int, default=DEFAULT_PRECISION,
-                   help=f"number of decimal places up to which values are compared (default: {DEFAULT_PRECISION})")
+    g.add_argument(
+        "--precision",
+        type=int,
+        default=DEFAULT_PRECISION,
+        help=f"number of decimal places up to which values are compared (default: {DEFAULT_PRECISION})",
+    )
     only = g.add_mutually_exclusive_group()
-    only.add_argument("--params_only", action="store_true", help="compare only parameters in the encodings")
-    only.add_argument("--activations_only", action="store_true", help="compare only activations in the encodings")
-    g.add_argument("--specific_node", default=None,
-                   help="display both sides' encodings and their differences for this tensor (AIMET or QNN name)")
+    only.add_argument(
+        "--params_only", action="store_true", help="compare only parameters in the encodings"
+    )
+    only.add_argument(
+        "--activations_only", action="store_true", help="compare only activations in the encodings"
+    )
+    g.add_argument(
+        "--specific_node",
+        default=None,
+        help="display both sides' encodings and their differences for this tensor (AIMET or QNN name)",
+    )
     e = parser.add_argument_group("export arguments (instead of comparing)")
-    e.add_argument("--export_qdq_encodings", metavar="QDQ_MODEL", default=None,
-                   help="write the encodings of this QDQ ONNX model as an AIMET encodings file (see -o)")
-    e.add_argument("-o", "--output", default=None, help="AIMET JSON file to write with --export_qdq_encodings")
-    e.add_argument("--encoding_version", choices=["0.6.1", "1.0.0"], default="0.6.1",
-                   help="AIMET format of the exported file (default: 0.6.1, the legacy dict form)")
+    e.add_argument(
+        "--export_qdq_encodings",
+        metavar="QDQ_MODEL",
+        default=None,
+        help="write the encodings of this QDQ ONNX model as an AIMET encodings file (see -o)",
+    )
+    e.add_argument(
+        "-o", "--output", default=None, help="AIMET JSON file to write with --export_qdq_encodings"
+    )
+    e.add_argument(
+        "--encoding_version",
+        choices=["0.6.1", "1.0.0"],
+        default="0.6.1",
+        help="AIMET format of the exported file (default: 0.6.1, the legacy dict form)",
+    )
     A.add_common(parser, NAME)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.export_qdq_encodings:
         if args.input or args.aimet_encodings_json:
-            raise AccdbgError("--export_qdq_encodings exports a QDQ model; do not combine it with --input/--aimet_encodings_json")
+            raise AccdbgError(
+                "--export_qdq_encodings exports a QDQ model; do not combine it with --input/--aimet_encodings_json"
+            )
         if not args.output:
-            raise AccdbgError("--export_qdq_encodings needs -o/--output, the AIMET JSON file to write")
+            raise AccdbgError(
+                "--export_qdq_encodings needs -o/--output, the AIMET JSON file to write"
+            )
         export_qdq_encodings(args.export_qdq_encodings, args.output, version=args.encoding_version)
         return 0
-    missing = [f for f, v in (("--input", args.input), ("--aimet_encodings_json", args.aimet_encodings_json)) if not v]
+    missing = [
+        f
+        for f, v in (("--input", args.input), ("--aimet_encodings_json", args.aimet_encodings_json))
+        if not v
+    ]
     if missing:
-        raise AccdbgError(f"the following arguments are required: {', '.join(missing)} "
-                          f"(or --export_qdq_encodings to export a QDQ model's encodings)")
+        raise AccdbgError(
+            f"the following arguments are required: {', '.join(missing)} "
+            f"(or --export_qdq_encodings to export a QDQ model's encodings)"
+        )
     result = compare_encodings(
         args.input,
         args.aimet_encodings_json,
@@ -67,5 +101,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if result.node_report:
         print(result.node_report)
-    log.info("compare encodings: %d tensors compared in %.1f s -> %s", len(result.pairs), result.seconds, result.run_dir)
+    log.info(
+        "compare encodings: %d tensors compared in %.1f s -> %s",
+        len(result.pairs),
+        result.seconds,
+        result.run_dir,
+    )
     return 0

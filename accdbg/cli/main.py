@@ -7,11 +7,16 @@ with ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args)``, registered
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
 import logging
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
 
 from accdbg.cli.args import Parser
 from accdbg.errors import AccdbgError
@@ -26,7 +31,7 @@ COMPONENTS: dict[str, str | None] = {
     "compare_encodings": "accdbg.cli.compare_encodings",
     "tensor_inspection": None,
 }
-WRAPPER: str | None = None
+WRAPPER: str | None = "accdbg.cli.wrapper"
 
 
 def setup_logging(verbose: bool) -> None:
@@ -71,8 +76,72 @@ def split_component(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     return (chosen[0] if chosen else None), rest
 
 
+def take_config(argv: list[str]) -> tuple[list[str], dict | None]:
+    """Pull ``--config FILE`` out of the arguments and load it (JSON or YAML)."""
+    for i, a in enumerate(argv):
+        if a == "--config" or a.startswith("--config="):
+            if a == "--config":
+                if i + 1 >= len(argv):
+                    raise AccdbgError("--config needs a file path")
+                path, rest = argv[i + 1], argv[:i] + argv[i + 2 :]
+            else:
+                path, rest = a.split("=", 1)[1], argv[:i] + argv[i + 1 :]
+            return rest, load_config(Path(path))
+    return argv, None
+
+
+def load_config(path: Path) -> dict:
+    if not path.is_file():
+        raise AccdbgError(f"--config {str(path)!r} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise AccdbgError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise AccdbgError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise AccdbgError(f"{path}: expected a mapping of option names to values, e.g. {{\"runtime\": \"htp\"}}")
+    return {**data, "__path__": str(path)}
+
+
+def apply_config(parser: argparse.ArgumentParser, config: dict) -> dict:
+    """Make the file's values defaults (so flags override them); returns list-valued ones.
+
+    Keys are option names without dashes, in either spelling the flags take
+    (``default_verifier`` or ``defaultVerifier``, ``input_tensor``).
+    """
+    path = config.pop("__path__")
+    by_name: dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        by_name[action.dest] = action
+        for opt in action.option_strings:
+            by_name.setdefault(opt.lstrip("-"), action)
+    defaults, appended = {}, {}
+    for key, value in config.items():
+        action = by_name.get(str(key))
+        if action is None:
+            valid = sorted({a.dest for a in by_name.values()})
+            raise AccdbgError(f"{path}: unknown option {key!r}; valid options: {', '.join(valid)}")
+        action.required = False
+        if isinstance(action, argparse._AppendAction):
+            items = value if isinstance(value, list) else [value]
+            if action.nargs not in (None, "?"):
+                items = [v if isinstance(v, list) else str(v).split() for v in items]
+            appended[action.dest] = items
+        else:
+            defaults[action.dest] = value
+    parser.set_defaults(**defaults)
+    return appended
+
+
 def build_parser(component: str, module) -> Parser:
-    parser = Parser(prog=f"{PROG} --{component}", description=module.HELP)
+    prog = PROG if component == "wrapper" else f"{PROG} --{component}"
+    parser = Parser(prog=prog, description=module.HELP)
     module.add_arguments(parser)
     return parser
 
@@ -84,8 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         component, rest = split_component(argv)
         if component is None:
-            if not rest or (WRAPPER is None and any(a in ("-h", "--help") for a in rest)):
+            if not rest or any(a in ("-h", "--help") for a in rest):
                 print(top_level_help())
+                if WRAPPER is not None:
+                    wrapper = importlib.import_module(WRAPPER)
+                    print("\nWithout a component flag (" + wrapper.HELP + "):\n")
+                    print(build_parser(wrapper.NAME, wrapper).format_help())
                 return 0
             if WRAPPER is None:
                 raise AccdbgError(
@@ -100,10 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise AccdbgError(f"--{component} is not implemented yet")
             module = importlib.import_module(module_name)
         parser = build_parser(component, module)
+        rest, config = take_config(rest)
+        appended = apply_config(parser, config) if config else {}
         try:
             args = parser.parse_args(rest)
         except SystemExit as exc:  # --help
             return int(exc.code or 0)
+        for dest, value in appended.items():  # list options: the command line replaces the file's
+            if not getattr(args, dest):
+                setattr(args, dest, value)
         return int(module.run(args) or 0)
     except AccdbgError as exc:
         if verbose:

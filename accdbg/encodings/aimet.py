@@ -92,7 +92,9 @@ def parse_aimet(data: Any, where: str = "AIMET encodings") -> AimetEncodings:
     if not isinstance(data, dict):
         raise AccdbgError(f"{where}: {EXPECTED}; found a JSON {type(data).__name__}")
     if isinstance(data.get("graph"), dict) and "tensors" in data["graph"]:
-        raise AccdbgError(f"{where} is a QNN graph JSON (model_net.json), not AIMET encodings; pass it as --input")
+        raise AccdbgError(
+            f"{where} is a QNN graph JSON (model_net.json), not AIMET encodings; pass it as --input"
+        )
     version = str(data.get("version", ""))
     if "encodings" in data and not any(k in data for k in SECTIONS):
         raise AccdbgError(
@@ -116,10 +118,14 @@ def parse_aimet(data: Any, where: str = "AIMET encodings") -> AimetEncodings:
         out.form = "legacy"
         for key, entries in sections.items():
             for name, value in (entries or {}).items():
-                enc = _parse_legacy(str(name), value, SECTIONS[key], f"{where}: {key} {str(name)!r}")
+                enc = _parse_legacy(
+                    str(name), value, SECTIONS[key], f"{where}: {key} {str(name)!r}"
+                )
                 _store(out, enc, where)
     else:
-        raise AccdbgError(f"{where}: 'activation_encodings' and 'param_encodings' mix dicts and lists; {EXPECTED}")
+        raise AccdbgError(
+            f"{where}: 'activation_encodings' and 'param_encodings' mix dicts and lists; {EXPECTED}"
+        )
     return out
 
 
@@ -137,7 +143,7 @@ def _bool(value: Any, where: str) -> bool | None:
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise AccdbgError(f"{where}: is_symmetric must be true/false or \"True\"/\"False\", got {value!r}")
+    raise AccdbgError(f'{where}: is_symmetric must be true/false or "True"/"False", got {value!r}')
 
 
 def _num(entry: dict, key: str, where: str) -> float:
@@ -160,14 +166,24 @@ def _bitwidth(entry: dict, key: str, where: str) -> int:
 
 
 def _parse_legacy(name: str, value: Any, kind: str, where: str) -> Encoding:
-    if isinstance(value, dict) and ("input" in value or "output" in value) and not {"scale", "min", "bitwidth"} & set(value):
+    if (
+        isinstance(value, dict)
+        and ("input" in value or "output" in value)
+        and not {"scale", "min", "bitwidth"} & set(value)
+    ):
         raise AccdbgError(
             f"{where}: module-keyed entry ('input'/'output'): this is AIMET's *_torch.encodings; "
             "pass the tensor-keyed .encodings file exported next to the ONNX model"
         )
     entries = [value] if isinstance(value, dict) else value
-    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
-        raise AccdbgError(f"{where}: expected a non-empty list of encoding objects, got {str(value)[:80]}")
+    if (
+        not isinstance(entries, list)
+        or not entries
+        or not all(isinstance(e, dict) for e in entries)
+    ):
+        raise AccdbgError(
+            f"{where}: expected a non-empty list of encoding objects, got {str(value)[:80]}"
+        )
     first = entries[0]
     dtype = str(first.get("dtype", "int")).lower()
     if dtype not in ("int", "float"):
@@ -184,7 +200,9 @@ def _parse_legacy(name: str, value: Any, kind: str, where: str) -> Encoding:
         has_so = "scale" in e and "offset" in e
         has_mm = "min" in e and "max" in e
         if not has_so and not has_mm:
-            raise AccdbgError(f"{w}: needs 'scale' and 'offset', or 'min' and 'max' (found {', '.join(e) or 'nothing'})")
+            raise AccdbgError(
+                f"{w}: needs 'scale' and 'offset', or 'min' and 'max' (found {', '.join(e) or 'nothing'})"
+            )
         if has_so:
             s, o = _num(e, "scale", w), number(_num(e, "offset", w))
         else:
@@ -195,15 +213,25 @@ def _parse_legacy(name: str, value: Any, kind: str, where: str) -> Encoding:
         mins.append(lo)
         maxs.append(hi)
     return Encoding(
-        name=name, kind=kind, dtype="int", bitwidth=bw, is_symmetric=sym,
-        scale=tuple(scales), offset=tuple(offsets), min=tuple(mins), max=tuple(maxs),
-        enc_type=PER_TENSOR if len(entries) == 1 else PER_CHANNEL, source={"format": "legacy"},
+        name=name,
+        kind=kind,
+        dtype="int",
+        bitwidth=bw,
+        is_symmetric=sym,
+        scale=tuple(scales),
+        offset=tuple(offsets),
+        min=tuple(mins),
+        max=tuple(maxs),
+        enc_type=PER_TENSOR if len(entries) == 1 else PER_CHANNEL,
+        source={"format": "legacy"},
     )
 
 
 def _parse_v1(entry: Any, kind: str, where: str) -> Encoding:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-        raise AccdbgError(f"{where}: expected an object with a 'name' (AIMET 1.0.0 entry), got {str(entry)[:80]}")
+        raise AccdbgError(
+            f"{where}: expected an object with a 'name' (AIMET 1.0.0 entry), got {str(entry)[:80]}"
+        )
     name = entry["name"]
     where = f"{where} ({name!r})"
     dtype = str(entry.get("dtype", "INT")).upper()
@@ -227,8 +255,14 @@ def _parse_v1(entry: Any, kind: str, where: str) -> Encoding:
     enc_type = str(entry.get("enc_type", PER_TENSOR if len(scale) == 1 else PER_CHANNEL)).upper()
     block = entry.get("block_size")
     return Encoding.from_scale_offset(
-        name, kind, scale_f, offset_f, bw, is_symmetric=_bool(entry.get("is_sym"), where),
-        enc_type=enc_type, block_size=int(block) if block is not None else None,
+        name,
+        kind,
+        scale_f,
+        offset_f,
+        bw,
+        is_symmetric=_bool(entry.get("is_sym"), where),
+        enc_type=enc_type,
+        block_size=int(block) if block is not None else None,
         source={"format": "1.0.0"},
     )
 
@@ -236,7 +270,9 @@ def _parse_v1(entry: Any, kind: str, where: str) -> Encoding:
 def aimet_dict(encodings: Iterable[Encoding], version: str = "0.6.1") -> dict[str, Any]:
     """An AIMET document (``version`` '0.6.1' legacy or '1.0.0') for these encodings."""
     if version not in VERSIONS:
-        raise AccdbgError(f"encoding version {version!r} is not supported; choose one of {', '.join(VERSIONS)}")
+        raise AccdbgError(
+            f"encoding version {version!r} is not supported; choose one of {', '.join(VERSIONS)}"
+        )
     encs = list(encodings)
     if version == "1.0.0":
         return {

@@ -107,8 +107,11 @@ def compare_pair(a: Encoding, q: Encoding, matched_by: str, precision: int) -> P
         r.diffs["symmetry"] = ()
     for name in VALUE_FIELDS:
         av, qv = getattr(a, name), getattr(q, name)
-        bad = tuple(i for i, (x, y) in enumerate(zip(av, qv, strict=True))
-                    if not same(x, y, precision, name != "offset"))
+        bad = tuple(
+            i
+            for i, (x, y) in enumerate(zip(av, qv, strict=True))
+            if not same(x, y, precision, name != "offset")
+        )
         if bad:
             r.diffs[name] = bad
     return r
@@ -166,7 +169,9 @@ def _near(name: str, others: list[str], index: dict[str, list[str]]) -> list[str
     return hits[:3] or difflib.get_close_matches(name, others, n=3, cutoff=0.6)
 
 
-def summary_frame(pairs: list[PairResult], only_q: list[Encoding], only_a: list[Encoding]) -> pd.DataFrame:
+def summary_frame(
+    pairs: list[PairResult], only_q: list[Encoding], only_a: list[Encoding]
+) -> pd.DataFrame:
     rows = []
 
     def count(label: str, pred_pair=None, pred_enc=None, encs=()) -> None:
@@ -175,8 +180,14 @@ def summary_frame(pairs: list[PairResult], only_q: list[Encoding], only_a: list[
             c.update(p.kind for p in pairs if pred_pair(p))
         if pred_enc is not None:
             c.update(e.kind for e in encs if pred_enc(e))
-        rows.append({"check": label, "params": c[PARAM], "activations": c[ACTIVATION],
-                     "total": c[PARAM] + c[ACTIVATION]})
+        rows.append(
+            {
+                "check": label,
+                "params": c[PARAM],
+                "activations": c[ACTIVATION],
+                "total": c[PARAM] + c[ACTIVATION],
+            }
+        )
 
     count("tensors compared", lambda p: True)
     count("tensors with a mismatch", lambda p: bool(p.diffs))
@@ -206,7 +217,9 @@ def _load_mapping(qnn_path: Path) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in data.items() if isinstance(v, str)}
 
 
-def describe_node(pairs: list[PairResult], only_q: list[Encoding], only_a: list[Encoding], name: str) -> str:
+def describe_node(
+    pairs: list[PairResult], only_q: list[Encoding], only_a: list[Encoding], name: str
+) -> str:
     """A console report of one tensor's encodings on both sides and their differences."""
     keys = {name, loose(name)}
     hits = [p for p in pairs if p.aimet.name == name or p.qnn.name == name]
@@ -214,17 +227,36 @@ def describe_node(pairs: list[PairResult], only_q: list[Encoding], only_a: list[
         hits = [p for p in pairs if loose(p.aimet.name) in keys or loose(p.qnn.name) in keys]
     lines: list[str] = []
     for p in hits:
-        lines.append(f"Encodings of {name!r}: {p.kind}, AIMET {p.aimet.name!r} <-> QNN {p.qnn.name!r} "
-                     f"(matched by {p.matched_by})")
+        lines.append(
+            f"Encodings of {name!r}: {p.kind}, AIMET {p.aimet.name!r} <-> QNN {p.qnn.name!r} "
+            f"(matched by {p.matched_by})"
+        )
         lines.extend(_side_by_side(p))
-        lines.append("  differences: " + (", ".join(
-            f + (f" (channels {_channels(p.diffs[f])})" if p.diffs[f] and p.aimet.channels > 1 else "")
-            for f in FIELDS if f in p.diffs) or "none"))
+        lines.append(
+            "  differences: "
+            + (
+                ", ".join(
+                    f
+                    + (
+                        f" (channels {_channels(p.diffs[f])})"
+                        if p.diffs[f] and p.aimet.channels > 1
+                        else ""
+                    )
+                    for f in FIELDS
+                    if f in p.diffs
+                )
+                or "none"
+            )
+        )
         if p.note:
             lines.append(f"  note: {p.note}")
-    for e, side, other in [(e, "QNN", "AIMET") for e in only_q] + [(e, "AIMET", "QNN") for e in only_a]:
+    for e, side, other in [(e, "QNN", "AIMET") for e in only_q] + [
+        (e, "AIMET", "QNN") for e in only_a
+    ]:
         if e.name == name or loose(e.name) in keys:
-            lines.append(f"Encodings of {name!r}: {e.kind}, only in {side} ({e.name!r}); {other} has no entry")
+            lines.append(
+                f"Encodings of {name!r}: {e.kind}, only in {side} ({e.name!r}); {other} has no entry"
+            )
             lines.extend(f"  {k:<10} {v}" for k, v in _fields(e).items())
     return "\n".join(lines)
 
@@ -240,8 +272,12 @@ def _fmt(v: Any) -> str:
 
 
 def _fields(e: Encoding) -> dict[str, str]:
-    out = {"dtype": e.dtype, "bitwidth": str(e.bitwidth), "symmetry": str(e.is_symmetric),
-           "channels": str(e.channels)}
+    out = {
+        "dtype": e.dtype,
+        "bitwidth": str(e.bitwidth),
+        "symmetry": str(e.is_symmetric),
+        "channels": str(e.channels),
+    }
     if not e.is_float:
         for f in VALUE_FIELDS:
             vals = getattr(e, f)
@@ -250,13 +286,21 @@ def _fields(e: Encoding) -> dict[str, str]:
             elif len(vals) == 1:
                 out[f] = _fmt(vals[0])
             else:
-                out[f] = "[" + ", ".join(_fmt(v) for v in vals[:6]) + (", ...]" if len(vals) > 6 else "]")
+                out[f] = (
+                    "["
+                    + ", ".join(_fmt(v) for v in vals[:6])
+                    + (", ...]" if len(vals) > 6 else "]")
+                )
     return out
 
 
 def _side_by_side(p: PairResult) -> list[str]:
     a, q = _fields(p.aimet), _fields(p.qnn)
-    q["symmetry"] = (str(symmetric_offset(p.qnn)) + " (from offset)") if p.qnn.values_known and not p.qnn.is_float else "n/a"
+    q["symmetry"] = (
+        (str(symmetric_offset(p.qnn)) + " (from offset)")
+        if p.qnn.values_known and not p.qnn.is_float
+        else "n/a"
+    )
     width = max(24, *(len(v) for v in a.values()))
     out = [f"  {'field':<10} {'AIMET':<{width}} QNN"]
     for f in a:
@@ -279,9 +323,13 @@ def compare_encodings(
     """Compare QNN's encodings with AIMET's; writes the run folder and returns the tables."""
     start = time.perf_counter()
     if params_only and activations_only:
-        raise AccdbgError("--params_only and --activations_only exclude each other; give at most one")
+        raise AccdbgError(
+            "--params_only and --activations_only exclude each other; give at most one"
+        )
     if not isinstance(precision, int) or isinstance(precision, bool) or not 0 <= precision <= 30:
-        raise AccdbgError(f"--precision {precision!r} must be an integer number of decimal places, 0..30")
+        raise AccdbgError(
+            f"--precision {precision!r} must be an integer number of decimal places, 0..30"
+        )
     graph = load_qnn_graph(qnn_json)
     qnn_all = qnn_encodings(graph, include_float=True)
     qnn_quant = {n: e for n, e in qnn_all.items() if not e.is_float}
@@ -295,7 +343,10 @@ def compare_encodings(
     # float QNN tensors only take part when AIMET names them (a dtype disagreement)
     pairs_n, only_a_n, only_q_n = match_names(a_all, qnn_all, graph, _load_mapping(Path(qnn_json)))
     only_q_n = [n for n in only_q_n if not qnn_all[n].is_float]
-    pairs = [compare_pair(a_all[p.aimet_name], qnn_all[p.qnn_name], p.matched_by, precision) for p in pairs_n]
+    pairs = [
+        compare_pair(a_all[p.aimet_name], qnn_all[p.qnn_name], p.matched_by, precision)
+        for p in pairs_n
+    ]
     only_q = [qnn_all[n] for n in only_q_n]
     only_a = [a_all[n] for n in only_a_n]
     if params_only or activations_only:
@@ -307,7 +358,11 @@ def compare_encodings(
     if specific_node is not None:
         node_report = describe_node(pairs, only_q, only_a, specific_node)
         if not node_report:
-            names = [p.aimet.name for p in pairs] + [p.qnn.name for p in pairs] + [e.name for e in only_q + only_a]
+            names = (
+                [p.aimet.name for p in pairs]
+                + [p.qnn.name for p in pairs]
+                + [e.name for e in only_q + only_a]
+            )
             near = difflib.get_close_matches(specific_node, names, n=5, cutoff=0.5)
             raise AccdbgError(
                 f"--specific_node {specific_node!r} is neither an AIMET nor a QNN tensor with an encoding"
@@ -322,56 +377,115 @@ def compare_encodings(
         q_idx.setdefault(loose(n), []).append(n)
     for n in a_names:
         a_idx.setdefault(loose(n), []).append(n)
-    only_qnn = pd.DataFrame([one_sided_row(e, "only in QNN", _near(e.name, a_names, a_idx)) for e in only_q])
-    only_aimet = pd.DataFrame([one_sided_row(e, "only in AIMET", _near(e.name, q_names, q_idx)) for e in only_a])
+    only_qnn = pd.DataFrame(
+        [one_sided_row(e, "only in QNN", _near(e.name, a_names, a_idx)) for e in only_q]
+    )
+    only_aimet = pd.DataFrame(
+        [one_sided_row(e, "only in AIMET", _near(e.name, q_names, q_idx)) for e in only_a]
+    )
     summary = summary_frame(pairs, only_q, only_a)
 
     with RunDir(working_dir, COMPONENT, output_dirname) as run:
-        run.write_options(options_record or {
-            "input": str(qnn_json), "aimet_encodings_json": str(aimet_json), "precision": precision,
-            "params_only": params_only, "activations_only": activations_only, "specific_node": specific_node,
-            "working_dir": str(working_dir), "output_dirname": output_dirname,
-        })
-        log.info("QNN graph %s: %d quantized tensors; AIMET %s (%s form): %d params, %d activations",
-                 graph.path, len(qnn_quant), aimet.path, aimet.form, len(aimet.params), len(aimet.activations))
+        run.write_options(
+            options_record
+            or {
+                "input": str(qnn_json),
+                "aimet_encodings_json": str(aimet_json),
+                "precision": precision,
+                "params_only": params_only,
+                "activations_only": activations_only,
+                "specific_node": specific_node,
+                "working_dir": str(working_dir),
+                "output_dirname": output_dirname,
+            }
+        )
+        log.info(
+            "QNN graph %s: %d quantized tensors; AIMET %s (%s form): %d params, %d activations",
+            graph.path,
+            len(qnn_quant),
+            aimet.path,
+            aimet.form,
+            len(aimet.params),
+            len(aimet.activations),
+        )
         _write_extracted(run.path / EXTRACTED, qnn_quant)
         by_rule = Counter(p.matched_by for p in pairs)
-        log.info("paired %d tensors (%s)", len(pairs), ", ".join(f"{k}: {v}" for k, v in by_rule.most_common()))
+        log.info(
+            "paired %d tensors (%s)",
+            len(pairs),
+            ", ".join(f"{k}: {v}" for k, v in by_rule.most_common()),
+        )
         _warn_one_sided(only_q, "in QNN but not in AIMET")
         _warn_one_sided(only_a, "in AIMET but not in QNN")
         unknown = [p for p in pairs if not p.qnn.values_known]
         if unknown:
-            log.warning("%d QNN tensors hold encodings whose values the JSON does not contain (%s); only their "
-                        "bitwidth and channel count are compared", len(unknown), unknown[0].note)
+            log.warning(
+                "%d QNN tensors hold encodings whose values the JSON does not contain (%s); only their "
+                "bitwidth and channel count are compared",
+                len(unknown),
+                unknown[0].note,
+            )
         bad = [p for p in pairs if p.diffs]
         for p in bad:
             log.debug("mismatch %s <-> %s: %s", p.aimet.name, p.qnn.name, ", ".join(p.diffs))
         counts = Counter(f for p in bad for f in p.diffs)
-        log.info("%d of %d paired tensors disagree%s (precision %d decimal places)", len(bad), len(pairs),
-                 (": " + ", ".join(f"{f} {counts[f]}" for f in FIELDS if counts[f])) if counts else "", precision)
+        log.info(
+            "%d of %d paired tensors disagree%s (precision %d decimal places)",
+            len(bad),
+            len(pairs),
+            (": " + ", ".join(f"{f} {counts[f]}" for f in FIELDS if counts[f])) if counts else "",
+            precision,
+        )
         if node_report:
             log.debug("--specific_node report:\n%s", node_report)
         from accdbg.encodings.report import write_encodings_workbook  # report imports this module
 
         write_encodings_workbook(
-            run.path / WORKBOOK, pairs, only_qnn, only_aimet, summary,
-            info=[("QNN graph JSON", str(graph.path)), ("AIMET encodings", f"{aimet.path} ({aimet.form})"),
-                  ("precision (decimal places)", precision),
-                  ("compared", "params only" if params_only else "activations only" if activations_only else
-                   "params and activations")],
-            params=not activations_only, activations=not params_only,
+            run.path / WORKBOOK,
+            pairs,
+            only_qnn,
+            only_aimet,
+            summary,
+            info=[
+                ("QNN graph JSON", str(graph.path)),
+                ("AIMET encodings", f"{aimet.path} ({aimet.form})"),
+                ("precision (decimal places)", precision),
+                (
+                    "compared",
+                    "params only"
+                    if params_only
+                    else "activations only"
+                    if activations_only
+                    else "params and activations",
+                ),
+            ],
+            params=not activations_only,
+            activations=not params_only,
         )
         log.info("wrote %s", run.final_path / WORKBOOK)
-    return CompareResult(run.path, table, only_qnn, only_aimet, summary, pairs, node_report,
-                         time.perf_counter() - start)
+    return CompareResult(
+        run.path,
+        table,
+        only_qnn,
+        only_aimet,
+        summary,
+        pairs,
+        node_report,
+        time.perf_counter() - start,
+    )
 
 
 def _warn_one_sided(encs: list[Encoding], where: str) -> None:
     if not encs:
         return
     names = [e.name for e in encs]
-    log.warning("%d encodings are %s: %s%s (all in the 'one_sided' sheet)", len(encs), where,
-                ", ".join(names[:8]), " ..." if len(names) > 8 else "")
+    log.warning(
+        "%d encodings are %s: %s%s (all in the 'one_sided' sheet)",
+        len(encs),
+        where,
+        ", ".join(names[:8]),
+        " ..." if len(names) > 8 else "",
+    )
     log.debug("all encodings %s: %s", where, ", ".join(names))
 
 
@@ -382,8 +496,13 @@ def _write_extracted(path: Path, encs: dict[str, Encoding]) -> None:
     write_json_atomic(path, doc)
     log.info("extracted %d QNN encodings to %s", len(known), path.name)
     if missing:
-        log.warning("%d quantized QNN tensors left out of %s, their values are not in the JSON: %s%s",
-                    len(missing), path.name, ", ".join(missing[:5]), " ..." if len(missing) > 5 else "")
+        log.warning(
+            "%d quantized QNN tensors left out of %s, their values are not in the JSON: %s%s",
+            len(missing),
+            path.name,
+            ", ".join(missing[:5]),
+            " ..." if len(missing) > 5 else "",
+        )
 
 
 __all__ = ["CompareResult", "PairResult", "compare_encodings", "compare_pair", "describe_node"]

@@ -43,8 +43,16 @@ _NON_WORD = re.compile(r"\W+")
 _TOKEN = re.compile(r"_token_\d+$")
 _OUTPUT = re.compile(r"^(.*)_output_(\d+)$")
 LAYOUT_OPS = {"Transpose", "Reshape"}
-RULES = ("exact", "qnn_ep_param", "qnn_ep_activation", "sanitized", "sanitized_loose", "tensor_mapping",
-         "graph_producer", "graph_layout_copy")
+RULES = (
+    "exact",
+    "qnn_ep_param",
+    "qnn_ep_activation",
+    "sanitized",
+    "sanitized_loose",
+    "tensor_mapping",
+    "graph_producer",
+    "graph_layout_copy",
+)
 
 
 def sanitize(name: str) -> str:
@@ -130,7 +138,11 @@ def _graph_producer(graph: QnnGraph, a_free: dict, q_free: dict, take) -> None:
         if not m:
             continue
         node_part, k = m.group(1), int(m.group(2))
-        cands = {n for key in (node_part, sanitize(node_part), loose(node_part)) for n in by_node.get(key, [])}
+        cands = {
+            n
+            for key in (node_part, sanitize(node_part), loose(node_part))
+            for n in by_node.get(key, [])
+        }
         if len(cands) != 1:
             continue
         outs = graph.nodes[cands.pop()].get("output_names") or []

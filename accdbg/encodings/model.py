@@ -161,10 +161,18 @@ class Encoding:
         )
 
     @classmethod
-    def float_encoding(cls, name: str, kind: str, bitwidth: int, source: dict | None = None) -> Encoding:
+    def float_encoding(
+        cls, name: str, kind: str, bitwidth: int, source: dict | None = None
+    ) -> Encoding:
         """A tensor kept in floating point (AIMET ``dtype: float``): only its bitwidth matters."""
-        return cls(name=name, kind=kind, dtype="float", bitwidth=int(bitwidth),
-                   enc_type=PER_TENSOR, source=dict(source or {}))
+        return cls(
+            name=name,
+            kind=kind,
+            dtype="float",
+            bitwidth=int(bitwidth),
+            enc_type=PER_TENSOR,
+            source=dict(source or {}),
+        )
 
     def to_legacy(self) -> list[dict[str, Any]]:
         """AIMET 0.6.1 entries: one dict per channel (a one-element list when per tensor)."""
@@ -187,7 +195,12 @@ class Encoding:
     def to_v1(self) -> dict[str, Any]:
         """An AIMET 1.0.0 entry."""
         if self.is_float:
-            return {"name": self.name, "dtype": "FLOAT", "enc_type": PER_TENSOR, "bw": self.bitwidth}
+            return {
+                "name": self.name,
+                "dtype": "FLOAT",
+                "enc_type": PER_TENSOR,
+                "bw": self.bitwidth,
+            }
         entry: dict[str, Any] = {
             "name": self.name,
             "dtype": "INT",

@@ -38,9 +38,12 @@ def _quant_types():
     from onnxruntime.quantization import QuantType
 
     return {
-        (8, False): QuantType.QUInt8, (8, True): QuantType.QInt8,
-        (16, False): QuantType.QUInt16, (16, True): QuantType.QInt16,
-        (4, False): QuantType.QUInt4, (4, True): QuantType.QInt4,
+        (8, False): QuantType.QUInt8,
+        (8, True): QuantType.QInt8,
+        (16, False): QuantType.QUInt16,
+        (16, True): QuantType.QInt16,
+        (4, False): QuantType.QUInt4,
+        (4, True): QuantType.QInt4,
     }
 
 
@@ -56,7 +59,9 @@ def storage(enc: Encoding) -> tuple[int, bool]:
     return enc.bitwidth, signed
 
 
-def _per_channel_axis(enc: Encoding, init: onnx.TensorProto, consumers: list[onnx.NodeProto]) -> int:
+def _per_channel_axis(
+    enc: Encoding, init: onnx.TensorProto, consumers: list[onnx.NodeProto]
+) -> int:
     dims = list(init.dims)
     n = len(enc.scale)
     fits = [a for a, d in enumerate(dims) if d == n]
@@ -122,9 +127,16 @@ def aimet_to_tensor_quant_overrides(
                     f"{lo}..{hi} of {bw}-bit {'signed' if signed else 'unsigned'} storage"
                 )
             if not s > 0:
-                raise AccdbgError(f"--quantization_overrides: {enc.name!r} scale {s} is not positive")
-            entries.append({"quant_type": qt, "scale": np.array(s, dtype=np.float32),
-                            "zero_point": np.array(zp, dtype=np_t)})
+                raise AccdbgError(
+                    f"--quantization_overrides: {enc.name!r} scale {s} is not positive"
+                )
+            entries.append(
+                {
+                    "quant_type": qt,
+                    "scale": np.array(s, dtype=np.float32),
+                    "zero_point": np.array(zp, dtype=np_t),
+                }
+            )
         if len(entries) > 1:
             if enc.name not in inits:
                 raise AccdbgError(
@@ -141,10 +153,16 @@ def aimet_to_tensor_quant_overrides(
             f"(e.g. {', '.join(repr(n) for n in unknown[:3])})"
         )
     if unknown:
-        log.warning("quantization overrides: %d names are not tensors of the model, ignored: %s",
-                    len(unknown), ", ".join(unknown[:10]) + (" ..." if len(unknown) > 10 else ""))
+        log.warning(
+            "quantization overrides: %d names are not tensors of the model, ignored: %s",
+            len(unknown),
+            ", ".join(unknown[:10]) + (" ..." if len(unknown) > 10 else ""),
+        )
     if skipped:
-        log.warning("quantization overrides: %d encodings have no onnxruntime override form, ignored: %s",
-                    len(skipped), ", ".join(skipped[:10]) + (" ..." if len(skipped) > 10 else ""))
+        log.warning(
+            "quantization overrides: %d encodings have no onnxruntime override form, ignored: %s",
+            len(skipped),
+            ", ".join(skipped[:10]) + (" ..." if len(skipped) > 10 else ""),
+        )
     log.info("quantization overrides: %d tensors overridden", len(out))
     return out

@@ -36,9 +36,13 @@ log = logging.getLogger("accdbg.encodings")
 QUANT_SUFFIX = "_quantized"  # onnxruntime.quantization's TENSOR_NAME_QUANT_SUFFIX
 # ONNX quantized element types -> (bits, signed)
 QTYPES = {
-    TensorProto.UINT8: (8, False), TensorProto.INT8: (8, True),
-    TensorProto.UINT16: (16, False), TensorProto.INT16: (16, True),
-    TensorProto.INT32: (32, True), TensorProto.UINT4: (4, False), TensorProto.INT4: (4, True),
+    TensorProto.UINT8: (8, False),
+    TensorProto.INT8: (8, True),
+    TensorProto.UINT16: (16, False),
+    TensorProto.INT16: (16, True),
+    TensorProto.INT32: (32, True),
+    TensorProto.UINT4: (4, False),
+    TensorProto.INT4: (4, True),
 }
 
 
@@ -72,7 +76,9 @@ def qdq_encodings(model: onnx.ModelProto | str | os.PathLike) -> dict[str, Encod
     outputs = {o.name for o in model.graph.output}
     found: dict[str, Encoding] = {}
     nodes = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
-    nodes += [n for n in model.graph.node if n.op_type == "QuantizeLinear"]  # Q without a DQ: graph outputs
+    nodes += [
+        n for n in model.graph.node if n.op_type == "QuantizeLinear"
+    ]  # Q without a DQ: graph outputs
     dq_inputs = {n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
     for node in nodes:
         if node.op_type == "QuantizeLinear" and node.output[0] in dq_inputs:
@@ -84,11 +90,17 @@ def qdq_encodings(model: onnx.ModelProto | str | os.PathLike) -> dict[str, Encod
         if old is None:
             found[enc.name] = enc
         elif (old.scale, old.offset, old.bitwidth) != (enc.scale, enc.offset, enc.bitwidth):
-            log.warning("tensor %r is quantized twice with different encodings (%s, %s); exporting the first",
-                        enc.name, _short(old), _short(enc))
+            log.warning(
+                "tensor %r is quantized twice with different encodings (%s, %s); exporting the first",
+                enc.name,
+                _short(old),
+                _short(enc),
+            )
     if not found:
-        raise AccdbgError("the model has no QuantizeLinear/DequantizeLinear nodes with constant scale and "
-                          "zero point: not a QDQ model")
+        raise AccdbgError(
+            "the model has no QuantizeLinear/DequantizeLinear nodes with constant scale and "
+            "zero point: not a QDQ model"
+        )
     return found
 
 
@@ -99,8 +111,12 @@ def _short(e: Encoding) -> str:
 def _node_encoding(node, consts, producer, outputs) -> Encoding | None:
     x = node.input[0]
     if len(node.input) < 2 or node.input[1] not in consts:
-        log.warning("%s %r: scale %r is not a constant; skipped", node.op_type, node.name,
-                    node.input[1] if len(node.input) > 1 else "")
+        log.warning(
+            "%s %r: scale %r is not a constant; skipped",
+            node.op_type,
+            node.name,
+            node.input[1] if len(node.input) > 1 else "",
+        )
         return None
     scale = numpy_helper.to_array(consts[node.input[1]]).astype(np.float32)
     has_zp = len(node.input) > 2 and node.input[2] in consts
@@ -112,15 +128,26 @@ def _node_encoding(node, consts, producer, outputs) -> Encoding | None:
     else:
         qtype = _attr(node, "output_dtype", 0) or TensorProto.UINT8
     if qtype not in QTYPES:
-        log.warning("%s %r: quantized type %s is not an integer type; skipped", node.op_type, node.name,
-                    TensorProto.DataType.Name(qtype))
+        log.warning(
+            "%s %r: quantized type %s is not an integer type; skipped",
+            node.op_type,
+            node.name,
+            TensorProto.DataType.Name(qtype),
+        )
         return None
     bits, signed = QTYPES[qtype]
-    zp = (numpy_helper.to_array(zp_proto).astype(np.int64) if zp_proto is not None
-          else np.zeros(scale.shape, np.int64))
+    zp = (
+        numpy_helper.to_array(zp_proto).astype(np.int64)
+        if zp_proto is not None
+        else np.zeros(scale.shape, np.int64)
+    )
     if node.op_type == "DequantizeLinear" and x in consts:
         kind = PARAM
-        name = x[: -len(QUANT_SUFFIX)] if x.endswith(QUANT_SUFFIX) and len(x) > len(QUANT_SUFFIX) else x
+        name = (
+            x[: -len(QUANT_SUFFIX)]
+            if x.endswith(QUANT_SUFFIX) and len(x) > len(QUANT_SUFFIX)
+            else x
+        )
         dims = list(consts[x].dims)
     else:
         kind = ACTIVATION
@@ -139,15 +166,24 @@ def _node_encoding(node, consts, producer, outputs) -> Encoding | None:
         axis += len(dims)
     offsets = [offset_from_zero_point(int(z), bits, signed) for z in zp_l]
     return Encoding.from_scale_offset(
-        name, kind, scale_l, offsets, bits,
+        name,
+        kind,
+        scale_l,
+        offsets,
+        bits,
         is_symmetric=bool(signed and not np.any(zp_l)),
-        axis=axis, enc_type=PER_BLOCK if block else None, block_size=block,
+        axis=axis,
+        enc_type=PER_BLOCK if block else None,
+        block_size=block,
         source={"onnx_type": TensorProto.DataType.Name(qtype), "node": node.name},
     )
 
 
 def export_qdq_encodings(
-    model_path: str | os.PathLike, out_path: str | os.PathLike, version: str = "0.6.1", overwrite: bool = False
+    model_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    version: str = "0.6.1",
+    overwrite: bool = False,
 ) -> Path:
     """Write the QDQ model's encodings as an AIMET file; returns its path. Never overwrites by default."""
     out = Path(out_path).expanduser()
@@ -159,6 +195,12 @@ def export_qdq_encodings(
     doc = aimet_dict(encs.values(), version)
     write_json_atomic(out, doc)
     n_par = sum(e.kind == PARAM for e in encs.values())
-    log.info("exported %d encodings (%d params, %d activations) of %s to %s",
-             len(encs), n_par, len(encs) - n_par, model_path, out)
+    log.info(
+        "exported %d encodings (%d params, %d activations) of %s to %s",
+        len(encs),
+        n_par,
+        len(encs) - n_par,
+        model_path,
+        out,
+    )
     return out

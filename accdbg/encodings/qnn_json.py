@@ -47,17 +47,40 @@ from accdbg.errors import AccdbgError
 
 # Qnn_DataType_t codes: 0x0X.. class (0 int, 1 uint, 2 float, 3 sfixed, 4 ufixed, 5 bool), low byte = bits
 DATATYPE_NAMES = {
-    0x0008: "INT_8", 0x0016: "INT_16", 0x0032: "INT_32", 0x0064: "INT_64",
-    0x0108: "UINT_8", 0x0116: "UINT_16", 0x0132: "UINT_32", 0x0164: "UINT_64",
-    0x0216: "FLOAT_16", 0x0232: "FLOAT_32", 0x0264: "FLOAT_64",
-    0x0304: "SFIXED_POINT_4", 0x0308: "SFIXED_POINT_8", 0x0316: "SFIXED_POINT_16", 0x0332: "SFIXED_POINT_32",
-    0x0404: "UFIXED_POINT_4", 0x0408: "UFIXED_POINT_8", 0x0416: "UFIXED_POINT_16", 0x0432: "UFIXED_POINT_32",
-    0x0508: "BOOL_8", 0x0608: "STRING", 0x7FFFFFFF: "UNDEFINED",
+    0x0008: "INT_8",
+    0x0016: "INT_16",
+    0x0032: "INT_32",
+    0x0064: "INT_64",
+    0x0108: "UINT_8",
+    0x0116: "UINT_16",
+    0x0132: "UINT_32",
+    0x0164: "UINT_64",
+    0x0216: "FLOAT_16",
+    0x0232: "FLOAT_32",
+    0x0264: "FLOAT_64",
+    0x0304: "SFIXED_POINT_4",
+    0x0308: "SFIXED_POINT_8",
+    0x0316: "SFIXED_POINT_16",
+    0x0332: "SFIXED_POINT_32",
+    0x0404: "UFIXED_POINT_4",
+    0x0408: "UFIXED_POINT_8",
+    0x0416: "UFIXED_POINT_16",
+    0x0432: "UFIXED_POINT_32",
+    0x0508: "BOOL_8",
+    0x0608: "STRING",
+    0x7FFFFFFF: "UNDEFINED",
 }
 STATIC_TYPES = {4, 6}  # STATIC, UPDATEABLE_STATIC
 DEFINED = 1
-ENCODING_NAMES = {0: "SCALE_OFFSET", 1: "AXIS_SCALE_OFFSET", 2: "BW_SCALE_OFFSET",
-                  3: "BW_AXIS_SCALE_OFFSET", 4: "BLOCK", 5: "BLOCKWISE_EXPANSION", 6: "VECTOR"}
+ENCODING_NAMES = {
+    0: "SCALE_OFFSET",
+    1: "AXIS_SCALE_OFFSET",
+    2: "BW_SCALE_OFFSET",
+    3: "BW_AXIS_SCALE_OFFSET",
+    4: "BLOCK",
+    5: "BLOCKWISE_EXPANSION",
+    6: "VECTOR",
+}
 FILLED_MARK = "accdbg_filled_from"
 
 
@@ -71,7 +94,8 @@ def datatype_name(code: Any) -> str:
 def datatype_bits(code: int) -> tuple[str, int, bool]:
     """``(class, bits, signed)`` of a data type code: 0x0308 -> ('sfixed', 8, True)."""
     cls = {0: "int", 1: "uint", 2: "float", 3: "sfixed", 4: "ufixed", 5: "bool", 6: "string"}.get(
-        (code >> 8) & 0xFF, "other")
+        (code >> 8) & 0xFF, "other"
+    )
     bits = int(f"{code & 0xFF:x}")  # the low byte spells the bit count in hex digits: 0x32 -> 32
     return cls, bits, cls in ("int", "sfixed")
 
@@ -119,7 +143,9 @@ def resolve_qnn_json(path: str | os.PathLike) -> list[Path]:
         return [p]
     if (p / "model_net.json").is_file():
         return [p / "model_net.json"]
-    dumps = sorted(f for f in p.glob("QNNExecutionProvider_*.json") if not f.name.endswith("_tensor_log.json"))
+    dumps = sorted(
+        f for f in p.glob("QNNExecutionProvider_*.json") if not f.name.endswith("_tensor_log.json")
+    )
     if dumps:
         return dumps
     raise AccdbgError(
@@ -148,7 +174,9 @@ def check_qnn_schema(data: Any, path: Path) -> None:
         )
     graph = data.get("graph") if isinstance(data, dict) else None
     if not isinstance(graph, dict) or not isinstance(graph.get("tensors"), dict):
-        found = ", ".join(map(str, list(data)[:8])) if isinstance(data, dict) else type(data).__name__
+        found = (
+            ", ".join(map(str, list(data)[:8])) if isinstance(data, dict) else type(data).__name__
+        )
         raise AccdbgError(
             f"--input {str(path)!r} is not a QNN graph JSON: expected the keys 'graph' -> 'tensors' "
             f"(and 'nodes') of a model_net.json; found {found or 'nothing'}"
@@ -174,8 +202,12 @@ def tensor_encoding(name: str, tensor: dict[str, Any]) -> Encoding | None:
     except (TypeError, ValueError):
         return None
     cls, bits, signed = datatype_bits(code)
-    src = {"qnn_name": name, "data_type": datatype_name(code), "tensor_type": tensor.get("type"),
-           "dims": tensor.get("dims")}
+    src = {
+        "qnn_name": name,
+        "data_type": datatype_name(code),
+        "tensor_type": tensor.get("type"),
+        "dims": tensor.get("dims"),
+    }
     if tensor.get(FILLED_MARK):
         src["filled_from"] = tensor[FILLED_MARK]
     kind = _kind(tensor)
@@ -188,50 +220,92 @@ def tensor_encoding(name: str, tensor: dict[str, Any]) -> Encoding | None:
     src["encoding"] = ENCODING_NAMES.get(enc, str(enc))
     try:
         if enc in (0, 2):
-            so = qp.get("bw_scale_offset") if enc == 2 and "bw_scale_offset" in qp else qp["scale_offset"]
+            so = (
+                qp.get("bw_scale_offset")
+                if enc == 2 and "bw_scale_offset" in qp
+                else qp["scale_offset"]
+            )
             bw = int(so.get("bitwidth", bits)) if enc == 2 else bits
             return Encoding.from_scale_offset(
-                name, kind, so["scale"], qnn_offset_to_aimet(so["offset"], bw, signed), bw, source=src)
+                name,
+                kind,
+                so["scale"],
+                qnn_offset_to_aimet(so["offset"], bw, signed),
+                bw,
+                source=src,
+            )
         if enc == 1 and "axis_scale_offset" in qp:
             aso = qp["axis_scale_offset"]
             pairs = aso["scale_offsets"]
             return Encoding.from_scale_offset(
-                name, kind, [p["scale"] for p in pairs],
-                [qnn_offset_to_aimet(p["offset"], bits, signed) for p in pairs], bits,
-                axis=int(aso["axis"]), enc_type=PER_CHANNEL, source=src)
+                name,
+                kind,
+                [p["scale"] for p in pairs],
+                [qnn_offset_to_aimet(p["offset"], bits, signed) for p in pairs],
+                bits,
+                axis=int(aso["axis"]),
+                enc_type=PER_CHANNEL,
+                source=src,
+            )
         if enc == 3 and "bw_axis_scale_offset" in qp:
             b = qp["bw_axis_scale_offset"]
             bw = int(b.get("bitwidth", bits))
             scales = b["scales"]
             offsets = b.get("offsets") or [0] * len(scales)
             return Encoding.from_scale_offset(
-                name, kind, scales, [qnn_offset_to_aimet(o, bw, signed) for o in offsets], bw,
-                axis=int(b["axis"]), enc_type=PER_CHANNEL, source=src)
-        if enc in (4, 5) and isinstance(qp.get("blockwise_expansion") or qp.get("block_encoding"), dict):
+                name,
+                kind,
+                scales,
+                [qnn_offset_to_aimet(o, bw, signed) for o in offsets],
+                bw,
+                axis=int(b["axis"]),
+                enc_type=PER_CHANNEL,
+                source=src,
+            )
+        if enc in (4, 5) and isinstance(
+            qp.get("blockwise_expansion") or qp.get("block_encoding"), dict
+        ):
             b = qp.get("blockwise_expansion") or qp.get("block_encoding")
             pairs = b.get("scale_offsets") or []
             if pairs:
                 return Encoding.from_scale_offset(
-                    name, kind, [p["scale"] for p in pairs],
-                    [qnn_offset_to_aimet(p["offset"], bits, signed) for p in pairs], bits,
-                    axis=b.get("axis"), enc_type=PER_BLOCK, source=src)
+                    name,
+                    kind,
+                    [p["scale"] for p in pairs],
+                    [qnn_offset_to_aimet(p["offset"], bits, signed) for p in pairs],
+                    bits,
+                    axis=b.get("axis"),
+                    enc_type=PER_BLOCK,
+                    source=src,
+                )
     except (KeyError, TypeError, ValueError) as exc:
         raise AccdbgError(
             f"QNN tensor {name!r}: malformed quant_params ({type(exc).__name__}: {exc}); got {json.dumps(qp)[:200]}"
         ) from None
     # Values this file does not hold: keep what is known (bitwidth, type, channel count).
-    unknown = Encoding(name=name, kind=kind, dtype="int", bitwidth=bits, is_symmetric=None,
-                       enc_type=PER_CHANNEL if enc in (1, 3) else PER_BLOCK, values_known=False, source=src)
+    unknown = Encoding(
+        name=name,
+        kind=kind,
+        dtype="int",
+        bitwidth=bits,
+        is_symmetric=None,
+        enc_type=PER_CHANNEL if enc in (1, 3) else PER_BLOCK,
+        values_known=False,
+        source=src,
+    )
     so = qp.get("scale_offset")
     dims = tensor.get("dims") or []
-    if enc == 1 and isinstance(so, dict):  # the EP dump's misprinted axis encoding (module docstring)
+    if enc == 1 and isinstance(
+        so, dict
+    ):  # the EP dump's misprinted axis encoding (module docstring)
         axis, count = _int_from_float_bits(so.get("scale", 0.0)), int(so.get("offset", 0))
         if 0 <= axis < len(dims) and dims[axis] == count:
             unknown.axis = axis
             unknown.source["channels"] = count
-    unknown.source["unreadable"] = (
-        f"{ENCODING_NAMES.get(enc, enc)} values are not in this JSON"
-        + (" (the QNN EP graph dump does not serialize per-channel encodings)" if isinstance(so, dict) else "")
+    unknown.source["unreadable"] = f"{ENCODING_NAMES.get(enc, enc)} values are not in this JSON" + (
+        " (the QNN EP graph dump does not serialize per-channel encodings)"
+        if isinstance(so, dict)
+        else ""
     )
     return unknown
 
@@ -266,14 +340,19 @@ def fill_per_channel_from_qdq(graph_json: dict[str, Any], qdq_model: onnx.ModelP
         if len(dq.input) < 2 or dq.input[1] not in inits:
             continue
         scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float32).ravel()
-        zp = (numpy_helper.to_array(inits[dq.input[2]]).astype(np.int64).ravel()
-              if len(dq.input) > 2 and dq.input[2] in inits else np.zeros_like(scale, dtype=np.int64))
+        zp = (
+            numpy_helper.to_array(inits[dq.input[2]]).astype(np.int64).ravel()
+            if len(dq.input) > 2 and dq.input[2] in inits
+            else np.zeros_like(scale, dtype=np.int64)
+        )
         if scale.size != enc.source.get("channels"):
             continue
         tensor["quant_params"]["axis_scale_offset"] = {
             "axis": enc.axis,
             "num_scale_offsets": int(scale.size),
-            "scale_offsets": [{"scale": float(s), "offset": int(-z)} for s, z in zip(scale, zp, strict=True)],
+            "scale_offsets": [
+                {"scale": float(s), "offset": int(-z)} for s, z in zip(scale, zp, strict=True)
+            ],
         }
         tensor["quant_params"].pop("scale_offset", None)
         tensor[FILLED_MARK] = "qdq_model"

@@ -19,15 +19,23 @@ from accdbg.encodings.compare import FIELDS, VALUE_FIELDS, PairResult, symmetric
 from accdbg.encodings.model import ACTIVATION, PARAM
 from accdbg.reports.excel import Sheet, write_workbook
 
-LABEL = {"dtype": "dtype", "bitwidth": "bitwidth", "symmetry": "symmetric", "channels": "channels",
-         "scale": "scale", "offset": "offset", "min": "min", "max": "max"}
+LABEL = {
+    "dtype": "dtype",
+    "bitwidth": "bitwidth",
+    "symmetry": "symmetric",
+    "channels": "channels",
+    "scale": "scale",
+    "offset": "offset",
+    "min": "min",
+    "max": "max",
+}
 NOTES = {
     "symmetric (QNN)": "QNN stores no symmetry flag: True when offset == -2^(bitwidth-1). Only an AIMET "
-                       "symmetric encoding that QNN does not hold symmetric is a mismatch.",
+    "symmetric encoding that QNN does not hold symmetric is a mismatch.",
     "offset (AIMET)": "AIMET/QNN convention: real = scale * (q + offset), q unsigned; offset = -zero_point "
-                      "(unsigned storage) or -zero_point - 2^(bw-1) (signed storage).",
+    "(unsigned storage) or -zero_point - 2^(bw-1) (signed storage).",
     "offset (QNN)": "QNN offset converted to the AIMET convention: signed QNN types (SFIXED_POINT_n) store "
-                    "offset + 2^(bw-1).",
+    "offset + 2^(bw-1).",
     "min (QNN)": "QNN stores no min/max: scale * offset.",
     "max (QNN)": "QNN stores no min/max: scale * (offset + 2^bitwidth - 1).",
     "scale (AIMET)": "Compared as float32 (QNN's scale type), rounded to --precision decimal places.",
@@ -125,12 +133,31 @@ def write_encodings_workbook(
     pc = per_channel_sheet(pairs)
     if pc is not None:
         sheets.append(pc)
-    one_sided = pd.concat([only_qnn, only_aimet], ignore_index=True) if len(only_qnn) or len(only_aimet) else (
-        pd.DataFrame(columns=["side", "kind", "name", "dtype", "bitwidth", "channels", "scale", "offset",
-                              "nearest names on the other side"]))
+    one_sided = (
+        pd.concat([only_qnn, only_aimet], ignore_index=True)
+        if len(only_qnn) or len(only_aimet)
+        else (
+            pd.DataFrame(
+                columns=[
+                    "side",
+                    "kind",
+                    "name",
+                    "dtype",
+                    "bitwidth",
+                    "channels",
+                    "scale",
+                    "offset",
+                    "nearest names on the other side",
+                ]
+            )
+        )
+    )
     for col in ("scale", "offset"):
         if col in one_sided:
             one_sided[col] = one_sided[col].map(
-                lambda v: _summary_value(tuple(v)) if isinstance(v, list) else ("n/a" if v is None else v))
+                lambda v: (
+                    _summary_value(tuple(v)) if isinstance(v, list) else ("n/a" if v is None else v)
+                )
+            )
     sheets.append(Sheet("one_sided", one_sided, freeze="D2"))
     return write_workbook(path, sheets)

@@ -60,7 +60,9 @@ def cell_value(v: Any) -> Any:
 def is_red(cell) -> bool:
     """Whether a cell carries the red flag fill (for readers of the workbook, tests included)."""
     fill = cell.fill
-    return fill is not None and fill.fill_type == "solid" and str(fill.fgColor.rgb)[-6:].upper() == RED
+    return (
+        fill is not None and fill.fill_type == "solid" and str(fill.fgColor.rgb)[-6:].upper() == RED
+    )
 
 
 def _write_sheet(ws, sheet: Sheet) -> None:
@@ -87,7 +89,9 @@ def _write_sheet(ws, sheet: Sheet) -> None:
     for j, name in enumerate(columns, start=1):
         sample = df.iloc[:_WIDTH_SAMPLE, j - 1] if len(df) else []
         longest = max([len(name)] + [len(str(cell_value(v) or "")) for v in sample])
-        ws.column_dimensions[get_column_letter(j)].width = max(MIN_WIDTH, min(MAX_WIDTH, longest + 2))
+        ws.column_dimensions[get_column_letter(j)].width = max(
+            MIN_WIDTH, min(MAX_WIDTH, longest + 2)
+        )
     if sheet.footer:
         r = last_row + 2
         for values in sheet.footer:

@@ -394,17 +394,12 @@ def _order_key(plan: Plan, golden: TensorFolder, target: TensorFolder):
     return key
 
 
-def verify_input(
-    golden: TensorFolder,
-    target: TensorFolder,
-    plan: Plan,
-    out_dir: Path,
-    title: str,
-) -> tuple[pd.DataFrame, dict[str, list[bool | None]]]:
-    """Compare one target folder with its golden folder; write its summary and details."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+def plan_pairs(
+    golden: TensorFolder, target: TensorFolder, plan: Plan
+) -> tuple[Pairing, list[tuple[str | None, str | None]], dict[str, tuple[str | None, str | None]]]:
+    """The pairs to compare, in execution order; checked before anything is written."""
     mapping = plan.mapping
-    pairing: Pairing = pair_tensors(golden.names(), target.names(), mapping)
+    pairing = pair_tensors(golden.names(), target.names(), mapping)
     pairs = list(pairing.pairs)
     # tensors named by the verifier config must be rows even if only one side has them
     by_name: dict[str, tuple[str | None, str | None]] = {}
@@ -433,6 +428,19 @@ def verify_input(
             f"no tensor of {str(target.root)!r} matches one of {str(golden.root)!r} by name"
             + (" or by the tensor mapping" if mapping else "; pass --tensor_mapping or -m to map names")
         )
+    return pairing, pairs, by_name
+
+
+def verify_input(
+    golden: TensorFolder,
+    target: TensorFolder,
+    plan: Plan,
+    out_dir: Path,
+    title: str,
+) -> tuple[pd.DataFrame, dict[str, list[bool | None]]]:
+    """Compare one target folder with its golden folder; write its summary and details."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pairing, pairs, by_name = plan_pairs(golden, target, plan)
     log.info(
         "%s: %d tensor pairs (%d golden-only, %d target-only tensors not compared)",
         title, len(pairs), len(pairing.golden_only), len(pairing.target_only),
@@ -674,10 +682,13 @@ def run_verification(
     layers = load_graph_struct(graph_struct) if graph_struct is not None else []
     qnn = QnnGraph(qnn_model_json_path) if qnn_model_json_path is not None else None
     plan = Plan(verifiers, mapping, execution_order(layers), qnn, sources)
-    for key, value in sources.items():
-        log.info("%s: %s", key, value)
+    folders = {key: (TensorFolder(g), TensorFolder(t)) for key, (g, t) in inputs.items()}
+    for g_folder, t_folder in folders.values():
+        plan_pairs(g_folder, t_folder, plan)  # bad names fail here, before a run folder exists
 
     with RunDir(working_dir, COMPONENT, output_dirname) as run:
+        for key, value in sources.items():
+            log.info("%s: %s", key, value)
         run.write_options(options_record or {
             "golden_output_reference_directory": str(golden_dir),
             "inference_results": str(inference_results),
@@ -695,10 +706,10 @@ def run_verification(
         per_input: dict[str, pd.DataFrame] = {}
         per_passed: dict[str, dict[str, list[bool | None]]] = {}
         several = len(inputs) > 1
-        for key, (g_path, t_path) in inputs.items():
+        for key, (g_folder, t_folder) in folders.items():
             out = run.path / key if several else run.path
             title = f"Verification {key}" if several else "Verification"
-            df, passed = verify_input(TensorFolder(g_path), TensorFolder(t_path), plan, out, title)
+            df, passed = verify_input(g_folder, t_folder, plan, out, title)
             per_input[key], per_passed[key] = df, passed
         aggregate = None
         if several:

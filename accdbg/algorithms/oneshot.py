@@ -1,0 +1,139 @@
+"""Oneshot-layerwise: framework diagnosis, QNN engine and verification in one run.
+
+It shows where the error *appears*. On top of the verification summary it marks where the
+error *enters* (see :mod:`accdbg.algorithms.attribution`), rewrites the summary files with
+those columns, and writes the HTML report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from accdbg.algorithms.attribution import Attribution, attribute, console_lines, inputs_from_graph_struct
+from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.run_dir import write_json_atomic
+from accdbg.core.tensor_store import safe_relpath
+from accdbg.engines import run_inference_engine
+from accdbg.errors import AccdbgError
+from accdbg.frameworks.diagnosis import run_framework_diagnosis
+from accdbg.reports.html_report import write_report
+from accdbg.reports.summary import json_value, write_csv
+from accdbg.verifiers import get_verifier
+from accdbg.verifiers.verification import run_verification
+
+log = logging.getLogger("accdbg.oneshot")
+
+
+@dataclass
+class OneshotResult:
+    """Everything a notebook needs after an oneshot run."""
+
+    golden_dir: Path
+    engine_run: Path
+    verification_run: Path
+    summary: pd.DataFrame
+    marks: list[Attribution]
+    report: Path
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def matching_result(results: Sequence[Path], input_list: str | Path | None, inputs: Sequence[InputTensor]) -> Path:
+    """The ``Result_N`` computed from the same files as the golden run."""
+    if input_list is None or len(results) == 1:
+        return results[0]
+    wanted = {t.name: t.path.resolve() for t in inputs}
+    for entry, result in zip(parse_input_list(input_list).entries, results, strict=False):
+        files = [p.resolve() for _, p in entry.items]
+        if set(files) == set(wanted.values()):
+            return result
+    log.warning("no input-list line uses the --input_tensor files; comparing the golden with Result_0")
+    return results[0]
+
+
+def run_oneshot(
+    framework: str,
+    model_path: str | Path,
+    input_tensors: Sequence[InputTensor],
+    input_list: str | Path | None = None,
+    output_tensors: Sequence[str] = (),
+    default_verifiers: Sequence = ("CosineSimilarity", "SQNR"),
+    verifier_config: str | Path | None = None,
+    golden_dir: str | Path | None = None,
+    enable_tensor_inspection: bool = False,
+    engine_kwargs: dict | None = None,
+    framework_kwargs: dict | None = None,
+    working_dir: str | Path = "working_directory",
+    output_dirname: str | None = None,
+) -> OneshotResult:
+    """Run the three components in sequence and write the report; returns its tables."""
+    seconds: dict[str, float] = {}
+    t = time.perf_counter()
+    if golden_dir is None:
+        if not input_tensors:
+            raise AccdbgError("framework diagnosis needs -i/--input_tensor (or give --golden_output_reference_directory)")
+        gold = run_framework_diagnosis(framework, model_path, input_tensors, output_tensors, working_dir=working_dir,
+                                       output_dirname=output_dirname, **(framework_kwargs or {}))
+        golden_dir = gold.run_dir
+        seconds["framework_diagnosis"] = time.perf_counter() - t
+    golden_dir = Path(golden_dir)
+    t = time.perf_counter()
+    engine = run_inference_engine(model_path, input_list=input_list, input_tensors=input_tensors,
+                                  golden_dir_for_mapping=golden_dir, working_dir=working_dir,
+                                  output_dirname=output_dirname, **(engine_kwargs or {}))
+    seconds["inference_engine"] = time.perf_counter() - t
+    t = time.perf_counter()
+    target = matching_result(engine.results, input_list, input_tensors)
+    ver = run_verification(golden_dir, target, default_verifiers=default_verifiers,
+                           tensor_mapping=engine.tensor_mapping, graph_struct=engine.graph_struct,
+                           verifier_config=verifier_config, qnn_model_json_path=engine.model_net_json,
+                           working_dir=working_dir, output_dirname=output_dirname)
+    seconds["verification"] = time.perf_counter() - t
+    verifiers = {v["label"]: get_verifier(v["spec"]) for v in ver.verifiers if v.get("spec") is not None}
+    inputs_of = inputs_from_graph_struct(json.loads(engine.graph_struct.read_text(encoding="utf-8")))
+    summary, marks = attribute(ver.summary, verifiers, inputs_of)
+    links = _detail_links(ver.run_dir, summary, [v["label"] for v in ver.verifiers])
+    if enable_tensor_inspection:
+        t = time.perf_counter()
+        from accdbg.inspection import run_tensor_inspection
+
+        insp_dir = ver.run_dir / "tensor_inspection"
+        run_tensor_inspection(golden_dir, target, verifiers=[v["spec"] for v in ver.verifiers],
+                              tensor_mapping=engine.tensor_mapping, out_dir=insp_dir)
+        for name in summary["Name"]:
+            folder = insp_dir / safe_relpath(str(name))
+            if folder.is_dir():
+                links.setdefault(name, []).append(("plots", str(folder.relative_to(ver.run_dir)) + "/Histograms.png"))
+        seconds["tensor_inspection"] = time.perf_counter() - t
+    write_csv(summary, ver.run_dir / "summary.csv")
+    write_json_atomic(ver.run_dir / "summary.json", {"marks": [m.__dict__ for m in marks],
+                                                     "rows": [{k: json_value(v) for k, v in r.items()}
+                                                              for r in summary.to_dict(orient="records")]})
+    failed = [bool(f) for f in summary.get("Failed", pd.Series([""] * len(summary))).fillna("")]
+    meta = (f"model {Path(model_path).name} - engine {engine.engine_label} ({engine_kwargs.get('runtime', 'htp') if engine_kwargs else 'htp'})"
+            f" - golden {golden_dir} - target {target}")
+    report = write_report(ver.run_dir / "summary.html", summary, verifiers, marks,
+                          title=f"accdbg oneshot-layerwise: {Path(model_path).name}", meta=meta, links=links,
+                          failed=failed, notes=[f"{k}: {v:.1f} s" for k, v in seconds.items()])
+    for line in console_lines(marks):
+        log.info("%s", line)
+    log.info("report: %s", report)
+    return OneshotResult(golden_dir, engine.run_dir, ver.run_dir, summary, marks, report, seconds)
+
+
+def _detail_links(run_dir: Path, summary: pd.DataFrame, labels: Sequence[str]) -> dict[str, list[tuple[str, str]]]:
+    """Per-tensor verifier pages written by verification, relative to the summary."""
+    links: dict[str, list[tuple[str, str]]] = {}
+    for name in summary["Name"]:
+        rel = safe_relpath(str(name))
+        for label in labels:
+            page = run_dir / label / f"{rel}.html"
+            if page.is_file():
+                links.setdefault(name, []).append((label, f"{label}/{rel}.html"))
+    return links

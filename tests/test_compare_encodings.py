@@ -309,13 +309,17 @@ def test_specific_node_prints_both_sides_and_the_difference(capsys, det_run, det
     "flag,kept,dropped",
     [("--params_only", "params", "activations"), ("--activations_only", "activations", "params")],
 )
-def test_params_only_and_activations_only(capsys, det_run, det_files, flag, kept, dropped):
+def test_params_only_and_activations_only(
+    capsys, det_run, det_files, baseline, flag, kept, dropped
+):
     work = det_files["dir"] / "w"
+    # --input takes the engine's run folder too (its model_net.json, and tensor_mapping.json beside it)
+    qnn_input = det_run.run_dir if flag == "--activations_only" else det_run.model_net_json
     code, _, err = run_cli(
         capsys,
         "--compare_encodings",
         "--input",
-        det_run.model_net_json,
+        qnn_input,
         "--aimet_encodings_json",
         det_files["aimet_path"],
         "-w",
@@ -331,9 +335,11 @@ def test_params_only_and_activations_only(capsys, det_run, det_files, flag, kept
     assert kept in wb.sheetnames and dropped not in wb.sheetnames
     section = "param_encodings" if kept == "params" else "activation_encodings"
     aimet_names = {r[0].value for r in wb[kept].iter_rows(min_row=2)}
-    assert aimet_names <= set(det_files["aimet"][section])
+    assert aimet_names == set(det_files["aimet"][section]) - set(baseline.only_aimet["name"])
     summary = {r[0].value: r for r in wb["summary"].iter_rows(min_row=2) if r[0].value}
     assert summary["tensors compared"][1 if kept == "activations" else 2].value == 0
+    assert summary["tensors compared"][3].value == wb[kept].max_row - 1
+    assert {r[1].value for r in wb["one_sided"].iter_rows(min_row=2)} <= {kept.rstrip("s")}
 
 
 def test_round_trip_qdq_to_aimet_to_overrides_to_qdq(

@@ -683,3 +683,78 @@ def test_qdq_export_matches_initializers_and_round_trips_through_overrides(tmp_p
             e.bitwidth,
             e.source["onnx_type"],
         ), name
+
+
+def _one_tensor_case(tmp_path, qnn_scale: float, aimet_scale: float) -> None:
+    t = {
+        "type": 3,
+        "data_type": 0x0408,
+        "dims": [1],
+        "quant_params": {
+            "definition": 1,
+            "encoding": 0,
+            "scale_offset": {"scale": qnn_scale, "offset": -3},
+        },
+    }
+    (tmp_path / "model_net.json").write_text(json.dumps(_qnn_doc({"t": t})))
+    aimet = {"activation_encodings": {"t": [_legacy(aimet_scale, -3)]}, "param_encodings": {}}
+    (tmp_path / "a.json").write_text(json.dumps(aimet))
+
+
+@pytest.mark.parametrize("precision,flagged", [(17, True), (7, True), (6, False), (3, False)])
+def test_precision_is_decimal_places_of_the_float32_values(tmp_path, precision, flagged):
+    # 0.5000001 is a different float32 from 0.5 (ulp 6e-8) and first differs at the 7th decimal
+    assert np.float32(0.5000001) != np.float32(0.5)
+    _one_tensor_case(tmp_path, 0.5, 0.5000001)
+    res = compare_encodings(
+        tmp_path / "model_net.json",
+        tmp_path / "a.json",
+        precision=precision,
+        working_dir=tmp_path / "w",
+    )
+    # (min/max follow the scale: max = 252 * scale differs from the 5th decimal on)
+    assert ("scale" in res.table["mismatches"].iloc[0].split(", ")) == flagged
+    assert ("max" in res.table["mismatches"].iloc[0].split(", ")) == (precision >= 5)
+
+
+def test_differences_below_float32_resolution_are_not_disagreements(tmp_path):
+    # AIMET writes doubles; QNN holds float32: a double that rounds to QNN's float32 agrees with it
+    s32 = float(np.float32(0.0123))
+    _one_tensor_case(tmp_path, s32, s32 + 1e-12)
+    res = compare_encodings(
+        tmp_path / "model_net.json", tmp_path / "a.json", working_dir=tmp_path / "w"
+    )
+    assert res.table["mismatches"].tolist() == [""]
+
+
+def test_folder_inputs_and_float_tensors(tmp_path):
+    """A folder of EP partition dumps is merged; a float QNN tensor only meets leftover AIMET names."""
+    v = _qnn_variants()
+    dumps = tmp_path / "qnn_json"
+    dumps.mkdir()
+    (dumps / "QNNExecutionProvider_a_1_0.json").write_text(json.dumps(_qnn_doc({"act": v["act"]})))
+    (dumps / "QNNExecutionProvider_b_2_0.json").write_text(
+        json.dumps(_qnn_doc({"x": v["f"], "x_QuantizeLinear": v["a16"]}))
+    )
+    (dumps / "QNNExecutionProvider_b_2_0_tensor_log.json").write_text("{}")
+    aimet = {
+        "activation_encodings": {
+            "act": [_legacy(0.5, -10)],
+            "x": [_legacy(0.001, -32768, bw=16)],
+            "f16_wanted": [{"bitwidth": 16, "dtype": "float"}],
+        },
+        "param_encodings": {},
+    }
+    (tmp_path / "a.json").write_text(json.dumps(aimet))
+    res = compare_encodings(dumps, tmp_path / "a.json", working_dir=tmp_path / "w")
+    got = {r.aimet_name: (r.qnn_name, r.matched_by, r.mismatches) for r in res.table.itertuples()}
+    # 'x' pairs with the quantized 'x_QuantizeLinear', not with the float graph input 'x'
+    assert got == {"act": ("act", "exact", ""), "x": ("x_QuantizeLinear", "qnn_ep_activation", "")}
+    assert res.only_aimet["name"].tolist() == ["f16_wanted"] and res.only_qnn.empty
+    ext = json.loads((res.run_dir / "extracted_encodings.json").read_text())
+    assert set(ext["activation_encodings"]) == {
+        "act",
+        "x_QuantizeLinear",
+    }  # float tensors are not encodings
+    with pytest.raises(AccdbgError, match="folder without model_net.json"):
+        compare_encodings(tmp_path / "w", tmp_path / "a.json", working_dir=tmp_path / "w")

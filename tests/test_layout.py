@@ -20,7 +20,9 @@ from tests import models
 TO_LAST = {3: (0, 2, 1), 4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
 
 
-@pytest.mark.parametrize("rank, first, last", [(3, "NCF", "NFC"), (4, "NCHW", "NHWC"), (5, "NCDHW", "NDHWC")])
+@pytest.mark.parametrize(
+    "rank, first, last", [(3, "NCF", "NFC"), (4, "NCHW", "NHWC"), (5, "NCDHW", "NDHWC")]
+)
 def test_recorded_and_inferred_channel_moves_restore_the_data(rank, first, last):
     shape = (2, 3, 4, 5, 6)[:rank]
     x = np.arange(np.prod(shape)).reshape(shape)
@@ -53,14 +55,42 @@ def test_cubic_shapes_need_the_recorded_layout():
 @pytest.mark.parametrize(
     "golden, target, gl, tl, kind, text",
     [
-        ((1, 4, 8, 8), (1, 256), None, None, "mismatch", "shape mismatch: golden [1, 4, 8, 8] target [1, 256]"),
-        ((1, 4, 8, 8), (1, 8, 8, 5), None, None, "mismatch", "size mismatch: golden [1, 4, 8, 8] target [1, 8, 8, 5]"),
-        ((1, 4, 6, 8), (1, 6, 4, 8), None, None, "mismatch", "shape mismatch"),  # no channel move explains it
+        (
+            (1, 4, 8, 8),
+            (1, 256),
+            None,
+            None,
+            "mismatch",
+            "shape mismatch: golden [1, 4, 8, 8] target [1, 256]",
+        ),
+        (
+            (1, 4, 8, 8),
+            (1, 8, 8, 5),
+            None,
+            None,
+            "mismatch",
+            "size mismatch: golden [1, 4, 8, 8] target [1, 8, 8, 5]",
+        ),
+        (
+            (1, 4, 6, 8),
+            (1, 6, 4, 8),
+            None,
+            None,
+            "mismatch",
+            "shape mismatch",
+        ),  # no channel move explains it
         ((1, 4, 8, 8), (1, 8, 8, 4), "NCHW", "NCHW", "mismatch", "both recorded NCHW"),
         ((1, 4, 6, 6), (1, 4, 6, 6), "NCHW", "NHWC", "mismatch", "layout mismatch"),
         ((4, 10), (1, 4, 1, 10), None, None, "reshape", "reshape [1, 4, 1, 10]->[4, 10]"),
         ((1, 8, 1, 1), (1, 1, 1, 8), None, None, "reshape", "reshape"),
-        ((1, 4, 8, 8), (1, 8, 8, 4), None, "NCHW", "mismatch", "shape mismatch"),  # record contradicts shapes
+        (
+            (1, 4, 8, 8),
+            (1, 8, 8, 4),
+            None,
+            "NCHW",
+            "mismatch",
+            "shape mismatch",
+        ),  # record contradicts shapes
         ((2, 3), (2, 3), "NF", "NC", "same", ""),
     ],
 )
@@ -77,8 +107,13 @@ def cubic_golden(tmp_path_factory):
     """A CNN whose activations are [1, 8, 8, 8]: NCHW and NHWC have the same shape."""
     tmp = tmp_path_factory.mktemp("cubic")
     built = models.conv_net(tmp, channels=8, size=8, layers=2)
-    res = run_framework_diagnosis("onnx", built.path, [parse_input_tensor(["x", "1,3,8,8", str(built.input_path)])],
-                                  working_dir=tmp / "w", output_dirname="golden")
+    res = run_framework_diagnosis(
+        "onnx",
+        built.path,
+        [parse_input_tensor(["x", "1,3,8,8", str(built.input_path)])],
+        working_dir=tmp / "w",
+        output_dirname="golden",
+    )
     return TensorFolder(res.run_dir)
 
 
@@ -87,16 +122,27 @@ def _dump_nhwc(golden: TensorFolder, root, record_layout: bool):
     for rec in golden:
         x = golden.load(rec.name)
         t = x.transpose(0, 2, 3, 1) if x.ndim == 4 else x
-        w.write(rec.name, t, node=rec.node, op_type=rec.op_type, index=rec.index,
-                layout=("NHWC" if x.ndim == 4 else None) if record_layout else None)
+        w.write(
+            rec.name,
+            t,
+            node=rec.node,
+            op_type=rec.op_type,
+            index=rec.index,
+            layout=("NHWC" if x.ndim == 4 else None) if record_layout else None,
+        )
     w.save_manifest()
     return root
 
 
 def test_nhwc_dump_against_nchw_golden(tmp_path, cubic_golden):
     target = _dump_nhwc(cubic_golden, tmp_path / "nhwc", record_layout=True)
-    res = run_verification(cubic_golden.root, target, ["CosineSimilarity", "MSE"], working_dir=tmp_path / "w",
-                           output_dirname="told")
+    res = run_verification(
+        cubic_golden.root,
+        target,
+        ["CosineSimilarity", "MSE"],
+        working_dir=tmp_path / "w",
+        output_dirname="told",
+    )
     s = res.summary.set_index("Name")
     assert list(s["Status"].unique()) == ["ok"]
     assert (s["CosineSimilarity"] == 1.0).all() and (s["MSE"] == 0.0).all()
@@ -108,8 +154,13 @@ def test_nhwc_dump_against_nchw_golden(tmp_path, cubic_golden):
     # the same data without the layout record: the shapes cannot tell, so the comparison is
     # the flattened one Qualcomm's tool makes, and it shows why that one raises false alarms
     blind = _dump_nhwc(cubic_golden, tmp_path / "blind", record_layout=False)
-    res2 = run_verification(cubic_golden.root, blind, ["CosineSimilarity"], working_dir=tmp_path / "w",
-                            output_dirname="blind")
+    res2 = run_verification(
+        cubic_golden.root,
+        blind,
+        ["CosineSimilarity"],
+        working_dir=tmp_path / "w",
+        output_dirname="blind",
+    )
     s2 = res2.summary.set_index("Name")
     g = cubic_golden.load("conv0").astype(np.float64).ravel()
     t = g.reshape(1, 8, 8, 8).transpose(0, 2, 3, 1).ravel()
@@ -119,21 +170,32 @@ def test_nhwc_dump_against_nchw_golden(tmp_path, cubic_golden):
 
 def test_non_cubic_nhwc_is_inferred_from_shapes(tmp_path):
     built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
-    g = run_framework_diagnosis("onnx", built.path, [parse_input_tensor(["x", "1,3,8,8", str(built.input_path)])],
-                                working_dir=tmp_path / "w", output_dirname="g")
+    g = run_framework_diagnosis(
+        "onnx",
+        built.path,
+        [parse_input_tensor(["x", "1,3,8,8", str(built.input_path)])],
+        working_dir=tmp_path / "w",
+        output_dirname="g",
+    )
     golden = TensorFolder(g.run_dir)
     target = _dump_nhwc(golden, tmp_path / "t", record_layout=False)
     w = TensorWriter(tmp_path / "t2")
     for rec in golden:  # plus a tensor flattened by the target: not comparable, says so
         x = golden.load(rec.name)
-        w.write(rec.name, x.reshape(1, -1) if rec.name == "conv0" else x.transpose(0, 2, 3, 1),
-                index=rec.index, op_type=rec.op_type)
+        w.write(
+            rec.name,
+            x.reshape(1, -1) if rec.name == "conv0" else x.transpose(0, 2, 3, 1),
+            index=rec.index,
+            op_type=rec.op_type,
+        )
     w.save_manifest()
     res = run_verification(golden.root, target, ["CosineSimilarity"], working_dir=tmp_path / "w")
     s = res.summary.set_index("Name")
     assert (s["CosineSimilarity"] == 1.0).all()
     assert s.loc["relu0", "Layout"] == "NHWC->NCHW (from shapes)"
-    res2 = run_verification(golden.root, tmp_path / "t2", ["CosineSimilarity"], working_dir=tmp_path / "w")
+    res2 = run_verification(
+        golden.root, tmp_path / "t2", ["CosineSimilarity"], working_dir=tmp_path / "w"
+    )
     s2 = res2.summary.set_index("Name")
     assert s2.loc["conv0", "Status"] == "shape mismatch: golden [1, 4, 8, 8] target [1, 256]"
     assert np.isnan(s2.loc["conv0", "CosineSimilarity"])
@@ -156,29 +218,48 @@ def test_bare_raw_target_takes_shape_layout_and_scale_from_qnn_json(tmp_path, cu
         t = noisy.transpose(0, 2, 3, 1)
         name = qnn_sanitize(rec.name)
         t.astype(np.float32).tofile(target / f"{name}.raw")
-        tensors[name] = {"dims": list(t.shape), "axis_format": "NHWC", "src_axis_format": "NCHW",
-                         "data_type": 0x0408, "quant_params": {"definition": 1, "encoding": 0,
-                                                                "scale_offset": {"scale": scale, "offset": 0}}}
+        tensors[name] = {
+            "dims": list(t.shape),
+            "axis_format": "NHWC",
+            "src_axis_format": "NCHW",
+            "data_type": 0x0408,
+            "quant_params": {
+                "definition": 1,
+                "encoding": 0,
+                "scale_offset": {"scale": scale, "offset": 0},
+            },
+        }
     qnn_json = tmp_path / "model_net.json"
     qnn_json.write_text(json.dumps({"graph": {"tensors": tensors, "nodes": {}}}))
     assert QnnGraph(qnn_json).find("conv0").encoding.scale == scale
 
     # without the JSON the flat target cannot be shaped: a status, not a flattened comparison
-    res0 = run_verification(cubic_golden.root, target, ["CosineSimilarity"], working_dir=tmp_path / "w")
+    res0 = run_verification(
+        cubic_golden.root, target, ["CosineSimilarity"], working_dir=tmp_path / "w"
+    )
     s0 = res0.summary.set_index("Name")
     assert s0.drop("pool")["Status"].str.contains("target shape unknown").all()
     assert s0.drop("pool")["CosineSimilarity"].isna().all()
     assert s0.loc["pool", "Status"] == "ok"  # [1, 8, 1, 1]: one non-unit axis, order cannot differ
 
-    res = run_verification(cubic_golden.root, target, ["CosineSimilarity", "ScaledDiff"],
-                           qnn_model_json_path=qnn_json, working_dir=tmp_path / "w")
+    res = run_verification(
+        cubic_golden.root,
+        target,
+        ["CosineSimilarity", "ScaledDiff"],
+        qnn_model_json_path=qnn_json,
+        working_dir=tmp_path / "w",
+    )
     s = res.summary.set_index("Name")
     assert (s["Status"] == "ok").all() and (s["Layout"] == "NHWC->NCHW (recorded)").all()
     for rec in cubic_golden:
         g = cubic_golden.load(rec.name).astype(np.float64)
-        t = np.fromfile(target / f"{rec.name}.raw", np.float32).reshape(g.transpose(0, 2, 3, 1).shape)
+        t = np.fromfile(target / f"{rec.name}.raw", np.float32).reshape(
+            g.transpose(0, 2, 3, 1).shape
+        )
         t = t.transpose(0, 3, 1, 2).astype(np.float64)
-        assert s.loc[rec.name, "ScaledDiff"] == pytest.approx(np.mean(np.abs(g - t)) / scale, rel=1e-9)
+        assert s.loc[rec.name, "ScaledDiff"] == pytest.approx(
+            np.mean(np.abs(g - t)) / scale, rel=1e-9
+        )
         if rec.size >= 512:  # uniform noise over one step: 0.25 step on average
             assert 0.2 < s.loc[rec.name, "ScaledDiff"] < 0.3
 
@@ -206,8 +287,13 @@ def _qdq_conv(tmp_path):
         numpy_helper.from_array(np.array(0.02, np.float32), "sr"),
         numpy_helper.from_array(np.array(0, np.uint8), "zr"),
     ]
-    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 10])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 6, 10])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, 6, 10])],
+        inits,
+    )
     return models.save(graph, tmp_path / "qdq.onnx", opset=17)
 
 
@@ -218,13 +304,20 @@ def test_real_qnn_graph_json_dims_are_channel_last(tmp_path):
     import onnxruntime_qnn
 
     path = _qdq_conv(tmp_path)
-    ort.register_execution_provider_library("QNNExecutionProvider", onnxruntime_qnn.get_library_path())
+    ort.register_execution_provider_library(
+        "QNNExecutionProvider", onnxruntime_qnn.get_library_path()
+    )
     try:
         devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
         so = ort.SessionOptions()
-        so.add_provider_for_devices(devices[:1], {
-            "backend_path": onnxruntime_qnn.get_qnn_htp_path(), "dump_json_qnn_graph": "1",
-            "json_qnn_graph_dir": str(tmp_path)})
+        so.add_provider_for_devices(
+            devices[:1],
+            {
+                "backend_path": onnxruntime_qnn.get_qnn_htp_path(),
+                "dump_json_qnn_graph": "1",
+                "json_qnn_graph_dir": str(tmp_path),
+            },
+        )
         sess = ort.InferenceSession(str(path), sess_options=so)
         x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 6, 10)).astype(np.float32)
         y = sess.run(None, {"x": x})[0]
@@ -249,8 +342,13 @@ def test_real_qnn_graph_json_dims_are_channel_last(tmp_path):
     target = TensorWriter(tmp_path / "target")  # an engine that dumps as QNN holds the tensor
     target.write("relu", y.transpose(0, 2, 3, 1), index=0, qnn_name=qnn_name)
     target.save_manifest()
-    res = run_verification(golden.root, target.root, ["CosineSimilarity", "ScaledDiff"],
-                           qnn_model_json_path=qnn_json, working_dir=tmp_path / "w")
+    res = run_verification(
+        golden.root,
+        target.root,
+        ["CosineSimilarity", "ScaledDiff"],
+        qnn_model_json_path=qnn_json,
+        working_dir=tmp_path / "w",
+    )
     row = res.summary.iloc[0]
     assert row["Status"] == "ok" and row["Layout"] == "NHWC->NCHW (from shapes)"
     assert row["Tensor_dims"] == [1, 6, 10, 5]
@@ -258,3 +356,25 @@ def test_real_qnn_graph_json_dims_are_channel_last(tmp_path):
     g = TensorFolder(golden.root).load("relu").astype(np.float64)
     assert row["ScaledDiff"] == pytest.approx(np.mean(np.abs(g - y)) / out.encoding.scale, rel=1e-6)
     assert row["ScaledDiff"] < 0.5  # within one rounding of the output's own 8-bit step
+
+
+def test_bare_raw_golden_is_never_flattened_against_a_shaped_target(tmp_path, cubic_golden):
+    bare_g, bare_t = tmp_path / "bare_g", tmp_path / "bare_t"
+    for d in (bare_g, bare_t):
+        d.mkdir()
+    for rec in cubic_golden:  # as Qualcomm's framework diagnosis writes them: no manifest
+        cubic_golden.load(rec.name).tofile(bare_g / f"{rec.name}.raw")
+        cubic_golden.load(rec.name).tofile(bare_t / f"{rec.name}.raw")
+    s = run_verification(
+        bare_g, cubic_golden.root, ["CosineSimilarity"], working_dir=tmp_path / "w"
+    ).summary
+    s = s.set_index("Name")
+    assert s.loc["conv0", "Status"] == (
+        "golden shape unknown (bare .raw without tensors.json) for target [1, 8, 8, 8]: its layout cannot be told"
+    )
+    assert np.isnan(s.loc["conv0", "CosineSimilarity"]) and s.loc["pool", "CosineSimilarity"] == 1.0
+    both = run_verification(
+        bare_g, bare_t, ["CosineSimilarity"], working_dir=tmp_path / "w"
+    ).summary
+    assert (both["CosineSimilarity"] == 1.0).all()
+    assert (both["Layout"] == "flat (no shapes recorded on either side)").all()

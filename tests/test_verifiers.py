@@ -19,13 +19,28 @@ SINGLE = [n for n in verifier_names() if n != "MeanIOU"]
 
 def test_all_ten_verifiers_registered_with_documented_threshold():
     assert sorted(verifier_names(), key=str.lower) == sorted(
-        ["RtolAtol", "AdjustedRtolAtol", "TopK", "L1Error", "CosineSimilarity", "MSE", "MAE",
-         "SQNR", "MeanIOU", "ScaledDiff"], key=str.lower)
+        [
+            "RtolAtol",
+            "AdjustedRtolAtol",
+            "TopK",
+            "L1Error",
+            "CosineSimilarity",
+            "MSE",
+            "MAE",
+            "SQNR",
+            "MeanIOU",
+            "ScaledDiff",
+        ],
+        key=str.lower,
+    )
     for cls in VERIFIERS.values():
         doc = cls.__doc__ or ""
         assert "Pass" in doc or "pass mark" in doc, cls.name  # the threshold is documented
         if cls.threshold is not None:
-            assert f"{cls.threshold:g}" in doc.replace(" %", "").replace(" dB", "") or cls.name == "MSE"
+            assert (
+                f"{cls.threshold:g}" in doc.replace(" %", "").replace(" dB", "")
+                or cls.name == "MSE"
+            )
 
 
 # ------------------------------------------------------------------ formulas on random data
@@ -40,9 +55,13 @@ def test_cosine_similarity_formula():
 
 def test_sqnr_formula_and_target_signal_variant():
     res = get_verifier("SQNR")(G, T)
-    assert res.value == pytest.approx(10 * np.log10(np.sum(g64**2) / np.sum((g64 - t64) ** 2)), rel=1e-12)
+    assert res.value == pytest.approx(
+        10 * np.log10(np.sum(g64**2) / np.sum((g64 - t64) ** 2)), rel=1e-12
+    )
     old = get_verifier("SQNR signal target")(G, T)  # Qualcomm's: mean t^2 / mean err^2
-    assert old.value == pytest.approx(10 * np.log10(np.mean(t64**2) / np.mean((g64 - t64) ** 2)), rel=1e-12)
+    assert old.value == pytest.approx(
+        10 * np.log10(np.mean(t64**2) / np.mean((g64 - t64) ** 2)), rel=1e-12
+    )
     loud = get_verifier("SQNR")(g64, 3 * g64)
     loud_old = get_verifier("SQNR signal target")(g64, 3 * g64)
     assert loud.value == pytest.approx(10 * np.log10(1 / 4), rel=1e-9)  # error 2g: -6 dB
@@ -79,7 +98,10 @@ def test_adjusted_rtol_atol():
         atol = levels * (g64.max() - g64.min()) / 255
         want = 100 * np.mean(~np.isclose(t64, g64, rtol=0.1, atol=atol))
         assert res.value == pytest.approx(want, abs=1e-9)
-    assert get_verifier("AdjustedRtolAtol,levels_num,1")(G, T).value >= get_verifier("AdjustedRtolAtol")(G, T).value
+    assert (
+        get_verifier("AdjustedRtolAtol,levels_num,1")(G, T).value
+        >= get_verifier("AdjustedRtolAtol")(G, T).value
+    )
 
 
 def test_scaled_diff_per_tensor_per_axis_and_not_applicable():
@@ -103,7 +125,9 @@ def test_topk_hand_built():
     swapped = np.array([0.8, 0.9, 0.0, 0.1])
     base = np.array([0.9, 0.8, 0.0, 0.1])
     assert get_verifier("TopK k 2")(base, swapped).value == 0.0  # same set
-    assert get_verifier("TopK,k,2,ordered,true")(base, swapped).value == 100.0  # both positions differ
+    assert (
+        get_verifier("TopK,k,2,ordered,true")(base, swapped).value == 100.0
+    )  # both positions differ
     assert get_verifier("TopK k 10")(g, t).details["k"] == 4  # k capped at the size
 
 
@@ -231,9 +255,13 @@ def test_empty_tensors():
 
 def test_both_spec_syntaxes_and_case():
     assert parse_verifier_spec("rtolatol,rtolmargin,0.01,atolmargin,0.02") == (
-        "rtolatol", {"rtolmargin": "0.01", "atolmargin": "0.02"})
+        "rtolatol",
+        {"rtolmargin": "0.01", "atolmargin": "0.02"},
+    )
     assert parse_verifier_spec(["CosineSimilarity", "threshold", "0.5"]) == (
-        "CosineSimilarity", {"threshold": "0.5"})
+        "CosineSimilarity",
+        {"threshold": "0.5"},
+    )
     v = get_verifier(["RTOLATOL", "RtolMargin", "0.2"])
     assert v.name == "RtolAtol" and v.values["rtolmargin"] == 0.2 and v.values["atolmargin"] == 0.01
     assert get_verifier("topk k 3 ordered TRUE").values == {"k": 3, "ordered": True}
@@ -251,9 +279,14 @@ def test_threshold_override_changes_verdict():
 @pytest.mark.parametrize(
     "spec, expect",
     [
-        ("Cosine", "unknown verifier 'Cosine'; valid verifiers: AdjustedRtolAtol, CosineSimilarity"),
-        (["CosineSimilarity", "param1", "1", "param2", "2"],
-         "verifier CosineSimilarity has no parameter 'param1'; valid parameters: threshold"),
+        (
+            "Cosine",
+            "unknown verifier 'Cosine'; valid verifiers: AdjustedRtolAtol, CosineSimilarity",
+        ),
+        (
+            ["CosineSimilarity", "param1", "1", "param2", "2"],
+            "verifier CosineSimilarity has no parameter 'param1'; valid parameters: threshold",
+        ),
         ("rtolatol,rtol,0.1", "valid parameters: atolmargin, rtolmargin, threshold"),
         ("rtolatol,rtolmargin,0.01,atolmargin,0,01", "name/value pairs"),
         ("rtolatol,rtolmargin,abc", "'abc' is not a number"),
@@ -269,3 +302,24 @@ def test_bad_specs_are_one_line_errors(spec, expect):
         get_verifier(spec)
     assert expect in str(exc.value)
     assert "\n" not in str(exc.value)
+
+
+def test_huge_values_do_not_overflow_into_nan():
+    g = np.array([1e200, -3e200, 2e200])
+    t = g * 1.001
+    cs = get_verifier("CosineSimilarity")(g, t)
+    assert cs.value == pytest.approx(1.0) and cs.status == "ok"
+    sq = get_verifier("SQNR")(g, t)
+    assert sq.value == pytest.approx(10 * np.log10(1 / 0.001**2), rel=1e-9)
+
+
+def test_spec_rebuilds_the_verifier():
+    for spec in (
+        "TopK k 3 ordered true",
+        "rtolatol,rtolmargin,0.2",
+        "SQNR signal target threshold 12",
+        "MSE",
+    ):
+        v = get_verifier(spec)
+        again = get_verifier(v.spec)
+        assert again.values == v.values and again.pass_mark == v.pass_mark and again.name == v.name

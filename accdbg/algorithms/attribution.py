@@ -52,7 +52,7 @@ def _worse(a: float, b: float, higher_is_better: bool) -> float:
 def _passes(score: float, verifier: Verifier, threshold: float | None) -> bool | None:
     if threshold is None or score is None or (isinstance(score, float) and math.isnan(score)):
         return None
-    return score >= threshold if verifier.higher_is_better else score <= threshold
+    return bool(score >= threshold) if verifier.higher_is_better else bool(score <= threshold)
 
 
 def attribute(
@@ -76,8 +76,7 @@ def attribute(
         if label not in df.columns:
             continue
         scores = pd.to_numeric(df[label], errors="coerce").to_numpy(dtype=float)
-        threshold = verifier.values.get("threshold", verifier.threshold) if hasattr(verifier, "values") else verifier.threshold
-        threshold = verifier.threshold if threshold is None else threshold
+        threshold = verifier.pass_mark
         hib = verifier.higher_is_better
         ideal = ideal_score(verifier)
         drops = np.full(len(df), np.nan)

@@ -11,12 +11,17 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 
-from accdbg.algorithms.attribution import Attribution, attribute, console_lines, inputs_from_graph_struct
+from accdbg.algorithms.attribution import (
+    Attribution,
+    attribute,
+    console_lines,
+    inputs_from_graph_struct,
+)
 from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.core.tensor_store import safe_relpath
@@ -24,7 +29,7 @@ from accdbg.engines import run_inference_engine
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from accdbg.reports.html_report import write_report
-from accdbg.reports.summary import json_value, write_csv
+from accdbg.reports.summary import frame_records, json_value, write_csv
 from accdbg.verifiers import get_verifier
 from accdbg.verifiers.verification import run_verification
 
@@ -83,10 +88,23 @@ def run_oneshot(
         golden_dir = gold.run_dir
         seconds["framework_diagnosis"] = time.perf_counter() - t
     golden_dir = Path(golden_dir)
+    conversion = None
+    engine_model, engine_inputs = Path(model_path), list(input_tensors)
+    if framework != "onnx":
+        t = time.perf_counter()
+        from accdbg.frameworks.convert import convert_to_onnx
+
+        out = Path(working_dir) / "conversion" / (output_dirname or golden_dir.name)
+        conversion = convert_to_onnx(framework, model_path, input_tensors, out, output_tensors)
+        engine_model = conversion.onnx_path
+        engine_inputs = [replace(t, name=conversion.input_names.get(t.name, t.name)) for t in input_tensors]
+        seconds["conversion to ONNX"] = time.perf_counter() - t
     t = time.perf_counter()
-    engine = run_inference_engine(model_path, input_list=input_list, input_tensors=input_tensors,
-                                  golden_dir_for_mapping=golden_dir, working_dir=working_dir,
-                                  output_dirname=output_dirname, **(engine_kwargs or {}))
+    kwargs = {**(engine_kwargs or {}), "golden_dir_for_mapping": golden_dir if conversion is None else None}
+    engine = run_inference_engine(engine_model, input_list=input_list, input_tensors=engine_inputs,
+                                  working_dir=working_dir, output_dirname=output_dirname, **kwargs)
+    if conversion is not None:
+        _carry_conversion(engine, conversion)
     seconds["inference_engine"] = time.perf_counter() - t
     t = time.perf_counter()
     target = matching_result(engine.results, input_list, input_tensors)
@@ -111,10 +129,7 @@ def run_oneshot(
             if folder.is_dir():
                 links.setdefault(name, []).append(("plots", str(folder.relative_to(ver.run_dir)) + "/Histograms.png"))
         seconds["tensor_inspection"] = time.perf_counter() - t
-    write_csv(summary, ver.run_dir / "summary.csv")
-    write_json_atomic(ver.run_dir / "summary.json", {"marks": [m.__dict__ for m in marks],
-                                                     "rows": [{k: json_value(v) for k, v in r.items()}
-                                                              for r in summary.to_dict(orient="records")]})
+    _rewrite_summary(ver.run_dir, summary, marks)
     failed = [bool(f) for f in summary.get("Failed", pd.Series([""] * len(summary))).fillna("")]
     meta = (f"model {Path(model_path).name} - engine {engine.engine_label} ({engine_kwargs.get('runtime', 'htp') if engine_kwargs else 'htp'})"
             f" - golden {golden_dir} - target {target}")
@@ -125,6 +140,43 @@ def run_oneshot(
         log.info("%s", line)
     log.info("report: %s", report)
     return OneshotResult(golden_dir, engine.run_dir, ver.run_dir, summary, marks, report, seconds)
+
+
+def _carry_conversion(engine, conversion) -> None:
+    """Map engine tensors to framework names and record their layouts, through the conversion.
+
+    The engine names tensors after the converted ONNX model; ``tensor_mapping.json`` becomes
+    engine name -> framework name (the ONNX-level file is kept as ``tensor_mapping_onnx.json``),
+    and each dumped tensor records its layout so verification transposes instead of guessing.
+    """
+    onnx_map = json.loads(engine.tensor_mapping.read_text(encoding="utf-8"))
+    write_json_atomic(engine.run_dir / "tensor_mapping_onnx.json", onnx_map)
+    composed = {k: conversion.tensor_mapping[v] for k, v in onnx_map.items() if v in conversion.tensor_mapping}
+    write_json_atomic(engine.tensor_mapping, composed)
+    onnx_of = {k: v for k, v in onnx_map.items()}
+    for result in engine.results:
+        path = result / "tensors.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for rec in data["tensors"]:
+            perm = conversion.permutations.get(onnx_of.get(rec["name"], rec["name"]))
+            if len(rec["shape"]) == 4 and perm is not None:
+                rec["layout"] = "NCHW" if list(perm) == [0, 2, 3, 1] else ("NHWC" if list(perm) == [0, 1, 2, 3] else None)
+        write_json_atomic(path, data)
+    missing = [k for k in onnx_map if k not in composed]
+    if missing:
+        log.info("%d engine tensor(s) have no framework counterpart (fused by the converter), e.g. %s",
+                 len(missing), ", ".join(missing[:5]))
+
+
+def _rewrite_summary(run_dir: Path, summary: pd.DataFrame, marks: Sequence[Attribution]) -> None:
+    """Add the attribution columns and marks to verification's summary.csv/json, keeping the rest."""
+    write_csv(summary, run_dir / "summary.csv")
+    path = run_dir / "summary.json"
+    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    data["columns"] = list(map(str, summary.columns))
+    data["rows"] = frame_records(summary)
+    data["attribution"] = [json_value(m.__dict__) for m in marks]
+    write_json_atomic(path, data)
 
 
 def _detail_links(run_dir: Path, summary: pd.DataFrame, labels: Sequence[str]) -> dict[str, list[tuple[str, str]]]:

@@ -34,13 +34,25 @@ COMPONENTS: dict[str, str | None] = {
 WRAPPER: str | None = "accdbg.cli.wrapper"
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now (pytest and notebooks swap it)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_logging(verbose: bool) -> None:
     logger = logging.getLogger("accdbg")
     logger.setLevel(logging.DEBUG)
     for h in list(logger.handlers):
         if getattr(h, "_accdbg_console", False):
             logger.removeHandler(h)
-    console = logging.StreamHandler(sys.stderr)
+    console = StderrHandler()
     console.setLevel(logging.DEBUG if verbose else logging.INFO)
     console.setFormatter(logging.Formatter("%(message)s"))
     console._accdbg_console = True  # type: ignore[attr-defined]

@@ -18,40 +18,93 @@ log = logging.getLogger("accdbg")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("verification arguments")
     g.add_argument(
-        "--default_verifier", "--defaultVerifier", dest="default_verifier", action="append",
-        nargs="+", metavar="VERIFIER",
+        "--default_verifier",
+        "--defaultVerifier",
+        dest="default_verifier",
+        action="append",
+        nargs="+",
+        metavar="VERIFIER",
         help=f"verifier run on every tensor, optionally with parameters: 'rtolatol,rtolmargin,0.01,"
-             f"atolmargin,0.01' or 'TopK k 5'; repeat for several (default CosineSimilarity). "
-             f"Names are case-insensitive: {', '.join(verifier_names())}",
+        f"atolmargin,0.01' or 'TopK k 5'; repeat for several (default CosineSimilarity). "
+        f"Names are case-insensitive: {', '.join(verifier_names())}",
     )
     g.add_argument(
-        "--golden_output_reference_directory", "--goldenOutputReferenceDirectory",
-        "--framework_results", "--frameworkResults", dest="golden_output_reference_directory",
-        required=True, metavar="DIR",
+        "--golden_output_reference_directory",
+        "--goldenOutputReferenceDirectory",
+        "--framework_results",
+        "--frameworkResults",
+        dest="golden_output_reference_directory",
+        required=True,
+        metavar="DIR",
         help="framework diagnosis run folder, or an inference engine run/output folder to compare two engine runs",
     )
     g.add_argument(
-        "--inference_results", "--inferenceResults", dest="inference_results", required=True, metavar="DIR",
+        "--inference_results",
+        "--inferenceResults",
+        dest="inference_results",
+        required=True,
+        metavar="DIR",
         help="inference engine output/Result_N folder, its output/ folder (every Result_N) or the run folder",
     )
-    g.add_argument("--tensor_mapping", "--tensorMapping", dest="tensor_mapping", default=None,
-                   help="tensor_mapping.json {inference name: framework name} (default: exact names)")
-    g.add_argument("--graph_struct", "--graphStruct", dest="graph_struct", default=None,
-                   help="<model>_graph_struct.json: orders the summary in execution order")
-    g.add_argument("--verifier_config", "--verifierConfig", dest="verifier_config", default=None,
-                   help='JSON of extra verifiers on chosen tensors: {"TopK": {"parameters": {"k": 5}, "tensors": [["out"]]}}')
-    g.add_argument("--qnn_model_json_path", "--qnnModelJsonPath", dest="qnn_model_json_path", default=None,
-                   help="QNN graph JSON (model_net.json): axis formats and encodings of the target tensors")
-    g.add_argument("--no_discover", action="store_true",
-                   help="do not use tensor_mapping.json, *_graph_struct.json and model_net.json found "
-                        "beside the inference results when the flags above are not given")
+    g.add_argument(
+        "--tensor_mapping",
+        "--tensorMapping",
+        dest="tensor_mapping",
+        default=None,
+        help="tensor_mapping.json {inference name: framework name} (default: exact names)",
+    )
+    g.add_argument(
+        "--graph_struct",
+        "--graphStruct",
+        dest="graph_struct",
+        default=None,
+        help="<model>_graph_struct.json: orders the summary in execution order",
+    )
+    g.add_argument(
+        "--verifier_config",
+        "--verifierConfig",
+        dest="verifier_config",
+        default=None,
+        help='JSON of extra verifiers on chosen tensors: {"TopK": {"parameters": {"k": 5}, "tensors": [["out"]]}}',
+    )
+    g.add_argument(
+        "--qnn_model_json_path",
+        "--qnnModelJsonPath",
+        dest="qnn_model_json_path",
+        default=None,
+        help="QNN graph JSON (model_net.json): axis formats and encodings of the target tensors",
+    )
+    g.add_argument(
+        "--no_discover",
+        action="store_true",
+        help="do not use tensor_mapping.json, *_graph_struct.json and model_net.json found "
+        "beside the inference results when the flags above are not given",
+    )
     m = parser.add_argument_group("arguments for generating a new tensor_mapping.json")
-    m.add_argument("-m", "--model_path", "--model1_path", dest="model_path", default=None,
-                   help="original (ONNX) model: map every node output found on both sides")
-    m.add_argument("-e", "--engine", nargs="+", default=None, metavar="ENGINE",
-                   help="engine name and optional version, e.g. QNN (only QNN is supported)")
-    m.add_argument("-f", "--framework", nargs="+", default=None, metavar="FRAMEWORK",
-                   help="framework and optional version, e.g. onnx (only onnx is supported)")
+    m.add_argument(
+        "-m",
+        "--model_path",
+        "--model1_path",
+        dest="model_path",
+        default=None,
+        help="original (ONNX) model: map every node output found on both sides",
+    )
+    m.add_argument(
+        "-e",
+        "--engine",
+        nargs="+",
+        default=None,
+        metavar="ENGINE",
+        help="engine name and optional version, e.g. QNN (only QNN is supported)",
+    )
+    m.add_argument(
+        "-f",
+        "--framework",
+        nargs="+",
+        default=None,
+        metavar="FRAMEWORK",
+        help="framework and optional version, e.g. onnx (only onnx is supported)",
+    )
     A.add_common(parser, NAME)
 
 
@@ -59,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if args.engine and args.engine[0].lower() != "qnn":
         raise AccdbgError(f"-e/--engine {args.engine[0]!r} is not supported; expected QNN")
     if (args.engine or args.framework) and not args.model_path:
-        raise AccdbgError("-e/--engine and -f/--framework only serve to build a tensor mapping: add -m/--model_path")
+        raise AccdbgError(
+            "-e/--engine and -f/--framework only serve to build a tensor mapping: add -m/--model_path"
+        )
     result = run_verification(
         args.golden_output_reference_directory,
         args.inference_results,
@@ -75,10 +130,16 @@ def run(args: argparse.Namespace) -> int:
         discover=not args.no_discover,
         options_record=A.options_dict(args),
     )
-    failing = {v["label"]: int((result.summary["Failed"].str.split(", ").map(lambda f, lab=v["label"]: lab in f)).sum())
-               for v in result.verifiers}
+    failing = {
+        v["label"]: int(
+            (result.summary["Failed"].str.split(", ").map(lambda f, lab=v["label"]: lab in f)).sum()
+        )
+        for v in result.verifiers
+    }
     log.info(
         "verification: %d rows; failing rows per verifier: %s -> %s",
-        len(result.summary), ", ".join(f"{k} {n}" for k, n in failing.items()) or "none", result.run_dir,
+        len(result.summary),
+        ", ".join(f"{k} {n}" for k, n in failing.items()) or "none",
+        result.run_dir,
     )
     return 0

@@ -61,7 +61,6 @@ def run(args: argparse.Namespace) -> int:
                                  enable_tensor_inspection=args.enable_tensor_inspection, engine_kwargs=kwargs,
                                  framework_kwargs=fw_kwargs, working_dir=args.working_dir,
                                  output_dirname=args.output_dirname)
-            print(f"report: {result.report}")
         else:
             from accdbg.algorithms import run_cumulative_layerwise, run_layerwise
 

@@ -158,7 +158,12 @@ def attach_log_file(path: Path) -> logging.Handler:
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     handler.setLevel(logging.DEBUG)
-    logging.getLogger("accdbg").addHandler(handler)
+    logger = logging.getLogger("accdbg")
+    if logger.level == logging.NOTSET or logger.level > logging.DEBUG:
+        # API callers (notebooks) never configured it: log.txt must still get everything.
+        # Records reaching the root logger stay filtered by the root's own handlers.
+        logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
     return handler
 
 

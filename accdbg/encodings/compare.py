@@ -32,7 +32,7 @@ from accdbg.core.run_dir import RunDir, write_json_atomic
 from accdbg.encodings.aimet import AimetEncodings, aimet_dict, load_aimet
 from accdbg.encodings.matching import RULES, loose, match_names
 from accdbg.encodings.model import ACTIVATION, PARAM, Encoding
-from accdbg.encodings.qnn_json import load_qnn_graph, qnn_encodings
+from accdbg.encodings.qnn_json import QnnGraph, load_qnn_graph, qnn_encodings
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.compare_encodings")
@@ -309,6 +309,51 @@ def _side_by_side(p: PairResult) -> list[str]:
     return out
 
 
+def pair_up(
+    graph: QnnGraph,
+    qnn_all: dict[str, Encoding],
+    a_all: dict[str, Encoding],
+    mapping: dict[str, str] | None,
+    precision: int,
+) -> tuple[list[PairResult], list[Encoding], list[Encoding]]:
+    """Pair and compare; returns ``(pairs, only in QNN, only in AIMET)``.
+
+    Quantized QNN tensors are paired first; float ones only meet the AIMET names left over
+    (where they show a dtype disagreement), and are never listed as one-sided.
+    """
+    quant = {n: e for n, e in qnn_all.items() if not e.is_float}
+    found, only_a, only_q = match_names(a_all, quant, graph, mapping)
+    floats = [n for n, e in qnn_all.items() if e.is_float]
+    if only_a and floats:
+        more, only_a, _ = match_names(only_a, floats, graph, mapping)
+        found += more
+    pairs = [
+        compare_pair(a_all[p.aimet_name], qnn_all[p.qnn_name], p.matched_by, precision)
+        for p in found
+    ]
+    return pairs, [qnn_all[n] for n in only_q], [a_all[n] for n in only_a]
+
+
+def one_sided_frames(
+    only_q: list[Encoding], only_a: list[Encoding]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The one-sided entries, each with the nearest one-sided names of the other side."""
+    q_names, a_names = [e.name for e in only_q], [e.name for e in only_a]
+    q_idx: dict[str, list[str]] = {}
+    a_idx: dict[str, list[str]] = {}
+    for n in q_names:
+        q_idx.setdefault(loose(n), []).append(n)
+    for n in a_names:
+        a_idx.setdefault(loose(n), []).append(n)
+    only_qnn = pd.DataFrame(
+        [one_sided_row(e, "only in QNN", _near(e.name, a_names, a_idx)) for e in only_q]
+    )
+    only_aimet = pd.DataFrame(
+        [one_sided_row(e, "only in AIMET", _near(e.name, q_names, q_idx)) for e in only_a]
+    )
+    return only_qnn, only_aimet
+
+
 def compare_encodings(
     qnn_json: str | os.PathLike,
     aimet_json: str | os.PathLike,
@@ -339,16 +384,9 @@ def compare_encodings(
             "is it the graph of a quantized model?"
         )
     aimet: AimetEncodings = load_aimet(aimet_json)
-    a_all = aimet.all()
-    # float QNN tensors only take part when AIMET names them (a dtype disagreement)
-    pairs_n, only_a_n, only_q_n = match_names(a_all, qnn_all, graph, _load_mapping(Path(qnn_json)))
-    only_q_n = [n for n in only_q_n if not qnn_all[n].is_float]
-    pairs = [
-        compare_pair(a_all[p.aimet_name], qnn_all[p.qnn_name], p.matched_by, precision)
-        for p in pairs_n
-    ]
-    only_q = [qnn_all[n] for n in only_q_n]
-    only_a = [a_all[n] for n in only_a_n]
+    pairs, only_q, only_a = pair_up(
+        graph, qnn_all, aimet.all(), _load_mapping(Path(qnn_json)), precision
+    )
     if params_only or activations_only:
         keep = PARAM if params_only else ACTIVATION
         pairs = [p for p in pairs if p.kind == keep]
@@ -370,19 +408,7 @@ def compare_encodings(
             )
 
     table = pd.DataFrame([pair_row(p) for p in pairs])
-    q_names, a_names = [e.name for e in only_q], [e.name for e in only_a]
-    q_idx: dict[str, list[str]] = {}
-    a_idx: dict[str, list[str]] = {}
-    for n in q_names:
-        q_idx.setdefault(loose(n), []).append(n)
-    for n in a_names:
-        a_idx.setdefault(loose(n), []).append(n)
-    only_qnn = pd.DataFrame(
-        [one_sided_row(e, "only in QNN", _near(e.name, a_names, a_idx)) for e in only_q]
-    )
-    only_aimet = pd.DataFrame(
-        [one_sided_row(e, "only in AIMET", _near(e.name, q_names, q_idx)) for e in only_a]
-    )
+    only_qnn, only_aimet = one_sided_frames(only_q, only_a)
     summary = summary_frame(pairs, only_q, only_a)
 
     with RunDir(working_dir, COMPONENT, output_dirname) as run:

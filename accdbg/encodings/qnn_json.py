@@ -218,66 +218,57 @@ def tensor_encoding(name: str, tensor: dict[str, Any]) -> Encoding | None:
         return None
     enc = int(qp.get("encoding", 0))
     src["encoding"] = ENCODING_NAMES.get(enc, str(enc))
+
+    def build(scales, qnn_offsets, bw, **kw) -> Encoding:
+        """QNN scale/offset lists -> AIMET convention; symmetric = signed storage, offset 0."""
+        qnn_offsets = list(qnn_offsets) or [0] * len(scales)
+        return Encoding.from_scale_offset(
+            name,
+            kind,
+            scales,
+            [qnn_offset_to_aimet(o, bw, signed) for o in qnn_offsets],
+            bw,
+            is_symmetric=signed and all(int(o) == 0 for o in qnn_offsets),
+            source=src,
+            **kw,
+        )
+
     try:
-        if enc in (0, 2):
-            so = (
-                qp.get("bw_scale_offset")
-                if enc == 2 and "bw_scale_offset" in qp
-                else qp["scale_offset"]
-            )
-            bw = int(so.get("bitwidth", bits)) if enc == 2 else bits
-            return Encoding.from_scale_offset(
-                name,
-                kind,
-                so["scale"],
-                qnn_offset_to_aimet(so["offset"], bw, signed),
-                bw,
-                source=src,
-            )
+        if enc == 0 or (enc == 2 and "bw_scale_offset" not in qp):
+            so = qp["scale_offset"]
+            return build([so["scale"]], [so["offset"]], bits)
+        if enc == 2:
+            so = qp["bw_scale_offset"]
+            return build([so["scale"]], [so["offset"]], int(so.get("bitwidth", bits)))
         if enc == 1 and "axis_scale_offset" in qp:
             aso = qp["axis_scale_offset"]
             pairs = aso["scale_offsets"]
-            return Encoding.from_scale_offset(
-                name,
-                kind,
+            return build(
                 [p["scale"] for p in pairs],
-                [qnn_offset_to_aimet(p["offset"], bits, signed) for p in pairs],
+                [p["offset"] for p in pairs],
                 bits,
                 axis=int(aso["axis"]),
                 enc_type=PER_CHANNEL,
-                source=src,
             )
         if enc == 3 and "bw_axis_scale_offset" in qp:
-            b = qp["bw_axis_scale_offset"]
-            bw = int(b.get("bitwidth", bits))
-            scales = b["scales"]
-            offsets = b.get("offsets") or [0] * len(scales)
-            return Encoding.from_scale_offset(
-                name,
-                kind,
-                scales,
-                [qnn_offset_to_aimet(o, bw, signed) for o in offsets],
-                bw,
+            b = qp["bw_axis_scale_offset"]  # offsets are omitted when all 0
+            return build(
+                b["scales"],
+                b.get("offsets") or [],
+                int(b.get("bitwidth", bits)),
                 axis=int(b["axis"]),
                 enc_type=PER_CHANNEL,
-                source=src,
             )
-        if enc in (4, 5) and isinstance(
-            qp.get("blockwise_expansion") or qp.get("block_encoding"), dict
-        ):
-            b = qp.get("blockwise_expansion") or qp.get("block_encoding")
-            pairs = b.get("scale_offsets") or []
-            if pairs:
-                return Encoding.from_scale_offset(
-                    name,
-                    kind,
-                    [p["scale"] for p in pairs],
-                    [qnn_offset_to_aimet(p["offset"], bits, signed) for p in pairs],
-                    bits,
-                    axis=b.get("axis"),
-                    enc_type=PER_BLOCK,
-                    source=src,
-                )
+        block = qp.get("blockwise_expansion") or qp.get("block_encoding")
+        if enc in (4, 5) and isinstance(block, dict) and block.get("scale_offsets"):
+            pairs = block["scale_offsets"]
+            return build(
+                [p["scale"] for p in pairs],
+                [p["offset"] for p in pairs],
+                bits,
+                axis=block.get("axis"),
+                enc_type=PER_BLOCK,
+            )
     except (KeyError, TypeError, ValueError) as exc:
         raise AccdbgError(
             f"QNN tensor {name!r}: malformed quant_params ({type(exc).__name__}: {exc}); got {json.dumps(qp)[:200]}"

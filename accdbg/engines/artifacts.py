@@ -11,11 +11,13 @@ from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines.exposure import Exposed
 
 
-def merge_qnn_json(json_dir: Path, out_path: Path) -> Path | None:
+def merge_qnn_json(json_dir: Path, out_path: Path, qdq_model: Path | None = None) -> Path | None:
     """One ``model_net.json`` from the QNN EP's per-partition graph dumps.
 
     With one QNN partition the file is the EP's own; with several, their ``graph.nodes`` and
-    ``graph.tensors`` are merged and ``partitions`` lists the source graphs.
+    ``graph.tensors`` are merged and ``partitions`` lists the source graphs. The EP's dump
+    garbles per-channel encodings, so those are filled in from the QDQ model QNN was given
+    (marked ``accdbg_filled_from``).
     """
     files = sorted(p for p in json_dir.glob("*.json") if not p.name.endswith("_tensor_log.json"))
     if not files:
@@ -32,6 +34,12 @@ def merge_qnn_json(json_dir: Path, out_path: Path) -> Path | None:
         merged["graph"]["nodes"].update(data.get("graph", {}).get("nodes", {}))
         merged["graph"]["tensors"].update(data.get("graph", {}).get("tensors", {}))
         merged["partitions"].append(path.stem)
+    if qdq_model is not None:
+        import onnx
+
+        from accdbg.encodings import fill_per_channel_from_qdq
+
+        fill_per_channel_from_qdq(merged, onnx.load(str(qdq_model), load_external_data=False))
     write_json_atomic(out_path, merged)
     return out_path
 

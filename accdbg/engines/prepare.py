@@ -45,6 +45,23 @@ def fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], steps
     return om.infer_shapes(model)
 
 
+MIN_OPSET = 13  # per-axis (per-channel) QuantizeLinear/DequantizeLinear need opset 13
+
+
+def upgrade_opset(model: onnx.ModelProto, steps: list[str]) -> onnx.ModelProto:
+    """Raise the default-domain opset to 13 so per-channel Q/DQ nodes are valid."""
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if current is None or current >= MIN_OPSET:
+        return model
+    try:
+        upgraded = onnx.version_converter.convert_version(model, MIN_OPSET)
+    except Exception as exc:
+        log.info("opset %d kept: onnx could not convert it to %d (%s)", current, MIN_OPSET, exc)
+        return model
+    steps.append(f"opset {current} converted to {MIN_OPSET} (per-channel quantization needs it)")
+    return upgraded
+
+
 def prepare_float_model(
     model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], work_dir: Path
 ) -> tuple[Path, list[str]]:
@@ -53,6 +70,7 @@ def prepare_float_model(
 
     steps: list[str] = []
     model = fix_shapes(model, shapes, steps)
+    model = upgrade_opset(model, steps)
     fixed = work_dir / "model.fixed.onnx"
     onnx.save(model, str(fixed))
     before = _counts(model)

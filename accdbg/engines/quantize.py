@@ -111,6 +111,9 @@ def quantize_for_qnn(
     )
     if calib == CalibrationMethod.Percentile:
         extra["CalibPercentile"] = 99.999
+    if overrides:
+        # keep the given weight scales exactly, even when the int32 bias scale gets small
+        extra["QDQDisableWeightAdjustForInt32Bias"] = True
     config.extra_options.update(extra)
     reader.rewind()
     try:

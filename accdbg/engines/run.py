@@ -250,7 +250,8 @@ def run_inference_engine(
                   meta={"component": "inference_engine", "engine": eng.label, "runtime": runtime,
                         "model": target.name})
         plain, report, diffs = _execute(eng, job, debug and stage != "compiled", run.final_path, runtime)
-        model_net = artifacts.merge_qnn_json(json_dir, run.path / "model_net.json") if json_dir.exists() else None
+        model_net = (artifacts.merge_qnn_json(json_dir, run.path / "model_net.json", None if stage == "compiled" else target)
+                     if json_dir.exists() else None)
         qnn_tensors = artifacts.qnn_tensor_names(model_net)
         _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
         mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)

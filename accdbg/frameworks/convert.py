@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from accdbg.core import onnx_model as om
@@ -82,7 +83,7 @@ def load_conversion(path: str | os.PathLike) -> Conversion:
     return Conversion(**data)
 
 
-Converter = Callable[[FrameworkRunner, Path, Sequence[str], int, bool], Conversion]
+Converter = Callable[[FrameworkRunner, Path, Sequence[str], int], Conversion]
 CONVERTERS: dict[str, Converter] = {}
 
 
@@ -101,13 +102,12 @@ def convert_to_onnx(
     out_dir: str | Path,
     output_tensors: Sequence[str] = (),
     opset: int = DEFAULT_OPSET,
-    dequantize: bool = True,
 ) -> Conversion:
     """Convert the model to ``<out_dir>/<stem>.onnx``; write ``<out_dir>/conversion.json``.
 
     ``inputs`` are the ``-i`` tensors of framework diagnosis (names, dims, data): they fix the
-    shapes, and PyTorch traces the model with them. ``dequantize`` (TFLite) turns an int8 model
-    into a float one for the engine to quantize; False keeps its quantization as Q/DQ nodes.
+    shapes, and PyTorch traces the model with them. A quantized TFLite model becomes a float
+    ONNX model (tf2onnx ``--dequantize``): the engine quantizes it with its own encodings.
     """
     name = framework.strip().lower()
     runner_cls = get_runner_class(name)
@@ -119,7 +119,7 @@ def convert_to_onnx(
     runner.activate()
     try:
         runner.check_outputs(list(output_tensors))
-        conversion = CONVERTERS[name](runner, out, output_tensors, opset, dequantize)
+        conversion = CONVERTERS[name](runner, out, output_tensors, opset)
     finally:
         runner.deactivate()
     conversion.model_path = str(model_path)
@@ -139,7 +139,7 @@ def convert_to_onnx(
 
 
 @converter("onnx")
-def _onnx(runner, out: Path, outputs, opset: int, dequantize: bool) -> Conversion:
+def _onnx(runner, out: Path, outputs, opset: int) -> Conversion:
     names = [i.name for i in runner.tensors()]
     return Conversion(
         framework="onnx",
@@ -176,7 +176,10 @@ def _run_tf2onnx(args: list[str], model_path: Path) -> None:
         lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
         errors = [ln for ln in lines if re.search(r"(Error|Exception)\b", ln)]
         reason = (errors or lines or ["no output"])[-1]
-        raise AccdbgError(f"tf2onnx could not convert {str(model_path)!r} to ONNX: {reason}")
+        raise AccdbgError(
+            f"{str(model_path)!r} cannot be converted to ONNX, so it cannot reach the QNN engine: "
+            f"tf2onnx failed with {reason}"
+        )
 
 
 def _check_ops(model: onnx.ModelProto, framework: str, model_path: Path) -> None:
@@ -201,18 +204,17 @@ def _check_ops(model: onnx.ModelProto, framework: str, model_path: Path) -> None
 
 
 @converter("tflite")
-def _tflite(runner, out: Path, outputs, opset: int, dequantize: bool) -> Conversion:
+def _tflite(runner, out: Path, outputs, opset: int) -> Conversion:
     tool = _require_tf2onnx("tflite")
     onnx_path = out / f"{runner.model_path.stem}.onnx"
-    args = ["--tflite", str(runner.model_path), "--output", str(onnx_path), "--opset", str(opset)]
-    if dequantize:
-        args.append("--dequantize")
+    args = ["--tflite", str(runner.model_path), "--output", str(onnx_path), "--opset", str(opset),
+            "--dequantize"]  # fmt: skip
     _run_tf2onnx(args, runner.model_path)
     return _by_name(runner, "tflite", onnx_path, tool, dict(runner.feed_names))
 
 
 @converter("tensorflow")
-def _tensorflow(runner, out: Path, outputs, opset: int, dequantize: bool) -> Conversion:
+def _tensorflow(runner, out: Path, outputs, opset: int) -> Conversion:
     from accdbg.frameworks.tensorflow_runner import tensor_name
 
     tool = _require_tf2onnx("tensorflow")
@@ -293,9 +295,7 @@ def _after_fused_activation(name: str, consumers, fw_names: set[str]) -> str:
 
 
 @converter("pytorch")
-def _pytorch(runner, out: Path, outputs, opset: int, dequantize: bool) -> Conversion:
-    import numpy as np
-
+def _pytorch(runner, out: Path, outputs, opset: int) -> Conversion:
     torch = runner.torch
     if importlib.util.find_spec("onnxscript") is None:
         raise AccdbgError(
@@ -315,7 +315,8 @@ def _pytorch(runner, out: Path, outputs, opset: int, dequantize: bool) -> Conver
             warnings.simplefilter("ignore")  # the exporter prints its progress and warns a lot
             program = torch.onnx.export(
                 model, args, str(onnx_path), dynamo=True, optimize=False,
-                input_names=list(runner.input_order), opset_version=max(opset, 18),
+                input_names=list(runner.input_order),
+                opset_version=max(opset, 18),  # the exporter's lowest
                 external_data=_too_big(model),
             )  # fmt: skip
     except Exception as exc:

@@ -36,12 +36,14 @@ def load_graph_struct(path: str | os.PathLike, what: str = "--graph_struct") -> 
     items = data.get("layers") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise AccdbgError(
-            f"{what} {str(path)!r} is not a graph structure (expected {{\"layers\": [{{name, type, outputs}}, ...]}})"
+            f'{what} {str(path)!r} is not a graph structure (expected {{"layers": [{{name, type, outputs}}, ...]}})'
         )
     layers = []
     for pos, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("outputs", []), list):
-            raise AccdbgError(f"{what} {str(path)!r}: layer #{pos} must be an object with a list of outputs")
+            raise AccdbgError(
+                f"{what} {str(path)!r}: layer #{pos} must be an object with a list of outputs"
+            )
         layers.append(
             Layer(
                 index=int(item.get("index", pos)),

@@ -116,7 +116,10 @@ def reconcile(
             if moved == gs:
                 return Alignment("transpose", gs, ts, perm, f"{tl}->{gl} (recorded)")
             return Alignment(
-                "mismatch", gs, ts, None,
+                "mismatch",
+                gs,
+                ts,
+                None,
                 f"layout mismatch: target recorded {tl} {_fmt(ts)} does not become golden "
                 f"{gl} {_fmt(gs)} by transposing",
             )
@@ -135,7 +138,10 @@ def reconcile(
         return Alignment("reshape", gs, ts, None, f"reshape {_fmt(ts)}->{_fmt(gs)}")
     if gl and tl and gl == tl:
         return Alignment(
-            "mismatch", gs, ts, None,
+            "mismatch",
+            gs,
+            ts,
+            None,
             f"shape mismatch: both recorded {gl}, golden {_fmt(gs)} target {_fmt(ts)}",
         )
     # 4. shapes explained by a channel move that agrees with any recorded layout

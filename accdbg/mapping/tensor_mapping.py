@@ -22,7 +22,9 @@ from accdbg.mapping.qnn_json import qnn_sanitize
 log = logging.getLogger("accdbg.verification")
 
 
-def load_tensor_mapping(path: str | os.PathLike, what: str = "--tensor_mapping") -> dict[str, str | None]:
+def load_tensor_mapping(
+    path: str | os.PathLike, what: str = "--tensor_mapping"
+) -> dict[str, str | None]:
     p = Path(path).expanduser()
     if not p.is_file():
         raise AccdbgError(f"{what} {str(path)!r} does not exist")
@@ -31,7 +33,9 @@ def load_tensor_mapping(path: str | os.PathLike, what: str = "--tensor_mapping")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise AccdbgError(f"{what} {str(path)!r} is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise AccdbgError(f"{what} {str(path)!r} must be a JSON object {{inference name: framework name}}")
+        raise AccdbgError(
+            f"{what} {str(path)!r} must be a JSON object {{inference name: framework name}}"
+        )
     for key, value in data.items():
         if value is not None and not isinstance(value, str):
             raise AccdbgError(
@@ -101,7 +105,9 @@ def pair_tensors(
             used_g.add(g_name)
             used_t.add(t_name)
         if forward == backward == 0:
-            log.warning("tensor mapping names no pair found in both folders; matching by exact name")
+            log.warning(
+                "tensor mapping names no pair found in both folders; matching by exact name"
+            )
     for name in target_names:
         if name in golden and name not in used_t and name not in used_g:
             pairs.append((name, name))

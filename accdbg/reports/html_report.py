@@ -57,10 +57,10 @@ def figure(df: pd.DataFrame, verifiers: Mapping[str, Verifier], marks: Sequence[
         drop_col = f"{label} drop"
         if drop_col in df.columns:
             fig.add_trace(go.Bar(x=x, y=_finite(df[drop_col]), name=f"{label} drop", opacity=0.35,
-                                 marker_color="#e07b00", text=hover,
-                                 hovertemplate="%{text}<br>drop %{y:.4g}<extra></extra>"),
+                                 marker_color="#e07b00", hovertext=hover,
+                                 hovertemplate="%{hovertext}<br>drop %{y:.4g}<extra></extra>"),
                           row=row, col=1, secondary_y=True)
-        thr = v.values.get("threshold", v.threshold) if hasattr(v, "values") else v.threshold
+        thr = v.pass_mark
         if thr is not None and math.isfinite(thr):
             fig.add_hline(y=thr, line_dash="dash", line_color="#b00020", row=row, col=1,
                           annotation_text=f"threshold {thr:g}", annotation_position="top left")

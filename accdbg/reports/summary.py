@@ -73,12 +73,23 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def _exact(value: Any) -> str:
+    """CSV text keeping every digit of a float (the HTML shows 6)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float | np.floating) and math.isfinite(value):
+        return repr(float(value))
+    return format_value(value)
+
+
 def csv_ready(df: pd.DataFrame) -> pd.DataFrame:
     """Lists become ``[1, 2]`` text and text cannot become a spreadsheet formula."""
     out = df.copy()
     for col in out.columns:
         if out[col].dtype == object:
-            out[col] = out[col].map(lambda v: format_value(v) if isinstance(v, list | tuple | np.ndarray) else v)
+            out[col] = out[col].map(
+                lambda v: format_value(v) if isinstance(v, list | tuple | np.ndarray) else v
+            )
     return safe_frame(out)
 
 
@@ -94,15 +105,14 @@ def write_record_csv(record: Mapping[str, Any], path: str | os.PathLike) -> Path
     with open(path, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow([safe_cell(str(k)) for k in record])
-        writer.writerow([safe_cell(format_value(v)) if not isinstance(v, str) else safe_cell(v)
-                         for v in record.values()])
+        writer.writerow([safe_cell(_exact(v)) for v in record.values()])
     return path
 
 
 def html_page(title: str, body: str, notes: Iterable[str] = ()) -> str:
     note_html = "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
     return (
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{_CSS}</style></head>"
         f"<body><h1>{escape(title)}</h1>{note_html}{body}</body></html>\n"
     )
@@ -119,7 +129,11 @@ def html_table(
     for i, values in enumerate(df.itertuples(index=False, name=None)):
         cells = []
         for col, value in zip(df.columns, values, strict=True):
-            classes = [] if isinstance(value, int | float | np.number) and not isinstance(value, bool) else ["text"]
+            classes = (
+                []
+                if isinstance(value, int | float | np.number) and not isinstance(value, bool)
+                else ["text"]
+            )
             extra = cell_class(i, col, value) if cell_class else None
             if extra:
                 classes.append(extra)
@@ -141,7 +155,9 @@ def write_html(
 ) -> Path:
     """A self-contained HTML page holding ``df`` as a table."""
     path = Path(path)
-    path.write_text(html_page(title, html_table(df, cell_class, row_class), notes), encoding="utf-8")
+    path.write_text(
+        html_page(title, html_table(df, cell_class, row_class), notes), encoding="utf-8"
+    )
     return path
 
 
@@ -156,7 +172,9 @@ def write_record_html(record: Mapping[str, Any], path: str | os.PathLike, title:
     return path
 
 
-def verdict_classes(passed: Mapping[str, list[bool | None]]) -> Callable[[int, str, Any], str | None]:
+def verdict_classes(
+    passed: Mapping[str, list[bool | None]],
+) -> Callable[[int, str, Any], str | None]:
     """A ``cell_class`` colouring verifier columns from per-row verdicts (None: no verdict)."""
 
     def cls(row: int, col: str, value: Any) -> str | None:
@@ -198,12 +216,23 @@ def write_summary(
     paths = {
         "csv": write_csv(df, folder / f"{stem}.csv"),
         "html": write_html(
-            df, folder / f"{stem}.html", title, notes,
+            df,
+            folder / f"{stem}.html",
+            title,
+            notes,
             cell_class=verdict_classes(passed or {}),
-            row_class=(lambda i: "problem" if "Status" in df.columns and df["Status"].iloc[i] != "ok" else None),
+            row_class=(
+                lambda i: (
+                    "problem" if "Status" in df.columns and df["Status"].iloc[i] != "ok" else None
+                )
+            ),
         ),
     }
-    data = {**json_value(dict(meta)), "columns": list(map(str, df.columns)), "rows": frame_records(df)}
+    data = {
+        **json_value(dict(meta)),
+        "columns": list(map(str, df.columns)),
+        "rows": frame_records(df),
+    }
     if passed is not None:
         data["passed"] = {k: list(v) for k, v in passed.items()}
     write_json_atomic(folder / f"{stem}.json", data)

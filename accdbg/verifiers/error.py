@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from accdbg.verifiers.base import NOT_APPLICABLE, Param, TensorPair, Verifier, VerifierResult, register
+from accdbg.verifiers.base import (
+    NOT_APPLICABLE,
+    Param,
+    TensorPair,
+    Verifier,
+    VerifierResult,
+    register,
+)
 
 
 def _error_details(pair: TensorPair) -> dict:
@@ -65,7 +72,10 @@ class L1Error(Verifier):
 
     def compute(self, pair: TensorPair):
         value = pair.abs_diff_sum * self.values["multiplier"] * self.values["scale"]
-        return value, {"mean_abs_error": pair.abs_diff_sum / pair.golden.size, **_error_details(pair)}
+        return value, {
+            "mean_abs_error": pair.abs_diff_sum / pair.golden.size,
+            **_error_details(pair),
+        }
 
 
 @register
@@ -86,9 +96,20 @@ class ScaledDiff(Verifier):
     def compute(self, pair: TensorPair):
         scale = pair.scale
         if scale is None:
-            return VerifierResult(np.nan, None, f"{NOT_APPLICABLE}: target has no quantization encoding")
+            return VerifierResult(
+                np.nan, None, f"{NOT_APPLICABLE}: target has no quantization encoding"
+            )
         steps = np.asarray(scale, dtype=np.float64)
         if not np.all(np.isfinite(steps)) or np.any(steps <= 0):
-            return VerifierResult(np.nan, None, f"{NOT_APPLICABLE}: quantization scale is not a positive number")
-        value = float(np.mean(pair.abs_diff / steps)) if steps.size > 1 else pair.abs_diff_sum / pair.golden.size / float(steps)
-        return value, {"scale": float(steps) if steps.size == 1 else "per-axis", **_error_details(pair)}
+            return VerifierResult(
+                np.nan, None, f"{NOT_APPLICABLE}: quantization scale is not a positive number"
+            )
+        value = (
+            float(np.mean(pair.abs_diff / steps))
+            if steps.size > 1
+            else pair.abs_diff_sum / pair.golden.size / float(steps)
+        )
+        return value, {
+            "scale": float(steps) if steps.size == 1 else "per-axis",
+            **_error_details(pair),
+        }

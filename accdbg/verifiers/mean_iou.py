@@ -83,8 +83,11 @@ class MeanIOU(Verifier):
             if len(gi) and len(ti):
                 total += sum(greedy_match(iou_matrix(gi, ti)))
         value = total / count if count else 1.0
-        return value, {"golden_detections": int(len(gb)), "target_detections": int(len(tb)),
-                       "classes": int(np.union1d(gc, tc).size)}
+        return value, {
+            "golden_detections": int(len(gb)),
+            "target_detections": int(len(tb)),
+            "classes": int(np.union1d(gc, tc).size),
+        }
 
     def verify(self, pair: TensorPair) -> VerifierResult:
         if pair.problem:
@@ -94,5 +97,9 @@ class MeanIOU(Verifier):
             return out
         value, details = out
         passed = self.judge(value)
-        return VerifierResult(value, passed, "ok", {"value": value, "threshold": self.pass_mark,
-                                                    "passed": passed, **details})
+        return VerifierResult(
+            value,
+            passed,
+            "ok",
+            {"value": value, "threshold": self.pass_mark, "passed": passed, **details},
+        )

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from accdbg.verifiers.base import Param, TensorPair, Verifier, register
+from accdbg.verifiers.base import Param, TensorPair, Verifier, dot, register
 
 
 @register
@@ -25,13 +25,17 @@ class CosineSimilarity(Verifier):
 
     def compute(self, pair: TensorPair):
         gg, tt = pair.golden_sq_sum, pair.target_sq_sum
+        g, t = pair.golden, pair.target
+        if not (math.isfinite(gg) and math.isfinite(tt)):  # squares overflowed: rescale
+            g, t = g / np.abs(g).max(), t / np.abs(t).max()
+            gg, tt = dot(g, g), dot(t, t)
         if gg == 0.0 and tt == 0.0:
             value = 1.0
         elif gg == 0.0 or tt == 0.0:
             value = 0.0
         else:
-            dot = float(pair.golden @ pair.target)
-            value = max(-1.0, min(1.0, dot / (math.sqrt(gg) * math.sqrt(tt))))
+            gt = dot(g, t)
+            value = max(-1.0, min(1.0, gt / (math.sqrt(gg) * math.sqrt(tt))))
             if value != 1.0 and value > 1.0 - 1e-9 and np.array_equal(pair.golden, pair.target):
                 value = 1.0  # identical tensors score exactly 1 despite rounding
         return value, {"golden_norm": math.sqrt(gg), "target_norm": math.sqrt(tt)}
@@ -49,8 +53,11 @@ class SQNR(Verifier):
 
     name = "SQNR"
     params = {
-        "signal": Param("golden", "whose power is the signal: golden (default) or target",
-                        choices=("golden", "target")),
+        "signal": Param(
+            "golden",
+            "whose power is the signal: golden (default) or target",
+            choices=("golden", "target"),
+        ),
     }
     threshold = 20.0
     higher_is_better = True
@@ -59,6 +66,11 @@ class SQNR(Verifier):
     def compute(self, pair: TensorPair):
         signal = pair.golden_sq_sum if self.values["signal"] == "golden" else pair.target_sq_sum
         noise = pair.sq_diff_sum
+        if not (math.isfinite(signal) and math.isfinite(noise)):  # squares overflowed: rescale
+            ref = pair.golden if self.values["signal"] == "golden" else pair.target
+            k = max(float(np.abs(pair.golden).max()), float(np.abs(pair.target).max()))
+            signal = dot(ref / k, ref / k)
+            noise = dot(pair.diff / k, pair.diff / k)
         if noise == 0.0:
             value = math.inf
         elif signal == 0.0:

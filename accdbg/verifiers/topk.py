@@ -46,7 +46,9 @@ class TopK(Verifier):
         if self.values["k"] < 1:
             from accdbg.errors import AccdbgError
 
-            raise AccdbgError(f"verifier TopK parameter 'k' must be at least 1, got {self.values['k']}")
+            raise AccdbgError(
+                f"verifier TopK parameter 'k' must be at least 1, got {self.values['k']}"
+            )
 
     def compute(self, pair: TensorPair):
         k = min(self.values["k"], pair.golden.size)

@@ -17,6 +17,7 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,12 @@ from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import execution_order, load_graph_struct
 from accdbg.mapping.layout import Alignment, normalize_layout, reconcile
 from accdbg.mapping.qnn_json import Encoding, QnnGraph, QnnTensor
-from accdbg.mapping.tensor_mapping import Pairing, build_tensor_mapping, load_tensor_mapping, pair_tensors
+from accdbg.mapping.tensor_mapping import (
+    Pairing,
+    build_tensor_mapping,
+    load_tensor_mapping,
+    pair_tensors,
+)
 from accdbg.reports.summary import write_record_csv, write_record_html, write_summary
 from accdbg.verifiers import get_verifier, make_verifier
 from accdbg.verifiers.base import TensorPair, Verifier, VerifierResult
@@ -115,18 +121,18 @@ def find_results(path: str | os.PathLike, flag: str) -> tuple[dict[str, Path], P
             f"or output/Result_N folders)"
         )
     in_engine = RESULT_RE.match(p.name) and p.parent.name == "output"
-    return {p.name if RESULT_RE.match(p.name) else "Result_0": p}, (p.parent.parent if in_engine else None)
+    return {p.name if RESULT_RE.match(p.name) else "Result_0": p}, (
+        p.parent.parent if in_engine else None
+    )
 
 
-def pair_inputs(golden: dict[str, Path], target: dict[str, Path], golden_dir) -> dict[str, tuple[Path, Path]]:
+def pair_inputs(
+    golden: dict[str, Path], target: dict[str, Path], golden_dir
+) -> dict[str, tuple[Path, Path]]:
     """Which golden folder each target result is compared with: the only one, or the
     ``Result_N`` of the same name (engine against engine)."""
     if len(golden) == 1:
         (g,) = golden.values()
-        if len(target) > 1:
-            log.warning(
-                "the golden reference holds one input but the inference results hold %d; every "
-                "Result_N is compared with it (only meaningful if they share that input)", len(target))
         return {k: (g, t) for k, t in target.items()}
     missing = [k for k in target if k not in golden]
     if missing:
@@ -159,16 +165,24 @@ def load_verifier_config(path: str | os.PathLike) -> list[tuple[Verifier, list[l
     out = []
     for name, entry in data.items():
         if not isinstance(entry, dict):
-            raise AccdbgError(f"{what}: {name!r} must map to {{\"parameters\": {{...}}, \"tensors\": [[...]]}}")
+            raise AccdbgError(
+                f'{what}: {name!r} must map to {{"parameters": {{...}}, "tensors": [[...]]}}'
+            )
         params = entry.get("parameters") or {}
         if not isinstance(params, dict):
             raise AccdbgError(f"{what}: {name}.parameters must be an object")
         verifier = make_verifier(name, params)
         tensors = entry.get("tensors")
         n = verifier.tensors_per_side
-        if not isinstance(tensors, list) or not tensors or not all(
-            isinstance(group, list) and len(group) == n and all(isinstance(t, str) for t in group)
-            for group in tensors
+        if (
+            not isinstance(tensors, list)
+            or not tensors
+            or not all(
+                isinstance(group, list)
+                and len(group) == n
+                and all(isinstance(t, str) for t in group)
+                for group in tensors
+            )
         ):
             example = '[["boxes", "classes"]]' if n == 2 else '[["tensor_a"], ["tensor_b"]]'
             raise AccdbgError(
@@ -178,7 +192,9 @@ def load_verifier_config(path: str | os.PathLike) -> list[tuple[Verifier, list[l
     return out
 
 
-def _label_verifiers(items: list[tuple[Verifier, list[list[str]] | None]]) -> list[ConfiguredVerifier]:
+def _label_verifiers(
+    items: list[tuple[Verifier, list[list[str]] | None]],
+) -> list[ConfiguredVerifier]:
     used: set[str] = set()
     out = []
     for verifier, tensors in items:
@@ -198,7 +214,9 @@ def _fmt_shape(shape) -> list[int]:
     return [int(d) for d in shape]
 
 
-def _target_view(rec: TensorRecord, qnn: QnnTensor | None) -> tuple[tuple[int, ...], str | None, Encoding | None]:
+def _target_view(
+    rec: TensorRecord, qnn: QnnTensor | None
+) -> tuple[tuple[int, ...], str | None, Encoding | None]:
     """The target's shape, layout and encoding, from its record first, then the QNN JSON.
 
     The QNN JSON describes the QNN tensor: its axis format applies to the dump only when the
@@ -212,15 +230,24 @@ def _target_view(rec: TensorRecord, qnn: QnnTensor | None) -> tuple[tuple[int, .
         scale = extra["scale"]
         encoding = Encoding(
             np.asarray(scale, dtype=np.float64) if isinstance(scale, list) else float(scale),
-            extra.get("offset", 0), extra.get("bitwidth"), extra.get("axis"),
+            extra.get("offset", 0),
+            extra.get("bitwidth"),
+            extra.get("axis"),
         )
     if qnn is not None:
-        if len(shape) <= 1 and qnn.dims and int(np.prod(qnn.dims)) == rec.size and len(qnn.dims) > 1:
+        if (
+            len(shape) <= 1
+            and qnn.dims
+            and int(np.prod(qnn.dims)) == rec.size
+            and len(qnn.dims) > 1
+        ):
             shape = qnn.dims  # bare .raw: the QNN JSON knows the shape
         if layout is None and tuple(qnn.dims) == shape:
             layout = normalize_layout(qnn.axis_format, len(shape))
-        if encoding is None and qnn.encoding is not None and (
-            qnn.encoding.axis is None or tuple(qnn.dims) == shape
+        if (
+            encoding is None
+            and qnn.encoding is not None
+            and (qnn.encoding.axis is None or tuple(qnn.dims) == shape)
         ):
             encoding = qnn.encoding
     return shape, layout, encoding
@@ -259,7 +286,11 @@ def _scale_for(encoding: Encoding | None, target_shape, alignment: Alignment):
 
 
 class _Writer:
-    """Per-verifier folders with one CSV and one HTML file per tensor (names sanitized)."""
+    """Per-verifier folders with one CSV and one HTML file per tensor (names sanitized).
+
+    Files are written by one background thread, so the disk works while numpy computes
+    the next pair; :meth:`close` waits for them and re-raises any error.
+    """
 
     def __init__(self, root: Path, labels: list[str]):
         self.root = root
@@ -267,6 +298,8 @@ class _Writer:
         self.used: dict[str, set[str]] = {label: set() for label in labels}
         for d in self.dirs.values():
             d.mkdir(parents=True, exist_ok=True)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accdbg-writer")
+        self._pending: list[Future] = []
 
     def write(self, label: str, name: str, record: dict[str, Any]) -> None:
         base = rel = safe_relpath(name)
@@ -275,10 +308,60 @@ class _Writer:
             n += 1
             rel = f"{base}__{n}"
         self.used[label].add(rel.lower())
-        path = self.dirs[label] / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._pending.append(
+            self._pool.submit(self._write, self.dirs[label] / rel, label, name, record)
+        )
+        if len(self._pending) > 256:  # keep the queue (and its records) short
+            self._pending = [f for f in self._pending if not f.done() or f.result()]
+
+    @staticmethod
+    def _write(path: Path, label: str, name: str, record: dict[str, Any]) -> None:
+        # a / in a tensor name makes sub-folders, as the reference does
+        if "/" in name or "\\" in name:
+            path.parent.mkdir(parents=True, exist_ok=True)
         write_record_csv(record, path.with_name(path.name + ".csv"))
         write_record_html(record, path.with_name(path.name + ".html"), f"{label}: {name}")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for f in self._pending:
+            f.result()
+
+
+def _shapeless(golden, target, g_shape, t_shape, size) -> Alignment | None:
+    """Bare ``.raw`` folders carry no shape: compare flat only when order cannot differ."""
+
+    def spread(shape) -> int:
+        return len([d for d in shape if d != 1])
+
+    if golden.has_manifest and target.has_manifest:
+        return None
+    if (
+        not golden.has_manifest
+        and not target.has_manifest
+        and len(g_shape) <= 1
+        and len(t_shape) <= 1
+    ):
+        return Alignment("same", g_shape, t_shape, None, "flat (no shapes recorded on either side)")
+    if not target.has_manifest and len(t_shape) <= 1 and spread(g_shape) > 1:
+        return Alignment(
+            "mismatch",
+            g_shape,
+            t_shape,
+            None,
+            f"target shape unknown (bare .raw, {size} values) for golden "
+            f"{_fmt_shape(g_shape)}: pass --qnn_model_json_path",
+        )
+    if not golden.has_manifest and len(g_shape) <= 1 and spread(t_shape) > 1:
+        return Alignment(
+            "mismatch",
+            g_shape,
+            t_shape,
+            None,
+            f"golden shape unknown (bare .raw without tensors.json) for target "
+            f"{_fmt_shape(t_shape)}: its layout cannot be told",
+        )
+    return None
 
 
 def _verify_pair(
@@ -292,7 +375,11 @@ def _verify_pair(
     """One summary row and each verifier's result; reads the pair once, keeps nothing."""
     g_rec = golden.records.get(g_name) if g_name else None
     t_rec = target.records.get(t_name) if t_name else None
-    qnn = plan.qnn.find((t_rec.extra or {}).get("qnn_name") if t_rec else None, t_name, g_name) if plan.qnn else None
+    qnn = (
+        plan.qnn.find((t_rec.extra or {}).get("qnn_name") if t_rec else None, t_name, g_name)
+        if plan.qnn
+        else None
+    )
     row: dict[str, Any] = {
         "Name": t_name or g_name,
         "LayerType": None,
@@ -320,16 +407,9 @@ def _verify_pair(
     t_shape, t_layout, encoding = _target_view(t_rec, qnn)
     g_shape, g_layout = _golden_view(g_rec, qnn)
     row["Size"], row["Tensor_dims"] = int(np.prod(t_shape)) if t_shape else 1, _fmt_shape(t_shape)
-    if len(t_shape) == 1 and len(g_shape) == 1 and not target.has_manifest and not golden.has_manifest:
-        alignment = Alignment("same", g_shape, t_shape, None, "flat (no shapes recorded)")
-    elif len(t_shape) <= 1 and not target.has_manifest and len([d for d in g_shape if d != 1]) > 1:
-        alignment = Alignment(
-            "mismatch", g_shape, t_shape, None,
-            f"target shape unknown (bare .raw, {t_rec.size} values) for golden {_fmt_shape(g_shape)}: "
-            "pass --qnn_model_json_path",
-        )
-    else:
-        alignment = reconcile(g_shape, t_shape, g_layout, t_layout)
+    alignment = _shapeless(golden, target, g_shape, t_shape, t_rec.size) or reconcile(
+        g_shape, t_shape, g_layout, t_layout
+    )
     row["Layout"] = alignment.note if alignment.ok else ""
     try:
         g_arr = np.asarray(golden.load(g_name), dtype=np.float64).reshape(g_shape)
@@ -349,8 +429,11 @@ def _verify_pair(
     results = {cv.label: cv.verifier.verify(pair) for cv in verifiers}
     pair_note = "; ".join(pair.notes)
     notes = list(pair.notes)
-    notes += [f"{label}: {res.status}" for label, res in results.items()
-              if res.status not in ("ok", pair_note)]
+    notes += [
+        f"{label}: {res.status}"
+        for label, res in results.items()
+        if res.status not in ("ok", pair_note)
+    ]
     if notes:
         row["Status"] = "; ".join(notes)
     return row, results
@@ -426,7 +509,11 @@ def plan_pairs(
     if not pairs:
         raise AccdbgError(
             f"no tensor of {str(target.root)!r} matches one of {str(golden.root)!r} by name"
-            + (" or by the tensor mapping" if mapping else "; pass --tensor_mapping or -m to map names")
+            + (
+                " or by the tensor mapping"
+                if mapping
+                else "; pass --tensor_mapping or -m to map names"
+            )
         )
     return pairing, pairs, by_name
 
@@ -443,7 +530,10 @@ def verify_input(
     pairing, pairs, by_name = plan_pairs(golden, target, plan)
     log.info(
         "%s: %d tensor pairs (%d golden-only, %d target-only tensors not compared)",
-        title, len(pairs), len(pairing.golden_only), len(pairing.target_only),
+        title,
+        len(pairs),
+        len(pairing.golden_only),
+        len(pairing.target_only),
     )
     everywhere = [cv for cv in plan.verifiers if cv.tensors is None]
     single = {}  # tensor name -> config verifiers on it
@@ -454,8 +544,34 @@ def verify_input(
                 single.setdefault(group[0], []).append(cv)
             else:
                 multi.append((cv, group))
+    writer = _Writer(out_dir, [cv.label for cv in plan.verifiers])
+    try:
+        rows, passed = _verify_rows(
+            golden, target, plan, pairs, by_name, writer, everywhere, single, multi
+        )
+    finally:
+        writer.close()
     labels = [cv.label for cv in plan.verifiers]
-    writer = _Writer(out_dir, labels)
+    columns = LEADING_COLUMNS + labels + RANGE_COLUMNS + EXTRA_COLUMNS
+    df = pd.DataFrame(rows, columns=columns)
+    meta = {
+        "format": SUMMARY_FORMAT,
+        "golden": str(golden.root),
+        "target": str(target.root),
+        "verifiers": [
+            {**cv.verifier.describe(), "label": cv.label, "tensors": cv.tensors}
+            for cv in plan.verifiers
+        ],
+        "sources": plan.sources,
+        "not_compared": {"golden_only": pairing.golden_only, "target_only": pairing.target_only},
+    }
+    write_summary(df, out_dir, title, meta, passed, notes=_notes(plan, df, passed))
+    return df, passed
+
+
+def _verify_rows(golden, target, plan, pairs, by_name, writer, everywhere, single, multi):
+    """Each pair in turn: read, verify, write its details, keep only the row."""
+    labels = [cv.label for cv in plan.verifiers]
     rows: list[dict[str, Any]] = []
     passed: dict[str, list[bool | None]] = {label: [] for label in labels}
     row_of: dict[str, int] = {}
@@ -468,7 +584,9 @@ def verify_input(
             passed[label].append(res.passed if res else None)
             if res is not None:
                 writer.write(label, row["Name"], _detail_record(row, res))
-        row["Failed"] = ", ".join(label for label in labels if results.get(label) and results[label].passed is False)
+        row["Failed"] = ", ".join(
+            label for label in labels if results.get(label) and results[label].passed is False
+        )
         row["Order"] = len(rows)
         for n in (g_name, t_name):
             if n:
@@ -476,19 +594,7 @@ def verify_input(
         rows.append(row)
     for cv, group in multi:
         _verify_group(golden, target, cv, group, by_name, rows, row_of, passed, writer)
-    columns = LEADING_COLUMNS + labels + RANGE_COLUMNS + EXTRA_COLUMNS
-    df = pd.DataFrame(rows, columns=columns)
-    meta = {
-        "format": SUMMARY_FORMAT,
-        "golden": str(golden.root),
-        "target": str(target.root),
-        "verifiers": [{**cv.verifier.describe(), "label": cv.label,
-                       "tensors": cv.tensors} for cv in plan.verifiers],
-        "sources": plan.sources,
-        "not_compared": {"golden_only": pairing.golden_only, "target_only": pairing.target_only},
-    }
-    write_summary(df, out_dir, title, meta, passed, notes=_notes(plan, df, passed))
-    return df, passed
+    return rows, passed
 
 
 def _verify_group(golden, target, cv, group, by_name, rows, row_of, passed, writer) -> None:
@@ -513,21 +619,31 @@ def _verify_group(golden, target, cv, group, by_name, rows, row_of, passed, writ
     if res.status != "ok":
         note = f"{cv.label}: {res.status}"
         row["Status"] = note if row["Status"] == "ok" else f"{row['Status']}; {note}"
-    writer.write(cv.label, "+".join(group), {"tensors": " + ".join(group), "status": res.status, **res.details})
+    writer.write(
+        cv.label,
+        "+".join(group),
+        {"tensors": " + ".join(group), "status": res.status, **res.details},
+    )
 
 
 def _notes(plan: Plan, df: pd.DataFrame, passed: dict[str, list[bool | None]]) -> list[str]:
     notes = []
     for cv in plan.verifiers:
         v = cv.verifier
-        mark = "no threshold" if v.pass_mark is None else f"pass if {'>=' if v.higher_is_better else '<='} {v.pass_mark:g}"
+        mark = (
+            "no threshold"
+            if v.pass_mark is None
+            else f"pass if {'>=' if v.higher_is_better else '<='} {v.pass_mark:g}"
+        )
         fails = [i for i, p in enumerate(passed[cv.label]) if p is False]
         first = f"; first failing: {df['Name'].iloc[fails[0]]}" if fails else ""
         notes.append(f"{cv.label} ({v.unit}, {mark}): {len(fails)} of {len(df)} rows fail{first}")
     problems = int((df["Status"] != "ok").sum())
     if problems:
         notes.append(f"{problems} rows have a status other than ok (see the Status column)")
-    notes.append("Rows are in execution order; read top to bottom: the first failing layer is the one to fix.")
+    notes.append(
+        "Rows are in execution order; read top to bottom: the first failing layer is the one to fix."
+    )
     return notes
 
 
@@ -588,7 +704,11 @@ def aggregate_inputs(
         rows.append(row)
     labels = [cv.label for cv in verifiers]
     columns = (
-        LEADING_COLUMNS + labels + RANGE_COLUMNS + EXTRA_COLUMNS + ["Inputs"]
+        LEADING_COLUMNS
+        + labels
+        + RANGE_COLUMNS
+        + EXTRA_COLUMNS
+        + ["Inputs"]
         + [f"{label}_{s}" for label in labels for s in ("mean", "worst_input")]
     )
     return pd.DataFrame(rows, columns=columns), passed
@@ -613,7 +733,9 @@ def _resolve_verifiers(
     if verifier_config is not None:
         items.extend(load_verifier_config(verifier_config))
     if not items:
-        raise AccdbgError("no verifier: give --default_verifier (e.g. CosineSimilarity) or --verifier_config")
+        raise AccdbgError(
+            "no verifier: give --default_verifier (e.g. CosineSimilarity) or --verifier_config"
+        )
     return _label_verifiers(items)
 
 
@@ -652,17 +774,29 @@ def run_verification(
     if tensor_mapping is None and discover and not engine_vs_engine and model_path is None:
         found = _discover(target_run, "tensor_mapping.json")
         if found:
-            tensor_mapping, sources["tensor_mapping"] = found, f"{found} (found beside the inference results)"
+            tensor_mapping, sources["tensor_mapping"] = (
+                found,
+                f"{found} (found beside the inference results)",
+            )
     if graph_struct is None and discover:
         found = _discover(target_run, "*graph_struct.json")
         if found:
-            graph_struct, sources["graph_struct"] = found, f"{found} (found beside the inference results)"
+            graph_struct, sources["graph_struct"] = (
+                found,
+                f"{found} (found beside the inference results)",
+            )
     if qnn_model_json_path is None and discover:
         found = _discover(target_run, "model_net.json") or _discover(target_run, "*_net.json")
         if found:
-            qnn_model_json_path, sources["qnn_model_json_path"] = found, f"{found} (found beside the inference results)"
-    for key, value in (("tensor_mapping", tensor_mapping), ("graph_struct", graph_struct),
-                       ("qnn_model_json_path", qnn_model_json_path)):
+            qnn_model_json_path, sources["qnn_model_json_path"] = (
+                found,
+                f"{found} (found beside the inference results)",
+            )
+    for key, value in (
+        ("tensor_mapping", tensor_mapping),
+        ("graph_struct", graph_struct),
+        ("qnn_model_json_path", qnn_model_json_path),
+    ):
         if value is not None and key not in sources:
             sources[key] = str(value) if not isinstance(value, Mapping) else "(given as a dict)"
 
@@ -674,7 +808,10 @@ def run_verification(
     elif model_path is not None:
         first_g, first_t = next(iter(inputs.values()))
         mapping = build_tensor_mapping(
-            model_path, TensorFolder(first_g).names(), TensorFolder(first_t).names(), framework or "onnx"
+            model_path,
+            TensorFolder(first_g).names(),
+            TensorFolder(first_t).names(),
+            framework or "onnx",
         )
         sources["tensor_mapping"] = f"built from {model_path}: {len(mapping)} pairs"
     else:
@@ -689,18 +826,27 @@ def run_verification(
     with RunDir(working_dir, COMPONENT, output_dirname) as run:
         for key, value in sources.items():
             log.info("%s: %s", key, value)
-        run.write_options(options_record or {
-            "golden_output_reference_directory": str(golden_dir),
-            "inference_results": str(inference_results),
-            "default_verifier": [cv.verifier.label for cv in verifiers if cv.tensors is None],
-            "verifier_config": str(verifier_config) if verifier_config else None,
-            "tensor_mapping": sources.get("tensor_mapping"),
-            "graph_struct": sources.get("graph_struct"),
-            "qnn_model_json_path": sources.get("qnn_model_json_path"),
-            "model_path": str(model_path) if model_path else None,
-            "working_dir": str(working_dir),
-            "output_dirname": output_dirname,
-        })
+        if len(golden_inputs) == 1 and len(target_inputs) > 1:
+            log.warning(
+                "the golden reference holds one input but the inference results hold %d; every "
+                "Result_N is compared with it (only meaningful if they share that input)",
+                len(target_inputs),
+            )
+        run.write_options(
+            options_record
+            or {
+                "golden_output_reference_directory": str(golden_dir),
+                "inference_results": str(inference_results),
+                "default_verifier": [cv.verifier.label for cv in verifiers if cv.tensors is None],
+                "verifier_config": str(verifier_config) if verifier_config else None,
+                "tensor_mapping": sources.get("tensor_mapping"),
+                "graph_struct": sources.get("graph_struct"),
+                "qnn_model_json_path": sources.get("qnn_model_json_path"),
+                "model_path": str(model_path) if model_path else None,
+                "working_dir": str(working_dir),
+                "output_dirname": output_dirname,
+            }
+        )
         if mapping is not None and model_path is not None and tensor_mapping is None:
             write_json_atomic(run.path / "tensor_mapping.json", mapping)
         per_input: dict[str, pd.DataFrame] = {}
@@ -717,22 +863,35 @@ def run_verification(
             meta = {
                 "format": SUMMARY_FORMAT,
                 "aggregate_of": list(per_input),
-                "verifiers": [{**cv.verifier.describe(), "label": cv.label, "tensors": cv.tensors}
-                              for cv in verifiers],
+                "verifiers": [
+                    {**cv.verifier.describe(), "label": cv.label, "tensors": cv.tensors}
+                    for cv in verifiers
+                ],
                 "sources": sources,
             }
-            notes = [f"Aggregate over {len(per_input)} inputs ({', '.join(per_input)}): each verifier "
-                     "column is the worst value over the inputs, <verifier>_mean the mean; each "
-                     "input's own summary is in its Result_N folder."]
+            notes = [
+                f"Aggregate over {len(per_input)} inputs ({', '.join(per_input)}): each verifier "
+                "column is the worst value over the inputs, <verifier>_mean the mean; each "
+                "input's own summary is in its Result_N folder."
+            ]
             notes += _notes(plan, aggregate, passed)
             write_summary(aggregate, run.path, "Verification (all inputs)", meta, passed, notes)
             summary = aggregate
         else:
             summary = next(iter(per_input.values()))
         seconds = time.perf_counter() - start
-        log.info("verification: %d rows, %d inputs in %.1f s -> %s",
-                 len(summary), len(per_input), seconds, run.final_path)
+        log.info(
+            "verification: %d rows, %d inputs in %.1f s -> %s",
+            len(summary),
+            len(per_input),
+            seconds,
+            run.final_path,
+        )
     return VerificationResult(
-        run.path, summary, per_input, aggregate,
-        [{**cv.verifier.describe(), "label": cv.label} for cv in verifiers], seconds,
+        run.path,
+        summary,
+        per_input,
+        aggregate,
+        [{**cv.verifier.describe(), "label": cv.label} for cv in verifiers],
+        seconds,
     )

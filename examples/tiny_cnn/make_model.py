@@ -2,8 +2,9 @@
 
 Deterministic (fixed seed), so the committed ``model.onnx`` and ``input.raw`` can be rebuilt
 byte for byte: ``python examples/tiny_cnn/make_model.py``. The second conv block has one
-output channel with weights 40x larger than the rest - the kind of outlier channel that
-per-tensor 8-bit quantization handles badly, so the debugger has something to find.
+dead output channel (ReLU always zeroes it) whose weights are 40x larger than the rest - the
+kind of outlier that per-tensor 8-bit weight quantization pays for with every other channel's
+precision, so the debugger has a culprit to find.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ def build(out_dir: Path = HERE) -> tuple[Path, Path]:
     nodes, inits = [], []
 
     def conv(name, x, cin, cout, k=3, stride=1, outlier=False):
-        w = rng.standard_normal((cout, cin, k, k)).astype(np.float32) * np.sqrt(2.0 / (cin * k * k))
-        if outlier:
-            w[0] *= 40.0
+        w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(np.float32)
         b = (rng.standard_normal(cout) * 0.05).astype(np.float32)
+        if outlier:  # a dead channel with huge weights: ReLU hides it, per-tensor 8-bit pays for it
+            w[0] *= 40.0
+            b[0] = -1000.0
         inits.extend([numpy_helper.from_array(w, f"{name}.weight"), numpy_helper.from_array(b, f"{name}.bias")])
         p = k // 2
         nodes.append(helper.make_node("Conv", [x, f"{name}.weight", f"{name}.bias"], [f"{name}/out"],

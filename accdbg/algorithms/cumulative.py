@@ -1,0 +1,204 @@
+"""Cumulative-layerwise snooping: judge layers in execution order without earlier layers' error.
+
+The model runs on the backend from the last *partition point* onward, every tensor crossing
+that cut fed with its golden value (through its Q/DQ, with the full model's encodings). One
+session and one run give every later layer's output; the layers are judged in order and the
+first one failing a verifier becomes the next partition point (``part``): its error, and
+everything before it, is replaced by golden values for the layers after it. So a session is
+created per partition point (plus one), not per layer as the reference does, which quantizes
+and compiles one model per layer.
+
+``Orig Outputs`` is the model outputs' scores in the run that judged the layer (with
+``--end_layer``, the model is cut there and the end layer's output stands for them).
+A run that fails is bisected on its last layer to find the first layer the backend cannot
+run; that layer gets its ``err_*`` status and becomes a partition point, so the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from accdbg.algorithms.fragments import Layer, Part, SurgeryError
+from accdbg.algorithms.snooping import (
+    ERR_PART,
+    PART,
+    Context,
+    GoldenError,
+    PartReport,
+    SnoopingResult,
+    error_row,
+    failing,
+    failure_status,
+    judge_layer,
+    orig_outputs_text,
+    snoop,
+)
+from accdbg.core.inputs import InputTensor
+from accdbg.errors import AccdbgError
+
+log = logging.getLogger("accdbg.snooping")
+
+
+class _Step:
+    """Parts of the model from one partition point on (one boundary in node order)."""
+
+    def __init__(self, ctx: Context, boundary: int):
+        self.ctx, self.boundary = ctx, boundary
+        self.judged = [layer for layer in ctx.span if layer.node_index >= boundary and layer.position not in ctx.rows]
+        end = ctx.end_layer
+        self.extra = [end] if end is not None and end not in self.judged and end.node_index >= boundary else []
+
+    def part(self, layers: list[Layer], finals: bool) -> tuple[Part, dict]:
+        """The suffix exposing ``layers`` (and the end layer), with its golden feeds."""
+        ctx = self.ctx
+        part = ctx.qdq.suffix(self.boundary, [*layers, *self.extra], finals=finals and ctx.end_layer is None)
+        feeds = {name: ctx.golden.feed(t, ctx.qdq.shape(t), ctx.qdq.dtype(t)) for name, t in part.inputs.items()}
+        return part, feeds
+
+    def run(self, layers: list[Layer], finals: bool, label: str) -> tuple[PartReport, dict, Part]:
+        part, feeds = self.part(layers, finals)
+        report, values = self.ctx.backend.run(part, feeds, [*part.outputs, *part.finals], label)
+        return report, values, part
+
+
+def _orig_scores(ctx: Context, part: Part, values: dict) -> str:
+    """The model outputs' (or the end layer's) scores in this run."""
+    scores: dict[str, dict | str] = {}
+    if ctx.end_layer is not None:
+        layer = ctx.end_layer
+        out = layer.suffix_output
+        if out in values:
+            row = judge_layer(layer, values[out], ctx.golden, ctx.judge, ctx.qdq)
+            scores[layer.name] = row.get("_values") or row["Info"]
+        return orig_outputs_text(scores)
+    for out in ctx.qdq.graph_outputs:
+        if out not in values:
+            continue
+        target = np.asarray(values[out], dtype=np.float32)
+        try:
+            golden = ctx.golden.load(out, target.shape)
+        except GoldenError as exc:
+            scores[out] = str(exc)
+            continue
+        vals, _, _ = ctx.judge.scores(np.asarray(golden, np.float64), target, None)
+        scores[out] = vals
+    return orig_outputs_text(scores)
+
+
+def _can_cut_after(ctx: Context, layer: Layer) -> str | None:
+    """Why the model cannot be partitioned after ``layer`` (None: it can)."""
+    step = _Step(ctx, layer.node_index + 1)
+    step.judged = [x for x in step.judged if x.position > layer.position]
+    if not step.judged and not step.extra:
+        return None
+    try:
+        step.part(step.judged or step.extra, finals=False)
+    except (SurgeryError, GoldenError) as exc:
+        return f"cannot partition after this layer: {exc}"
+    return None
+
+
+def _bisect(step: _Step, n: int) -> tuple[int, dict, Part | None, tuple[Layer, PartReport] | None]:
+    """After a failed run: the longest prefix of the judged layers whose suffix runs (without
+    the model outputs), its values, and the first layer beyond it with its failure."""
+    layers = step.judged
+    report, values, part = step.run(layers, False, f"step_{n:04d}_no_outputs")
+    if report.ok:
+        return len(layers), values, part, None
+    good, good_values, good_part = 0, {}, None
+    bad, bad_report = len(layers), report
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        report, values, part = step.run(layers[:mid], False, f"step_{n:04d}_first_{mid}")
+        if report.ok:
+            good, good_values, good_part = mid, values, part
+        else:
+            bad, bad_report = mid, report
+    return good, good_values, good_part, (layers[bad - 1], bad_report)
+
+
+def _loop(ctx: Context) -> None:
+    steps = ctx.journal.of_kind("step")
+    if steps:
+        boundary = steps[-1]["next_boundary"]
+    else:
+        boundary = ctx.start_layer.node_index if ctx.start_layer is not None else 0
+    n = len(steps)
+    while boundary is not None:
+        step = _Step(ctx, boundary)
+        if not step.judged:
+            break
+        label = f"step_{n:04d}"
+        before = ctx.backend.sessions
+        try:
+            report, values, part = step.run(step.judged, True, label)
+        except (SurgeryError, GoldenError) as exc:
+            if n == 0 and ctx.start_layer is not None:
+                raise AccdbgError(f"--start_layer {ctx.start_layer.name!r}: cannot cut the model there: {exc}") from None
+            rows = [error_row(layer, ERR_PART, str(exc), ctx.qdq.shape(layer.exposed.qdq_tensor)) for layer in step.judged]
+            ctx.record("step", rows, ctx.backend.sessions - before, boundary=boundary, next_boundary=None)
+            return
+        judged, broken, orig = step.judged, None, None
+        if not report.ok:
+            log.warning("cumulative: the run from node %d failed (%s); bisecting", boundary, failure_status(report))
+            good, values, part, broken = _bisect(step, n)
+            judged = step.judged[:good]
+            orig = f"not computed: {failure_status(report)}"
+        if orig is None:
+            orig = _orig_scores(ctx, part, values)
+        cpu = {name for _, name in report.cpu_nodes} if report.ok else set()
+        rows, dumped, next_layer = [], [], None
+        for layer in judged:
+            row = judge_layer(layer, values[layer.suffix_output], ctx.golden, ctx.judge, ctx.qdq,
+                              cpu=layer.exposed.node in cpu)
+            dumped.append((layer, values[layer.suffix_output]))
+            rows.append(row)
+            if failing(row):
+                why = _can_cut_after(ctx, layer)
+                if why is None:
+                    row["Status"], next_layer = PART, layer
+                    break
+                row["Status"] = ERR_PART
+                row["Info"] = "; ".join(x for x in (row["Info"], why) if x)
+        if next_layer is None and broken is not None:
+            layer, bad_report = broken
+            rows.append(error_row(layer, failure_status(bad_report), bad_report.error,
+                                  ctx.qdq.shape(layer.exposed.qdq_tensor)))
+            next_layer = layer
+        for row in rows:
+            row["Orig Outputs"] = orig
+        next_boundary = next_layer.node_index + 1 if next_layer is not None else None
+        ctx.write_outputs(f"{label}_{len(ctx.journal.records):04d}", dumped)
+        ctx.record("step", rows, ctx.backend.sessions - before, boundary=boundary, next_boundary=next_boundary)
+        log.info("cumulative: step %d from node %d judged %d layer(s)%s", n, boundary, len(rows),
+                 f"; partition after {next_layer.name}" if next_layer is not None else "")
+        boundary, n = next_boundary, n + 1
+
+
+def run_cumulative_layerwise(
+    model_path: str | os.PathLike,
+    input_tensors: Sequence[InputTensor] = (),
+    golden_dir: str | os.PathLike | None = None,
+    qdq_model: str | os.PathLike | None = None,
+    verifiers: Sequence = ("CosineSimilarity",),
+    start_layer: str | None = None,
+    end_layer: str | None = None,
+    engine_kwargs: dict | None = None,
+    working_dir: str | os.PathLike = "working_directory",
+    output_dirname: str | None = None,
+    memory_budget_mb: float = 1024,
+    workers: int | None = None,
+    dump_qnn_json: bool = False,
+) -> SnoopingResult:
+    """Judge layers from partition point to partition point; writes
+    ``<working_dir>/cumulative_layerwise_snooping/<run>/cumulative_layerwise.csv``.
+
+    Arguments as :func:`accdbg.algorithms.layerwise.run_layerwise`.
+    """
+    return snoop("cumulative_layerwise", _loop, model_path, input_tensors, golden_dir, qdq_model, verifiers,
+                 start_layer, end_layer, engine_kwargs, working_dir, output_dirname, memory_budget_mb, workers,
+                 dump_qnn_json)

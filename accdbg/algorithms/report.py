@@ -1,0 +1,99 @@
+"""The snooping reports: ``layerwise.csv`` / ``cumulative_layerwise.csv`` and their HTML.
+
+Columns follow the reference: O/P Name, Status, Layer Type, Shape, Activations (min, max,
+median of the golden output), one column per verifier, Orig Outputs (cumulative only) and
+Info. Both files are rewritten after every finished batch or step through a temporary file
+and a rename, so a killed run leaves a complete, shorter report - never a truncated one.
+The HTML is the oneshot report's page (chart per verifier, marks, filterable table).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from accdbg.algorithms.attribution import Attribution, ideal_score
+from accdbg.algorithms.snooping import ERRORS, PART, Judge
+from accdbg.reports.summary import write_csv
+
+LEADING = ["O/P Name", "Status", "Layer Type", "Shape", "Activations"]
+ORIG = "Orig Outputs"
+INFO = "Info"
+
+
+def columns(labels: Sequence[str], cumulative: bool) -> list[str]:
+    return [*LEADING, *labels, *([ORIG] if cumulative else []), INFO]
+
+
+def frame(rows: Sequence[dict[str, Any]], labels: Sequence[str], cumulative: bool) -> pd.DataFrame:
+    """The report table, rows in execution order (private ``_`` fields dropped)."""
+    ordered = sorted(rows, key=lambda r: r["_position"])
+    cols = columns(labels, cumulative)
+    data = [{c: r.get(c, math.nan if c in labels else "") for c in cols} for r in ordered]
+    df = pd.DataFrame(data, columns=cols)
+    for label in labels:
+        df[label] = pd.to_numeric(df[label], errors="coerce")
+    return df
+
+
+def _flagged(row: dict[str, Any]) -> bool:
+    return row["Status"] in (PART, *ERRORS) or any(p is False for p in row.get("_passed", {}).values())
+
+
+def marks(rows: Sequence[dict[str, Any]], judge: Judge, cumulative: bool) -> list[Attribution]:
+    """Per verifier: the first flagged layer and the three layers losing the most score.
+
+    Every score here is the layer's own error (its inputs are golden, or golden since the last
+    partition point), so the score's distance from the ideal is what the layer adds.
+    """
+    ordered = sorted(rows, key=lambda r: r["_position"])
+    out = []
+    for label, v in judge.verifiers.items():
+        flagged = [r for r in ordered if r.get("_passed", {}).get(label) is False
+                   and (not cumulative or r["Status"] == PART)]
+        ideal = ideal_score(v)
+        drops: list[tuple[str, float]] = []
+        if ideal is not None:
+            for r in ordered:
+                value = r.get("_values", {}).get(label)
+                if isinstance(value, float) and math.isfinite(value):
+                    drops.append((r["O/P Name"], (ideal - value) if v.higher_is_better else (value - ideal)))
+            drops = sorted((d for d in drops if d[1] > 0), key=lambda d: -d[1])[:3]
+        out.append(Attribution(label, flagged[0]["O/P Name"] if flagged else None, drops))
+    return out
+
+
+def write_reports(
+    folder: Path,
+    stem: str,
+    rows: Sequence[dict[str, Any]],
+    judge: Judge,
+    cumulative: bool,
+    title: str,
+    meta: str = "",
+    notes: Sequence[str] = (),
+    html: bool = True,
+) -> tuple[pd.DataFrame, Path, Path]:
+    """``<stem>.csv`` and (if ``html``) ``<stem>.html``, each replaced atomically."""
+    from accdbg.reports.html_report import write_report
+
+    df = frame(rows, judge.labels, cumulative)
+    csv_path = folder / f"{stem}.csv"
+    tmp = folder / f".{stem}.csv.tmp"
+    write_csv(df, tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, csv_path)
+    html_path = folder / f"{stem}.html"
+    if not html:
+        return df, csv_path, html_path
+    ordered = sorted(rows, key=lambda r: r["_position"])
+    html_df = df.rename(columns={"O/P Name": "Name", "Layer Type": "LayerType"})
+    write_report(html_path, html_df, judge.verifiers, marks(rows, judge, cumulative), title, meta=meta,
+                 failed=[_flagged(r) for r in ordered], notes=notes)
+    return df, csv_path, html_path

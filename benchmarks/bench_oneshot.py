@@ -1,0 +1,112 @@
+"""Oneshot-layerwise on the real PP-OCRv4 det model: tool time over the bare runs it wraps.
+
+Prints, measured in this one process:
+  * the oneshot wall time (framework diagnosis + QNN engine + verification + report);
+  * the bare runs it wraps: the float model with every intermediate exposed (onnxruntime CPU),
+    the quantization, and a QNN HTP session creation + run with every activation exposed;
+  * their ratio (tool overhead), and the same with --enable_tensor_inspection;
+  * peak RSS of this process and of its children (the QNN worker processes).
+
+Usage: python benchmarks/bench_oneshot.py [--no-inspection]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+os.environ.setdefault("ACCDBG_NO_PROGRESS", "1")
+
+from accdbg.algorithms.oneshot import run_oneshot  # noqa: E402
+from accdbg.core import onnx_model as om  # noqa: E402
+from accdbg.core.inputs import parse_input_tensor  # noqa: E402
+from accdbg.engines import exposure  # noqa: E402
+from accdbg.engines.base import EngineOptions  # noqa: E402
+from accdbg.engines.prepare import prepare_float_model  # noqa: E402
+from accdbg.engines.qnn import QnnEngine  # noqa: E402
+from accdbg.engines.quantize import FeedsReader, quantize_for_qnn  # noqa: E402
+
+
+def model_path() -> Path:
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None:
+        sys.exit("install the model first: pip install --no-deps rapidocr-onnxruntime==1.4.4")
+    return Path(spec.submodule_search_locations[0]) / "models" / "ch_PP-OCRv4_det_infer.onnx"
+
+
+def bare_runs(model: Path, x_path: Path, work: Path) -> dict[str, float]:
+    """The work oneshot cannot avoid, done directly with onnxruntime and onnxruntime-qnn."""
+    x = np.fromfile(x_path, np.float32).reshape(1, 3, 320, 320)
+    times = {}
+    m = om.load_model(model)
+    om.fix_input_shapes(m, {"x": (1, 3, 320, 320)})
+    names = [i.name for i in om.tensor_infos(om.infer_shapes(m), ("Constant",))]
+    t = time.perf_counter()
+    sess = ort.InferenceSession(om.with_outputs(m, names).SerializeToString(), providers=["CPUExecutionProvider"])
+    sess.run(None, {"x": x})
+    times["float run, all intermediates"] = time.perf_counter() - t
+    del sess
+    prepared, _ = prepare_float_model(om.load_model(model), {"x": (1, 3, 320, 320)}, work)
+    qdq = work / "bare.qdq.onnx"
+    t = time.perf_counter()
+    quantize_for_qnn(prepared, qdq, FeedsReader([{"x": x_path}], {"x": (1, 3, 320, 320)}, {"x": np.dtype("float32")}))
+    times["quantization"] = time.perf_counter() - t
+    qm = onnx.load(str(qdq))
+    exposed = exposure.select(qm)
+    outs = list(dict.fromkeys([o.name for o in qm.graph.output] + [e.graph_tensor for e in exposed]))
+    t = time.perf_counter()
+    sess = QnnEngine().create_session(om.with_outputs(qm, outs).SerializeToString(), EngineOptions())
+    sess.run(None, {"x": x})
+    times["QNN HTP session + run, all activations"] = time.perf_counter() - t
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-inspection", action="store_true", help="skip the tensor-inspection run")
+    args = ap.parse_args()
+    model = model_path()
+    with tempfile.TemporaryDirectory(prefix="accdbg-bench-") as tmp:
+        work = Path(tmp)
+        x_path = work / "x.raw"
+        np.random.default_rng(0).random((1, 3, 320, 320), dtype=np.float32).tofile(x_path)
+        inputs = [parse_input_tensor(["x", "1,3,320,320", str(x_path)])]
+        bare = bare_runs(model, x_path, work)
+        t = time.perf_counter()
+        result = run_oneshot("onnx", model, inputs, working_dir=work / "w", output_dirname="plain")
+        tool = time.perf_counter() - t
+        insp = None
+        if not args.no_inspection:
+            t = time.perf_counter()
+            run_oneshot("onnx", model, inputs, working_dir=work / "w", output_dirname="inspect",
+                        enable_tensor_inspection=True)
+            insp = time.perf_counter() - t
+    bare_total = sum(bare.values())
+    print(f"model: {model.name} 1x3x320x320, 8-bit activations and weights, QNN HTP (x86 emulation)")
+    for k, v in bare.items():
+        print(f"  bare {k:<42} {v:7.2f} s")
+    print(f"  bare total                                          {bare_total:7.2f} s")
+    for k, v in result.seconds.items():
+        print(f"  oneshot step {k:<38} {v:7.2f} s")
+    print(f"oneshot wall time                                     {tool:7.2f} s")
+    print(f"tool overhead ratio (oneshot / bare runs)             {tool / bare_total:7.2f}  (target <= 1.5)")
+    if insp is not None:
+        print(f"oneshot with tensor inspection                        {insp:7.2f} s")
+        print(f"inspection ratio (with / without)                     {insp / tool:7.2f}  (target <= 2.0)")
+    self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"peak RSS: this process {self_mb:.0f} MB, largest child (QNN worker) {child_mb:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

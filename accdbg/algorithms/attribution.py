@@ -8,7 +8,13 @@ so every later layer "fails". What tells the culprit is the error a layer *adds*
 
 A layer fed only by graph inputs (or by tensors that were not compared) is measured against
 the ideal score when that is finite (cosine 1, MSE 0); SQNR's ideal is +inf, so such a layer
-has no drop. Two marks follow:
+has no drop in dB.
+
+Layers are *ranked* by the error they add on a linear scale, because a score drop alone
+misleads on log scales: SQNR falling from 35 to 22 dB leaves 0.6 % noise, from 8 to 0 dB
+destroys the signal. The linear error is the noise-to-signal power ``10**(-SQNR/10)`` for
+SQNR, ``1 - cos`` for cosine similarity, and the score itself for error verifiers (MSE, MAE,
+...); ``<label> error added`` is its increase over the worst input. Two marks follow:
 
 * **first crossing**: the first layer (execution order) that fails the threshold while every
   compared input passes - where the error starts;
@@ -43,6 +49,15 @@ def ideal_score(verifier: Verifier) -> float | None:
     if not verifier.higher_is_better:
         return 0.0
     return 1.0 if verifier.name == "CosineSimilarity" else None
+
+
+def linear_error(verifier: Verifier, score: float) -> float:
+    """The score as an error on a linear scale (0 = perfect), used to rank layers."""
+    if verifier.name == "SQNR":
+        return 10.0 ** (-score / 10.0) if math.isfinite(score) else (0.0 if score > 0 else math.inf)
+    if verifier.name == "CosineSimilarity":
+        return 1.0 - score
+    return -score if verifier.higher_is_better else score
 
 
 def _worse(a: float, b: float, higher_is_better: bool) -> float:
@@ -80,6 +95,7 @@ def attribute(
         hib = verifier.higher_is_better
         ideal = ideal_score(verifier)
         drops = np.full(len(df), np.nan)
+        added = np.full(len(df), np.nan)
         first: str | None = None
         for i, name in enumerate(names):
             s = scores[i]
@@ -96,12 +112,16 @@ def attribute(
             if not math.isnan(worst):
                 d = (worst - s) if hib else (s - worst)
                 drops[i] = d if math.isfinite(d) else np.nan
+            e_in = max((linear_error(verifier, v) for v in fed_scores), default=0.0)
+            e = linear_error(verifier, s) - e_in
+            added[i] = e if math.isfinite(e) else np.nan
             if first is None and _passes(s, verifier, threshold) is False:
                 if all(_passes(v, verifier, threshold) is not False for v in fed_scores):
                     first = name
         df[f"{label} drop"] = drops
-        order = [i for i in np.argsort(-np.nan_to_num(drops, nan=-np.inf)) if not math.isnan(drops[i])][:top]
-        largest = [(names[i], float(drops[i])) for i in order if drops[i] > 0]
+        df[f"{label} error added"] = added
+        order = [i for i in np.argsort(-np.nan_to_num(added, nan=-np.inf)) if not math.isnan(added[i])][:top]
+        largest = [(names[i], float(drops[i])) for i in order if added[i] > 0]
         for rank, (name, _) in enumerate(largest, start=1):
             i = position[name]
             largest_col.iloc[i] = _join(largest_col.iloc[i], f"{label} #{rank}")
@@ -112,6 +132,10 @@ def attribute(
     df["first_crossing"] = first_cross_col
     df["largest_drop"] = largest_col
     return df, marks
+
+
+def _fmt(d: float) -> str:
+    return "n/a" if math.isnan(d) else f"{d:.4g}"
 
 
 def _join(old: str, new: str) -> str:
@@ -132,7 +156,7 @@ def console_lines(marks: Sequence[Attribution]) -> list[str]:
     lines = []
     for m in marks:
         if m.largest_drops:
-            worst = ", ".join(f"{n} ({d:.4g})" for n, d in m.largest_drops)
+            worst = ", ".join(f"{n} (drop {_fmt(d)})" for n, d in m.largest_drops)
             lines.append(f"{m.label}: layers adding the most error: {worst}")
         lines.append(
             f"{m.label}: first layer crossing the threshold while its inputs did not: {m.first_crossing or 'none'}"

@@ -35,6 +35,7 @@ from accdbg.core.inputs import InputTensor
 log = logging.getLogger("accdbg.snooping")
 
 DEFAULT_MEMORY_BUDGET_MB = 1024
+SPLIT_MIN_BYTES = 16 * 2**20  # below this much tensor data a second process costs more than it saves
 
 
 @dataclass
@@ -90,7 +91,8 @@ def _loop(ctx: Context) -> None:
     if errors:
         ctx.record("rows", errors, 0)
     batches = plan_batches(frags, lambda f: f.nbytes, ctx.memory_budget_bytes)
-    if len(batches) < ctx.workers and len(frags) >= 2 * ctx.workers:
+    total = sum(f.nbytes for f in frags)
+    if len(batches) < ctx.workers and len(frags) >= 2 * ctx.workers and total >= SPLIT_MIN_BYTES:
         batches = _split(frags, ctx.workers)  # one batch per core
     log.info("layerwise: %d fragments in %d batch(es), %d at a time", len(frags), len(batches), ctx.workers)
     queue = deque(batches)

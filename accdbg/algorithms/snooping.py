@@ -256,6 +256,8 @@ class Backend:
     """Runs parts on the chosen engine - in a fresh child process per part for native
     backends, so a crash is a status, not our death - and counts the sessions created."""
 
+    job_fn = staticmethod(run_part)  # module-level, so the child process can import it
+
     def __init__(self, engine: str, options: EngineOptions, scratch: Path, logs: Path):
         self.engine = get_engine(engine)
         self.engine_name = engine
@@ -285,17 +287,20 @@ class Backend:
                       str(self.logs / f"{label}.txt"), str(work / "stage"))
         if not self.engine.isolated:
             return Handle(job, None, work)
-        child = Isolated(run_part, job, what=f"running {label} on {self.engine.label}", log_hint=job.native_log)
+        child = Isolated(self.job_fn, job, what=f"running {label} on {self.engine.label}", log_hint=job.native_log)
         return Handle(job, child, work)
 
     def finish(self, handle: Handle) -> tuple[PartReport, dict[str, np.ndarray]]:
         """Wait for a part; its report and its outputs (loaded, the files removed)."""
         job = handle.job
         if handle.child is None:
-            report = run_part(job)
+            report = self.job_fn(job)
         else:
             try:
                 report = handle.child.result()
+            except KeyboardInterrupt:
+                handle.child.kill()
+                raise
             except AccdbgError as exc:  # the backend crashed: the stage file says where
                 stage_file = Path(job.stage_file)
                 stage = stage_file.read_text(encoding="utf-8") if stage_file.exists() else "session"
@@ -652,6 +657,13 @@ def snoop(
         given_qdq = model_path
     if given_qdq is not None and not given_qdq.is_file():
         raise AccdbgError(f"QDQ model {str(qdq_model)!r} does not exist")
+    if given_qdq is not None:  # layer names are checked before anything is written
+        early = QdqModel.load(given_qdq)
+        select_span(early, start_layer, end_layer, kwargs)
+    else:
+        names_here = [n for n in (start_layer, end_layer) if n]
+        if names_here:
+            om.check_tensor_names(model, names_here, "--start_layer/--end_layer")
     record = {
         "algorithm": algorithm.replace("_", "-"), "model_path": str(model_path),
         "qdq_model": str(given_qdq) if given_qdq else None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,27 @@ class FeedsReader(CalibrationDataReader):
 
     def rewind(self):
         self._it = iter(self.feeds)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+@contextmanager
+def _quiet_root_warnings(text: str):
+    """onnxruntime's quantizer warns on the root logger to pre-process; we already did."""
+    f = _DropMessages(text)
+    root = logging.getLogger()
+    root.addFilter(f)
+    try:
+        yield
+    finally:
+        root.removeFilter(f)
 
 
 def quant_type(bits: int, symmetric: bool, what: str) -> QuantType:
@@ -117,7 +139,8 @@ def quantize_for_qnn(
     config.extra_options.update(extra)
     reader.rewind()
     try:
-        quantize(str(float_model), str(out_path), config)
+        with _quiet_root_warnings("pre-process"):
+            quantize(str(float_model), str(out_path), config)
     except AccdbgError:
         raise
     except Exception as exc:

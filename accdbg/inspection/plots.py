@@ -14,9 +14,11 @@ import math
 from pathlib import Path
 
 import numpy as np
+from matplotlib import rc_context
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+from PIL import Image
 
 HISTOGRAM_BINS = 100
 CDF_BINS = 512
@@ -24,7 +26,10 @@ KDE_GRID = 512
 DPI = 80
 SIZE = (8.0, 4.5)
 GOLDEN, TARGET, CALIBRATED = "tab:blue", "tab:orange", "tab:red"
-PNG_OPTIONS = {"compress_level": 1}  # fast zlib level: twice the bytes, a third of the time
+PNG_OPTIONS = {"compress_level": 1}
+# FreeType's auto-hinter (matplotlib's default) costs a third of the drawing time; unhinted
+# glyphs look the same at this size. Set only while drawing, so users' settings are untouched.
+RC = {"text.hinting": "no_hinting"}  # fast zlib level: twice the bytes, a third of the time
 TITLE_CHARS = 90
 PIXEL_MARKERS_FROM = 5_000  # beyond this many points a dot per pixel reads as well and draws 3x faster
 
@@ -66,15 +71,16 @@ def gaussian_kde(values: np.ndarray, lo: float, hi: float, grid: int = KDE_GRID)
     return x, counts / (values.size * step)
 
 
-def _figure(ncols: int = 1) -> tuple[Figure, list]:
+def _figure(ncols: int = 1, grid: bool = False) -> tuple[Figure, list]:
     fig = Figure(figsize=SIZE, dpi=DPI)
     FigureCanvasAgg(fig)
     axes = list(fig.subplots(1, ncols, squeeze=False)[0])
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(5))
         ax.yaxis.set_major_locator(MaxNLocator(5))
-        ax.grid(True, alpha=0.3)
-    fig.subplots_adjust(left=0.1, right=0.97, top=0.82, bottom=0.13, wspace=0.3)
+        if grid:
+            ax.grid(True, alpha=0.3)
+    fig.subplots_adjust(left=0.1, right=0.97, top=0.86, bottom=0.13, wspace=0.3)
     return fig, axes
 
 
@@ -91,7 +97,7 @@ class Plotter:
         ax.set_xlabel("value")
         ax.set_ylabel("count")
         ax.legend(loc="upper right")
-        self._hist_title = self._titles(self._hist_fig)
+        self._hist_title = self._title(self._hist_fig)
 
         self._diff_fig, (a1, a2) = _figure(2)
         (self._diff_points,) = a1.plot([], [], ".", markersize=2, color=TARGET)
@@ -104,9 +110,9 @@ class Plotter:
         a2.set_xlabel("element index (C order)")
         a2.set_ylabel("target - golden")
         self._diff_axes = (a1, a2)
-        self._diff_title = self._titles(self._diff_fig)
+        self._diff_title = self._title(self._diff_fig)
 
-        self._cdf_fig, (ax,) = _figure()
+        self._cdf_fig, (ax,) = _figure(grid=True)
         (self._cdf_golden,) = ax.plot([], [], drawstyle="steps-post", color=GOLDEN, linewidth=2, label="golden")
         (self._cdf_target,) = ax.plot([], [], drawstyle="steps-post", color=TARGET, linewidth=1.5, label="target")
         ax.set_xlabel("value")
@@ -114,39 +120,42 @@ class Plotter:
         ax.set_ylim(-0.02, 1.02)
         ax.legend(loc="lower right")
         self._cdf_ax = ax
-        self._cdf_title = self._titles(self._cdf_fig)
+        self._cdf_title = self._title(self._cdf_fig)
 
         self._dist_fig, (ax,) = _figure()
-        (self._dist_kde,) = ax.plot([], [], color=TARGET, linewidth=1.5, label="target density")
+        (self._dist_kde,) = ax.plot([], [], color=TARGET, linewidth=1.5)
         self._dist_lines = [
-            ax.axvline(0.0, color=TARGET, linestyle="-", linewidth=1.5),
-            ax.axvline(0.0, color=TARGET, linestyle="-", linewidth=1.5),
+            ax.axvline(0.0, color=GOLDEN, linestyle="-", linewidth=1.5),
+            ax.axvline(0.0, color=GOLDEN, linestyle="-", linewidth=1.5),
             ax.axvline(0.0, color=CALIBRATED, linestyle="--", linewidth=1.5),
             ax.axvline(0.0, color=CALIBRATED, linestyle="--", linewidth=1.5),
         ]
         ax.set_xlabel("value")
         ax.set_ylabel("density")
         self._dist_legend = ax.legend(
-            [self._dist_kde, *self._dist_lines], ["target density", "min", "max", "min", "max"],
-            loc="upper right", fontsize="small",
+            [self._dist_kde, self._dist_lines[0], self._dist_lines[2]],
+            ["target density", "target min/max", "calibrated min/max"], loc="upper right",
         )
         self._dist_ax = ax
-        self._dist_title = self._titles(self._dist_fig)
+        self._dist_title = self._title(self._dist_fig)
 
     @staticmethod
-    def _titles(fig: Figure):
-        main = fig.text(0.5, 0.95, "", ha="center", va="center", fontsize=11, parse_math=False)
-        sub = fig.text(0.5, 0.89, "", ha="center", va="center", fontsize=9, color="dimgray", parse_math=False)
-        return main, sub
+    def _title(fig: Figure):
+        return fig.text(0.5, 0.985, "", ha="center", va="top", fontsize=10, parse_math=False)
 
     @staticmethod
-    def _set_titles(titles, main: str, sub: str) -> None:
-        titles[0].set_text(short(main))
-        titles[1].set_text(sub)
+    def _set_title(title, main: str, note: str) -> None:
+        title.set_text(f"{short(main)}\n{note}")
 
     @staticmethod
     def _save(fig: Figure, path: Path) -> None:
-        fig.savefig(path, pil_kwargs=PNG_OPTIONS)
+        """Draw and write an RGB PNG (no alpha channel: a quarter fewer bytes to compress)."""
+        canvas = fig.canvas
+        with rc_context(RC):
+            canvas.draw()
+        width, height = canvas.get_width_height()
+        image = Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+        image.convert("RGB").save(path, format="png", **PNG_OPTIONS)
 
     def histograms(self, path: Path, golden: np.ndarray, target: np.ndarray, name: str, note: str) -> None:
         """Golden (filled) and target (outline) histograms on shared bins."""
@@ -160,7 +169,7 @@ class Plotter:
         self._hist_target.set_data(t, edges)
         self._hist_ax.set_xlim(lo, hi)
         self._hist_ax.set_ylim(0, max(int(g.max()), int(t.max()), 1) * 1.08)
-        self._set_titles(self._hist_title, f"Histograms: {name}", note)
+        self._set_title(self._hist_title, f"Histograms: {name}", note)
         self._save(self._hist_fig, path)
 
     def diff(self, path: Path, golden: np.ndarray, target: np.ndarray, index: np.ndarray, name: str, note: str) -> None:
@@ -181,7 +190,7 @@ class Plotter:
         self._diff_error.set_data(index, error)
         a2.set_xlim(*span(float(index[0]), float(index[-1])))
         a2.set_ylim(*span(min(float(error.min()), 0.0), max(float(error.max()), 0.0)))
-        self._set_titles(self._diff_title, f"Diff: {name}", note)
+        self._set_title(self._diff_title, f"Diff: {name}", note)
         self._save(self._diff_fig, path)
 
     def cdf(self, path: Path, golden: np.ndarray, target: np.ndarray, name: str, note: str) -> None:
@@ -194,7 +203,7 @@ class Plotter:
             counts, _ = np.histogram(values, edges)
             line.set_data(edges, np.concatenate([[0.0], np.cumsum(counts) / values.size]))
         self._cdf_ax.set_xlim(lo, hi)
-        self._set_titles(self._cdf_title, f"CDF: {name}", note)
+        self._set_title(self._cdf_title, f"CDF: {name}", note)
         self._save(self._cdf_fig, path)
 
     def distribution(
@@ -213,11 +222,10 @@ class Plotter:
         self._dist_kde.set_data(x, density)
         for line, v in zip(self._dist_lines, values, strict=True):
             line.set_xdata([v, v])
-        labels = [f"target min {values[0]:.5g}", f"target max {values[1]:.5g}",
-                  f"calibrated min {values[2]:.5g}", f"calibrated max {values[3]:.5g}"]
-        for text, label in zip(self._dist_legend.get_texts()[1:], labels, strict=True):
-            text.set_text(label)
+        texts = self._dist_legend.get_texts()
+        texts[1].set_text(f"target min/max [{values[0]:.5g}, {values[1]:.5g}]")
+        texts[2].set_text(f"calibrated min/max [{values[2]:.5g}, {values[3]:.5g}]")
         self._dist_ax.set_xlim(lo, hi)
         self._dist_ax.set_ylim(0, max(float(density.max()), 1e-12) * 1.08)
-        self._set_titles(self._dist_title, f"Distribution: {name}", note)
+        self._set_title(self._dist_title, f"Distribution: {name}", f"density (Gaussian KDE) of {note}")
         self._save(self._dist_fig, path)

@@ -87,7 +87,8 @@ def marks_html(marks: Sequence[Attribution], anchors: Mapping[str, str]) -> str:
     for m in marks:
         first = (f'<a class="first" href="#{anchors[m.first_crossing]}">{escape(m.first_crossing)}</a>'
                  if m.first_crossing else "none")
-        drops = ", ".join(f'<a class="drop" href="#{anchors[n]}">{escape(n)}</a> ({d:.4g})' for n, d in m.largest_drops)
+        drops = ", ".join(f'<a class="drop" href="#{anchors[n]}">{escape(n)}</a> (drop {escape(format_value(d)) or "n/a"})'
+                          for n, d in m.largest_drops)
         items.append(f"<li><b>{escape(m.label)}</b>: first layer crossing the threshold while its inputs did not: "
                      f"{first}; layers adding the most error: {drops or 'none'}</li>")
     return "<ul>" + "".join(items) + "</ul>"

@@ -1,0 +1,288 @@
+"""Layerwise snooping on the real QNN HTP backend: a synthetic model with two injected faults,
+the encodings fragments run with, golden folders without manifest, and failure isolation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from accdbg.algorithms import run_layerwise
+from accdbg.algorithms import snooping as snooping_module
+from accdbg.algorithms.snooping import PartReport, failure_status, run_part
+from accdbg.core.inputs import parse_input_tensor
+from accdbg.core.tensor_store import TensorFolder
+from accdbg.engines import run_inference_engine
+from accdbg.errors import AccdbgError
+from accdbg.frameworks.diagnosis import run_framework_diagnosis
+
+REPORT_COLUMNS = ["O/P Name", "Status", "Layer Type", "Shape", "Activations", "CosineSimilarity", "Info"]
+A, B = "ra", "b"  # the two faulty layers' outputs (ConvA+Relu, ConvB)
+
+
+def two_fault_model(tmp: Path, size: int = 16) -> SimpleNamespace:
+    """x -> ConvA -> Relu (ra) -> ConvM -> Relu (rm) -> Add(rm, ra) (s) -> MaxPool (p) -> ConvB (b).
+
+    Fault A: ConvA's weights on input channel 2 are +-80 while that channel carries ~1e-3 of
+    signal, so the per-tensor 8-bit weight grid is far too coarse for the useful weights.
+    Fault B: an AIMET encodings override gives ConvB's output the range [-0.05, 0.05], far
+    smaller than its values, so its output is clipped. Everything between A and B is benign.
+    """
+    rng = np.random.default_rng(5)
+    wa = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    wa[:, 2] = np.sign(rng.standard_normal((8, 3, 3))) * 80.0
+    weights = {
+        "wa": wa, "ba": np.zeros(8, np.float32),
+        "wm": (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32),
+        "bm": (rng.standard_normal(8) * 0.1).astype(np.float32),
+        "wb": (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), "bb": np.zeros(8, np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "wa", "ba"], ["a"], pads=[1, 1, 1, 1], name="ConvA"),
+        helper.make_node("Relu", ["a"], ["ra"], name="ReluA"),
+        helper.make_node("Conv", ["ra", "wm", "bm"], ["m"], pads=[1, 1, 1, 1], name="ConvM"),
+        helper.make_node("Relu", ["m"], ["rm"], name="ReluM"),
+        helper.make_node("Add", ["rm", "ra"], ["s"], name="Residual"),
+        helper.make_node("MaxPool", ["s"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="Pool"),
+        helper.make_node("Conv", ["p", "wb", "bb"], ["b"], pads=[1, 1, 1, 1], name="ConvB"),
+    ]
+    graph = helper.make_graph(
+        nodes, "two_fault", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 8, size, size])],
+        [numpy_helper.from_array(a, n) for n, a in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    path = tmp / "two_fault.onnx"
+    onnx.save(model, str(path))
+    x = rng.standard_normal((1, 3, size, size)).astype(np.float32)
+    x[:, 2] *= 1e-3
+    x.tofile(tmp / "x.raw")
+    enc = tmp / "b_tiny.encodings"
+    enc.write_text(json.dumps({
+        "version": "0.6.1", "param_encodings": {},
+        "activation_encodings": {"b": [{"bitwidth": 8, "dtype": "int", "is_symmetric": "False",
+                                        "min": -0.05, "max": 0.05}]},
+    }))
+    inputs = [parse_input_tensor(["x", f"1,3,{size},{size}", str(tmp / "x.raw")])]
+    return SimpleNamespace(path=path, inputs=inputs, encodings=enc, tmp=tmp)
+
+
+def cosine(a, b) -> float:
+    """Cosine similarity; two all-zero tensors agree (1), one all-zero shares no direction (0)."""
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(a @ b / (na * nb))
+
+
+def oneshot_cosines(golden_dir: Path, result: Path) -> dict[str, float]:
+    """Oneshot, computed here: every engine-dumped activation against its golden value."""
+    g, t = TensorFolder(golden_dir), TensorFolder(result)
+    return {r.name: cosine(g.load(r.name), t.load(r.name)) for r in sorted(t, key=lambda r: r.index)}
+
+
+def dumped_outputs(run_dir: Path) -> dict[str, np.ndarray]:
+    """The backend outputs the run wrote under output/, by layer."""
+    out = {}
+    for folder in sorted((run_dir / "output").iterdir()):
+        f = TensorFolder(folder)
+        out.update({n: np.asarray(f.load(n)) for n in f.names()})
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_fault(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("two_fault")
+    m = two_fault_model(tmp)
+    m.golden = run_framework_diagnosis("onnx", m.path, m.inputs, working_dir=tmp / "w").run_dir
+    m.engine = run_inference_engine(m.path, input_tensors=m.inputs, quantization_overrides=m.encodings,
+                                    working_dir=tmp / "w")
+    m.layerwise = run_layerwise(m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model,
+                                working_dir=tmp / "w", dump_qnn_json=True)
+    return m
+
+
+def test_oneshot_blames_everything_after_a_layerwise_only_a_and_b(two_fault):
+    m = two_fault
+    oneshot = oneshot_cosines(m.golden, m.engine.results[0])
+    order = list(oneshot)
+    assert order[0] == A and order[-1] == B and len(order) == 5
+    assert all(c < 0.99 for c in oneshot.values()), oneshot  # oneshot: every layer from A on fails
+    df = m.layerwise.report
+    assert list(df.columns) == REPORT_COLUMNS
+    assert list(df["O/P Name"]) == order  # execution order
+    flagged = set(df.loc[df["CosineSimilarity"] < 0.99, "O/P Name"])
+    assert flagged == {A, B}
+    assert (df["Status"] == "").all()
+    assert m.layerwise.sessions == 1  # five single-layer models, one QNN session
+    info = dict(zip(df["O/P Name"], df["Info"], strict=True))
+    assert "fails (pass >= 0.99)" in info[A] and info["s"] == ""
+
+
+def test_scores_and_activations_follow_from_the_dumped_outputs(two_fault):
+    m = two_fault
+    golden = TensorFolder(m.golden)
+    outputs = dumped_outputs(m.layerwise.run_dir)
+    df = m.layerwise.report
+    for _, row in df.iterrows():
+        g = np.asarray(golden.load(row["O/P Name"]), np.float64)
+        assert row["CosineSimilarity"] == pytest.approx(cosine(g, outputs[row["O/P Name"]]), abs=1e-9)
+        lo, hi, med = (float(v) for v in row["Activations"].strip("[]").split(","))
+        np.testing.assert_allclose([lo, hi, med], [g.min(), g.max(), np.median(g)], rtol=1e-3, atol=1e-6)
+        assert row["Shape"] == list(g.shape)
+    # the outputs are the backend's integers dequantized with the full model's encodings
+    rec = TensorFolder(next((m.layerwise.run_dir / "output").iterdir())).records["s"]
+    q = outputs["s"] / rec.extra["scale"] + rec.extra["zero_point"]
+    np.testing.assert_allclose(q, np.rint(q), atol=1e-3)
+    csv = pd.read_csv(m.layerwise.csv, keep_default_na=False)
+    assert list(csv.columns) == REPORT_COLUMNS and len(csv) == len(df)
+    np.testing.assert_allclose(csv["CosineSimilarity"].astype(float), df["CosineSimilarity"])
+    html = m.layerwise.html.read_text(encoding="utf-8")
+    assert not re.search(r"<script[^>]+src=", html) and "Plotly" in html  # offline: plotly embedded
+    assert all(f">{name}<" in html for name in df["O/P Name"])
+
+
+def _qnn_encodings(path: Path) -> dict[str, tuple[float, int]]:
+    tensors = json.loads(path.read_text())["graph"]["tensors"]
+    out = {}
+    for name, t in tensors.items():
+        qp = t.get("quant_params", {})
+        if qp.get("definition") == 1 and qp.get("encoding") == 0:
+            out[name] = (qp["scale_offset"]["scale"], qp["scale_offset"]["offset"])
+    return out
+
+
+def _base(name: str) -> str:
+    """A QNN tensor name back to the ONNX tensor it encodes (fragment prefix, Q suffixes off)."""
+    name = re.sub(r"^f\d+/", "", name)
+    return re.sub(r"_QuantizeLinear(_Output)?$", "", name)
+
+
+def qnn_encodings_by_tensor(paths) -> dict[str, set[tuple[float, int]]]:
+    out: dict[str, set[tuple[float, int]]] = {}
+    for path in paths:
+        for name, enc in _qnn_encodings(path).items():
+            if "_token_" not in name:  # layout transposes QNN adds, named per graph
+                out.setdefault(_base(name), set()).add(enc)
+    return out
+
+
+def fragment_json_files(run_dir: Path) -> list[Path]:
+    files = [p for p in (run_dir / "qnn_json").rglob("*.json") if not p.name.endswith("_tensor_log.json")]
+    assert files
+    return files
+
+
+def test_fragments_run_with_the_full_models_qnn_encodings(two_fault):
+    m = two_fault
+    full = qnn_encodings_by_tensor([m.engine.model_net_json])
+    frag = qnn_encodings_by_tensor(fragment_json_files(m.layerwise.run_dir))
+    # every activation (fragment inputs and outputs), every weight and bias
+    expected = {"x", "ra", "rm", "s", "p", "b", "wa_quantized", "wm_quantized", "wb_quantized", "bm_quantized"}
+    assert expected <= set(frag) and expected <= set(full)
+    for name in set(frag) & set(full):
+        assert len(full[name]) == 1
+        assert frag[name] == full[name], name  # the same scale and offset everywhere
+    (b_scale, _), = frag["b"]
+    assert b_scale == pytest.approx(0.1 / 255, rel=1e-3)  # B's overridden range is what QNN got
+
+
+def test_aimet_style_folder_without_manifest_and_missing_tensors(two_fault, tmp_path):
+    m = two_fault
+    golden = TensorFolder(m.golden)
+    bare = tmp_path / "layer_outputs_0"
+    bare.mkdir()
+    for name in golden.names():
+        shutil.copyfile(golden.path(name), bare / f"{name}.raw")  # flat float32, no tensors.json
+    res = run_layerwise(m.path, m.inputs, golden_dir=bare, qdq_model=m.engine.qdq_model, working_dir=tmp_path / "w")
+    ref = m.layerwise.report
+    pd.testing.assert_frame_equal(res.report, ref)  # shapes came from the model
+    (bare / "rm.raw").unlink()
+    (bare / "p.raw").write_bytes((bare / "p.raw").read_bytes()[:-4])  # one value short
+    res = run_layerwise(m.path, m.inputs, golden_dir=bare, qdq_model=m.engine.qdq_model, working_dir=tmp_path / "w")
+    status = dict(zip(res.report["O/P Name"], res.report["Status"], strict=True))
+    info = dict(zip(res.report["O/P Name"], res.report["Info"], strict=True))
+    assert status == {"ra": "", "rm": "err_COMPARE", "s": "err_part", "p": "err_COMPARE", "b": "err_part"}
+    assert "no golden value for 'rm'" in info["rm"] and "no golden value for 'rm'" in info["s"]
+    assert "holds 2047 values" in info["b"]
+    judged = res.report[res.report["Status"] == ""]
+    np.testing.assert_allclose(judged["CosineSimilarity"], ref.loc[judged.index, "CosineSimilarity"])
+
+
+def crash_on_pool(job):
+    """A backend that dies with SIGSEGV while running any model holding the Pool layer."""
+    model = onnx.load(job.model_path, load_external_data=False)
+    if any(n.op_type == "MaxPool" for n in model.graph.node):
+        Path(job.stage_file).write_text("run")
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return run_part(job)
+
+
+def test_a_crashing_layer_is_isolated_and_the_rest_judged(two_fault, tmp_path, monkeypatch):
+    m = two_fault
+    monkeypatch.setattr(snooping_module.Backend, "job_fn", staticmethod(crash_on_pool))
+    res = run_layerwise(m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path)
+    df = res.report.set_index("O/P Name")
+    assert df.loc["p", "Status"] == "err_exec" and "SIGSEGV" in df.loc["p", "Info"]
+    others = df.drop(index="p")
+    assert (others["Status"] == "").all()
+    ref = m.layerwise.report.set_index("O/P Name").drop(index="p")
+    np.testing.assert_allclose(others["CosineSimilarity"], ref["CosineSimilarity"])
+    assert res.sessions > 1  # the batch was bisected
+
+
+@pytest.mark.parametrize(
+    "stage, error, status",
+    [
+        ("session", "QNN session creation failed: [ONNXRuntimeError] : 10 : INVALID_GRAPH : bad", "err_con"),
+        ("session", "QNN session creation failed: Failed to finalize QNN graph. Error code: 1002", "err_cntx"),
+        ("session", "QNN session creation failed: QnnModel::ComposeGraph: failed to add node", "err_lib"),
+        ("run", "QNN run failed: EP_FAIL", "err_exec"),
+    ],
+)
+def test_failure_stage_maps_to_the_reference_status(stage, error, status):
+    assert failure_status(PartReport(False, stage, error)) == status
+
+
+def test_span_and_skip_filters(two_fault, tmp_path):
+    m = two_fault
+    res = run_layerwise(m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, start_layer="rm",
+                        end_layer="p", engine_kwargs={"skip_layer_types": "Add"}, working_dir=tmp_path)
+    df = res.report.set_index("O/P Name")
+    assert list(df["Status"]) == ["skip", "", "skip", "", "skip"]
+    assert df["CosineSimilarity"].isna().tolist() == [True, False, True, False, True]
+    assert "outside --start_layer/--end_layer" in df.loc["ra", "Info"]
+    ref = m.layerwise.report.set_index("O/P Name")
+    assert df.loc["rm", "CosineSimilarity"] == pytest.approx(ref.loc["rm", "CosineSimilarity"], abs=1e-12)
+
+
+def test_bad_arguments_are_one_line_errors(two_fault, tmp_path):
+    m = two_fault
+    kw = dict(golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path)
+    with pytest.raises(AccdbgError, match=r"--start_layer 'r_m' is not the output of a layer.*near matches: rm"):
+        run_layerwise(m.path, m.inputs, start_layer="r_m", **kw)
+    with pytest.raises(AccdbgError, match="comes after --end_layer"):
+        run_layerwise(m.path, m.inputs, start_layer="p", end_layer="rm", **kw)
+    with pytest.raises(AccdbgError, match="unknown verifier 'Cosine'"):
+        run_layerwise(m.path, m.inputs, verifiers=["Cosine"], **kw)
+    with pytest.raises(AccdbgError, match="engine option 'bogus' is not known"):
+        run_layerwise(m.path, m.inputs, engine_kwargs={"bogus": 1}, **kw)
+    with pytest.raises(AccdbgError, match="sealed"):
+        run_layerwise(m.path, m.inputs, engine_kwargs={"stage": "compiled"}, **kw)
+    with pytest.raises(AccdbgError) as info:
+        run_layerwise(m.path, m.inputs, start_layer="r_m", **kw)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "layerwise_snooping").exists()  # refused before any folder was made

@@ -1,0 +1,245 @@
+"""Oneshot-layerwise end to end on the real QNN backend: marks, report, wrapper layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+from onnx import numpy_helper
+
+from accdbg.algorithms.oneshot import run_oneshot
+from accdbg.core.inputs import parse_input_tensor
+from accdbg.core.tensor_store import TensorFolder
+from tests import models
+from tests.helpers import one_line_error, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cos(a, b) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_planted_layer_is_first_crossing_and_largest_drop(tmp_path):
+    built = models.planted_chain(tmp_path, layers=6, bad=3)
+    planted = built.expected["planted"]
+    res = run_oneshot("onnx", built.path, [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])],
+                      working_dir=tmp_path / "w")
+    for mark in res.marks:
+        assert mark.first_crossing == planted, mark
+        assert mark.largest_drops[0][0] == planted, mark
+    row = res.summary.set_index("Name").loc[planted]
+    assert "CosineSimilarity" in row["first_crossing"] and "SQNR #1" in row["largest_drop"]
+    # the numbers behind the marks, recomputed from the dumped files with numpy
+    golden, target = TensorFolder(res.golden_dir), TensorFolder(res.engine_run / "output" / "Result_0")
+    before = f"layer{int(planted[-1]) - 1}"
+    cos_planted = _cos(golden.load(planted), target.load(planted))
+    cos_before = _cos(golden.load(before), target.load(before))
+    assert row["CosineSimilarity"] == pytest.approx(cos_planted, abs=1e-6)
+    assert row["CosineSimilarity drop"] == pytest.approx(cos_before - cos_planted, abs=1e-6)
+    assert cos_before > 0.99 > cos_planted
+
+
+@pytest.fixture(scope="module")
+def ppocr_planted(tmp_path_factory, ppocr_det, ppocr_input):
+    """PP-OCRv4 det with a dead, 1000x-weighted channel planted in a layer halfway through."""
+    tmp = tmp_path_factory.mktemp("planted")
+    m = onnx.load(str(ppocr_det))
+    conv = next(n for n in m.graph.node if n.name == "p2o.Conv.38")  # feeds relu_2.tmp_0
+    consts = {n.output[0]: n.attribute[0].t for n in m.graph.node if n.op_type == "Constant"}
+    tensors = {i.name: i for i in m.graph.initializer} | consts
+    w, b = tensors[conv.input[1]], tensors[conv.input[2]]
+    wa, ba = numpy_helper.to_array(w).copy(), numpy_helper.to_array(b).copy()
+    wa[0] *= 1000.0
+    ba[0] = -1e6  # ReLU always zeroes channel 0: golden barely changes, 8-bit weights do
+    w.CopyFrom(numpy_helper.from_array(wa, w.name))
+    b.CopyFrom(numpy_helper.from_array(ba, b.name))
+    path = tmp / "det_planted.onnx"
+    onnx.save(m, str(path))
+    inp = [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])]
+    return run_oneshot("onnx", path, inp, working_dir=tmp / "w"), "relu_2.tmp_0"
+
+
+def test_real_model_planted_layer_among_three_largest_drops(ppocr_planted):
+    res, planted = ppocr_planted
+    names = list(res.summary["Name"])
+    i = names.index(planted)
+    assert i > 100  # deep inside
+    earlier = res.summary["SQNR"].iloc[:i]
+    assert (earlier < 20).sum() > i // 2  # the absolute threshold already fails most earlier layers
+    for mark in res.marks:
+        assert planted in [n for n, _ in mark.largest_drops], mark
+
+
+@pytest.fixture(scope="module")
+def ppocr_oneshot(tmp_path_factory, ppocr_det, ppocr_input):
+    tmp = tmp_path_factory.mktemp("ppocr_oneshot")
+    inp = [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])]
+    return run_oneshot("onnx", ppocr_det, inp, working_dir=tmp / "w", enable_tensor_inspection=True)
+
+
+def test_real_model_summary_is_complete(ppocr_oneshot):
+    res = ppocr_oneshot
+    dumped = TensorFolder(res.engine_run / "output" / "Result_0")
+    mapping = json.loads((res.engine_run / "tensor_mapping.json").read_text())
+    assert set(res.summary["Name"]) == set(mapping) == set(dumped.names())
+    csv = pd.read_csv(res.verification_run / "summary.csv", keep_default_na=False)
+    assert list(csv.columns[:4]) == ["Name", "LayerType", "Size", "Tensor_dims"]
+    for col in ("CosineSimilarity", "SQNR", "golden_min", "golden_max", "target_min", "target_max"):
+        assert (csv[col].astype(str) != "").all(), col
+    order = [dumped.records[n].index for n in csv["Name"]]
+    assert order == sorted(order)  # execution order
+    assert (csv["Status"] == "ok").all()
+    # tensor inspection ran for every layer
+    insp = res.verification_run / "tensor_inspection"
+    assert len(pd.read_csv(insp / "summary.csv")) == len(csv)
+
+
+def external_references(html: str) -> list[str]:
+    """src/href attributes of the page's tags that point at the network (script bodies excluded)."""
+    from html.parser import HTMLParser
+
+    found: list[str] = []
+
+    class Tags(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            for key, value in attrs:
+                if key in ("src", "href") and value and re.match(r"^(https?:)?//", value):
+                    found.append(f"<{tag} {key}={value}>")
+
+    Tags().feed(html)
+    return found
+
+
+def _chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.fail("Debian's chromium is needed (apt-get install chromium); the test command installs it")
+    return exe
+
+
+def render(html: Path, tmp: Path) -> tuple[str, str]:
+    """Load a page in headless Chromium; returns the DOM after scripts ran, and the console log."""
+    proc = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0",
+         "--virtual-time-budget=5000", "--dump-dom", html.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    return proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory):
+    """The README's first command, run as written (minus the install) in a scratch folder."""
+    tmp = tmp_path_factory.mktemp("readme")
+    text = (REPO / "README.md").read_text()
+    first = re.search(r"```bash\n(.*?)\n```", text, re.S).group(1).strip()
+    assert first.startswith("pip install -e . && ")
+    cmd = first.removeprefix("pip install -e . && ")
+    (tmp / "examples").symlink_to(REPO / "examples")
+    proc = subprocess.run(cmd, shell=True, cwd=tmp, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "ACCDBG_NO_PROGRESS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = re.search(r"report: (\S+summary\.html)", proc.stderr).group(1)
+    return tmp, Path(report), proc.stderr
+
+
+def test_readme_command_finds_the_planted_layer(example_run):
+    tmp, report, err = example_run
+    assert "first layer crossing the threshold while its inputs did not: block1/conv/relu" in err
+    summary = json.loads((report.parent / "summary.json").read_text())
+    for mark in summary["attribution"]:
+        assert mark["first_crossing"] == "block1/conv/relu"
+        assert mark["largest_drops"][0][0] == "block1/conv/relu"
+    wrapper = tmp / "working_directory" / "wrapper" / "latest"
+    assert "report:" in (wrapper / "log.txt").read_text()
+    opts = json.loads((wrapper / "wrapper_options.json").read_text())
+    assert opts["debugging_algorithm"] == "oneshot-layerwise" and opts["runtime"] == "htp"
+    for comp in ("framework_diagnosis", "inference_engine", "verification"):
+        assert (tmp / "working_directory" / comp / "latest").is_dir()
+
+
+def test_report_renders_offline_in_chromium(example_run, tmp_path):
+    _, report, _ = example_run
+    html = report.read_text()
+    assert external_references(html) == []  # nothing is fetched from the network
+    dom, console = render(report, tmp_path)
+    assert 'class="main-svg"' in dom  # plotly drew the chart
+    assert "8 of 8 layers" in dom  # the table script ran
+    assert dom.count("<tr id=\"row-") == 8
+    errors = [line for line in console.splitlines() if "CONSOLE" in line and ("Error" in line or "Uncaught" in line)]
+    assert errors == []
+
+
+def test_hostile_names_are_escaped_in_html_and_csv(tmp_path):
+    evil = '<img src=x onerror="alert(1)">'
+    # MatMul+Add are fused into a Gemm before quantization: the names go on tensors that survive
+    built = models.mlp(tmp_path, names={"mm": "../../m", "relu": evil, "y": "=HYPERLINK(\"http://x\")"})
+    res = run_oneshot("onnx", built.path, [parse_input_tensor(["x", "2,4", str(built.input_path)])],
+                      working_dir=tmp_path / "w")
+    html = res.report.read_text()
+    assert evil not in html and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in html
+    dom, _ = render(res.report, tmp_path)
+    assert "<img src=\"x\"" not in dom
+    cells = pd.read_csv(res.verification_run / "summary.csv")["Name"].tolist()
+    assert evil in cells and "'=HYPERLINK(\"http://x\")" in cells
+    assert not any(str(c).startswith(("=", "+", "-", "@")) for c in cells)
+
+
+def test_config_file_with_command_line_override(tmp_path, capsys):
+    built = models.planted_chain(tmp_path, layers=3, bad=1)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"framework: [onnx]\nmodel_path: {built.path}\ninput_tensor:\n  - [x, '1,3,16,16', {built.input_path}]\n"
+        f"runtime: htp\ndefault_verifier: [[CosineSimilarity]]\nworking_dir: {tmp_path / 'w'}\noutput_dirname: fromfile\n"
+    )
+    code, _, err = run_cli(capsys, "--config", cfg, "--output_dirname", "fromcli", "--default_verifier", "SQNR")
+    assert code == 0, err
+    opts = json.loads((tmp_path / "w" / "wrapper" / "fromcli" / "wrapper_options.json").read_text())
+    assert opts["runtime"] == "htp" and opts["output_dirname"] == "fromcli"
+    assert opts["default_verifier"] == [["SQNR"]]
+    assert "SQNR" in pd.read_csv(tmp_path / "w" / "verification" / "fromcli" / "summary.csv").columns
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"runtime": "htp", "no_such_option": 1}')
+    code, _, err = run_cli(capsys, "--config", bad)
+    assert code == 2 and "unknown option 'no_such_option'" in one_line_error(err)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"runtime": ')
+    code, _, err = run_cli(capsys, "--config", broken)
+    assert code == 2 and "line 1" in one_line_error(err)
+
+
+def test_golden_directory_skips_framework_diagnosis(tmp_path, capsys):
+    built = models.planted_chain(tmp_path, layers=3, bad=1)
+    args = ["-f", "onnx", "-m", built.path, "-i", "x", "1,3,16,16", built.input_path, "-w", tmp_path / "w"]
+    assert run_cli(capsys, *args, "--output_dirname", "first")[0] == 0
+    golden = tmp_path / "w" / "framework_diagnosis" / "first"
+    code, _, err = run_cli(capsys, *args, "--output_dirname", "second", "--golden_output_reference_directory", golden)
+    assert code == 0, err
+    assert not (tmp_path / "w" / "framework_diagnosis" / "second").exists()
+    assert len(pd.read_csv(tmp_path / "w" / "verification" / "second" / "summary.csv")) == 3
+
+
+def test_every_example_script_runs(tmp_path):
+    out = tmp_path / "tiny"
+    out.mkdir()
+    subprocess.run([sys.executable, str(REPO / "examples" / "tiny_cnn" / "make_model.py"), str(out)], check=True)
+    for name in ("model.onnx", "input.raw", "input_list.txt"):
+        assert (out / name).read_bytes() == (REPO / "examples" / "tiny_cnn" / name).read_bytes(), name
+    scripts = sorted(p for p in (REPO / "examples").glob("*.py"))
+    for script in scripts:
+        proc = subprocess.run([sys.executable, str(script), str(tmp_path / script.stem)], capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "ACCDBG_NO_PROGRESS": "1"})
+        assert proc.returncode == 0, (script, proc.stderr[-2000:])

@@ -30,7 +30,16 @@ from tests.test_layerwise import (
     two_fault_model,
 )
 
-COLUMNS = ["O/P Name", "Status", "Layer Type", "Shape", "Activations", "CosineSimilarity", "Orig Outputs", "Info"]
+COLUMNS = [
+    "O/P Name",
+    "Status",
+    "Layer Type",
+    "Shape",
+    "Activations",
+    "CosineSimilarity",
+    "Orig Outputs",
+    "Info",
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +47,12 @@ def two_fault(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("two_fault_cumulative")
     m = two_fault_model(tmp)
     m.golden = run_framework_diagnosis("onnx", m.path, m.inputs, working_dir=tmp / "w").run_dir
-    m.engine = run_inference_engine(m.path, input_tensors=m.inputs, quantization_overrides=m.encodings,
-                                    working_dir=tmp / "w")
-    m.cumulative = run_cumulative_layerwise(m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model,
-                                            working_dir=tmp / "w")
+    m.engine = run_inference_engine(
+        m.path, input_tensors=m.inputs, quantization_overrides=m.encodings, working_dir=tmp / "w"
+    )
+    m.cumulative = run_cumulative_layerwise(
+        m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp / "w"
+    )
     return m
 
 
@@ -67,7 +78,9 @@ def test_partitions_exactly_at_the_two_faults(two_fault):
     assert _orig(a["Orig Outputs"])["b"]["CosineSimilarity"] == pytest.approx(oneshot[B], abs=1e-6)
     # after the partition at A, the output's score is B's own (B is the model output)
     b = df.set_index("O/P Name").loc[B]
-    assert _orig(b["Orig Outputs"])["b"]["CosineSimilarity"] == pytest.approx(b["CosineSimilarity"], abs=1e-6)
+    assert _orig(b["Orig Outputs"])["b"]["CosineSimilarity"] == pytest.approx(
+        b["CosineSimilarity"], abs=1e-6
+    )
     assert oneshot[B] < b["CosineSimilarity"]  # A's error is gone from it
 
 
@@ -80,56 +93,90 @@ def crash_on_pool(job):
     return run_part(job)
 
 
-def test_a_layer_the_backend_cannot_run_becomes_an_error_partition(two_fault, tmp_path, monkeypatch):
+def test_a_layer_the_backend_cannot_run_becomes_an_error_partition(
+    two_fault, tmp_path, monkeypatch
+):
     m = two_fault
     monkeypatch.setattr(snooping_module.Backend, "job_fn", staticmethod(crash_on_pool))
-    res = run_cumulative_layerwise(m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model,
-                                   working_dir=tmp_path)
+    res = run_cumulative_layerwise(
+        m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path
+    )
     df = res.report.set_index("O/P Name")
     assert df["Status"].to_dict() == {"ra": "part", "rm": "", "s": "", "p": "err_exec", "b": "part"}
     assert "SIGSEGV" in df.loc["p", "Info"]
     ref = m.cumulative.report.set_index("O/P Name")
-    np.testing.assert_allclose(df.loc[["ra", "rm", "s"], "CosineSimilarity"], ref.loc[["ra", "rm", "s"], "CosineSimilarity"])
+    np.testing.assert_allclose(
+        df.loc[["ra", "rm", "s"], "CosineSimilarity"],
+        ref.loc[["ra", "rm", "s"], "CosineSimilarity"],
+    )
     # B runs after a partition at the failing layer: fed with golden p, it has its own error only
-    lw = run_layerwise(m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path / "lw")
+    lw = run_layerwise(
+        m.path,
+        m.inputs,
+        golden_dir=m.golden,
+        qdq_model=m.engine.qdq_model,
+        working_dir=tmp_path / "lw",
+    )
     assert df.loc["b", "CosineSimilarity"] == pytest.approx(
-        lw.report.set_index("O/P Name").loc["b", "CosineSimilarity"], abs=1e-9)
+        lw.report.set_index("O/P Name").loc["b", "CosineSimilarity"], abs=1e-9
+    )
 
 
 def _q_params(path: Path) -> dict[str, tuple]:
     m = onnx.load(str(path))
     inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
-    return {n.output[0]: (float(inits[n.input[1]]), int(inits[n.input[2]])) for n in m.graph.node
-            if n.op_type == "QuantizeLinear"}
+    return {
+        n.output[0]: (float(inits[n.input[1]]), int(inits[n.input[2]]))
+        for n in m.graph.node
+        if n.op_type == "QuantizeLinear"
+    }
 
 
 def test_quantizes_like_the_engine_and_runs_framework_diagnosis(two_fault, tmp_path):
     m = two_fault
-    res = run_cumulative_layerwise(m.path, m.inputs, engine_kwargs={"quantization_overrides": m.encodings},
-                                   working_dir=tmp_path)
+    res = run_cumulative_layerwise(
+        m.path,
+        m.inputs,
+        engine_kwargs={"quantization_overrides": m.encodings},
+        working_dir=tmp_path,
+    )
     qdq = next(res.run_dir.glob("*.qdq.onnx"))
     engine_q = _q_params(m.engine.qdq_model)
-    assert _q_params(qdq) == engine_q and engine_q["b_QuantizeLinear_Output"][0] == pytest.approx(0.1 / 255, rel=1e-3)
+    assert _q_params(qdq) == engine_q and engine_q["b_QuantizeLinear_Output"][0] == pytest.approx(
+        0.1 / 255, rel=1e-3
+    )
     fd = [p for p in (tmp_path / "framework_diagnosis").iterdir() if p.name != "latest"]
     assert len(fd) == 1 and len(TensorFolder(fd[0])) == 7
-    np.testing.assert_allclose(res.report["CosineSimilarity"], m.cumulative.report["CosineSimilarity"], atol=1e-9)
+    np.testing.assert_allclose(
+        res.report["CosineSimilarity"], m.cumulative.report["CosineSimilarity"], atol=1e-9
+    )
     assert list(res.report["Status"]) == list(m.cumulative.report["Status"])
 
 
 def test_start_and_end_layer(two_fault, tmp_path):
     m = two_fault
-    res = run_cumulative_layerwise(m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model,
-                                   start_layer="rm", end_layer="p", working_dir=tmp_path)
+    res = run_cumulative_layerwise(
+        m.path,
+        m.inputs,
+        golden_dir=m.golden,
+        qdq_model=m.engine.qdq_model,
+        start_layer="rm",
+        end_layer="p",
+        working_dir=tmp_path,
+    )
     df = res.report.set_index("O/P Name")
     assert df["Status"].to_dict() == {"ra": "skip", "rm": "", "s": "", "p": "", "b": "skip"}
     assert res.sessions == 1
     # the model is cut at the end layer: it stands for the model outputs
     for name in ("rm", "s", "p"):
-        assert _orig(df.loc[name, "Orig Outputs"]) == {"p": {"CosineSimilarity": pytest.approx(
-            df.loc["p", "CosineSimilarity"], abs=1e-6)}}
+        assert _orig(df.loc[name, "Orig Outputs"]) == {
+            "p": {"CosineSimilarity": pytest.approx(df.loc["p", "CosineSimilarity"], abs=1e-6)}
+        }
     # fed with golden ra, rm scores as it does alone
     ref = m.cumulative.report.set_index("O/P Name")
-    assert df.loc["rm", "CosineSimilarity"] == pytest.approx(ref.loc["rm", "CosineSimilarity"], abs=1e-9)
+    assert df.loc["rm", "CosineSimilarity"] == pytest.approx(
+        ref.loc["rm", "CosineSimilarity"], abs=1e-9
+    )
 
 
 # ---------------------------------------------------------------- the real PP-OCRv4 det model

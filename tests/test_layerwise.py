@@ -26,7 +26,15 @@ from accdbg.engines import run_inference_engine
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 
-REPORT_COLUMNS = ["O/P Name", "Status", "Layer Type", "Shape", "Activations", "CosineSimilarity", "Info"]
+REPORT_COLUMNS = [
+    "O/P Name",
+    "Status",
+    "Layer Type",
+    "Shape",
+    "Activations",
+    "CosineSimilarity",
+    "Info",
+]
 A, B = "ra", "b"  # the two faulty layers' outputs (ConvA+Relu, ConvB)
 
 
@@ -42,10 +50,12 @@ def two_fault_model(tmp: Path, size: int = 16) -> SimpleNamespace:
     wa = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
     wa[:, 2] = np.sign(rng.standard_normal((8, 3, 3))) * 80.0
     weights = {
-        "wa": wa, "ba": np.zeros(8, np.float32),
+        "wa": wa,
+        "ba": np.zeros(8, np.float32),
         "wm": (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32),
         "bm": (rng.standard_normal(8) * 0.1).astype(np.float32),
-        "wb": (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), "bb": np.zeros(8, np.float32),
+        "wb": (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32),
+        "bb": np.zeros(8, np.float32),
     }
     nodes = [
         helper.make_node("Conv", ["x", "wa", "ba"], ["a"], pads=[1, 1, 1, 1], name="ConvA"),
@@ -53,11 +63,15 @@ def two_fault_model(tmp: Path, size: int = 16) -> SimpleNamespace:
         helper.make_node("Conv", ["ra", "wm", "bm"], ["m"], pads=[1, 1, 1, 1], name="ConvM"),
         helper.make_node("Relu", ["m"], ["rm"], name="ReluM"),
         helper.make_node("Add", ["rm", "ra"], ["s"], name="Residual"),
-        helper.make_node("MaxPool", ["s"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="Pool"),
+        helper.make_node(
+            "MaxPool", ["s"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="Pool"
+        ),
         helper.make_node("Conv", ["p", "wb", "bb"], ["b"], pads=[1, 1, 1, 1], name="ConvB"),
     ]
     graph = helper.make_graph(
-        nodes, "two_fault", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        nodes,
+        "two_fault",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
         [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 8, size, size])],
         [numpy_helper.from_array(a, n) for n, a in weights.items()],
     )
@@ -70,11 +84,25 @@ def two_fault_model(tmp: Path, size: int = 16) -> SimpleNamespace:
     x[:, 2] *= 1e-3
     x.tofile(tmp / "x.raw")
     enc = tmp / "b_tiny.encodings"
-    enc.write_text(json.dumps({
-        "version": "0.6.1", "param_encodings": {},
-        "activation_encodings": {"b": [{"bitwidth": 8, "dtype": "int", "is_symmetric": "False",
-                                        "min": -0.05, "max": 0.05}]},
-    }))
+    enc.write_text(
+        json.dumps(
+            {
+                "version": "0.6.1",
+                "param_encodings": {},
+                "activation_encodings": {
+                    "b": [
+                        {
+                            "bitwidth": 8,
+                            "dtype": "int",
+                            "is_symmetric": "False",
+                            "min": -0.05,
+                            "max": 0.05,
+                        }
+                    ]
+                },
+            }
+        )
+    )
     inputs = [parse_input_tensor(["x", f"1,3,{size},{size}", str(tmp / "x.raw")])]
     return SimpleNamespace(path=path, inputs=inputs, encodings=enc, tmp=tmp)
 
@@ -91,7 +119,9 @@ def cosine(a, b) -> float:
 def oneshot_cosines(golden_dir: Path, result: Path) -> dict[str, float]:
     """Oneshot, computed here: every engine-dumped activation against its golden value."""
     g, t = TensorFolder(golden_dir), TensorFolder(result)
-    return {r.name: cosine(g.load(r.name), t.load(r.name)) for r in sorted(t, key=lambda r: r.index)}
+    return {
+        r.name: cosine(g.load(r.name), t.load(r.name)) for r in sorted(t, key=lambda r: r.index)
+    }
 
 
 def dumped_outputs(run_dir: Path) -> dict[str, np.ndarray]:
@@ -108,10 +138,17 @@ def two_fault(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("two_fault")
     m = two_fault_model(tmp)
     m.golden = run_framework_diagnosis("onnx", m.path, m.inputs, working_dir=tmp / "w").run_dir
-    m.engine = run_inference_engine(m.path, input_tensors=m.inputs, quantization_overrides=m.encodings,
-                                    working_dir=tmp / "w")
-    m.layerwise = run_layerwise(m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model,
-                                working_dir=tmp / "w", dump_qnn_json=True)
+    m.engine = run_inference_engine(
+        m.path, input_tensors=m.inputs, quantization_overrides=m.encodings, working_dir=tmp / "w"
+    )
+    m.layerwise = run_layerwise(
+        m.path,
+        m.inputs,
+        golden_dir=m.golden,
+        qdq_model=m.engine.qdq_model,
+        working_dir=tmp / "w",
+        dump_qnn_json=True,
+    )
     return m
 
 
@@ -139,9 +176,13 @@ def test_scores_and_activations_follow_from_the_dumped_outputs(two_fault):
     df = m.layerwise.report
     for _, row in df.iterrows():
         g = np.asarray(golden.load(row["O/P Name"]), np.float64)
-        assert row["CosineSimilarity"] == pytest.approx(cosine(g, outputs[row["O/P Name"]]), abs=1e-9)
+        assert row["CosineSimilarity"] == pytest.approx(
+            cosine(g, outputs[row["O/P Name"]]), abs=1e-9
+        )
         lo, hi, med = (float(v) for v in row["Activations"].strip("[]").split(","))
-        np.testing.assert_allclose([lo, hi, med], [g.min(), g.max(), np.median(g)], rtol=1e-3, atol=1e-6)
+        np.testing.assert_allclose(
+            [lo, hi, med], [g.min(), g.max(), np.median(g)], rtol=1e-3, atol=1e-6
+        )
         assert row["Shape"] == list(g.shape)
     # the outputs are the backend's integers dequantized with the full model's encodings
     rec = TensorFolder(next((m.layerwise.run_dir / "output").iterdir())).records["s"]
@@ -181,7 +222,9 @@ def qnn_encodings_by_tensor(paths) -> dict[str, set[tuple[float, int]]]:
 
 
 def fragment_json_files(run_dir: Path) -> list[Path]:
-    files = [p for p in (run_dir / "qnn_json").rglob("*.json") if not p.name.endswith("_tensor_log.json")]
+    files = [
+        p for p in (run_dir / "qnn_json").rglob("*.json") if not p.name.endswith("_tensor_log.json")
+    ]
     assert files
     return files
 
@@ -191,12 +234,23 @@ def test_fragments_run_with_the_full_models_qnn_encodings(two_fault):
     full = qnn_encodings_by_tensor([m.engine.model_net_json])
     frag = qnn_encodings_by_tensor(fragment_json_files(m.layerwise.run_dir))
     # every activation (fragment inputs and outputs), every weight and bias
-    expected = {"x", "ra", "rm", "s", "p", "b", "wa_quantized", "wm_quantized", "wb_quantized", "bm_quantized"}
+    expected = {
+        "x",
+        "ra",
+        "rm",
+        "s",
+        "p",
+        "b",
+        "wa_quantized",
+        "wm_quantized",
+        "wb_quantized",
+        "bm_quantized",
+    }
     assert expected <= set(frag) and expected <= set(full)
     for name in set(frag) & set(full):
         assert len(full[name]) == 1
         assert frag[name] == full[name], name  # the same scale and offset everywhere
-    (b_scale, _), = frag["b"]
+    ((b_scale, _),) = frag["b"]
     assert b_scale == pytest.approx(0.1 / 255, rel=1e-3)  # B's overridden range is what QNN got
 
 
@@ -207,19 +261,31 @@ def test_aimet_style_folder_without_manifest_and_missing_tensors(two_fault, tmp_
     bare.mkdir()
     for name in golden.names():
         shutil.copyfile(golden.path(name), bare / f"{name}.raw")  # flat float32, no tensors.json
-    res = run_layerwise(m.path, m.inputs, golden_dir=bare, qdq_model=m.engine.qdq_model, working_dir=tmp_path / "w")
+    res = run_layerwise(
+        m.path, m.inputs, golden_dir=bare, qdq_model=m.engine.qdq_model, working_dir=tmp_path / "w"
+    )
     ref = m.layerwise.report
     pd.testing.assert_frame_equal(res.report, ref)  # shapes came from the model
     (bare / "rm.raw").unlink()
     (bare / "p.raw").write_bytes((bare / "p.raw").read_bytes()[:-4])  # one value short
-    res = run_layerwise(m.path, m.inputs, golden_dir=bare, qdq_model=m.engine.qdq_model, working_dir=tmp_path / "w")
+    res = run_layerwise(
+        m.path, m.inputs, golden_dir=bare, qdq_model=m.engine.qdq_model, working_dir=tmp_path / "w"
+    )
     status = dict(zip(res.report["O/P Name"], res.report["Status"], strict=True))
     info = dict(zip(res.report["O/P Name"], res.report["Info"], strict=True))
-    assert status == {"ra": "", "rm": "err_COMPARE", "s": "err_part", "p": "err_COMPARE", "b": "err_part"}
+    assert status == {
+        "ra": "",
+        "rm": "err_COMPARE",
+        "s": "err_part",
+        "p": "err_COMPARE",
+        "b": "err_part",
+    }
     assert "no golden value for 'rm'" in info["rm"] and "no golden value for 'rm'" in info["s"]
     assert "holds 2047 values" in info["b"]
     judged = res.report[res.report["Status"] == ""]
-    np.testing.assert_allclose(judged["CosineSimilarity"], ref.loc[judged.index, "CosineSimilarity"])
+    np.testing.assert_allclose(
+        judged["CosineSimilarity"], ref.loc[judged.index, "CosineSimilarity"]
+    )
 
 
 def crash_on_pool(job):
@@ -234,7 +300,9 @@ def crash_on_pool(job):
 def test_a_crashing_layer_is_isolated_and_the_rest_judged(two_fault, tmp_path, monkeypatch):
     m = two_fault
     monkeypatch.setattr(snooping_module.Backend, "job_fn", staticmethod(crash_on_pool))
-    res = run_layerwise(m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path)
+    res = run_layerwise(
+        m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path
+    )
     df = res.report.set_index("O/P Name")
     assert df.loc["p", "Status"] == "err_exec" and "SIGSEGV" in df.loc["p", "Info"]
     others = df.drop(index="p")
@@ -247,9 +315,21 @@ def test_a_crashing_layer_is_isolated_and_the_rest_judged(two_fault, tmp_path, m
 @pytest.mark.parametrize(
     "stage, error, status",
     [
-        ("session", "QNN session creation failed: [ONNXRuntimeError] : 10 : INVALID_GRAPH : bad", "err_con"),
-        ("session", "QNN session creation failed: Failed to finalize QNN graph. Error code: 1002", "err_cntx"),
-        ("session", "QNN session creation failed: QnnModel::ComposeGraph: failed to add node", "err_lib"),
+        (
+            "session",
+            "QNN session creation failed: [ONNXRuntimeError] : 10 : INVALID_GRAPH : bad",
+            "err_con",
+        ),
+        (
+            "session",
+            "QNN session creation failed: Failed to finalize QNN graph. Error code: 1002",
+            "err_cntx",
+        ),
+        (
+            "session",
+            "QNN session creation failed: QnnModel::ComposeGraph: failed to add node",
+            "err_lib",
+        ),
         ("run", "QNN run failed: EP_FAIL", "err_exec"),
     ],
 )
@@ -259,20 +339,32 @@ def test_failure_stage_maps_to_the_reference_status(stage, error, status):
 
 def test_span_and_skip_filters(two_fault, tmp_path):
     m = two_fault
-    res = run_layerwise(m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, start_layer="rm",
-                        end_layer="p", engine_kwargs={"skip_layer_types": "Add"}, working_dir=tmp_path)
+    res = run_layerwise(
+        m.path,
+        m.inputs,
+        golden_dir=m.golden,
+        qdq_model=m.engine.qdq_model,
+        start_layer="rm",
+        end_layer="p",
+        engine_kwargs={"skip_layer_types": "Add"},
+        working_dir=tmp_path,
+    )
     df = res.report.set_index("O/P Name")
     assert list(df["Status"]) == ["skip", "", "skip", "", "skip"]
     assert df["CosineSimilarity"].isna().tolist() == [True, False, True, False, True]
     assert "outside --start_layer/--end_layer" in df.loc["ra", "Info"]
     ref = m.layerwise.report.set_index("O/P Name")
-    assert df.loc["rm", "CosineSimilarity"] == pytest.approx(ref.loc["rm", "CosineSimilarity"], abs=1e-12)
+    assert df.loc["rm", "CosineSimilarity"] == pytest.approx(
+        ref.loc["rm", "CosineSimilarity"], abs=1e-12
+    )
 
 
 def test_bad_arguments_are_one_line_errors(two_fault, tmp_path):
     m = two_fault
     kw = dict(golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path)
-    with pytest.raises(AccdbgError, match=r"--start_layer 'r_m' is not the output of a layer.*near matches: rm"):
+    with pytest.raises(
+        AccdbgError, match=r"--start_layer 'r_m' is not the output of a layer.*near matches: rm"
+    ):
         run_layerwise(m.path, m.inputs, start_layer="r_m", **kw)
     with pytest.raises(AccdbgError, match="comes after --end_layer"):
         run_layerwise(m.path, m.inputs, start_layer="p", end_layer="rm", **kw)

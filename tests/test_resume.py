@@ -41,15 +41,26 @@ def _rows_in(journal: Path) -> int:
 def start_and_kill(args: dict, sig: int, after_rows: int, timeout: float = 240) -> Path:
     """Run ``args`` in a fresh Python, send ``sig`` to its process group once the journal holds
     ``after_rows`` finished rows; returns the folder the killed run left."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, json.dumps(args)], cwd=REPO, env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, json.dumps(args)],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     root = Path(args["working_dir"]) / f"{args['algorithm']}_snooping"
     staging = root / f".{args['name']}.partial"
     deadline = time.monotonic() + timeout
     try:
         while _rows_in(staging / JOURNAL) < after_rows:
-            assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+            assert proc.poll() is None, (
+                f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+            )
             assert time.monotonic() < deadline, "no checkpoint appeared"
             time.sleep(0.05)
         os.killpg(proc.pid, sig)
@@ -81,7 +92,9 @@ def _check_partial_csv(folder: Path, stem: str, reference: pd.DataFrame) -> int:
     ref = reference.set_index("O/P Name")
     for _, row in csv.iterrows():
         assert row["O/P Name"] in ref.index and row["Layer Type"] and row["Shape"].startswith("[")
-        assert float(row["CosineSimilarity"]) == pytest.approx(ref.loc[row["O/P Name"], "CosineSimilarity"], abs=1e-12)
+        assert float(row["CosineSimilarity"]) == pytest.approx(
+            ref.loc[row["O/P Name"], "CosineSimilarity"], abs=1e-12
+        )
     return len(csv)
 
 
@@ -90,42 +103,69 @@ def test_sigkill_mid_layerwise_resumes_from_the_last_finished_layer(small):
     kw = {"memory_budget_mb": TINY_BUDGET, "workers": 1}
     ref = run_layerwise(built.path, [parse_input_tensor(inp)], working_dir=tmp / "ref", **kw)
     assert ref.sessions == len(ref.report) >= 4
-    args = {"algorithm": "layerwise", "model": str(built.path), "input": inp, "working_dir": str(tmp / "w"),
-            "name": "run", "kw": kw}
+    args = {
+        "algorithm": "layerwise",
+        "model": str(built.path),
+        "input": inp,
+        "working_dir": str(tmp / "w"),
+        "name": "run",
+        "kw": kw,
+    }
     left = start_and_kill(args, signal.SIGKILL, after_rows=2)
     done = _check_partial_csv(left, "layerwise", ref.report)
     qdq = next(left.glob("*.qdq.onnx"))
     qdq_mtime = qdq.stat().st_mtime_ns
-    res = run_layerwise(built.path, [parse_input_tensor(inp)], working_dir=tmp / "w", output_dirname="run", **kw)
+    res = run_layerwise(
+        built.path, [parse_input_tensor(inp)], working_dir=tmp / "w", output_dirname="run", **kw
+    )
     assert res.run_dir == tmp / "w" / "layerwise_snooping" / "run" and not left.exists()
     pd.testing.assert_frame_equal(res.report, ref.report)
     assert res.sessions == len(ref.report) - done  # only the unfinished layers ran again
     # the set-up was reused: no second framework diagnosis, no second quantization
-    assert len([p for p in (tmp / "w" / "framework_diagnosis").iterdir() if p.name != "latest"]) == 1
+    assert (
+        len([p for p in (tmp / "w" / "framework_diagnosis").iterdir() if p.name != "latest"]) == 1
+    )
     assert next(res.run_dir.glob("*.qdq.onnx")).stat().st_mtime_ns == qdq_mtime
     assert (tmp / "w" / "layerwise_snooping" / "latest").resolve() == res.run_dir
     # starting a finished run again does nothing and returns the same report
-    again = run_layerwise(built.path, [parse_input_tensor(inp)], working_dir=tmp / "w", output_dirname="run", **kw)
+    again = run_layerwise(
+        built.path, [parse_input_tensor(inp)], working_dir=tmp / "w", output_dirname="run", **kw
+    )
     assert again.sessions == 0
     pd.testing.assert_frame_equal(again.report, ref.report)
     with pytest.raises(AccdbgError, match="holds a run with another verifiers"):
-        run_layerwise(built.path, [parse_input_tensor(inp)], verifiers=["SQNR"], working_dir=tmp / "w",
-                      output_dirname="run", **kw)
+        run_layerwise(
+            built.path,
+            [parse_input_tensor(inp)],
+            verifiers=["SQNR"],
+            working_dir=tmp / "w",
+            output_dirname="run",
+            **kw,
+        )
 
 
 def test_sigint_mid_cumulative_resumes(small):
     tmp, built, inp = small
     # a pass mark no layer meets: every layer becomes a partition point, one run each
     kw = {"verifiers": ["CosineSimilarity,threshold,1.5"], "workers": 1}
-    ref = run_cumulative_layerwise(built.path, [parse_input_tensor(inp)], working_dir=tmp / "cref", **kw)
+    ref = run_cumulative_layerwise(
+        built.path, [parse_input_tensor(inp)], working_dir=tmp / "cref", **kw
+    )
     assert (ref.report["Status"] == "part").all() and ref.sessions == len(ref.report)
-    args = {"algorithm": "cumulative_layerwise", "model": str(built.path), "input": inp,
-            "working_dir": str(tmp / "cw"), "name": "run", "kw": kw}
+    args = {
+        "algorithm": "cumulative_layerwise",
+        "model": str(built.path),
+        "input": inp,
+        "working_dir": str(tmp / "cw"),
+        "name": "run",
+        "kw": kw,
+    }
     left = start_and_kill(args, signal.SIGINT, after_rows=2)
     assert left.name == "run.failed"  # SIGINT: the run closed itself as failed, its report intact
     done = _check_partial_csv(left, "cumulative_layerwise", ref.report)
-    res = run_cumulative_layerwise(built.path, [parse_input_tensor(inp)], working_dir=tmp / "cw",
-                                   output_dirname="run", **kw)
+    res = run_cumulative_layerwise(
+        built.path, [parse_input_tensor(inp)], working_dir=tmp / "cw", output_dirname="run", **kw
+    )
     pd.testing.assert_frame_equal(res.report, ref.report)
     assert res.sessions == len(ref.report) - done
 
@@ -140,4 +180,8 @@ def test_a_record_cut_short_by_a_kill_is_dropped(tmp_path):
     again = Journal(path)
     assert [r["rows"][0]["_position"] for r in again.records] == [0, 1]
     again.append({"kind": "done"})
-    assert [json.loads(line)["kind"] for line in path.read_text().splitlines()] == ["rows", "rows", "done"]
+    assert [json.loads(line)["kind"] for line in path.read_text().splitlines()] == [
+        "rows",
+        "rows",
+        "done",
+    ]

@@ -42,7 +42,10 @@ class Journal:
                     self.records.append(json.loads(line))
                     good.append(line)
                 except json.JSONDecodeError:
-                    log.warning("%s: dropping an unfinished record (the run was killed while writing it)", path)
+                    log.warning(
+                        "%s: dropping an unfinished record (the run was killed while writing it)",
+                        path,
+                    )
                     break
             if len(good) != len([x for x in lines if x.strip()]):
                 tmp = path.with_name(path.name + ".tmp")
@@ -75,7 +78,9 @@ class RunLock:
         except OSError:
             self._fh.close()
             self._fh = None
-            raise AccdbgError(f"{str(self.path.parent)!r} is being written by another run") from None
+            raise AccdbgError(
+                f"{str(self.path.parent)!r} is being written by another run"
+            ) from None
 
     def release(self) -> None:
         if self._fh is not None:
@@ -125,7 +130,9 @@ def check_options(path: Path, options: dict[str, Any], keys: list[str]) -> None:
     except (OSError, json.JSONDecodeError):
         return
     for key in keys:
-        if json.dumps(old.get(key), sort_keys=True) != json.dumps(options.get(key), sort_keys=True, default=str):
+        if json.dumps(old.get(key), sort_keys=True) != json.dumps(
+            options.get(key), sort_keys=True, default=str
+        ):
             raise AccdbgError(
                 f"output folder {str(path.parent)!r} holds a run with another {key} ({old.get(key)!r}, now "
                 f"{options.get(key)!r}); pick another --output_dirname to start a new run"

@@ -48,15 +48,28 @@ class _Step:
 
     def __init__(self, ctx: Context, boundary: int):
         self.ctx, self.boundary = ctx, boundary
-        self.judged = [layer for layer in ctx.span if layer.node_index >= boundary and layer.position not in ctx.rows]
+        self.judged = [
+            layer
+            for layer in ctx.span
+            if layer.node_index >= boundary and layer.position not in ctx.rows
+        ]
         end = ctx.end_layer
-        self.extra = [end] if end is not None and end not in self.judged and end.node_index >= boundary else []
+        self.extra = (
+            [end]
+            if end is not None and end not in self.judged and end.node_index >= boundary
+            else []
+        )
 
     def part(self, layers: list[Layer], finals: bool) -> tuple[Part, dict]:
         """The suffix exposing ``layers`` (and the end layer), with its golden feeds."""
         ctx = self.ctx
-        part = ctx.qdq.suffix(self.boundary, [*layers, *self.extra], finals=finals and ctx.end_layer is None)
-        feeds = {name: ctx.golden.feed(t, ctx.qdq.shape(t), ctx.qdq.dtype(t)) for name, t in part.inputs.items()}
+        part = ctx.qdq.suffix(
+            self.boundary, [*layers, *self.extra], finals=finals and ctx.end_layer is None
+        )
+        feeds = {
+            name: ctx.golden.feed(t, ctx.qdq.shape(t), ctx.qdq.dtype(t))
+            for name, t in part.inputs.items()
+        }
         return part, feeds
 
     def run(self, layers: list[Layer], finals: bool, label: str) -> tuple[PartReport, dict, Part]:
@@ -138,13 +151,24 @@ def _loop(ctx: Context) -> None:
             report, values, part = step.run(step.judged, True, label)
         except (SurgeryError, GoldenError) as exc:
             if n == 0 and ctx.start_layer is not None:
-                raise AccdbgError(f"--start_layer {ctx.start_layer.name!r}: cannot cut the model there: {exc}") from None
-            rows = [error_row(layer, ERR_PART, str(exc), ctx.qdq.shape(layer.exposed.qdq_tensor)) for layer in step.judged]
-            ctx.record("step", rows, ctx.backend.sessions - before, boundary=boundary, next_boundary=None)
+                raise AccdbgError(
+                    f"--start_layer {ctx.start_layer.name!r}: cannot cut the model there: {exc}"
+                ) from None
+            rows = [
+                error_row(layer, ERR_PART, str(exc), ctx.qdq.shape(layer.exposed.qdq_tensor))
+                for layer in step.judged
+            ]
+            ctx.record(
+                "step", rows, ctx.backend.sessions - before, boundary=boundary, next_boundary=None
+            )
             return
         judged, broken, orig = step.judged, None, None
         if not report.ok:
-            log.warning("cumulative: the run from node %d failed (%s); bisecting", boundary, failure_status(report))
+            log.warning(
+                "cumulative: the run from node %d failed (%s); bisecting",
+                boundary,
+                failure_status(report),
+            )
             good, values, part, broken = _bisect(step, n)
             judged = step.judged[:good]
             orig = f"not computed: {failure_status(report)}"
@@ -153,8 +177,14 @@ def _loop(ctx: Context) -> None:
         cpu = {name for _, name in report.cpu_nodes} if report.ok else set()
         rows, dumped, next_layer = [], [], None
         for layer in judged:
-            row = judge_layer(layer, values[layer.suffix_output], ctx.golden, ctx.judge, ctx.qdq,
-                              cpu=layer.exposed.node in cpu)
+            row = judge_layer(
+                layer,
+                values[layer.suffix_output],
+                ctx.golden,
+                ctx.judge,
+                ctx.qdq,
+                cpu=layer.exposed.node in cpu,
+            )
             dumped.append((layer, values[layer.suffix_output]))
             rows.append(row)
             if failing(row):
@@ -166,16 +196,33 @@ def _loop(ctx: Context) -> None:
                 row["Info"] = "; ".join(x for x in (row["Info"], why) if x)
         if next_layer is None and broken is not None:
             layer, bad_report = broken
-            rows.append(error_row(layer, failure_status(bad_report), bad_report.error,
-                                  ctx.qdq.shape(layer.exposed.qdq_tensor)))
+            rows.append(
+                error_row(
+                    layer,
+                    failure_status(bad_report),
+                    bad_report.error,
+                    ctx.qdq.shape(layer.exposed.qdq_tensor),
+                )
+            )
             next_layer = layer
         for row in rows:
             row["Orig Outputs"] = orig
         next_boundary = next_layer.node_index + 1 if next_layer is not None else None
         ctx.write_outputs(f"{label}_{len(ctx.journal.records):04d}", dumped)
-        ctx.record("step", rows, ctx.backend.sessions - before, boundary=boundary, next_boundary=next_boundary)
-        log.info("cumulative: step %d from node %d judged %d layer(s)%s", n, boundary, len(rows),
-                 f"; partition after {next_layer.name}" if next_layer is not None else "")
+        ctx.record(
+            "step",
+            rows,
+            ctx.backend.sessions - before,
+            boundary=boundary,
+            next_boundary=next_boundary,
+        )
+        log.info(
+            "cumulative: step %d from node %d judged %d layer(s)%s",
+            n,
+            boundary,
+            len(rows),
+            f"; partition after {next_layer.name}" if next_layer is not None else "",
+        )
         boundary, n = next_boundary, n + 1
 
 
@@ -199,6 +246,20 @@ def run_cumulative_layerwise(
 
     Arguments as :func:`accdbg.algorithms.layerwise.run_layerwise`.
     """
-    return snoop("cumulative_layerwise", _loop, model_path, input_tensors, golden_dir, qdq_model, verifiers,
-                 start_layer, end_layer, engine_kwargs, working_dir, output_dirname, memory_budget_mb, workers,
-                 dump_qnn_json)
+    return snoop(
+        "cumulative_layerwise",
+        _loop,
+        model_path,
+        input_tensors,
+        golden_dir,
+        qdq_model,
+        verifiers,
+        start_layer,
+        end_layer,
+        engine_kwargs,
+        working_dir,
+        output_dirname,
+        memory_budget_mb,
+        workers,
+        dump_qnn_json,
+    )

@@ -72,7 +72,9 @@ class Layer:
         """Float values of what a part returned for this layer (integers or already float)."""
         if np.issubdtype(values.dtype, np.floating) or not self.exposed.quantized:
             return np.asarray(values, dtype=np.float32)
-        return ((values.astype(np.int32) - self.exposed.zero_point) * np.float32(self.exposed.scale)).astype(np.float32)
+        return (
+            (values.astype(np.int32) - self.exposed.zero_point) * np.float32(self.exposed.scale)
+        ).astype(np.float32)
 
 
 @dataclass
@@ -82,7 +84,9 @@ class Part:
     model: onnx.ModelProto
     inputs: dict[str, str]  # graph input -> float tensor of the QDQ model whose golden feeds it
     outputs: dict[str, Layer]  # graph output -> the layer it holds
-    finals: list[str] = field(default_factory=list)  # graph outputs that are the model's own outputs
+    finals: list[str] = field(
+        default_factory=list
+    )  # graph outputs that are the model's own outputs
 
 
 class QdqModel:
@@ -103,7 +107,9 @@ class QdqModel:
         self.values = {vi.name: vi for vi in [*graph.value_info, *graph.input, *graph.output]}
         self.layers: list[Layer] = []
         for e in exposure.select(self.model, framework_names):
-            self.layers.append(Layer(len(self.layers), e, self.activation_inputs(self.nodes[e.index])))
+            self.layers.append(
+                Layer(len(self.layers), e, self.activation_inputs(self.nodes[e.index]))
+            )
         self._extractor = onnx.utils.Extractor(self.model)
 
     @classmethod
@@ -115,7 +121,11 @@ class QdqModel:
     def float_source(self, tensor: str) -> str:
         """The float tensor behind a Q/DQ chain (itself when it is not quantized)."""
         seen = 0
-        while tensor in self.producer and self.nodes[self.producer[tensor]].op_type in QDQ_OPS and seen < 8:
+        while (
+            tensor in self.producer
+            and self.nodes[self.producer[tensor]].op_type in QDQ_OPS
+            and seen < 8
+        ):
             tensor = self.nodes[self.producer[tensor]].input[0]
             seen += 1
         return tensor
@@ -143,7 +153,11 @@ class QdqModel:
         if vi is None or not vi.type.tensor_type.HasField("shape"):
             return None
         dims = om.dims_of(vi)
-        return tuple(int(d) for d in dims) if all(isinstance(d, int) and d >= 0 for d in dims) else None
+        return (
+            tuple(int(d) for d in dims)
+            if all(isinstance(d, int) and d >= 0 for d in dims)
+            else None
+        )
 
     def dtype(self, tensor: str) -> np.dtype | None:
         vi = self.values.get(tensor)
@@ -154,7 +168,9 @@ class QdqModel:
     def _extract(self, inputs: Sequence[str], outputs: Sequence[str]) -> onnx.ModelProto:
         missing = [t for t in [*inputs, *outputs] if t not in self.values]
         if missing:
-            raise SurgeryError(f"tensor {missing[0]!r} has no type in the QDQ model (shape inference failed)")
+            raise SurgeryError(
+                f"tensor {missing[0]!r} has no type in the QDQ model (shape inference failed)"
+            )
         try:
             part = self._extractor.extract_model(list(inputs), list(outputs))
         except Exception as exc:  # onnx raises ValueError/KeyError/AssertionError
@@ -166,7 +182,9 @@ class QdqModel:
         for n in g.node:
             for t in n.input:
                 if t not in known:
-                    raise SurgeryError(f"node {n.name or n.op_type!r} reads {t!r}, which lies before the cut")
+                    raise SurgeryError(
+                        f"node {n.name or n.op_type!r} reads {t!r}, which lies before the cut"
+                    )
         return part
 
     def fragment(self, layers: Sequence[Layer], prefix: str) -> Part:
@@ -178,7 +196,11 @@ class QdqModel:
         del part.graph.value_info[:]
         part.graph.value_info.extend(keep)
         onnx.compose.add_prefix_graph(part.graph, prefix, rename_initializers=False, inplace=True)
-        return Part(part, {prefix + t: t for t in node_inputs}, {prefix + layer.output: layer for layer in layers})
+        return Part(
+            part,
+            {prefix + t: t for t in node_inputs},
+            {prefix + layer.output: layer for layer in layers},
+        )
 
     def cut(self, boundary: int) -> list[str]:
         """Float tensors made before node ``boundary`` (topological index) and read after it."""
@@ -188,7 +210,9 @@ class QdqModel:
             if n.op_type not in QDQ_OPS:
                 before.update(o for o in n.output if o)
         wanted: list[str] = []
-        readers = [t for n in self.nodes[boundary:] if n.op_type not in QDQ_OPS for t in n.input if t]
+        readers = [
+            t for n in self.nodes[boundary:] if n.op_type not in QDQ_OPS for t in n.input if t
+        ]
         for t in [*readers, *self.graph_outputs]:
             src = self.float_source(t)
             if src in before and self.is_activation(src) and src not in wanted:
@@ -201,7 +225,9 @@ class QdqModel:
         outputs = [layer.suffix_output for layer in layers]
         final = [o for o in self.graph_outputs if o not in outputs] if finals else []
         part = self._extract(inputs, [*outputs, *final])
-        return Part(part, {t: t for t in inputs}, {layer.suffix_output: layer for layer in layers}, final)
+        return Part(
+            part, {t: t for t in inputs}, {layer.suffix_output: layer for layer in layers}, final
+        )
 
 
 def merge(parts: Iterable[Part], source: onnx.ModelProto, name: str = "fragments") -> Part:
@@ -222,7 +248,13 @@ def merge(parts: Iterable[Part], source: onnx.ModelProto, name: str = "fragments
         out_map.update(p.outputs)
         finals.extend(p.finals)
     inits = [i for i in source.graph.initializer if i.name in init_names]
-    graph = onnx.helper.make_graph(nodes, name, inputs, outputs, initializer=inits, value_info=value_info)
-    model = onnx.helper.make_model(graph, opset_imports=source.opset_import, ir_version=source.ir_version,
-                                   producer_name="accdbg")
+    graph = onnx.helper.make_graph(
+        nodes, name, inputs, outputs, initializer=inits, value_info=value_info
+    )
+    model = onnx.helper.make_model(
+        graph,
+        opset_imports=source.opset_import,
+        ir_version=source.ir_version,
+        producer_name="accdbg",
+    )
     return Part(model, in_map, out_map, finals)

@@ -35,7 +35,9 @@ from accdbg.core.inputs import InputTensor
 log = logging.getLogger("accdbg.snooping")
 
 DEFAULT_MEMORY_BUDGET_MB = 1024
-SPLIT_MIN_BYTES = 16 * 2**20  # below this much tensor data a second process costs more than it saves
+SPLIT_MIN_BYTES = (
+    16 * 2**20
+)  # below this much tensor data a second process costs more than it saves
 
 
 @dataclass
@@ -68,7 +70,10 @@ def _fragments(ctx: Context, layers: list[Layer]) -> tuple[list[Fragment], list[
                 shape = ctx.qdq.shape(layer.output)
                 nbytes += int(np.prod(shape)) * 4 if shape else 0
         except (SurgeryError, GoldenError) as exc:
-            errors += [error_row(layer, ERR_PART, str(exc), ctx.qdq.shape(layer.exposed.qdq_tensor)) for layer in group]
+            errors += [
+                error_row(layer, ERR_PART, str(exc), ctx.qdq.shape(layer.exposed.qdq_tensor))
+                for layer in group
+            ]
             continue
         frags.append(Fragment(group, part, feeds, nbytes, prefix))
     return frags, errors
@@ -94,7 +99,12 @@ def _loop(ctx: Context) -> None:
     total = sum(f.nbytes for f in frags)
     if len(batches) < ctx.workers and len(frags) >= 2 * ctx.workers and total >= SPLIT_MIN_BYTES:
         batches = _split(frags, ctx.workers)  # one batch per core
-    log.info("layerwise: %d fragments in %d batch(es), %d at a time", len(frags), len(batches), ctx.workers)
+    log.info(
+        "layerwise: %d fragments in %d batch(es), %d at a time",
+        len(frags),
+        len(batches),
+        ctx.workers,
+    )
     queue = deque(batches)
     running: deque = deque()
     started = 0
@@ -107,7 +117,13 @@ def _loop(ctx: Context) -> None:
                 label = f"batch_{started:04d}"
                 started += 1
                 json_dir = ctx.run_path / "qnn_json" / label if ctx.dump_qnn_json else None
-                running.append((batch, merged, ctx.backend.start(merged, feeds, list(merged.outputs), label, json_dir)))
+                running.append(
+                    (
+                        batch,
+                        merged,
+                        ctx.backend.start(merged, feeds, list(merged.outputs), label, json_dir),
+                    )
+                )
             batch, merged, handle = running.popleft()
             sessions_before = ctx.backend.sessions
             report, values = ctx.backend.finish(handle)
@@ -117,23 +133,43 @@ def _loop(ctx: Context) -> None:
                 rows, dumped = [], []
                 for out, layer in merged.outputs.items():
                     f_prefix = f"f{layer.node_index}/"
-                    rows.append(judge_layer(layer, values[out], ctx.golden, ctx.judge, ctx.qdq,
-                                            cpu=f_prefix + layer.exposed.node in cpu))
+                    rows.append(
+                        judge_layer(
+                            layer,
+                            values[out],
+                            ctx.golden,
+                            ctx.judge,
+                            ctx.qdq,
+                            cpu=f_prefix + layer.exposed.node in cpu,
+                        )
+                    )
                     dumped.append((layer, values[out]))
                 ctx.write_outputs(f"batch_{len(ctx.journal.records):04d}", dumped)
                 ctx.record("rows", rows, sessions, batch=len(batch))
-                log.info("layerwise: batch of %d fragment(s) judged (%d/%d layers)", len(batch),
-                         len([p for p in ctx.rows if p not in ctx.skipped]), len(ctx.span))
+                log.info(
+                    "layerwise: batch of %d fragment(s) judged (%d/%d layers)",
+                    len(batch),
+                    len([p for p in ctx.rows if p not in ctx.skipped]),
+                    len(ctx.span),
+                )
             elif len(batch) == 1:
                 status = failure_status(report)
-                rows = [error_row(layer, status, report.error, ctx.qdq.shape(layer.exposed.qdq_tensor))
-                        for layer in batch[0].layers]
+                rows = [
+                    error_row(layer, status, report.error, ctx.qdq.shape(layer.exposed.qdq_tensor))
+                    for layer in batch[0].layers
+                ]
                 ctx.record("rows", rows, sessions, batch=1)
                 log.warning("layerwise: %s: %s: %s", batch[0].layers[0].name, status, report.error)
             else:  # find the failing fragment(s): halves go first in the queue
                 half = len(batch) // 2
-                log.info("layerwise: a batch of %d failed (%s); bisecting", len(batch), failure_status(report))
-                ctx.journal.append({"kind": "note", "sessions": sessions, "failed_batch": len(batch)})
+                log.info(
+                    "layerwise: a batch of %d failed (%s); bisecting",
+                    len(batch),
+                    failure_status(report),
+                )
+                ctx.journal.append(
+                    {"kind": "note", "sessions": sessions, "failed_batch": len(batch)}
+                )
                 queue.appendleft(batch[half:])
                 queue.appendleft(batch[:half])
     finally:
@@ -165,7 +201,20 @@ def run_layerwise(
     (``engine_kwargs`` holds its options). With ``output_dirname`` an interrupted run of that
     name is resumed. ``dump_qnn_json`` keeps each session's QNN graph JSON in ``qnn_json/``.
     """
-    return snoop("layerwise", _loop, model_path, input_tensors, golden_dir, qdq_model, verifiers, start_layer,
-                 end_layer, engine_kwargs, working_dir, output_dirname, memory_budget_mb, workers, dump_qnn_json)
-
-
+    return snoop(
+        "layerwise",
+        _loop,
+        model_path,
+        input_tensors,
+        golden_dir,
+        qdq_model,
+        verifiers,
+        start_layer,
+        end_layer,
+        engine_kwargs,
+        working_dir,
+        output_dirname,
+        memory_budget_mb,
+        workers,
+        dump_qnn_json,
+    )

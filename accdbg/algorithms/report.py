@@ -42,7 +42,9 @@ def frame(rows: Sequence[dict[str, Any]], labels: Sequence[str], cumulative: boo
 
 
 def _flagged(row: dict[str, Any]) -> bool:
-    return row["Status"] in (PART, *ERRORS) or any(p is False for p in row.get("_passed", {}).values())
+    return row["Status"] in (PART, *ERRORS) or any(
+        p is False for p in row.get("_passed", {}).values()
+    )
 
 
 def marks(rows: Sequence[dict[str, Any]], judge: Judge, cumulative: bool) -> list[Attribution]:
@@ -54,15 +56,20 @@ def marks(rows: Sequence[dict[str, Any]], judge: Judge, cumulative: bool) -> lis
     ordered = sorted(rows, key=lambda r: r["_position"])
     out = []
     for label, v in judge.verifiers.items():
-        flagged = [r for r in ordered if r.get("_passed", {}).get(label) is False
-                   and (not cumulative or r["Status"] == PART)]
+        flagged = [
+            r
+            for r in ordered
+            if r.get("_passed", {}).get(label) is False and (not cumulative or r["Status"] == PART)
+        ]
         ideal = ideal_score(v)
         drops: list[tuple[str, float]] = []
         if ideal is not None:
             for r in ordered:
                 value = r.get("_values", {}).get(label)
                 if isinstance(value, float) and math.isfinite(value):
-                    drops.append((r["O/P Name"], (ideal - value) if v.higher_is_better else (value - ideal)))
+                    drops.append(
+                        (r["O/P Name"], (ideal - value) if v.higher_is_better else (value - ideal))
+                    )
             drops = sorted((d for d in drops if d[1] > 0), key=lambda d: -d[1])[:3]
         out.append(Attribution(label, flagged[0]["O/P Name"] if flagged else None, drops))
     return out
@@ -94,6 +101,14 @@ def write_reports(
         return df, csv_path, html_path
     ordered = sorted(rows, key=lambda r: r["_position"])
     html_df = df.rename(columns={"O/P Name": "Name", "Layer Type": "LayerType"})
-    write_report(html_path, html_df, judge.verifiers, marks(rows, judge, cumulative), title, meta=meta,
-                 failed=[_flagged(r) for r in ordered], notes=notes)
+    write_report(
+        html_path,
+        html_df,
+        judge.verifiers,
+        marks(rows, judge, cumulative),
+        title,
+        meta=meta,
+        failed=[_flagged(r) for r in ordered],
+        notes=notes,
+    )
     return df, csv_path, html_path

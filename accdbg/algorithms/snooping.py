@@ -65,17 +65,47 @@ log = logging.getLogger("accdbg.snooping")
 
 OK, SKIP, PART = "", "skip", "part"
 ERR_PART, ERR_CON, ERR_LIB, ERR_CNTX, ERR_EXEC, ERR_COMPARE = (
-    "err_part", "err_con", "err_lib", "err_cntx", "err_exec", "err_COMPARE")
+    "err_part",
+    "err_con",
+    "err_lib",
+    "err_cntx",
+    "err_exec",
+    "err_COMPARE",
+)
 ERRORS = (ERR_PART, ERR_CON, ERR_LIB, ERR_CNTX, ERR_EXEC, ERR_COMPARE)
 
 # engine_kwargs this module uses; the others the inference engine knows have no effect here
-QUANT_KEYS = ("act_bitwidth", "weights_bitwidth", "bias_bitwidth", "act_quantizer", "param_quantizer",
-              "per_channel", "quantization_overrides", "ignore_encodings")
-BACKEND_KEYS = ("engine", "runtime", "architecture", "precision", "soc_model", "perf_profile",
-                "disable_cpu_fallback")
+QUANT_KEYS = (
+    "act_bitwidth",
+    "weights_bitwidth",
+    "bias_bitwidth",
+    "act_quantizer",
+    "param_quantizer",
+    "per_channel",
+    "quantization_overrides",
+    "ignore_encodings",
+)
+BACKEND_KEYS = (
+    "engine",
+    "runtime",
+    "architecture",
+    "precision",
+    "soc_model",
+    "perf_profile",
+    "disable_cpu_fallback",
+)
 FILTER_KEYS = ("add_layer_outputs", "add_layer_types", "skip_layer_types", "skip_layer_outputs")
-IGNORED_KEYS = ("debug", "output_data_type", "profiling_level", "golden_dir_for_mapping", "stage",
-                "framework_model_path", "input_list", "memory_budget_mb", "options_record")
+IGNORED_KEYS = (
+    "debug",
+    "output_data_type",
+    "profiling_level",
+    "golden_dir_for_mapping",
+    "stage",
+    "framework_model_path",
+    "input_list",
+    "memory_budget_mb",
+    "options_record",
+)
 
 
 @dataclass
@@ -134,10 +164,13 @@ class Golden:
         rec = self.folder.records[name]
         if shape is not None and rec.size != int(np.prod(shape)):
             raise GoldenError(
-                f"golden {name!r} holds {rec.size} values, the model's {tensor!r} has shape {list(shape)}")
+                f"golden {name!r} holds {rec.size} values, the model's {tensor!r} has shape {list(shape)}"
+            )
         return name, rec
 
-    def feed(self, tensor: str, shape: tuple[int, ...] | None, dtype: np.dtype | None) -> tuple[str, tuple, str]:
+    def feed(
+        self, tensor: str, shape: tuple[int, ...] | None, dtype: np.dtype | None
+    ) -> tuple[str, tuple, str]:
         """``(raw file, dims, dtype)`` feeding ``tensor`` (a model input or an activation)."""
         if tensor in self.inputs:
             t = self.inputs[tensor]
@@ -201,16 +234,28 @@ def run_part(job: PartJob) -> PartReport:
     what the backend child process runs."""
     from accdbg.engines import worker
 
-    wjob = worker.Job(engine=job.engine, options=job.options, model_path=job.model_path, exposed=[],
-                      feeds=[job.feeds], output_root=job.out_dir, native_log=job.native_log)
+    wjob = worker.Job(
+        engine=job.engine,
+        options=job.options,
+        model_path=job.model_path,
+        exposed=[],
+        feeds=[job.feeds],
+        output_root=job.out_dir,
+        native_log=job.native_log,
+    )
     wrep = worker.JobReport()
     _mark(job.stage_file, "session")
     try:
         sess = worker._session(wjob, job.model_path, job.options, "session creation", wrep)
     except AccdbgError as exc:
         return PartReport(False, "session", str(exc), sessions=1)
-    rep = PartReport(True, "run", cpu_nodes=list(wrep.cpu_nodes), session_seconds=wrep.session_seconds,
-                     sessions=wrep.sessions)
+    rep = PartReport(
+        True,
+        "run",
+        cpu_nodes=list(wrep.cpu_nodes),
+        session_seconds=wrep.session_seconds,
+        sessions=wrep.sessions,
+    )
     _mark(job.stage_file, "run")
     try:
         values = worker._run(sess, job.outputs, job.feeds, wjob, wrep)
@@ -229,8 +274,11 @@ def run_part(job: PartJob) -> PartReport:
     return rep
 
 
-_CON = re.compile(r"INVALID_GRAPH|Invalid model|Load model|ShapeInferenceError|TypeInferenceError|"
-                  r"NOT_IMPLEMENTED|No Op registered|Could not find an implementation", re.I)
+_CON = re.compile(
+    r"INVALID_GRAPH|Invalid model|Load model|ShapeInferenceError|TypeInferenceError|"
+    r"NOT_IMPLEMENTED|No Op registered|Could not find an implementation",
+    re.I,
+)
 _CNTX = re.compile(r"finaliz|context", re.I)
 
 
@@ -270,7 +318,9 @@ class Backend:
     def concurrent(self) -> bool:
         return self.engine.isolated
 
-    def start(self, part: Part, feeds: dict, outputs: list[str], label: str, json_dir: Path | None = None) -> Handle:
+    def start(
+        self, part: Part, feeds: dict, outputs: list[str], label: str, json_dir: Path | None = None
+    ) -> Handle:
         """Start running ``part`` (in the background for native engines)."""
         self._n += 1
         work = self.scratch / f"{self._n:04d}-{label}"
@@ -280,14 +330,31 @@ class Backend:
         if om_bytes < om.TWO_GIB:
             onnx.save(part.model, str(model_path))
         else:
-            onnx.save(part.model, str(model_path), save_as_external_data=True, location="model.data")
+            onnx.save(
+                part.model, str(model_path), save_as_external_data=True, location="model.data"
+            )
         self.logs.mkdir(parents=True, exist_ok=True)
-        options = replace(self.options, json_graph_dir=str(json_dir) if json_dir else None, profiling_level=None)
-        job = PartJob(self.engine_name, options, str(model_path), feeds, outputs, str(work / "out"),
-                      str(self.logs / f"{label}.txt"), str(work / "stage"))
+        options = replace(
+            self.options, json_graph_dir=str(json_dir) if json_dir else None, profiling_level=None
+        )
+        job = PartJob(
+            self.engine_name,
+            options,
+            str(model_path),
+            feeds,
+            outputs,
+            str(work / "out"),
+            str(self.logs / f"{label}.txt"),
+            str(work / "stage"),
+        )
         if not self.engine.isolated:
             return Handle(job, None, work)
-        child = Isolated(self.job_fn, job, what=f"running {label} on {self.engine.label}", log_hint=job.native_log)
+        child = Isolated(
+            self.job_fn,
+            job,
+            what=f"running {label} on {self.engine.label}",
+            log_hint=job.native_log,
+        )
         return Handle(job, child, work)
 
     def finish(self, handle: Handle) -> tuple[PartReport, dict[str, np.ndarray]]:
@@ -304,7 +371,9 @@ class Backend:
             except AccdbgError as exc:  # the backend crashed: the stage file says where
                 stage_file = Path(job.stage_file)
                 stage = stage_file.read_text(encoding="utf-8") if stage_file.exists() else "session"
-                report = PartReport(False, "run" if stage in ("run", "done") else "session", str(exc), sessions=1)
+                report = PartReport(
+                    False, "run" if stage in ("run", "done") else "session", str(exc), sessions=1
+                )
         self.sessions += report.sessions
         values = {name: np.load(path) for name, path in report.outputs.items()}
         shutil.rmtree(handle.work, ignore_errors=True)
@@ -312,8 +381,9 @@ class Backend:
             Path(job.native_log).unlink(missing_ok=True)  # kept only to explain failures
         return report, values
 
-    def run(self, part: Part, feeds: dict, outputs: list[str], label: str,
-            json_dir: Path | None = None) -> tuple[PartReport, dict[str, np.ndarray]]:
+    def run(
+        self, part: Part, feeds: dict, outputs: list[str], label: str, json_dir: Path | None = None
+    ) -> tuple[PartReport, dict[str, np.ndarray]]:
         return self.finish(self.start(part, feeds, outputs, label, json_dir))
 
 
@@ -332,8 +402,10 @@ class Judge:
         for spec in specs:
             v = get_verifier(spec)
             if v.tensors_per_side != 1:
-                raise AccdbgError(f"verifier {v.name} compares several tensors per side; layerwise snooping "
-                                  "compares one layer output at a time: choose e.g. CosineSimilarity")
+                raise AccdbgError(
+                    f"verifier {v.name} compares several tensors per side; layerwise snooping "
+                    "compares one layer output at a time: choose e.g. CosineSimilarity"
+                )
             label = v.name if v.name not in out else v.label
             out[label] = v
         if not out:
@@ -350,7 +422,9 @@ class Judge:
             return "no threshold"
         return f"pass {'>=' if v.higher_is_better else '<='} {v.pass_mark:g}"
 
-    def scores(self, golden: np.ndarray, target: np.ndarray, scale: float | None) -> tuple[dict, dict, list[str]]:
+    def scores(
+        self, golden: np.ndarray, target: np.ndarray, scale: float | None
+    ) -> tuple[dict, dict, list[str]]:
         """Values, verdicts and notes of every verifier on one pair."""
         pair = TensorPair(golden, target, scale)
         values, passed, notes = {}, {}, list(pair.notes)
@@ -372,13 +446,22 @@ def _num(v: float) -> str:
 
 
 def base_row(layer: Layer, shape: Sequence[int] | None, status: str = OK) -> dict[str, Any]:
-    return {"O/P Name": layer.name, "Status": status, "Layer Type": layer.op_type,
-            "Shape": list(shape) if shape is not None else None, "Activations": "", "Info": "",
-            "_position": layer.position, "_passed": {}, "_values": {}}
+    return {
+        "O/P Name": layer.name,
+        "Status": status,
+        "Layer Type": layer.op_type,
+        "Shape": list(shape) if shape is not None else None,
+        "Activations": "",
+        "Info": "",
+        "_position": layer.position,
+        "_passed": {},
+        "_values": {},
+    }
 
 
-def judge_layer(layer: Layer, values: np.ndarray, golden: Golden, judge: Judge, qdq: QdqModel,
-                cpu: bool = False) -> dict[str, Any]:
+def judge_layer(
+    layer: Layer, values: np.ndarray, golden: Golden, judge: Judge, qdq: QdqModel, cpu: bool = False
+) -> dict[str, Any]:
     """One report row: the layer's output from a part against its golden value."""
     target = layer.dequantize(values)
     row = base_row(layer, target.shape)
@@ -390,7 +473,9 @@ def judge_layer(layer: Layer, values: np.ndarray, golden: Golden, judge: Judge, 
         return row
     if g.size != target.size:
         row["Status"] = ERR_COMPARE
-        row["Info"] = "; ".join([*info, f"golden has {g.size} values, the backend output {list(target.shape)}"])
+        row["Info"] = "; ".join(
+            [*info, f"golden has {g.size} values, the backend output {list(target.shape)}"]
+        )
         return row
     g = np.asarray(g, dtype=np.float64).reshape(target.shape)
     finite = g[np.isfinite(g)]
@@ -427,20 +512,27 @@ def check_engine_kwargs(kwargs: dict | None) -> dict:
     known = set(QUANT_KEYS) | set(BACKEND_KEYS) | set(FILTER_KEYS) | set(IGNORED_KEYS)
     unknown = sorted(k for k in kwargs if k not in known)
     if unknown:
-        raise AccdbgError(f"engine option {unknown[0]!r} is not known; expected some of: {', '.join(sorted(known))}")
+        raise AccdbgError(
+            f"engine option {unknown[0]!r} is not known; expected some of: {', '.join(sorted(known))}"
+        )
     if kwargs.get("stage") == "compiled":
-        raise AccdbgError("--stage compiled: a QNN context binary is sealed and cannot be cut into layers; "
-                          "give the QDQ model (--stage converted) or the float model")
+        raise AccdbgError(
+            "--stage compiled: a QNN context binary is sealed and cannot be cut into layers; "
+            "give the QDQ model (--stage converted) or the float model"
+        )
     return kwargs
 
 
 def engine_options(kwargs: dict) -> tuple[str, EngineOptions]:
     engine = kwargs.get("engine") or "qnn"
-    options = EngineOptions(runtime=kwargs.get("runtime") or "htp",
-                            architecture=kwargs.get("architecture") or "x86_64-linux-clang",
-                            precision=kwargs.get("precision") or "int8", soc_model=kwargs.get("soc_model"),
-                            perf_profile=kwargs.get("perf_profile"),
-                            disable_cpu_fallback=bool(kwargs.get("disable_cpu_fallback")))
+    options = EngineOptions(
+        runtime=kwargs.get("runtime") or "htp",
+        architecture=kwargs.get("architecture") or "x86_64-linux-clang",
+        precision=kwargs.get("precision") or "int8",
+        soc_model=kwargs.get("soc_model"),
+        perf_profile=kwargs.get("perf_profile"),
+        disable_cpu_fallback=bool(kwargs.get("disable_cpu_fallback")),
+    )
     get_engine(engine).check_host(options)
     return engine, options
 
@@ -449,8 +541,13 @@ def is_qdq(model: onnx.ModelProto) -> bool:
     return any(n.op_type == "QuantizeLinear" for n in model.graph.node)
 
 
-def quantize(model_path: Path, model: onnx.ModelProto, inputs: Sequence[InputTensor], kwargs: dict,
-             out_dir: Path) -> Path:
+def quantize(
+    model_path: Path,
+    model: onnx.ModelProto,
+    inputs: Sequence[InputTensor],
+    kwargs: dict,
+    out_dir: Path,
+) -> Path:
     """The QDQ model exactly as the inference engine's source stage makes it (same
     pre-processing, same quantizer and options), without running it."""
     from accdbg.engines.prepare import prepare_float_model
@@ -480,14 +577,29 @@ def quantize(model_path: Path, model: onnx.ModelProto, inputs: Sequence[InputTen
 
         if not Path(qo).is_file():
             raise AccdbgError(f"-qo/--quantization_overrides {str(qo)!r} does not exist")
-        overrides = aimet_to_tensor_quant_overrides(read_aimet(Path(qo)), onnx.load(str(prepared), load_external_data=False))
+        overrides = aimet_to_tensor_quant_overrides(
+            read_aimet(Path(qo)), onnx.load(str(prepared), load_external_data=False)
+        )
     target = out_dir / f"{stem}.qdq.onnx"
     t = time.perf_counter()
-    quantize_for_qnn(prepared, target, FeedsReader([{t_.name: t_.path for t_ in inputs}], dims, dtypes),
-                     int(kwargs.get("act_bitwidth") or 8), int(kwargs.get("weights_bitwidth") or 8),
-                     int(kwargs.get("bias_bitwidth") or 32), kwargs.get("act_quantizer") or "tf",
-                     kwargs.get("param_quantizer") or "tf", bool(kwargs.get("per_channel")), overrides)
-    log.info("quantized %s for QNN in %.1f s -> %s", model_path.name, time.perf_counter() - t, target.name)
+    quantize_for_qnn(
+        prepared,
+        target,
+        FeedsReader([{t_.name: t_.path for t_ in inputs}], dims, dtypes),
+        int(kwargs.get("act_bitwidth") or 8),
+        int(kwargs.get("weights_bitwidth") or 8),
+        int(kwargs.get("bias_bitwidth") or 32),
+        kwargs.get("act_quantizer") or "tf",
+        kwargs.get("param_quantizer") or "tf",
+        bool(kwargs.get("per_channel")),
+        overrides,
+    )
+    log.info(
+        "quantized %s for QNN in %.1f s -> %s",
+        model_path.name,
+        time.perf_counter() - t,
+        target.name,
+    )
     shutil.rmtree(work, ignore_errors=True)
     return target
 
@@ -504,12 +616,16 @@ def find_layer(qdq: QdqModel, name: str, flag: str) -> Layer:
     raise AccdbgError(f"{flag} {name!r} is not the output of a layer of the quantized model{hint}")
 
 
-def select_span(qdq: QdqModel, start: str | None, end: str | None, kwargs: dict) -> tuple[list[Layer], dict[int, str]]:
+def select_span(
+    qdq: QdqModel, start: str | None, end: str | None, kwargs: dict
+) -> tuple[list[Layer], dict[int, str]]:
     """The layers to debug, and why each other layer is skipped."""
     first = find_layer(qdq, start, "--start_layer").position if start else 0
     last = find_layer(qdq, end, "--end_layer").position if end else len(qdq.layers) - 1
     if first > last:
-        raise AccdbgError(f"--start_layer {start!r} comes after --end_layer {end!r} in execution order")
+        raise AccdbgError(
+            f"--start_layer {start!r} comes after --end_layer {end!r} in execution order"
+        )
 
     def split(v) -> set[str]:
         if not v:
@@ -517,8 +633,14 @@ def select_span(qdq: QdqModel, start: str | None, end: str | None, kwargs: dict)
         items = v.split(",") if isinstance(v, str) else v
         return {str(i).strip() for i in items if str(i).strip()}
 
-    add_o, add_t = split(kwargs.get("add_layer_outputs")), {t.lower() for t in split(kwargs.get("add_layer_types"))}
-    skip_o, skip_t = split(kwargs.get("skip_layer_outputs")), {t.lower() for t in split(kwargs.get("skip_layer_types"))}
+    add_o, add_t = (
+        split(kwargs.get("add_layer_outputs")),
+        {t.lower() for t in split(kwargs.get("add_layer_types"))},
+    )
+    skip_o, skip_t = (
+        split(kwargs.get("skip_layer_outputs")),
+        {t.lower() for t in split(kwargs.get("skip_layer_types"))},
+    )
     span, skipped = [], {}
     for layer in qdq.layers:
         names = {layer.name, layer.exposed.qdq_tensor}
@@ -540,8 +662,14 @@ def finalize_row(row: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, float | np.floating) and not math.isfinite(float(v)):
             out[k] = str(float(v))
         elif isinstance(v, dict):
-            out[k] = {kk: (str(float(vv)) if isinstance(vv, float | np.floating) and not math.isfinite(float(vv)) else vv)
-                      for kk, vv in v.items()}
+            out[k] = {
+                kk: (
+                    str(float(vv))
+                    if isinstance(vv, float | np.floating) and not math.isfinite(float(vv))
+                    else vv
+                )
+                for kk, vv in v.items()
+            }
         elif isinstance(v, np.generic):
             out[k] = v.item()
         else:
@@ -554,14 +682,25 @@ def restore_row(row: dict[str, Any], labels: Sequence[str]) -> dict[str, Any]:
     for label in labels:
         v = out.get(label)
         out[label] = float(v) if isinstance(v, str) else (math.nan if v is None else v)
-    out["_values"] = {k: float(v) if isinstance(v, str) else v for k, v in out.get("_values", {}).items()}
+    out["_values"] = {
+        k: float(v) if isinstance(v, str) else v for k, v in out.get("_values", {}).items()
+    }
     return out
 
 
 def orig_outputs_text(scores: dict[str, dict[str, float]]) -> str:
     """``{"output": {"CosineSimilarity": 0.99}}`` as the reference prints the column."""
-    return json.dumps({k: {kk: (round(vv, 6) if isinstance(vv, float) and math.isfinite(vv) else str(vv))
-                           for kk, vv in v.items()} if isinstance(v, dict) else v for k, v in scores.items()})
+    return json.dumps(
+        {
+            k: {
+                kk: (round(vv, 6) if isinstance(vv, float) and math.isfinite(vv) else str(vv))
+                for kk, vv in v.items()
+            }
+            if isinstance(v, dict)
+            else v
+            for k, v in scores.items()
+        }
+    )
 
 
 # ---------------------------------------------------------------- the shared driver
@@ -591,7 +730,9 @@ class Context:
         """Journal finished rows (fsynced), then rewrite the reports atomically."""
         for r in rows:
             self.rows[r["_position"]] = r
-        self.journal.append({"kind": kind, "rows": [finalize_row(r) for r in rows], "sessions": sessions, **extra})
+        self.journal.append(
+            {"kind": kind, "rows": [finalize_row(r) for r in rows], "sessions": sessions, **extra}
+        )
         self.write()
 
     def write_outputs(self, folder: str, layers_values: list[tuple[Layer, np.ndarray]]) -> None:
@@ -600,16 +741,33 @@ class Context:
 
         if not layers_values:
             return
-        w = TensorWriter(self.run_path / "output" / folder, meta={"component": "snooping", "unit": folder})
+        w = TensorWriter(
+            self.run_path / "output" / folder, meta={"component": "snooping", "unit": folder}
+        )
         for layer, values in layers_values:
-            w.write(layer.name, layer.dequantize(values), node=layer.exposed.node, op_type=layer.op_type,
-                    index=layer.position, **layer.exposed.encoding())
+            w.write(
+                layer.name,
+                layer.dequantize(values),
+                node=layer.exposed.node,
+                op_type=layer.op_type,
+                index=layer.position,
+                **layer.exposed.encoding(),
+            )
         w.save_manifest()
 
 
 HTML_EVERY = 30.0  # seconds between HTML rewrites while running
-OPTION_KEYS = ["algorithm", "model_path", "qdq_model", "golden_dir", "input_tensor", "verifiers",
-               "start_layer", "end_layer", "engine_kwargs"]
+OPTION_KEYS = [
+    "algorithm",
+    "model_path",
+    "qdq_model",
+    "golden_dir",
+    "input_tensor",
+    "verifiers",
+    "start_layer",
+    "end_layer",
+    "engine_kwargs",
+]
 
 
 def snoop(
@@ -645,13 +803,19 @@ def snoop(
     names = [vi.name for vi in om.real_inputs(model)]
     for t in input_tensors:
         if t.name not in names:
-            raise AccdbgError(f"--input_tensor {t.name!r} is not an input of the model; its inputs are: "
-                              f"{om.describe_inputs(model)}")
+            raise AccdbgError(
+                f"--input_tensor {t.name!r} is not an input of the model; its inputs are: "
+                f"{om.describe_inputs(model)}"
+            )
         t.load()  # size checked now, not in the middle of the run
     if not input_tensors and golden_dir is None:
-        raise AccdbgError("give -i/--input_tensor (framework diagnosis needs them) or --golden_output_reference_directory")
+        raise AccdbgError(
+            "give -i/--input_tensor (framework diagnosis needs them) or --golden_output_reference_directory"
+        )
     if golden_dir is not None and not Path(golden_dir).expanduser().is_dir():
-        raise AccdbgError(f"--golden_output_reference_directory {str(golden_dir)!r} does not exist or is not a folder")
+        raise AccdbgError(
+            f"--golden_output_reference_directory {str(golden_dir)!r} does not exist or is not a folder"
+        )
     given_qdq = Path(qdq_model).expanduser().absolute() if qdq_model else None
     if given_qdq is None and (is_qdq(model) or kwargs.get("stage") == "converted"):
         given_qdq = model_path
@@ -665,13 +829,22 @@ def snoop(
         if names_here:
             om.check_tensor_names(model, names_here, "--start_layer/--end_layer")
     record = {
-        "algorithm": algorithm.replace("_", "-"), "model_path": str(model_path),
+        "algorithm": algorithm.replace("_", "-"),
+        "model_path": str(model_path),
         "qdq_model": str(given_qdq) if given_qdq else None,
         "golden_dir": str(Path(golden_dir).expanduser().absolute()) if golden_dir else None,
-        "input_tensor": [[t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name] for t in input_tensors],
-        "verifiers": [v.label for v in judge.verifiers.values()], "start_layer": start_layer, "end_layer": end_layer,
-        "engine_kwargs": {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in sorted(kwargs.items())},
-        "working_dir": str(working_dir), "output_dirname": output_dirname, "memory_budget_mb": memory_budget_mb,
+        "input_tensor": [
+            [t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name] for t in input_tensors
+        ],
+        "verifiers": [v.label for v in judge.verifiers.values()],
+        "start_layer": start_layer,
+        "end_layer": end_layer,
+        "engine_kwargs": {
+            k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in sorted(kwargs.items())
+        },
+        "working_dir": str(working_dir),
+        "output_dirname": output_dirname,
+        "memory_budget_mb": memory_budget_mb,
     }
     run = checkpoint.open_run(working_dir, component, output_dirname)
     with run:
@@ -687,24 +860,39 @@ def snoop(
             setup = journal.of_kind("setup")
             if setup:
                 golden_root = Path(setup[0]["golden_dir"])
-                qdq_path = run.path / setup[0]["qdq_model"] if setup[0]["qdq_inside"] else Path(setup[0]["qdq_model"])
+                qdq_path = (
+                    run.path / setup[0]["qdq_model"]
+                    if setup[0]["qdq_inside"]
+                    else Path(setup[0]["qdq_model"])
+                )
                 for what, p in (("golden folder", golden_root), ("QDQ model", qdq_path)):
                     if not p.exists():
-                        raise AccdbgError(f"cannot resume {str(run.path)!r}: its {what} {str(p)!r} is gone")
+                        raise AccdbgError(
+                            f"cannot resume {str(run.path)!r}: its {what} {str(p)!r} is gone"
+                        )
                 log.info("resuming: %d finished unit(s) in %s", len(journal.records) - 1, run.path)
             else:
                 if golden_dir is not None:
                     golden_root = Path(golden_dir).expanduser().absolute()
                 else:
                     if given_qdq == model_path:
-                        log.warning("no golden reference: framework diagnosis runs the QDQ model on the CPU, so the "
-                                    "golden values are a CPU simulation of the same quantization")
-                    golden_root = run_framework_diagnosis("onnx", model_path, input_tensors,
-                                                          working_dir=working_dir).run_dir
+                        log.warning(
+                            "no golden reference: framework diagnosis runs the QDQ model on the CPU, so the "
+                            "golden values are a CPU simulation of the same quantization"
+                        )
+                    golden_root = run_framework_diagnosis(
+                        "onnx", model_path, input_tensors, working_dir=working_dir
+                    ).run_dir
                 qdq_path = given_qdq or quantize(model_path, model, input_tensors, kwargs, run.path)
                 inside = qdq_path.parent == run.path
-                journal.append({"kind": "setup", "golden_dir": str(golden_root),
-                                "qdq_model": qdq_path.name if inside else str(qdq_path), "qdq_inside": inside})
+                journal.append(
+                    {
+                        "kind": "setup",
+                        "golden_dir": str(golden_root),
+                        "qdq_model": qdq_path.name if inside else str(qdq_path),
+                        "qdq_inside": inside,
+                    }
+                )
             scratch = run.path / ".scratch"
             golden = Golden(golden_root, input_tensors, scratch)
             qdq = QdqModel.load(qdq_path, set(golden.folder.names()))
@@ -712,11 +900,27 @@ def snoop(
                 raise AccdbgError(f"{qdq_path.name} has no layer to debug")
             span, skipped = select_span(qdq, start_layer, end_layer, kwargs)
             backend = Backend(engine, options, scratch, run.path / "backend_logs")
-            n_workers = workers if workers is not None else (min(2, os.cpu_count() or 1) if backend.concurrent else 1)
-            ctx = Context(run.path, journal, qdq, golden, judge, span, skipped, backend, {},
-                          find_layer(qdq, start_layer, "--start_layer") if start_layer else None,
-                          find_layer(qdq, end_layer, "--end_layer") if end_layer else None,
-                          int(memory_budget_mb * 2**20), max(1, n_workers), dump_qnn_json)
+            n_workers = (
+                workers
+                if workers is not None
+                else (min(2, os.cpu_count() or 1) if backend.concurrent else 1)
+            )
+            ctx = Context(
+                run.path,
+                journal,
+                qdq,
+                golden,
+                judge,
+                span,
+                skipped,
+                backend,
+                {},
+                find_layer(qdq, start_layer, "--start_layer") if start_layer else None,
+                find_layer(qdq, end_layer, "--end_layer") if end_layer else None,
+                int(memory_budget_mb * 2**20),
+                max(1, n_workers),
+                dump_qnn_json,
+            )
             for rec in journal.records:
                 for r in rec.get("rows", []):
                     ctx.rows[r["_position"]] = restore_row(r, judge.labels)
@@ -737,13 +941,28 @@ def snoop(
                 html = final or time.perf_counter() - last_html[0] >= HTML_EVERY
                 if html:
                     last_html[0] = time.perf_counter()
-                return report.write_reports(run.path, stem, rows, judge, cumulative, title, meta,
-                                            _notes(judge, cumulative), html=html)
+                return report.write_reports(
+                    run.path,
+                    stem,
+                    rows,
+                    judge,
+                    cumulative,
+                    title,
+                    meta,
+                    _notes(judge, cumulative),
+                    html=html,
+                )
 
             ctx.write = write
             todo = [layer for layer in span if layer.position not in ctx.rows]
-            log.info("%s: %d layers, %d to debug, %d already done, %d skipped", algorithm, len(qdq.layers),
-                     len(todo), len(span) - len(todo), len(skipped))
+            log.info(
+                "%s: %d layers, %d to debug, %d already done, %d skipped",
+                algorithm,
+                len(qdq.layers),
+                len(todo),
+                len(span) - len(todo),
+                len(skipped),
+            )
             if todo and not journal.of_kind("done"):
                 loop(ctx)
             if not journal.of_kind("done"):
@@ -753,20 +972,40 @@ def snoop(
         finally:
             lock.release()
     seconds = time.perf_counter() - t0
-    log.info("%s: %d rows, %d session(s) in %.1f s -> %s", algorithm, len(df), backend.sessions if backend else 0,
-             seconds, run.path)
-    return SnoopingResult(run.path, df, backend.sessions if backend else 0, seconds,
-                          run.path / csv_path.name, run.path / html_path.name)
+    log.info(
+        "%s: %d rows, %d session(s) in %.1f s -> %s",
+        algorithm,
+        len(df),
+        backend.sessions if backend else 0,
+        seconds,
+        run.path,
+    )
+    return SnoopingResult(
+        run.path,
+        df,
+        backend.sessions if backend else 0,
+        seconds,
+        run.path / csv_path.name,
+        run.path / html_path.name,
+    )
 
 
 def _notes(judge: Judge, cumulative: bool) -> list[str]:
     marks = "; ".join(f"{label}: {judge.mark(label)}" for label in judge.labels)
-    common = ("Statuses: empty = judged; skip = not debugged as asked; err_part = the model could not be cut "
-              "there; err_con = onnxruntime refused the part; err_lib = QNN refused the graph; err_cntx = QNN "
-              "could not finalize it; err_exec = running it failed; err_COMPARE = no comparison possible.")
+    common = (
+        "Statuses: empty = judged; skip = not debugged as asked; err_part = the model could not be cut "
+        "there; err_con = onnxruntime refused the part; err_lib = QNN refused the graph; err_cntx = QNN "
+        "could not finalize it; err_exec = running it failed; err_COMPARE = no comparison possible."
+    )
     if cumulative:
-        return [f"Each layer runs on the backend from the last partition point, fed with golden values there; "
-                f"the first layer failing a verifier ({marks}) becomes a partition point (part). Orig Outputs: "
-                f"the model outputs' scores in the run that judged the layer.", common]
-    return [f"Each layer runs alone on the backend, fed with golden inputs quantized with the full model's "
-            f"encodings ({marks}).", common]
+        return [
+            f"Each layer runs on the backend from the last partition point, fed with golden values there; "
+            f"the first layer failing a verifier ({marks}) becomes a partition point (part). Orig Outputs: "
+            f"the model outputs' scores in the run that judged the layer.",
+            common,
+        ]
+    return [
+        f"Each layer runs alone on the backend, fed with golden inputs quantized with the full model's "
+        f"encodings ({marks}).",
+        common,
+    ]

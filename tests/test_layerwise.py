@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from accdbg.algorithms import backend as backend_module
 from accdbg.algorithms import run_layerwise
-from accdbg.algorithms import snooping as snooping_module
-from accdbg.algorithms.snooping import PartReport, failure_status, run_part
+from accdbg.algorithms.backend import PartReport, failure_status, run_part
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines import run_inference_engine
@@ -299,7 +299,7 @@ def crash_on_pool(job):
 
 def test_a_crashing_layer_is_isolated_and_the_rest_judged(two_fault, tmp_path, monkeypatch):
     m = two_fault
-    monkeypatch.setattr(snooping_module.Backend, "job_fn", staticmethod(crash_on_pool))
+    monkeypatch.setattr(backend_module.Backend, "job_fn", staticmethod(crash_on_pool))
     res = run_layerwise(
         m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path
     )

@@ -243,3 +243,12 @@ def test_every_example_script_runs(tmp_path):
         proc = subprocess.run([sys.executable, str(script), str(tmp_path / script.stem)], capture_output=True,
                               text=True, timeout=600, env={**os.environ, "ACCDBG_NO_PROGRESS": "1"})
         assert proc.returncode == 0, (script, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").iterdir()))
+def test_sample_configs_run(config, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    code, _, err = run_cli(capsys, "--config", f"configs/{config}", "-w", tmp_path / "w")
+    assert code == 0, err
+    summary = next((tmp_path / "w" / "verification").glob("*/summary.csv"))
+    assert len(pd.read_csv(summary)) == 8  # every layer of the example

@@ -22,21 +22,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from accdbg.algorithms.backend import PartReport, failure_status
 from accdbg.algorithms.fragments import Layer, Part, SurgeryError
-from accdbg.algorithms.snooping import (
-    ERR_PART,
-    PART,
-    Context,
-    GoldenError,
-    PartReport,
-    SnoopingResult,
-    error_row,
-    failing,
-    failure_status,
-    judge_layer,
-    orig_outputs_text,
-    snoop,
-)
+from accdbg.algorithms.golden import GoldenError
+from accdbg.algorithms.judging import error_row, failing, judge_layer, orig_outputs_text
+from accdbg.algorithms.snooping import Context, SnoopingResult, snoop
+from accdbg.algorithms.statuses import ERR_PART, PART
 from accdbg.core.inputs import InputTensor
 from accdbg.errors import AccdbgError
 
@@ -85,7 +76,7 @@ def _orig_scores(ctx: Context, part: Part, values: dict) -> str:
         layer = ctx.end_layer
         out = layer.suffix_output
         if out in values:
-            row = judge_layer(layer, values[out], ctx.golden, ctx.judge, ctx.qdq)
+            row = judge_layer(layer, values[out], ctx.golden, ctx.judge)
             scores[layer.name] = row.get("_values") or row["Info"]
         return orig_outputs_text(scores)
     for out in ctx.qdq.graph_outputs:
@@ -177,14 +168,8 @@ def _loop(ctx: Context) -> None:
         cpu = {name for _, name in report.cpu_nodes} if report.ok else set()
         rows, dumped, next_layer = [], [], None
         for layer in judged:
-            row = judge_layer(
-                layer,
-                values[layer.suffix_output],
-                ctx.golden,
-                ctx.judge,
-                ctx.qdq,
-                cpu=layer.exposed.node in cpu,
-            )
+            on_cpu = layer.exposed.node in cpu
+            row = judge_layer(layer, values[layer.suffix_output], ctx.golden, ctx.judge, cpu=on_cpu)
             dumped.append((layer, values[layer.suffix_output]))
             rows.append(row)
             if failing(row):

@@ -18,26 +18,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from accdbg.algorithms.backend import failure_status
 from accdbg.algorithms.fragments import Layer, Part, SurgeryError, merge
-from accdbg.algorithms.snooping import (
-    ERR_PART,
-    Context,
-    GoldenError,
-    SnoopingResult,
-    error_row,
-    failure_status,
-    judge_layer,
-    snoop,
-)
+from accdbg.algorithms.golden import GoldenError
+from accdbg.algorithms.judging import error_row, judge_layer
+from accdbg.algorithms.snooping import Context, SnoopingResult, snoop
+from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor
 
 log = logging.getLogger("accdbg.snooping")
 
 DEFAULT_MEMORY_BUDGET_MB = 1024
-SPLIT_MIN_BYTES = (
-    16 * 2**20
-)  # below this much tensor data a second process costs more than it saves
+# below this much tensor data a second process costs more than it saves
+SPLIT_MIN_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -133,16 +127,8 @@ def _loop(ctx: Context) -> None:
                 rows, dumped = [], []
                 for out, layer in merged.outputs.items():
                     f_prefix = f"f{layer.node_index}/"
-                    rows.append(
-                        judge_layer(
-                            layer,
-                            values[out],
-                            ctx.golden,
-                            ctx.judge,
-                            ctx.qdq,
-                            cpu=f_prefix + layer.exposed.node in cpu,
-                        )
-                    )
+                    on_cpu = f_prefix + layer.exposed.node in cpu
+                    rows.append(judge_layer(layer, values[out], ctx.golden, ctx.judge, cpu=on_cpu))
                     dumped.append((layer, values[out]))
                 ctx.write_outputs(f"batch_{len(ctx.journal.records):04d}", dumped)
                 ctx.record("rows", rows, sessions, batch=len(batch))

@@ -18,7 +18,8 @@ from typing import Any
 import pandas as pd
 
 from accdbg.algorithms.attribution import Attribution, ideal_score
-from accdbg.algorithms.snooping import ERRORS, PART, Judge
+from accdbg.algorithms.judging import Judge
+from accdbg.algorithms.statuses import ERRORS, PART
 from accdbg.reports.summary import write_csv
 
 LEADING = ["O/P Name", "Status", "Layer Type", "Shape", "Activations"]

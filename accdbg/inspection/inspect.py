@@ -432,12 +432,15 @@ def _execute(settings: Settings, jobs: list[Job], workers: int) -> list[Outcome]
         (Isolated(_run_shard, settings, shard, what="inspecting tensors"), shard) for shard in shards[1:] if shard
     ]
     outcomes: list[Outcome] = []
+    started = time.perf_counter()
     try:
         outcomes += _run_shard(settings, shards[0], show_progress=True)
     except BaseException:
         for child, _ in children:
             child.kill()
         raise
+    log.debug("this process inspected %d tensors in %.1f s; waiting for %d worker processes",
+              len(shards[0]), time.perf_counter() - started, len(children))
     for child, shard in children:
         try:
             outcomes += child.result()

@@ -1,0 +1,231 @@
+"""Running a part of the model on the backend, once, in a child process.
+
+The QNN backend is native code: each part runs in a fresh child
+(:mod:`accdbg.engines.isolate`), so a crash becomes a status for the layers of that part.
+Only paths and small facts travel: golden feeds are raw files the child reads itself, and
+the outputs come back as ``.npy`` files. A stage file written by the child tells where a
+crash happened (session creation or run), which decides the ``err_*`` status.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from accdbg.algorithms.fragments import Part
+from accdbg.algorithms.statuses import ERR_CNTX, ERR_CON, ERR_EXEC, ERR_LIB
+from accdbg.core import onnx_model as om
+from accdbg.engines.base import EngineOptions, get_engine
+from accdbg.engines.isolate import Isolated
+from accdbg.errors import AccdbgError
+
+
+@dataclass
+class PartJob:
+    """One model to run once in the backend process; only paths and small facts travel."""
+
+    engine: str
+    options: EngineOptions
+    model_path: str
+    feeds: dict[str, tuple[str, tuple[int, ...], str]]
+    outputs: list[str]
+    out_dir: str
+    native_log: str
+    stage_file: str
+
+
+@dataclass
+class PartReport:
+    ok: bool
+    stage: str  # where it stopped: "session", "run" or "done"
+    error: str = ""
+    outputs: dict[str, str] = field(default_factory=dict)  # output -> .npy file
+    cpu_nodes: list = field(default_factory=list)
+    session_seconds: float = 0.0
+    run_seconds: float = 0.0
+    sessions: int = 0
+    peak_rss_mb: float | None = None  # the child's own high-water mark
+
+
+def own_peak_rss_mb() -> float | None:
+    """This process's peak RSS since its exec (``VmHWM``; Linux). ``getrusage`` would not do:
+    a child's ``ru_maxrss`` keeps the parent's high-water mark from before its exec."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _mark(path: str, stage: str) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(stage)
+
+
+def run_part(job: PartJob) -> PartReport:
+    """Create the session, run it once, save every output as ``.npy``. Module-level: it is
+    what the backend child process runs."""
+    from accdbg.engines import worker
+
+    wjob = worker.Job(
+        engine=job.engine,
+        options=job.options,
+        model_path=job.model_path,
+        exposed=[],
+        feeds=[job.feeds],
+        output_root=job.out_dir,
+        native_log=job.native_log,
+    )
+    wrep = worker.JobReport()
+    _mark(job.stage_file, "session")
+    try:
+        sess = worker._session(wjob, job.model_path, job.options, "session creation", wrep)
+    except AccdbgError as exc:
+        return PartReport(False, "session", str(exc), sessions=1)
+    rep = PartReport(
+        True,
+        "run",
+        cpu_nodes=list(wrep.cpu_nodes),
+        session_seconds=wrep.session_seconds,
+        sessions=wrep.sessions,
+    )
+    _mark(job.stage_file, "run")
+    try:
+        values = worker._run(sess, job.outputs, job.feeds, wjob, wrep)
+    except AccdbgError as exc:
+        rep.ok, rep.error = False, str(exc)
+        return rep
+    rep.run_seconds = wrep.run_seconds
+    out = Path(job.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(job.outputs):
+        path = out / f"{i}.npy"
+        np.save(path, values.pop(name))
+        rep.outputs[name] = str(path)
+    rep.stage = "done"
+    rep.peak_rss_mb = own_peak_rss_mb()
+    _mark(job.stage_file, "done")
+    return rep
+
+
+_CON = re.compile(
+    r"INVALID_GRAPH|Invalid model|Load model|ShapeInferenceError|TypeInferenceError|"
+    r"NOT_IMPLEMENTED|No Op registered|Could not find an implementation",
+    re.I,
+)
+_CNTX = re.compile(r"finaliz|context", re.I)
+
+
+def failure_status(report: PartReport) -> str:
+    """The reference status for a failed part (see the module docstring)."""
+    if report.stage == "run":
+        return ERR_EXEC
+    if _CON.search(report.error):
+        return ERR_CON
+    if _CNTX.search(report.error):
+        return ERR_CNTX
+    return ERR_LIB
+
+
+@dataclass
+class Handle:
+    job: PartJob
+    child: Isolated | None
+    work: Path
+
+
+class Backend:
+    """Runs parts on the chosen engine - in a fresh child process per part for native
+    backends, so a crash is a status, not our death - and counts the sessions created."""
+
+    job_fn = staticmethod(run_part)  # module-level, so the child process can import it
+
+    def __init__(self, engine: str, options: EngineOptions, scratch: Path, logs: Path):
+        self.engine = get_engine(engine)
+        self.engine_name = engine
+        self.options = options
+        self.scratch, self.logs = scratch, logs
+        self.sessions = 0
+        self.peak_rss_mb: float | None = None  # the largest backend child's own peak
+        self._n = 0
+
+    @property
+    def concurrent(self) -> bool:
+        return self.engine.isolated
+
+    def start(
+        self, part: Part, feeds: dict, outputs: list[str], label: str, json_dir: Path | None = None
+    ) -> Handle:
+        """Start running ``part`` (in the background for native engines)."""
+        self._n += 1
+        work = self.scratch / f"{self._n:04d}-{label}"
+        work.mkdir(parents=True, exist_ok=True)
+        model_path = work / "model.onnx"
+        om_bytes = part.model.ByteSize()
+        if om_bytes < om.TWO_GIB:
+            onnx.save(part.model, str(model_path))
+        else:
+            onnx.save(
+                part.model, str(model_path), save_as_external_data=True, location="model.data"
+            )
+        self.logs.mkdir(parents=True, exist_ok=True)
+        options = replace(
+            self.options, json_graph_dir=str(json_dir) if json_dir else None, profiling_level=None
+        )
+        job = PartJob(
+            self.engine_name,
+            options,
+            str(model_path),
+            feeds,
+            outputs,
+            str(work / "out"),
+            str(self.logs / f"{label}.txt"),
+            str(work / "stage"),
+        )
+        if not self.engine.isolated:
+            return Handle(job, None, work)
+        child = Isolated(
+            self.job_fn,
+            job,
+            what=f"running {label} on {self.engine.label}",
+            log_hint=job.native_log,
+        )
+        return Handle(job, child, work)
+
+    def finish(self, handle: Handle) -> tuple[PartReport, dict[str, np.ndarray]]:
+        """Wait for a part; its report and its outputs (loaded, the files removed)."""
+        job = handle.job
+        if handle.child is None:
+            report = self.job_fn(job)
+        else:
+            try:
+                report = handle.child.result()
+            except KeyboardInterrupt:
+                handle.child.kill()
+                raise
+            except AccdbgError as exc:  # the backend crashed: the stage file says where
+                stage_file = Path(job.stage_file)
+                stage = stage_file.read_text(encoding="utf-8") if stage_file.exists() else "session"
+                report = PartReport(
+                    False, "run" if stage in ("run", "done") else "session", str(exc), sessions=1
+                )
+        self.sessions += report.sessions
+        if report.peak_rss_mb is not None:
+            self.peak_rss_mb = max(self.peak_rss_mb or 0.0, report.peak_rss_mb)
+        values = {name: np.load(path) for name, path in report.outputs.items()}
+        shutil.rmtree(handle.work, ignore_errors=True)
+        if report.ok:
+            Path(job.native_log).unlink(missing_ok=True)  # kept only to explain failures
+        return report, values
+
+    def run(
+        self, part: Part, feeds: dict, outputs: list[str], label: str, json_dir: Path | None = None
+    ) -> tuple[PartReport, dict[str, np.ndarray]]:
+        return self.finish(self.start(part, feeds, outputs, label, json_dir))

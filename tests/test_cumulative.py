@@ -235,3 +235,22 @@ def test_real_ppocr_det_cumulative_is_complete_and_starts_where_oneshot_fails(pp
     assert all(len(set(r)) == 1 for r in runs if len(r))
     assert "sigmoid_0.tmp_0" in _orig(df["Orig Outputs"].iloc[0])
     assert cumulative.html.is_file() and (cumulative.run_dir / "cumulative_layerwise.csv").is_file()
+
+
+def test_a_small_memory_budget_judges_in_windows_with_the_same_result(two_fault, tmp_path):
+    m = two_fault
+    res = run_cumulative_layerwise(
+        m.path,
+        m.inputs,
+        golden_dir=m.golden,
+        qdq_model=m.engine.qdq_model,
+        memory_budget_mb=1e-6,
+        working_dir=tmp_path,
+    )
+    assert res.sessions == len(res.report)  # one layer's output per run
+    ref = m.cumulative.report
+    assert list(res.report["Status"]) == list(ref["Status"])
+    np.testing.assert_allclose(res.report["CosineSimilarity"], ref["CosineSimilarity"], atol=1e-9)
+    assert list(res.report["Orig Outputs"]) == list(
+        ref["Orig Outputs"]
+    )  # same run, window by window

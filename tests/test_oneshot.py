@@ -252,3 +252,22 @@ def test_sample_configs_run(config, tmp_path, capsys, monkeypatch):
     assert code == 0, err
     summary = next((tmp_path / "w" / "verification").glob("*/summary.csv"))
     assert len(pd.read_csv(summary)) == 8  # every layer of the example
+
+
+@pytest.mark.parametrize("algorithm, folder, report", [
+    ("layerwise", "layerwise_snooping", "layerwise.csv"),
+    ("cumulative-layerwise", "cumulative_layerwise_snooping", "cumulative_layerwise.csv"),
+])
+def test_wrapper_runs_the_snooping_algorithms(tmp_path, capsys, algorithm, folder, report):
+    built = models.planted_chain(tmp_path, layers=4, bad=1)
+    code, _, err = run_cli(capsys, "-f", "onnx", "-m", built.path, "-i", "x", "1,3,16,16", built.input_path,
+                           "-r", "htp", "--debugging_algorithm", algorithm, "-w", tmp_path / "w",
+                           "--output_dirname", "run")
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "w" / folder / "run" / report, keep_default_na=False)
+    assert list(table["O/P Name"]) == [f"layer{i}" for i in range(4)]
+    # with the earlier error removed, only the planted layer is far off
+    bad = table[table["CosineSimilarity"].astype(float) < 0.99]["O/P Name"].tolist()
+    assert bad == ["layer1"]
+    assert algorithm.split("-")[0] in (tmp_path / "w" / "wrapper" / "run" / "log.txt").read_text()
+    assert (tmp_path / "w" / "framework_diagnosis" / "latest" / "tensors.json").is_file()

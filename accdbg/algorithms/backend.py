@@ -124,7 +124,7 @@ _CNTX = re.compile(r"finaliz|context", re.I)
 
 
 def failure_status(report: PartReport) -> str:
-    """The reference status for a failed part (see the module docstring)."""
+    """The reference status for a failed part (see :mod:`accdbg.algorithms.statuses`)."""
     if report.stage == "run":
         return ERR_EXEC
     if _CON.search(report.error):
@@ -168,8 +168,7 @@ class Backend:
         work = self.scratch / f"{self._n:04d}-{label}"
         work.mkdir(parents=True, exist_ok=True)
         model_path = work / "model.onnx"
-        om_bytes = part.model.ByteSize()
-        if om_bytes < om.TWO_GIB:
+        if part.model.ByteSize() < om.TWO_GIB:
             onnx.save(part.model, str(model_path))
         else:
             onnx.save(

@@ -28,6 +28,7 @@ from accdbg.algorithms.golden import GoldenError
 from accdbg.algorithms.judging import error_row, failing, judge_layer, orig_outputs_text
 from accdbg.algorithms.snooping import Context, SnoopingResult, snoop
 from accdbg.algorithms.statuses import ERR_PART, PART
+from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor
 from accdbg.errors import AccdbgError
 
@@ -58,18 +59,36 @@ class _Step:
             self.boundary, [*layers, *self.extra], finals=finals and ctx.end_layer is None
         )
         feeds = {
-            name: ctx.golden.feed(t, ctx.qdq.shape(t), ctx.qdq.dtype(t))
+            name: ctx.golden.feed(t, ctx.qdq.shape(t), ctx.qdq.dtype(t), *ctx.qdq.aliases(t))
             for name, t in part.inputs.items()
         }
         return part, feeds
 
-    def run(self, layers: list[Layer], finals: bool, label: str) -> tuple[PartReport, dict, Part]:
+    def run(self, layers: list[Layer], finals: bool, label: str) -> tuple[PartReport, dict]:
         part, feeds = self.part(layers, finals)
-        report, values = self.ctx.backend.run(part, feeds, [*part.outputs, *part.finals], label)
-        return report, values, part
+        json_dir = self.ctx.run_path / "qnn_json" / label if self.ctx.dump_qnn_json else None
+        outputs = [*part.outputs, *part.finals]
+        return self.ctx.backend.run(part, feeds, outputs, label, json_dir)
+
+    def window(self) -> None:
+        """Judge at most a memory budget's worth of outputs in one run; the next run continues
+        from the same partition point when none of them fails."""
+        qdq = self.ctx.qdq
+
+        def nbytes(layer: Layer) -> int | None:
+            shape = qdq.shape(layer.suffix_output)
+            dtype = qdq.dtype(layer.suffix_output)
+            return (
+                int(np.prod(shape)) * dtype.itemsize
+                if shape is not None and dtype is not None
+                else None
+            )
+
+        if self.judged:
+            self.judged = plan_batches(self.judged, nbytes, self.ctx.memory_budget_bytes)[0]
 
 
-def _orig_scores(ctx: Context, part: Part, values: dict) -> str:
+def _orig_scores(ctx: Context, values: dict) -> str:
     """The model outputs' (or the end layer's) scores in this run."""
     scores: dict[str, dict | str] = {}
     if ctx.end_layer is not None:
@@ -106,23 +125,26 @@ def _can_cut_after(ctx: Context, layer: Layer) -> str | None:
     return None
 
 
-def _bisect(step: _Step, n: int) -> tuple[int, dict, Part | None, tuple[Layer, PartReport] | None]:
+def _bisect(
+    step: _Step, failed: PartReport, n: int
+) -> tuple[int, dict, tuple[Layer, PartReport] | None]:
     """After a failed run: the longest prefix of the judged layers whose suffix runs (without
     the model outputs), its values, and the first layer beyond it with its failure."""
     layers = step.judged
-    report, values, part = step.run(layers, False, f"step_{n:04d}_no_outputs")
-    if report.ok:
-        return len(layers), values, part, None
-    good, good_values, good_part = 0, {}, None
-    bad, bad_report = len(layers), report
+    if step.ctx.end_layer is None:  # the model outputs may be what fails
+        report, values = step.run(layers, False, f"step_{n:04d}_no_outputs")
+        if report.ok:
+            return len(layers), values, None
+    good, good_values = 0, {}
+    bad, bad_report = len(layers), failed
     while bad - good > 1:
         mid = (good + bad) // 2
-        report, values, part = step.run(layers[:mid], False, f"step_{n:04d}_first_{mid}")
+        report, values = step.run(layers[:mid], False, f"step_{n:04d}_first_{mid}")
         if report.ok:
-            good, good_values, good_part = mid, values, part
+            good, good_values = mid, values
         else:
             bad, bad_report = mid, report
-    return good, good_values, good_part, (layers[bad - 1], bad_report)
+    return good, good_values, (layers[bad - 1], bad_report)
 
 
 def _loop(ctx: Context) -> None:
@@ -136,10 +158,12 @@ def _loop(ctx: Context) -> None:
         step = _Step(ctx, boundary)
         if not step.judged:
             break
+        step.window()
+        more = len(_Step(ctx, boundary).judged) > len(step.judged)
         label = f"step_{n:04d}"
         before = ctx.backend.sessions
         try:
-            report, values, part = step.run(step.judged, True, label)
+            report, values = step.run(step.judged, True, label)
         except (SurgeryError, GoldenError) as exc:
             if n == 0 and ctx.start_layer is not None:
                 raise AccdbgError(
@@ -160,11 +184,11 @@ def _loop(ctx: Context) -> None:
                 boundary,
                 failure_status(report),
             )
-            good, values, part, broken = _bisect(step, n)
+            good, values, broken = _bisect(step, report, n)
             judged = step.judged[:good]
             orig = f"not computed: {failure_status(report)}"
         if orig is None:
-            orig = _orig_scores(ctx, part, values)
+            orig = _orig_scores(ctx, values)
         cpu = {name for _, name in report.cpu_nodes} if report.ok else set()
         rows, dumped, next_layer = [], [], None
         for layer in judged:
@@ -192,7 +216,10 @@ def _loop(ctx: Context) -> None:
             next_layer = layer
         for row in rows:
             row["Orig Outputs"] = orig
-        next_boundary = next_layer.node_index + 1 if next_layer is not None else None
+        if next_layer is not None:
+            next_boundary = next_layer.node_index + 1
+        else:
+            next_boundary = boundary if more else None  # the next window, same partition point
         ctx.write_outputs(f"{label}_{len(ctx.journal.records):04d}", dumped)
         ctx.record(
             "step",

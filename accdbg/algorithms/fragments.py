@@ -110,6 +110,7 @@ class QdqModel:
             self.layers.append(
                 Layer(len(self.layers), e, self.activation_inputs(self.nodes[e.index]))
             )
+        self._dump_names = {layer.exposed.qdq_tensor: layer.name for layer in self.layers}
         self._extractor = onnx.utils.Extractor(self.model)
 
     @classmethod
@@ -147,6 +148,12 @@ class QdqModel:
             if self.is_activation(src) and src not in out:
                 out.append(src)
         return out
+
+    def aliases(self, tensor: str) -> list[str]:
+        """Other names a float tensor has in dumps: the float model's name of its layer output
+        (a model output is ``out`` there, ``out_QuantizeLinear_Input`` in the QDQ model)."""
+        name = self._dump_names.get(tensor)
+        return [name] if name and name != tensor else []
 
     def shape(self, tensor: str) -> tuple[int, ...] | None:
         vi = self.values.get(tensor)

@@ -65,13 +65,14 @@ class Golden:
         return name, rec
 
     def feed(
-        self, tensor: str, shape: tuple[int, ...] | None, dtype: np.dtype | None
+        self, tensor: str, shape: tuple[int, ...] | None, dtype: np.dtype | None, *aliases: str
     ) -> tuple[str, tuple, str]:
-        """``(raw file, dims, dtype)`` feeding ``tensor`` (a model input or an activation)."""
+        """``(raw file, dims, dtype)`` feeding ``tensor`` (a model input or an activation;
+        ``aliases``: other names it may have in the golden folder)."""
         if tensor in self.inputs:
             t = self.inputs[tensor]
             return str(t.path), tuple(t.dims), t.dtype.name
-        name, rec = self._record(tensor, shape)
+        name, rec = self._record(tensor, shape, *aliases)
         dims = tuple(shape) if shape is not None else tuple(rec.shape)
         want = np.dtype(dtype or np.float32)
         if np.dtype(rec.dtype) == want:

@@ -42,7 +42,11 @@ class Fragment:
     part: Part
     feeds: dict[str, tuple[str, tuple[int, ...], str]]
     nbytes: int
-    prefix: str
+
+
+def _prefix(node_index: int) -> str:
+    """Names inside a fragment: ``f<node index>/<name in the QDQ model>``."""
+    return f"f{node_index}/"
 
 
 def _fragments(ctx: Context, layers: list[Layer]) -> tuple[list[Fragment], list[dict]]:
@@ -52,13 +56,15 @@ def _fragments(ctx: Context, layers: list[Layer]) -> tuple[list[Fragment], list[
         by_node.setdefault(layer.node_index, []).append(layer)
     frags, errors = [], []
     for node_index, group in by_node.items():
-        prefix = f"f{node_index}/"
+        prefix = _prefix(node_index)
         try:
             part = ctx.qdq.fragment(group, prefix)
             feeds, nbytes = {}, 0
             for name, tensor in part.inputs.items():
                 shape = ctx.qdq.shape(tensor)
-                feeds[name] = ctx.golden.feed(tensor, shape, ctx.qdq.dtype(tensor))
+                feeds[name] = ctx.golden.feed(
+                    tensor, shape, ctx.qdq.dtype(tensor), *ctx.qdq.aliases(tensor)
+                )
                 nbytes += int(np.prod(feeds[name][1])) * np.dtype(feeds[name][2]).itemsize
             for layer in group:
                 shape = ctx.qdq.shape(layer.output)
@@ -69,7 +75,7 @@ def _fragments(ctx: Context, layers: list[Layer]) -> tuple[list[Fragment], list[
                 for layer in group
             ]
             continue
-        frags.append(Fragment(group, part, feeds, nbytes, prefix))
+        frags.append(Fragment(group, part, feeds, nbytes))
     return frags, errors
 
 
@@ -126,8 +132,7 @@ def _loop(ctx: Context) -> None:
                 cpu = {name for _, name in report.cpu_nodes}
                 rows, dumped = [], []
                 for out, layer in merged.outputs.items():
-                    f_prefix = f"f{layer.node_index}/"
-                    on_cpu = f_prefix + layer.exposed.node in cpu
+                    on_cpu = _prefix(layer.node_index) + layer.exposed.node in cpu
                     rows.append(judge_layer(layer, values[out], ctx.golden, ctx.judge, cpu=on_cpu))
                     dumped.append((layer, values[out]))
                 ctx.write_outputs(f"batch_{len(ctx.journal.records):04d}", dumped)

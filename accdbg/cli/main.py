@@ -29,7 +29,7 @@ COMPONENTS: dict[str, str | None] = {
     "inference_engine": "accdbg.cli.inference_engine",
     "verification": "accdbg.cli.verification",
     "compare_encodings": "accdbg.cli.compare_encodings",
-    "tensor_inspection": None,
+    "tensor_inspection": "accdbg.cli.tensor_inspection",
 }
 WRAPPER: str | None = "accdbg.cli.wrapper"
 

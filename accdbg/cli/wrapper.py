@@ -68,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
             result = fn(args.model_path, inputs, golden_dir=args.golden_output_reference_directory,
                         verifiers=verifiers, start_layer=args.start_layer, end_layer=args.end_layer,
                         engine_kwargs=kwargs, working_dir=args.working_dir, output_dirname=args.output_dirname)
-            print(f"report: {result.run_dir}")
+            log.info("report: %s", result.html)
     return 0

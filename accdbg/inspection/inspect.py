@@ -51,7 +51,7 @@ GOLDEN_CSV, TARGET_CSV = "golden_data.csv", "target_data.csv"
 TENSOR_FILES = (HISTOGRAMS, DIFF, CDF, DISTRIBUTION, GOLDEN_CSV, TARGET_CSV)
 RESERVED = ("summary.csv", "log.txt", f"{COMPONENT}_options.json")
 MAX_PLOT_POINTS = 20_000
-MAX_CSV_ROWS = 10_000
+MAX_CSV_ROWS = 5_000
 SEED = 0
 PARALLEL_FROM = 8  # fewer tensors than this are not worth starting a worker process
 RESULT_RE = re.compile(r"^Result_(\d+)$")
@@ -158,6 +158,7 @@ def assign_folders(names: Sequence[str]) -> dict[str, str]:
     A ``/`` in a name makes sub-folders, so a folder must not land on a file of another
     tensor (``a/Histograms.png``), nor on the run's own files, nor on another tensor's
     folder (names equal after sanitizing, or equal but for case): such a folder gets ``__N``.
+    Shallow names are served first, so tensor ``a`` always gets ``a/``.
     """
     files = {f.lower() for f in RESERVED}
     owned: set[str] = set()  # tensor folders
@@ -176,7 +177,8 @@ def assign_folders(names: Sequence[str]) -> dict[str, str]:
             or any(f"{low}/{f.lower()}" in dirs for f in TENSOR_FILES)
         )
 
-    for name in names:
+    shallow_first = sorted(names, key=lambda n: safe_relpath(n).count("/"))  # "a" keeps a/ before "a/x" asks
+    for name in shallow_first:
         base = rel = safe_relpath(name)
         n = 0
         while clashes(rel):
@@ -236,7 +238,7 @@ def sample_indices(n: int, k: int, seed: int) -> np.ndarray | None:
 def sample_note(n: int, idx: np.ndarray | None, seed: int) -> str:
     if idx is None:
         return f"all {n:,} values"
-    return f"random sample of {idx.size:,} of {n:,} values (seed {seed})"
+    return f"random sample: {idx.size:,} of {n:,} values, seed {seed}"
 
 
 def write_values_csv(path: Path, values: np.ndarray, idx: np.ndarray | None, header: str) -> None:
@@ -388,7 +390,8 @@ def _draw(settings, job, out_dir, g_arr, t_arr, alignment, t_what, row, notes) -
             index = np.arange(n_g) if g_idx is None else g_idx
             g_p, t_p = np.asarray(g_s, np.float64)[both], np.asarray(t_s, np.float64)[both]
             if g_p.size:
-                plotter.diff(out_dir / DIFF, g_p, t_p, index[both], name, note)
+                half_step = 0.5 * job.calibrated.scale if job.calibrated and job.calibrated.scale else None
+                plotter.diff(out_dir / DIFF, g_p, t_p, index[both], half_step, name, note)
         else:
             notes.append(f"{DIFF} skipped (not compared element-wise)")
         cal = job.calibrated
@@ -444,6 +447,7 @@ def _execute(settings: Settings, jobs: list[Job], workers: int) -> list[Outcome]
     for child, shard in children:
         try:
             outcomes += child.result()
+            log.debug("worker process done %.1f s after the start", time.perf_counter() - started)
         except (AccdbgError, RuntimeError) as exc:
             log.warning("a tensor inspection worker process failed (%s); inspecting its %d tensors here",
                         exc, len(shard))
@@ -539,7 +543,8 @@ def run_tensor_inspection(
     start = time.perf_counter()
     if data_type not in DATA_TYPES:
         raise AccdbgError(f"--data_type {data_type!r} is not one of {', '.join(DATA_TYPES)}")
-    for flag, value in (("--max_plot_points", max_plot_points), ("--max_csv_rows", max_csv_rows)):
+    for flag, value in (("--max_plot_points", max_plot_points), ("--max_csv_rows", max_csv_rows),
+                        ("--workers", 1 if workers is None else workers)):
         if int(value) < 1:
             raise AccdbgError(f"{flag} must be at least 1, got {value}")
     labelled = label_verifiers(list(verifiers))

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from matplotlib import rc_context
+from matplotlib import rcParams
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
@@ -86,8 +86,8 @@ class _Panel:
         self.axes = list(self.fig.subplots(1, ncols, squeeze=False)[0])
         self.fig.subplots_adjust(left=0.1, right=0.97, top=0.86, bottom=0.13, wspace=0.3)
         for ax in self.axes:
-            ax.xaxis.set_major_locator(MaxNLocator(5))
-            ax.yaxis.set_major_locator(MaxNLocator(5))
+            ax.xaxis.set_major_locator(MaxNLocator(4))
+            ax.yaxis.set_major_locator(MaxNLocator(4))
             ax.tick_params(labelsize=9)
             if grid:
                 ax.grid(True, alpha=0.3)
@@ -118,8 +118,12 @@ class _Panel:
         """Set the title, draw, and write an RGB PNG (no alpha: fewer bytes to compress)."""
         self.title.set_text(f"{short(name)}\n{note}")
         canvas = self.fig.canvas
-        with rc_context(RC):
+        saved = {key: rcParams[key] for key in RC}
+        rcParams.update(RC)
+        try:
             canvas.draw()
+        finally:
+            rcParams.update(saved)
         width, height = canvas.get_width_height()
         image = Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
         image.convert("RGB").save(path, format="png", **PNG_OPTIONS)
@@ -138,22 +142,20 @@ class Plotter:
         self._hist.labels(ax, "value", "count")
         self._hist.caption(ax, [("golden (filled)", GOLDEN), ("target (line)", TARGET)])
 
-        self._diff = _Panel(ncols=2)
-        a1, a2 = self._diff.axes
-        (self._diff_points,) = a1.plot([], [], ".", markersize=2, color=TARGET)
-        (self._diff_identity,) = a1.plot([], [], "--", color="black", linewidth=1)
-        self._diff.labels(a1, "golden", "target")
-        self._diff.caption(a1, [("dashed: target = golden", "black")], corner="upper left")
-        (self._diff_error,) = a2.plot([], [], ".", markersize=2, color=ERROR)
-        a2.axhline(0.0, color="black", linewidth=1)
-        self._diff.labels(a2, "element index (C order)", "target - golden")
+        self._diff = _Panel()
+        ax = self._diff.axes[0]
+        (self._diff_error,) = ax.plot([], [], ".", markersize=2, color=ERROR)
+        ax.axhline(0.0, color="black", linewidth=1)
+        self._diff_steps = [ax.axhline(0.0, color="gray", linestyle=":", linewidth=1.2) for _ in range(2)]
+        self._diff.labels(ax, "element index (C order)", "target - golden")
+        self._diff_caption = self._diff.caption(ax, [("", "gray")])[0]
 
         self._cdf = _Panel(grid=True)
         ax = self._cdf.axes[0]
         (self._cdf_golden,) = ax.plot([], [], drawstyle="steps-post", color=GOLDEN, linewidth=2)
         (self._cdf_target,) = ax.plot([], [], drawstyle="steps-post", color=TARGET, linewidth=1.5)
         ax.set_ylim(-0.02, 1.02)
-        self._cdf.labels(ax, "value", "fraction of values <= x")
+        self._cdf.labels(ax, "value", "fraction <= value")
         self._cdf.caption(ax, [("golden", GOLDEN), ("target", TARGET)], corner="lower right")
 
         self._dist = _Panel()
@@ -183,22 +185,28 @@ class Plotter:
         ax.set_ylim(0, max(int(g.max()), int(t.max()), 1) * 1.15)
         self._hist.save(path, f"Histograms: {name}", note)
 
-    def diff(self, path: Path, golden: np.ndarray, target: np.ndarray, index: np.ndarray, name: str, note: str) -> None:
-        """Target against golden (points on the dashed line agree), and the error by element."""
-        a1, a2 = self._diff.axes
-        marker, size = (",", 1.0) if golden.size > PIXEL_MARKERS_FROM else (".", 3.0)
-        for line in (self._diff_points, self._diff_error):
-            line.set_marker(marker)
-            line.set_markersize(size)
-        self._diff_points.set_data(golden, target)
-        lo, hi = float(min(golden.min(), target.min())), float(max(golden.max(), target.max()))
-        self._diff_identity.set_data([lo, hi], [lo, hi])
-        a1.set_xlim(*span(lo, hi))
-        a1.set_ylim(*span(lo, hi))
+    def diff(
+        self, path: Path, golden: np.ndarray, target: np.ndarray, index: np.ndarray, half_step: float | None,
+        name: str, note: str,
+    ) -> None:
+        """The error of each element by position: channels of an NCHW tensor are runs of
+        positions, so a bad channel shows as a block. Dotted lines: +/- half a quantization
+        step, the most rounding alone can do to a value inside the calibrated range."""
+        ax = self._diff.axes[0]
+        pixels = golden.size > PIXEL_MARKERS_FROM
+        self._diff_error.set_marker("," if pixels else ".")
+        self._diff_error.set_markersize(1.0 if pixels else 3.0)
         error = target - golden
         self._diff_error.set_data(index, error)
-        a2.set_xlim(*span(float(index[0]), float(index[-1])))
-        a2.set_ylim(*span(min(float(error.min()), 0.0), max(float(error.max()), 0.0)))
+        lo, hi = min(float(error.min()), 0.0), max(float(error.max()), 0.0)
+        for line, y in zip(self._diff_steps, (-(half_step or 0.0), half_step or 0.0), strict=True):
+            line.set_visible(bool(half_step))
+            line.set_ydata([y, y])
+        if half_step:
+            lo, hi = min(lo, -half_step), max(hi, half_step)
+        self._diff_caption.set_text(f"dotted: +/- half a step ({half_step:.3g})" if half_step else "")
+        ax.set_xlim(*span(float(index[0]), float(index[-1])))
+        ax.set_ylim(*span(lo, hi))
         self._diff.save(path, f"Diff: {name}", note)
 
     def cdf(self, path: Path, golden: np.ndarray, target: np.ndarray, name: str, note: str) -> None:
@@ -227,9 +235,9 @@ class Plotter:
         self._dist_kde.set_data(x, density)
         for line, v in zip(self._dist_lines, values, strict=True):
             line.set_xdata([v, v])
-        self._dist_captions[1].set_text(f"target min/max (solid) [{values[0]:.5g}, {values[1]:.5g}]")
-        self._dist_captions[2].set_text(f"calibrated min/max (dashed) [{values[2]:.5g}, {values[3]:.5g}]")
+        self._dist_captions[1].set_text(f"target min/max [{values[0]:.4g}, {values[1]:.4g}]")
+        self._dist_captions[2].set_text(f"calibrated min/max [{values[2]:.4g}, {values[3]:.4g}]")
         ax = self._dist.axes[0]
         ax.set_xlim(lo, hi)
         ax.set_ylim(0, max(float(density.max()), 1e-12) * 1.3)
-        self._dist.save(path, f"Distribution: {name}", f"density (Gaussian KDE) of {note}")
+        self._dist.save(path, f"Distribution: {name}", f"Gaussian KDE, {note}")

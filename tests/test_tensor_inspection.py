@@ -1,0 +1,372 @@
+"""Tensor inspection: summary numbers against numpy, sampled CSVs, readable plots, encodings
+from the manifest / AIMET / QNN JSON, hostile names, the CLI, and the real PP-OCRv4 det on QNN."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from accdbg.core.inputs import parse_input_tensor
+from accdbg.core.tensor_store import TensorFolder, TensorRecord, TensorWriter
+from accdbg.errors import AccdbgError
+from accdbg.frameworks.diagnosis import run_framework_diagnosis
+from accdbg.inspection import run_tensor_inspection
+from accdbg.inspection.encodings import from_record
+from accdbg.inspection.inspect import assign_folders
+from accdbg.inspection.plots import DPI, SIZE, gaussian_kde
+from tests.helpers import one_line_error, run_cli
+
+PLOTS = ("Histograms.png", "Diff_plots.png", "CDF_plots.png", "Distribution_min-max.png")
+CSVS = ("golden_data.csv", "target_data.csv")
+
+
+def quantize(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """uint8 fake quantization, ONNX convention: q = clip(round(x/s) + zp, 0, 255)."""
+    q = np.clip(np.rint(x / scale) + zero_point, 0, 255)
+    return ((q - zero_point) * scale).astype(np.float32)
+
+
+def sqnr(g: np.ndarray, t: np.ndarray) -> float:
+    g, t = g.astype(np.float64).ravel(), t.astype(np.float64).ravel()
+    return 10 * math.log10(np.sum(g**2) / np.sum((g - t) ** 2))
+
+
+def read_values(path: Path) -> tuple[str, pd.DataFrame]:
+    with open(path, encoding="utf-8") as fh:
+        first = fh.readline()
+    return first, pd.read_csv(path, comment="#")
+
+
+def check_png(path: Path) -> None:
+    with Image.open(path) as im:
+        im.load()
+        assert im.size == (int(SIZE[0] * DPI), int(SIZE[1] * DPI)), path
+        colors = im.convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colors is None or len(colors) > 20, f"{path} looks blank"
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """Golden and an 8-bit target with its encoding in the manifest; plus a float tensor
+    without encoding, and one tensor on each side only."""
+    rng = np.random.default_rng(3)
+    g_act = (rng.standard_normal((1, 4, 8, 8)) * 2.0).astype(np.float32)
+    g_act.flat[5] = 9.0  # beyond the calibrated range below: clipped on the target
+    scale, zp = 0.03, 120
+    t_act = quantize(g_act, scale, zp)
+    g_float = rng.uniform(-1, 1, (2, 50)).astype(np.float32)
+    t_float = (g_float * 1.01).astype(np.float32)
+    golden, target = TensorWriter(tmp_path / "golden"), TensorWriter(tmp_path / "target")
+    golden.write("conv/out", g_act, op_type="Conv", index=0)
+    golden.write("fc", g_float, op_type="Gemm", index=1)
+    golden.write("only_golden", g_float, index=2)
+    target.write("conv/out", t_act, op_type="Conv", index=0, quantized=True, scale=scale, zero_point=zp,
+                 offset=-zp, bitwidth=8, native_dtype="uint8")
+    target.write("fc", t_float, index=1)
+    target.write("only_target", t_float, index=2)
+    golden.save_manifest()
+    target.save_manifest()
+    return {"golden": tmp_path / "golden", "target": tmp_path / "target", "g_act": g_act, "t_act": t_act,
+            "g_float": g_float, "t_float": t_float, "scale": scale, "zp": zp, "tmp": tmp_path}
+
+
+def test_summary_numbers_match_numpy(pair):
+    res = run_tensor_inspection(
+        pair["golden"], pair["target"],
+        verifiers=["sqnr", "CosineSimilarity", "rtolatol,rtolmargin,0.01,atolmargin,0.01"],
+        working_dir=pair["tmp"] / "w", workers=1,
+    )
+    df = res.summary.set_index("Name")
+    assert list(df.index) == ["conv/out", "fc"]  # in both folders only, in golden order
+    g, t, s, zp = pair["g_act"], pair["t_act"], pair["scale"], pair["zp"]
+    row = df.loc["conv/out"]
+    assert row["golden_min"] == pytest.approx(float(g.min())) and row["golden_max"] == pytest.approx(float(g.max()))
+    assert row["target_min"] == pytest.approx(float(t.min())) and row["target_max"] == pytest.approx(float(t.max()))
+    cal_min, cal_max = s * (0 - zp), s * (255 - zp)
+    assert row["calibrated_min"] == pytest.approx(cal_min) and row["calibrated_max"] == pytest.approx(cal_max)
+    assert row["target_min-calibrated_min"] == pytest.approx(float(t.min()) - cal_min)
+    assert row["target_max-calibrated_max"] == pytest.approx(float(t.max()) - cal_max)
+    clipped = np.count_nonzero((g < cal_min - s / 2) | (g > cal_max + s / 2))
+    assert clipped >= 1
+    assert row["golden_clipped_%"] == pytest.approx(100 * clipped / g.size)
+    assert row["SQNR"] == pytest.approx(sqnr(g, t), rel=1e-9)
+    gd, td = g.astype(np.float64).ravel(), t.astype(np.float64).ravel()
+    cos = gd @ td / (np.linalg.norm(gd) * np.linalg.norm(td))
+    assert row["CosineSimilarity"] == pytest.approx(cos, rel=1e-12)
+    outside = np.count_nonzero(np.abs(td - gd) > 0.01 + 0.01 * np.abs(gd))
+    assert row["RtolAtol"] == pytest.approx(100 * outside / g.size)
+    assert row["calibrated_source"] == "manifest" and row["bitwidth"] == 8 and row["Status"] == "ok"
+
+    fc = df.loc["fc"]
+    assert math.isnan(fc["calibrated_min"]) and "Distribution_min-max.png skipped" in fc["Status"]
+    assert fc["SQNR"] == pytest.approx(sqnr(pair["g_float"], pair["t_float"]), rel=1e-9)
+
+    folder = res.run_dir / "conv" / "out"
+    for name in PLOTS:
+        check_png(folder / name)
+    for name in PLOTS[:3]:
+        check_png(res.run_dir / "fc" / name)
+    assert not (res.run_dir / "fc" / "Distribution_min-max.png").exists()
+    header, values = read_values(folder / "golden_data.csv")
+    assert header.startswith("# ") and "all 256 values" in header
+    assert list(values.columns) == ["index", "value"]
+    assert np.array_equal(values["value"].to_numpy(np.float32), g.ravel())
+    _, tv = read_values(folder / "target_data.csv")
+    assert np.array_equal(tv["value"].to_numpy(np.float32), t.ravel())
+    on_disk = pd.read_csv(res.run_dir / "summary.csv")
+    assert on_disk["SQNR"].tolist() == pytest.approx(df["SQNR"].tolist())
+    assert (res.run_dir / "log.txt").is_file() and (res.run_dir / "tensor_inspection_options.json").is_file()
+
+
+def test_large_tensor_is_sampled(tmp_path):
+    n = 300_000
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal(n).astype(np.float32)
+    t = (g + rng.normal(0, 0.01, n)).astype(np.float32)
+    for side, arr in (("golden", g), ("target", t)):
+        w = TensorWriter(tmp_path / side)
+        w.write("big", arr.reshape(1, 3, 100, 1000), index=0)
+        w.save_manifest()
+    res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target", working_dir=tmp_path / "w",
+                                max_plot_points=10_000, max_csv_rows=2_000, seed=5)
+    row = res.summary.iloc[0]
+    assert row["Sampled"] == f"10000 of {n}"
+    assert row["golden_min"] == pytest.approx(float(g.min()))  # statistics use every value
+    assert row["SQNR"] == pytest.approx(sqnr(g, t), rel=1e-9)
+    header, gv = read_values(res.run_dir / "big" / "golden_data.csv")
+    _, tv = read_values(res.run_dir / "big" / "target_data.csv")
+    assert "2,000 of 300,000" in header and "seed 5" in header
+    assert len(gv) == len(tv) == 2_000
+    idx = gv["index"].to_numpy()
+    assert np.array_equal(idx, tv["index"].to_numpy()) and np.all(np.diff(idx) > 0)
+    assert np.array_equal(gv["value"].to_numpy(np.float32), g[idx])
+    assert np.array_equal(tv["value"].to_numpy(np.float32), t[idx])
+    for name in PLOTS[:3]:
+        check_png(res.run_dir / "big" / name)
+
+
+def test_no_encodings_skips_density_with_a_log_line(tmp_path, caplog):
+    rng = np.random.default_rng(1)
+    for side in ("golden", "target"):
+        (tmp_path / side).mkdir()
+        for name in ("a", "b"):
+            rng.standard_normal(64).astype(np.float32).tofile(tmp_path / side / f"{name}.raw")
+    with caplog.at_level(logging.INFO, logger="accdbg"):
+        res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target", working_dir=tmp_path / "w")
+    assert any("no calibrated ranges" in r.getMessage() and "Distribution_min-max.png" in r.getMessage()
+               for r in caplog.records)
+    assert sorted(res.summary["Name"]) == ["a", "b"]
+    assert res.summary["calibrated_min"].isna().all() and (res.summary["Status"] == "ok").all()
+    for name in ("a", "b"):
+        assert not (res.run_dir / name / "Distribution_min-max.png").exists()
+        check_png(res.run_dir / name / "Histograms.png")
+        g = np.fromfile(tmp_path / "golden" / f"{name}.raw", np.float32)
+        t = np.fromfile(tmp_path / "target" / f"{name}.raw", np.float32)
+        row = res.summary.set_index("Name").loc[name]
+        assert row["SQNR"] == pytest.approx(sqnr(g, t), rel=1e-9)
+
+
+def test_hostile_names_stay_inside_and_do_not_clash(tmp_path):
+    names = ["../../evil", "/abs/path", "a", "a/Histograms.png", "A", "=cmd|' /C calc'!A0",
+             r"$\frac{1}{0}$ {x}", "summary.csv", "log.txt", "x\ny", "..", "a/b"]
+    rng = np.random.default_rng(2)
+    for side in ("golden", "target"):
+        w = TensorWriter(tmp_path / side)
+        for i, name in enumerate(names):
+            w.write(name, rng.standard_normal((2, 3)).astype(np.float32), index=i)
+        w.save_manifest()
+    res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target", working_dir=tmp_path / "w", workers=1)
+    run = res.run_dir.resolve()
+    assert len(res.summary) == len(names)
+    folders = res.summary["Folder"].tolist()
+    assert len({f.lower() for f in folders}) == len(folders)
+    for name, folder in zip(res.summary["Name"], folders, strict=True):
+        path = (run / folder).resolve()
+        assert run in path.parents, (name, folder)
+        check_png(path / "Histograms.png")
+    assert (run / "summary.csv").is_file() and (run / "log.txt").is_file()
+    assert (run / "a" / "Histograms.png").is_file()  # tensor "a" owns a/, "a/Histograms.png" went elsewhere
+    assert not (tmp_path / "evil").exists() and not Path("/abs/path").exists()
+    cells = pd.read_csv(run / "summary.csv")["Name"].tolist()
+    assert "'=cmd|' /C calc'!A0" in cells
+    assert not any(str(c).startswith(("=", "+", "-", "@")) for c in cells)
+
+
+def test_assign_folders_never_puts_a_folder_on_a_file():
+    out = assign_folders(["a/Histograms.png", "a", "A", "summary.csv"])
+    assert out["a"] == "a"  # ... even when the clashing name comes first
+    assert out["a/Histograms.png"] != "a/Histograms.png"
+    assert out["A"].lower() != "a" and out["summary.csv"] != "summary.csv"
+
+
+def test_target_encodings_from_aimet_and_qnn_json(tmp_path):
+    rng = np.random.default_rng(4)
+    g = rng.uniform(-1, 3, (1, 2, 4, 4)).astype(np.float32)
+    for side in ("golden", "target"):
+        w = TensorWriter(tmp_path / side)
+        w.write("block.1/relu:0", g, index=0)
+        w.save_manifest()
+    scale, offset = 0.02, -60  # AIMET/QNN convention: real = scale * (q + offset)
+    aimet = {"version": "1.0.0", "param_encodings": [], "activation_encodings": [
+        {"name": "block.1/relu:0", "dtype": "INT", "enc_type": "PER_TENSOR", "bw": 8, "is_sym": False,
+         "scale": [scale], "offset": [offset]}]}
+    (tmp_path / "enc.json").write_text(json.dumps(aimet))
+    res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target", target_encodings=tmp_path / "enc.json",
+                                working_dir=tmp_path / "w", output_dirname="aimet")
+    row = res.summary.iloc[0]
+    assert row["calibrated_min"] == pytest.approx(scale * offset)
+    assert row["calibrated_max"] == pytest.approx(scale * (offset + 255))
+    assert row["calibrated_source"] == "aimet_1.0.0"
+    check_png(res.run_dir / "block.1" / "relu_0" / "Distribution_min-max.png")
+
+    # QNN renames the tensor (non-word characters become "_"); UFIXED_POINT_8 = 0x0408
+    qnn = {"graph": {"tensors": {"block_1_relu_0": {
+        "id": 1, "type": 3, "data_type": 0x0408, "dims": [1, 2, 4, 4],
+        "quant_params": {"definition": 1, "encoding": 0, "scale_offset": {"scale": 0.05, "offset": -10}}}},
+        "nodes": {}}}
+    (tmp_path / "model_net.json").write_text(json.dumps(qnn))
+    res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target",
+                                target_encodings=tmp_path / "model_net.json",
+                                working_dir=tmp_path / "w", output_dirname="qnn")
+    row = res.summary.iloc[0]
+    assert row["calibrated_min"] == pytest.approx(0.05 * -10)
+    assert row["calibrated_max"] == pytest.approx(0.05 * (255 - 10))
+    assert row["calibrated_source"] == "qnn_json"
+
+
+def test_integer_target_is_dequantized_with_its_encoding(tmp_path):
+    rng = np.random.default_rng(5)
+    q = rng.integers(0, 256, 100).astype(np.uint8)
+    scale, offset = 0.1, -128
+    g = (scale * (q.astype(np.float64) + offset) + rng.normal(0, 0.01, q.size)).astype(np.float32)
+    (tmp_path / "golden").mkdir()
+    (tmp_path / "target").mkdir()
+    g.tofile(tmp_path / "golden" / "out.raw")
+    q.tofile(tmp_path / "target" / "out.raw")
+    enc = {"version": "0.6.1", "param_encodings": {}, "activation_encodings": {"out": [
+        {"bitwidth": 8, "dtype": "int", "is_symmetric": "False", "scale": scale, "offset": offset,
+         "min": scale * offset, "max": scale * (offset + 255)}]}}
+    (tmp_path / "enc.json").write_text(json.dumps(enc))
+    res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target", data_type="uint8",
+                                target_encodings=tmp_path / "enc.json", working_dir=tmp_path / "w")
+    row = res.summary.iloc[0]
+    real = scale * (q.astype(np.float64) + offset)
+    assert row["target_min"] == pytest.approx(real.min()) and row["target_max"] == pytest.approx(real.max())
+    assert row["SQNR"] == pytest.approx(sqnr(g, real), rel=1e-6)
+    assert "dequantized" in row["Status"]
+
+
+def test_manifest_encoding_of_signed_storage():
+    signed = TensorRecord("t", "t.raw", "float32", [4], "float32",
+                          extra={"scale": 0.5, "zero_point": 0, "bitwidth": 8, "native_dtype": "int8"})
+    r = from_record(signed)
+    assert (r.min, r.max) == (pytest.approx(-128 * 0.5), pytest.approx(127 * 0.5))
+    qnn_style = TensorRecord("t", "t.raw", "float32", [4], "float32", extra={"scale": 0.5, "offset": -3, "bitwidth": 8})
+    r = from_record(qnn_style)
+    assert (r.min, r.max) == (pytest.approx(-1.5), pytest.approx(0.5 * 252))
+    assert from_record(TensorRecord("t", "t.raw", "float32", [4], "float32", extra={"quantized": False})) is None
+
+
+def test_binned_kde_matches_an_exact_gaussian_kde():
+    rng = np.random.default_rng(6)
+    x = rng.normal(1.0, 2.0, 400)
+    grid, density = gaussian_kde(x, -8.0, 10.0, grid=512)
+    h = np.std(x) * x.size ** -0.2
+    exact = np.exp(-0.5 * ((grid[:, None] - x[None, :]) / h) ** 2).sum(axis=1) / (x.size * h * math.sqrt(2 * math.pi))
+    assert np.max(np.abs(density - exact)) < 0.02 * exact.max()
+    assert np.trapezoid(density, grid) == pytest.approx(1.0, abs=0.01)
+
+
+def test_out_dir_and_worker_processes_agree(pair):
+    one = run_tensor_inspection(pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti1", workers=1)
+    two = run_tensor_inspection(pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti2", workers=2)
+    assert one.run_dir == pair["tmp"] / "ver" / "ti1" and (one.run_dir / "summary.csv").is_file()
+    pd.testing.assert_frame_equal(one.summary, two.summary)
+    for name in PLOTS:
+        check_png(two.run_dir / "conv" / "out" / name)
+    with pytest.raises(AccdbgError, match="already holds a tensor inspection"):
+        run_tensor_inspection(pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti1")
+
+
+def test_cli(pair, capsys):
+    code, _, err = run_cli(capsys, "--tensor_inspection", "--golden_data", pair["golden"], "--target_data",
+                           pair["target"], "--verifier", "mse", "--verifier", "rtolatol,rtolmargin,0.01,atolmargin,0.01",
+                           "-w", pair["tmp"] / "w", "--output_dirname", "cli")
+    assert code == 0, err
+    df = pd.read_csv(pair["tmp"] / "w" / "tensor_inspection" / "cli" / "summary.csv")
+    g, t = pair["g_act"].astype(np.float64), pair["t_act"].astype(np.float64)
+    assert df.set_index("Name").loc["conv/out", "MSE"] == pytest.approx(np.mean((g - t) ** 2))
+    assert "RtolAtol" in df.columns
+
+    bad = [
+        (["--golden_data", pair["tmp"] / "nope", "--target_data", pair["target"], "--verifier", "sqnr"], "--golden_data"),
+        (["--golden_data", pair["golden"], "--target_data", pair["target"], "--verifier", "sqnrr"], "unknown verifier"),
+        (["--golden_data", pair["golden"], "--target_data", pair["target"], "--verifier", "sqnr", "--data_type", "int4"],
+         "--data_type"),
+        (["--golden_data", pair["golden"], "--target_data", pair["target"], "--verifier", "sqnr",
+          "--target_encodings", pair["golden"] / "tensors.json"], "--target_encodings"),
+        (["--golden_data", pair["golden"], "--target_data", pair["golden"] / "conv", "--verifier", "sqnr"],
+         "holds no tensors"),
+    ]
+    for argv, expected in bad:
+        code, _, err = run_cli(capsys, "--tensor_inspection", *argv, "-w", pair["tmp"] / "w")
+        assert code == 2, err
+        assert expected in one_line_error(err)
+
+
+def test_engine_run_with_several_results_is_refused(pair):
+    for i in range(2):
+        (pair["tmp"] / "eng" / "output" / f"Result_{i}").mkdir(parents=True)
+    with pytest.raises(AccdbgError, match="holds 2 inference results"):
+        run_tensor_inspection(pair["golden"], pair["tmp"] / "eng", working_dir=pair["tmp"] / "w")
+
+
+# ------------------------------------------------------------------ real model on QNN
+
+
+@pytest.fixture(scope="module")
+def det_runs(tmp_path_factory, ppocr_det, ppocr_input):
+    from accdbg.engines import run_inference_engine
+
+    tmp = tmp_path_factory.mktemp("ti_det")
+    inputs = [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])]
+    golden = run_framework_diagnosis("onnx", ppocr_det, inputs, working_dir=tmp / "w")
+    engine = run_inference_engine(ppocr_det, input_tensors=inputs, working_dir=tmp / "w")
+    return golden.run_dir, engine.results[0], tmp
+
+
+def test_ppocr_det_engine_dump(det_runs):
+    golden_dir, result, tmp = det_runs
+    golden, target = TensorFolder(golden_dir), TensorFolder(result)
+    both = [n for n in target.names() if n in golden.records]
+    assert len(both) > 100
+    names = both[:10] + [both[-1]]
+    res = run_tensor_inspection(golden_dir, result, verifiers=["sqnr"], names=names, working_dir=tmp / "w")
+    df = res.summary.set_index("Name")
+    assert sorted(df.index) == sorted(names)
+    for name in names:
+        extra = target.records[name].extra
+        assert extra.get("quantized") and extra["native_dtype"] == "uint8"
+        cal_min = extra["scale"] * (0 - extra["zero_point"])
+        cal_max = extra["scale"] * (255 - extra["zero_point"])
+        row = df.loc[name]
+        assert row["calibrated_min"] == pytest.approx(cal_min) and row["calibrated_max"] == pytest.approx(cal_max)
+        t = target.load(name)
+        g = golden.load(name)
+        assert row["target_min"] == pytest.approx(float(t.min())) and row["golden_max"] == pytest.approx(float(g.max()))
+        assert row["SQNR"] == pytest.approx(sqnr(g, t), rel=1e-9)
+        # the engine dumps values of its own grid, so they lie within the calibrated range
+        assert cal_min - 1e-6 <= row["target_min"] and row["target_max"] <= cal_max + 1e-6
+        folder = res.run_dir / row["Folder"]
+        for plot in PLOTS:
+            check_png(folder / plot)
+        header, values = read_values(folder / "target_data.csv")
+        assert len(values) == min(t.size, 5_000)
+        assert np.array_equal(values["value"].to_numpy(np.float32), t.reshape(-1)[values["index"].to_numpy()])

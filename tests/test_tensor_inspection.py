@@ -312,9 +312,12 @@ def test_cli(pair, capsys):
          "--data_type"),
         (["--golden_data", pair["golden"], "--target_data", pair["target"], "--verifier", "sqnr",
           "--target_encodings", pair["golden"] / "tensors.json"], "--target_encodings"),
-        (["--golden_data", pair["golden"], "--target_data", pair["golden"] / "conv", "--verifier", "sqnr"],
+        (["--golden_data", pair["golden"], "--target_data", pair["tmp"] / "empty", "--verifier", "sqnr"],
          "holds no tensors"),
+        (["--golden_data", pair["golden"], "--target_data", pair["golden"] / "conv", "--verifier", "sqnr"],
+         "has the name of one of --golden_data"),
     ]
+    (pair["tmp"] / "empty").mkdir()
     for argv, expected in bad:
         code, _, err = run_cli(capsys, "--tensor_inspection", *argv, "-w", pair["tmp"] / "w")
         assert code == 2, err

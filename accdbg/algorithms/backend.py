@@ -86,7 +86,7 @@ def run_part(job: PartJob) -> PartReport:
     wrep = worker.JobReport()
     _mark(job.stage_file, "session")
     try:
-        sess = worker._session(wjob, job.model_path, job.options, "session creation", wrep)
+        sess = worker.checked_session(wjob, job.model_path, job.options, "session creation", wrep)
     except AccdbgError as exc:
         return PartReport(False, "session", str(exc), sessions=1)
     rep = PartReport(
@@ -98,7 +98,7 @@ def run_part(job: PartJob) -> PartReport:
     )
     _mark(job.stage_file, "run")
     try:
-        values = worker._run(sess, job.outputs, job.feeds, wjob, wrep)
+        values = worker.checked_run(sess, job.outputs, job.feeds, wjob, wrep)
     except AccdbgError as exc:
         rep.ok, rep.error = False, str(exc)
         return rep

@@ -77,7 +77,7 @@ def _explain_failure(exc: Exception, log_path: Path, what: str) -> AccdbgError:
     return AccdbgError(f"{what} failed: {msg} (full backend log: {log_path})")
 
 
-def _session(job: Job, model, options: EngineOptions, what: str, report: JobReport):
+def checked_session(job: Job, model, options: EngineOptions, what: str, report: JobReport):
     """A session whose placement was checked: a native engine must really hold nodes."""
     engine = get_engine(job.engine)
     log_path = Path(job.native_log)
@@ -106,7 +106,7 @@ def _session(job: Job, model, options: EngineOptions, what: str, report: JobRepo
     return sess
 
 
-def _run(sess, names, feed, job: Job, report: JobReport) -> dict[str, np.ndarray]:
+def checked_run(sess, names, feed, job: Job, report: JobReport) -> dict[str, np.ndarray]:
     quiet = ort.RunOptions()
     quiet.log_severity_level = 3
     with capture_fd2(Path(job.native_log)):
@@ -135,10 +135,10 @@ def plain_job(job: Job, write_outputs: bool) -> JobReport:
     report = JobReport()
     model = onnx.load(job.model_path, load_external_data=False)
     outputs = [o.name for o in model.graph.output]
-    sess = _session(job, job.model_path, job.options, "session creation", report)
+    sess = checked_session(job, job.model_path, job.options, "session creation", report)
     scratch = Path(job.output_root) / ".scratch"
     for i, feed in enumerate(job.feeds):
-        values = _run(sess, outputs, feed, job, report)
+        values = checked_run(sess, outputs, feed, job, report)
         report.finals.append(_save_finals(scratch / f"plain_{i}.npz", values))
         if write_outputs:
             w = TensorWriter(Path(job.output_root) / f"Result_{i}", meta={**job.meta, "result": i})
@@ -168,9 +168,9 @@ def debug_job(job: Job) -> JobReport:
     for batch in batches:
         names = list(dict.fromkeys([*outputs, *(e.graph_tensor for e in batch)]))
         exposed_model = om.serialize(om.with_outputs(model, names), out_root / ".scratch")
-        sess = _session(job, exposed_model, options, "debug session creation", report)
+        sess = checked_session(job, exposed_model, options, "debug session creation", report)
         for i, feed in enumerate(job.feeds):
-            values = _run(sess, names, feed, job, report)
+            values = checked_run(sess, names, feed, job, report)
             finals[i] = {n: values[n] for n in outputs}
             for e in batch:
                 raw = values[e.graph_tensor]

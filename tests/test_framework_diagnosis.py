@@ -7,9 +7,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
-from accdbg.core.inputs import parse_input_tensor
 from tests import models
 from tests.helpers import one_line_error, run_cli
 

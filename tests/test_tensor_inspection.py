@@ -35,7 +35,10 @@ def quantize(x: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
 
 def sqnr(g: np.ndarray, t: np.ndarray) -> float:
     g, t = g.astype(np.float64).ravel(), t.astype(np.float64).ravel()
-    return 10 * math.log10(np.sum(g**2) / np.sum((g - t) ** 2))
+    signal, noise = np.sum(g**2), np.sum((g - t) ** 2)
+    if noise == 0 or signal == 0:
+        return math.inf if noise == 0 else -math.inf
+    return 10 * math.log10(signal / noise)
 
 
 def read_values(path: Path) -> tuple[str, pd.DataFrame]:
@@ -67,30 +70,54 @@ def pair(tmp_path):
     golden.write("conv/out", g_act, op_type="Conv", index=0)
     golden.write("fc", g_float, op_type="Gemm", index=1)
     golden.write("only_golden", g_float, index=2)
-    target.write("conv/out", t_act, op_type="Conv", index=0, quantized=True, scale=scale, zero_point=zp,
-                 offset=-zp, bitwidth=8, native_dtype="uint8")
+    target.write(
+        "conv/out",
+        t_act,
+        op_type="Conv",
+        index=0,
+        quantized=True,
+        scale=scale,
+        zero_point=zp,
+        offset=-zp,
+        bitwidth=8,
+        native_dtype="uint8",
+    )
     target.write("fc", t_float, index=1)
     target.write("only_target", t_float, index=2)
     golden.save_manifest()
     target.save_manifest()
-    return {"golden": tmp_path / "golden", "target": tmp_path / "target", "g_act": g_act, "t_act": t_act,
-            "g_float": g_float, "t_float": t_float, "scale": scale, "zp": zp, "tmp": tmp_path}
+    return {
+        "golden": tmp_path / "golden",
+        "target": tmp_path / "target",
+        "g_act": g_act,
+        "t_act": t_act,
+        "g_float": g_float,
+        "t_float": t_float,
+        "scale": scale,
+        "zp": zp,
+        "tmp": tmp_path,
+    }
 
 
 def test_summary_numbers_match_numpy(pair):
     res = run_tensor_inspection(
-        pair["golden"], pair["target"],
+        pair["golden"],
+        pair["target"],
         verifiers=["sqnr", "CosineSimilarity", "rtolatol,rtolmargin,0.01,atolmargin,0.01"],
-        working_dir=pair["tmp"] / "w", workers=1,
+        working_dir=pair["tmp"] / "w",
+        workers=1,
     )
     df = res.summary.set_index("Name")
     assert list(df.index) == ["conv/out", "fc"]  # in both folders only, in golden order
     g, t, s, zp = pair["g_act"], pair["t_act"], pair["scale"], pair["zp"]
     row = df.loc["conv/out"]
-    assert row["golden_min"] == pytest.approx(float(g.min())) and row["golden_max"] == pytest.approx(float(g.max()))
-    assert row["target_min"] == pytest.approx(float(t.min())) and row["target_max"] == pytest.approx(float(t.max()))
+    assert row["golden_min"] == pytest.approx(float(g.min()))
+    assert row["golden_max"] == pytest.approx(float(g.max()))
+    assert row["target_min"] == pytest.approx(float(t.min()))
+    assert row["target_max"] == pytest.approx(float(t.max()))
     cal_min, cal_max = s * (0 - zp), s * (255 - zp)
-    assert row["calibrated_min"] == pytest.approx(cal_min) and row["calibrated_max"] == pytest.approx(cal_max)
+    assert row["calibrated_min"] == pytest.approx(cal_min)
+    assert row["calibrated_max"] == pytest.approx(cal_max)
     assert row["target_min-calibrated_min"] == pytest.approx(float(t.min()) - cal_min)
     assert row["target_max-calibrated_max"] == pytest.approx(float(t.max()) - cal_max)
     clipped = np.count_nonzero((g < cal_min - s / 2) | (g > cal_max + s / 2))
@@ -122,7 +149,9 @@ def test_summary_numbers_match_numpy(pair):
     assert np.array_equal(tv["value"].to_numpy(np.float32), t.ravel())
     on_disk = pd.read_csv(res.run_dir / "summary.csv")
     assert on_disk["SQNR"].tolist() == pytest.approx(df["SQNR"].tolist())
-    assert (res.run_dir / "log.txt").is_file() and (res.run_dir / "tensor_inspection_options.json").is_file()
+    assert (res.run_dir / "log.txt").is_file() and (
+        res.run_dir / "tensor_inspection_options.json"
+    ).is_file()
 
 
 def test_large_tensor_is_sampled(tmp_path):
@@ -134,8 +163,14 @@ def test_large_tensor_is_sampled(tmp_path):
         w = TensorWriter(tmp_path / side)
         w.write("big", arr.reshape(1, 3, 100, 1000), index=0)
         w.save_manifest()
-    res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target", working_dir=tmp_path / "w",
-                                max_plot_points=10_000, max_csv_rows=2_000, seed=5)
+    res = run_tensor_inspection(
+        tmp_path / "golden",
+        tmp_path / "target",
+        working_dir=tmp_path / "w",
+        max_plot_points=10_000,
+        max_csv_rows=2_000,
+        seed=5,
+    )
     row = res.summary.iloc[0]
     assert row["Sampled"] == f"10000 of {n}"
     assert row["golden_min"] == pytest.approx(float(g.min()))  # statistics use every value
@@ -159,9 +194,13 @@ def test_no_encodings_skips_density_with_a_log_line(tmp_path, caplog):
         for name in ("a", "b"):
             rng.standard_normal(64).astype(np.float32).tofile(tmp_path / side / f"{name}.raw")
     with caplog.at_level(logging.INFO, logger="accdbg"):
-        res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target", working_dir=tmp_path / "w")
-    assert any("no calibrated ranges" in r.getMessage() and "Distribution_min-max.png" in r.getMessage()
-               for r in caplog.records)
+        res = run_tensor_inspection(
+            tmp_path / "golden", tmp_path / "target", working_dir=tmp_path / "w"
+        )
+    assert any(
+        "no calibrated ranges" in r.getMessage() and "Distribution_min-max.png" in r.getMessage()
+        for r in caplog.records
+    )
     assert sorted(res.summary["Name"]) == ["a", "b"]
     assert res.summary["calibrated_min"].isna().all() and (res.summary["Status"] == "ok").all()
     for name in ("a", "b"):
@@ -174,15 +213,29 @@ def test_no_encodings_skips_density_with_a_log_line(tmp_path, caplog):
 
 
 def test_hostile_names_stay_inside_and_do_not_clash(tmp_path):
-    names = ["../../evil", "/abs/path", "a", "a/Histograms.png", "A", "=cmd|' /C calc'!A0",
-             r"$\frac{1}{0}$ {x}", "summary.csv", "log.txt", "x\ny", "..", "a/b"]
+    names = [
+        "../../evil",
+        "/abs/path",
+        "a",
+        "a/Histograms.png",
+        "A",
+        "=cmd|' /C calc'!A0",
+        r"$\frac{1}{0}$ {x}",
+        "summary.csv",
+        "log.txt",
+        "x\ny",
+        "..",
+        "a/b",
+    ]
     rng = np.random.default_rng(2)
     for side in ("golden", "target"):
         w = TensorWriter(tmp_path / side)
         for i, name in enumerate(names):
             w.write(name, rng.standard_normal((2, 3)).astype(np.float32), index=i)
         w.save_manifest()
-    res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target", working_dir=tmp_path / "w", workers=1)
+    res = run_tensor_inspection(
+        tmp_path / "golden", tmp_path / "target", working_dir=tmp_path / "w", workers=1
+    )
     run = res.run_dir.resolve()
     assert len(res.summary) == len(names)
     folders = res.summary["Folder"].tolist()
@@ -192,7 +245,8 @@ def test_hostile_names_stay_inside_and_do_not_clash(tmp_path):
         assert run in path.parents, (name, folder)
         check_png(path / "Histograms.png")
     assert (run / "summary.csv").is_file() and (run / "log.txt").is_file()
-    assert (run / "a" / "Histograms.png").is_file()  # tensor "a" owns a/, "a/Histograms.png" went elsewhere
+    # tensor "a" owns a/; tensor "a/Histograms.png" went elsewhere
+    assert (run / "a" / "Histograms.png").is_file()
     assert not (tmp_path / "evil").exists() and not Path("/abs/path").exists()
     cells = pd.read_csv(run / "summary.csv")["Name"].tolist()
     assert "'=cmd|' /C calc'!A0" in cells
@@ -214,12 +268,29 @@ def test_target_encodings_from_aimet_and_qnn_json(tmp_path):
         w.write("block.1/relu:0", g, index=0)
         w.save_manifest()
     scale, offset = 0.02, -60  # AIMET/QNN convention: real = scale * (q + offset)
-    aimet = {"version": "1.0.0", "param_encodings": [], "activation_encodings": [
-        {"name": "block.1/relu:0", "dtype": "INT", "enc_type": "PER_TENSOR", "bw": 8, "is_sym": False,
-         "scale": [scale], "offset": [offset]}]}
+    aimet = {
+        "version": "1.0.0",
+        "param_encodings": [],
+        "activation_encodings": [
+            {
+                "name": "block.1/relu:0",
+                "dtype": "INT",
+                "enc_type": "PER_TENSOR",
+                "bw": 8,
+                "is_sym": False,
+                "scale": [scale],
+                "offset": [offset],
+            }
+        ],
+    }
     (tmp_path / "enc.json").write_text(json.dumps(aimet))
-    res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target", target_encodings=tmp_path / "enc.json",
-                                working_dir=tmp_path / "w", output_dirname="aimet")
+    res = run_tensor_inspection(
+        tmp_path / "golden",
+        tmp_path / "target",
+        target_encodings=tmp_path / "enc.json",
+        working_dir=tmp_path / "w",
+        output_dirname="aimet",
+    )
     row = res.summary.iloc[0]
     assert row["calibrated_min"] == pytest.approx(scale * offset)
     assert row["calibrated_max"] == pytest.approx(scale * (offset + 255))
@@ -227,14 +298,32 @@ def test_target_encodings_from_aimet_and_qnn_json(tmp_path):
     check_png(res.run_dir / "block.1" / "relu_0" / "Distribution_min-max.png")
 
     # QNN renames the tensor (non-word characters become "_"); UFIXED_POINT_8 = 0x0408
-    qnn = {"graph": {"tensors": {"block_1_relu_0": {
-        "id": 1, "type": 3, "data_type": 0x0408, "dims": [1, 2, 4, 4],
-        "quant_params": {"definition": 1, "encoding": 0, "scale_offset": {"scale": 0.05, "offset": -10}}}},
-        "nodes": {}}}
+    qnn = {
+        "graph": {
+            "tensors": {
+                "block_1_relu_0": {
+                    "id": 1,
+                    "type": 3,
+                    "data_type": 0x0408,
+                    "dims": [1, 2, 4, 4],
+                    "quant_params": {
+                        "definition": 1,
+                        "encoding": 0,
+                        "scale_offset": {"scale": 0.05, "offset": -10},
+                    },
+                }
+            },
+            "nodes": {},
+        }
+    }
     (tmp_path / "model_net.json").write_text(json.dumps(qnn))
-    res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target",
-                                target_encodings=tmp_path / "model_net.json",
-                                working_dir=tmp_path / "w", output_dirname="qnn")
+    res = run_tensor_inspection(
+        tmp_path / "golden",
+        tmp_path / "target",
+        target_encodings=tmp_path / "model_net.json",
+        working_dir=tmp_path / "w",
+        output_dirname="qnn",
+    )
     row = res.summary.iloc[0]
     assert row["calibrated_min"] == pytest.approx(0.05 * -10)
     assert row["calibrated_max"] == pytest.approx(0.05 * (255 - 10))
@@ -250,43 +339,82 @@ def test_integer_target_is_dequantized_with_its_encoding(tmp_path):
     (tmp_path / "target").mkdir()
     g.tofile(tmp_path / "golden" / "out.raw")
     q.tofile(tmp_path / "target" / "out.raw")
-    enc = {"version": "0.6.1", "param_encodings": {}, "activation_encodings": {"out": [
-        {"bitwidth": 8, "dtype": "int", "is_symmetric": "False", "scale": scale, "offset": offset,
-         "min": scale * offset, "max": scale * (offset + 255)}]}}
+    enc = {
+        "version": "0.6.1",
+        "param_encodings": {},
+        "activation_encodings": {
+            "out": [
+                {
+                    "bitwidth": 8,
+                    "dtype": "int",
+                    "is_symmetric": "False",
+                    "scale": scale,
+                    "offset": offset,
+                    "min": scale * offset,
+                    "max": scale * (offset + 255),
+                }
+            ]
+        },
+    }
     (tmp_path / "enc.json").write_text(json.dumps(enc))
-    res = run_tensor_inspection(tmp_path / "golden", tmp_path / "target", data_type="uint8",
-                                target_encodings=tmp_path / "enc.json", working_dir=tmp_path / "w")
+    res = run_tensor_inspection(
+        tmp_path / "golden",
+        tmp_path / "target",
+        data_type="uint8",
+        target_encodings=tmp_path / "enc.json",
+        working_dir=tmp_path / "w",
+    )
     row = res.summary.iloc[0]
     real = scale * (q.astype(np.float64) + offset)
-    assert row["target_min"] == pytest.approx(real.min()) and row["target_max"] == pytest.approx(real.max())
+    assert row["target_min"] == pytest.approx(real.min())
+    assert row["target_max"] == pytest.approx(real.max())
     assert row["SQNR"] == pytest.approx(sqnr(g, real), rel=1e-6)
     assert "dequantized" in row["Status"]
 
 
 def test_manifest_encoding_of_signed_storage():
-    signed = TensorRecord("t", "t.raw", "float32", [4], "float32",
-                          extra={"scale": 0.5, "zero_point": 0, "bitwidth": 8, "native_dtype": "int8"})
+    signed = TensorRecord(
+        "t",
+        "t.raw",
+        "float32",
+        [4],
+        "float32",
+        extra={"scale": 0.5, "zero_point": 0, "bitwidth": 8, "native_dtype": "int8"},
+    )
     r = from_record(signed)
     assert (r.min, r.max) == (pytest.approx(-128 * 0.5), pytest.approx(127 * 0.5))
-    qnn_style = TensorRecord("t", "t.raw", "float32", [4], "float32", extra={"scale": 0.5, "offset": -3, "bitwidth": 8})
+    qnn_style = TensorRecord(
+        "t", "t.raw", "float32", [4], "float32", extra={"scale": 0.5, "offset": -3, "bitwidth": 8}
+    )
     r = from_record(qnn_style)
     assert (r.min, r.max) == (pytest.approx(-1.5), pytest.approx(0.5 * 252))
-    assert from_record(TensorRecord("t", "t.raw", "float32", [4], "float32", extra={"quantized": False})) is None
+    assert (
+        from_record(
+            TensorRecord("t", "t.raw", "float32", [4], "float32", extra={"quantized": False})
+        )
+        is None
+    )
 
 
 def test_binned_kde_matches_an_exact_gaussian_kde():
     rng = np.random.default_rng(6)
     x = rng.normal(1.0, 2.0, 400)
     grid, density = gaussian_kde(x, -8.0, 10.0, grid=512)
-    h = np.std(x) * x.size ** -0.2
-    exact = np.exp(-0.5 * ((grid[:, None] - x[None, :]) / h) ** 2).sum(axis=1) / (x.size * h * math.sqrt(2 * math.pi))
+    h = np.std(x) * x.size**-0.2
+    exact = np.exp(-0.5 * ((grid[:, None] - x[None, :]) / h) ** 2).sum(axis=1) / (
+        x.size * h * math.sqrt(2 * math.pi)
+    )
     assert np.max(np.abs(density - exact)) < 0.02 * exact.max()
     assert np.trapezoid(density, grid) == pytest.approx(1.0, abs=0.01)
 
 
 def test_out_dir_and_worker_processes_agree(pair):
-    one = run_tensor_inspection(pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti1", workers=1)
-    two = run_tensor_inspection(pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti2", workers=2)
+    one = run_tensor_inspection(
+        pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti1", workers=1
+    )
+    two = run_tensor_inspection(
+        pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti2", workers=2
+    )
     assert one.run_dir == pair["tmp"] / "ver" / "ti1" and (one.run_dir / "summary.csv").is_file()
     pd.testing.assert_frame_equal(one.summary, two.summary)
     for name in PLOTS:
@@ -296,29 +424,40 @@ def test_out_dir_and_worker_processes_agree(pair):
 
 
 def test_cli(pair, capsys):
-    code, _, err = run_cli(capsys, "--tensor_inspection", "--golden_data", pair["golden"], "--target_data",
-                           pair["target"], "--verifier", "mse", "--verifier", "rtolatol,rtolmargin,0.01,atolmargin,0.01",
-                           "-w", pair["tmp"] / "w", "--output_dirname", "cli")
+    code, _, err = run_cli(
+        capsys,
+        "--tensor_inspection",
+        "--golden_data",
+        pair["golden"],
+        "--target_data",
+        pair["target"],
+        "--verifier",
+        "mse",
+        "--verifier",
+        "rtolatol,rtolmargin,0.01,atolmargin,0.01",
+        "-w",
+        pair["tmp"] / "w",
+        "--output_dirname",
+        "cli",
+    )
     assert code == 0, err
     df = pd.read_csv(pair["tmp"] / "w" / "tensor_inspection" / "cli" / "summary.csv")
     g, t = pair["g_act"].astype(np.float64), pair["t_act"].astype(np.float64)
     assert df.set_index("Name").loc["conv/out", "MSE"] == pytest.approx(np.mean((g - t) ** 2))
     assert "RtolAtol" in df.columns
 
-    bad = [
-        (["--golden_data", pair["tmp"] / "nope", "--target_data", pair["target"], "--verifier", "sqnr"], "--golden_data"),
-        (["--golden_data", pair["golden"], "--target_data", pair["target"], "--verifier", "sqnrr"], "unknown verifier"),
-        (["--golden_data", pair["golden"], "--target_data", pair["target"], "--verifier", "sqnr", "--data_type", "int4"],
-         "--data_type"),
-        (["--golden_data", pair["golden"], "--target_data", pair["target"], "--verifier", "sqnr",
-          "--target_encodings", pair["golden"] / "tensors.json"], "--target_encodings"),
-        (["--golden_data", pair["golden"], "--target_data", pair["tmp"] / "empty", "--verifier", "sqnr"],
-         "holds no tensors"),
-        (["--golden_data", pair["golden"], "--target_data", pair["golden"] / "conv", "--verifier", "sqnr"],
-         "has the name of one of --golden_data"),
+    g_dir, t_dir = pair["golden"], pair["target"]
+    bad = [  # (golden, target, extra flags, expected in the one-line error)
+        (pair["tmp"] / "nope", t_dir, [], "--golden_data"),
+        (g_dir, t_dir, ["--verifier", "sqnrr"], "unknown verifier"),
+        (g_dir, t_dir, ["--data_type", "int4"], "--data_type"),
+        (g_dir, t_dir, ["--target_encodings", g_dir / "tensors.json"], "--target_encodings"),
+        (g_dir, pair["tmp"] / "empty", [], "holds no tensors"),
+        (g_dir, g_dir / "conv", [], "has the name of one of --golden_data"),
     ]
     (pair["tmp"] / "empty").mkdir()
-    for argv, expected in bad:
+    for golden, target, extra, expected in bad:
+        argv = ["--golden_data", golden, "--target_data", target, "--verifier", "sqnr", *extra]
         code, _, err = run_cli(capsys, "--tensor_inspection", *argv, "-w", pair["tmp"] / "w")
         assert code == 2, err
         assert expected in one_line_error(err)
@@ -351,7 +490,9 @@ def test_ppocr_det_engine_dump(det_runs):
     both = [n for n in target.names() if n in golden.records]
     assert len(both) > 100
     names = both[:10] + [both[-1]]
-    res = run_tensor_inspection(golden_dir, result, verifiers=["sqnr"], names=names, working_dir=tmp / "w")
+    res = run_tensor_inspection(
+        golden_dir, result, verifiers=["sqnr"], names=names, working_dir=tmp / "w"
+    )
     df = res.summary.set_index("Name")
     assert sorted(df.index) == sorted(names)
     for name in names:
@@ -360,16 +501,54 @@ def test_ppocr_det_engine_dump(det_runs):
         cal_min = extra["scale"] * (0 - extra["zero_point"])
         cal_max = extra["scale"] * (255 - extra["zero_point"])
         row = df.loc[name]
-        assert row["calibrated_min"] == pytest.approx(cal_min) and row["calibrated_max"] == pytest.approx(cal_max)
+        assert row["calibrated_min"] == pytest.approx(cal_min)
+        assert row["calibrated_max"] == pytest.approx(cal_max)
         t = target.load(name)
         g = golden.load(name)
-        assert row["target_min"] == pytest.approx(float(t.min())) and row["golden_max"] == pytest.approx(float(g.max()))
+        assert row["target_min"] == pytest.approx(float(t.min()))
+        assert row["golden_max"] == pytest.approx(float(g.max()))
         assert row["SQNR"] == pytest.approx(sqnr(g, t), rel=1e-9)
         # the engine dumps values of its own grid, so they lie within the calibrated range
-        assert cal_min - 1e-6 <= row["target_min"] and row["target_max"] <= cal_max + 1e-6
+        tol = 1e-6 * max(1.0, abs(cal_min), abs(cal_max))  # float32 dump of a float64 grid
+        assert cal_min - tol <= row["target_min"] and row["target_max"] <= cal_max + tol
         folder = res.run_dir / row["Folder"]
         for plot in PLOTS:
             check_png(folder / plot)
-        header, values = read_values(folder / "target_data.csv")
+        _, values = read_values(folder / "target_data.csv")
         assert len(values) == min(t.size, 5_000)
-        assert np.array_equal(values["value"].to_numpy(np.float32), t.reshape(-1)[values["index"].to_numpy()])
+        assert np.array_equal(
+            values["value"].to_numpy(np.float32), t.reshape(-1)[values["index"].to_numpy()]
+        )
+
+    # the engine's QNN graph JSON, matched through QNN's names, gives the same ranges
+    qnn = run_tensor_inspection(
+        golden_dir,
+        result,
+        names=names,
+        working_dir=tmp / "w",
+        target_encodings=result.parent.parent / "model_net.json",
+    )
+    by_qnn = qnn.summary.set_index("Name")
+    assert (by_qnn["calibrated_source"] == "qnn_json").all()
+    for column in ("calibrated_min", "calibrated_max"):
+        assert by_qnn.loc[names, column].tolist() == pytest.approx(
+            df.loc[names, column].tolist(), rel=1e-5
+        )
+
+
+def test_bare_target_against_shaped_golden_is_not_compared_element_wise(tmp_path):
+    rng = np.random.default_rng(8)
+    g = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    w = TensorWriter(tmp_path / "golden")
+    w.write("t", g, index=0)
+    w.save_manifest()
+    (tmp_path / "target").mkdir()
+    np.transpose(g, (0, 2, 3, 1)).tofile(tmp_path / "target" / "t.raw")  # NHWC, as QNN may dump it
+    res = run_tensor_inspection(
+        tmp_path / "golden", tmp_path / "target", working_dir=tmp_path / "w"
+    )
+    row = res.summary.iloc[0]
+    assert "target shape unknown" in row["Status"] and math.isnan(row["SQNR"])
+    assert row["target_min"] == pytest.approx(float(g.min()))  # ranges need no alignment
+    assert not (res.run_dir / "t" / "Diff_plots.png").exists()
+    check_png(res.run_dir / "t" / "Histograms.png")

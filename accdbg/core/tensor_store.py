@@ -22,12 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from accdbg.core.jsonio import read_json
 from accdbg.errors import AccdbgError
 
 MANIFEST_NAME = "tensors.json"
 MANIFEST_FORMAT = "accdbg-tensors/1"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+=@,-]")
 _MAX_COMPONENT = 120
+FLOAT32 = np.dtype("float32")
 
 
 def _safe_component(part: str) -> str:
@@ -81,7 +83,7 @@ class TensorWriter:
     nothing is kept in memory but the records.
     """
 
-    def __init__(self, root: Path, store_dtype: np.dtype | None = np.dtype("float32"), meta=None):
+    def __init__(self, root: Path, store_dtype: np.dtype | None = FLOAT32, meta=None):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.store_dtype = store_dtype
@@ -168,12 +170,7 @@ class TensorFolder:
         self.records: dict[str, TensorRecord] = {}
         manifest = self.root / MANIFEST_NAME
         if manifest.exists():
-            try:
-                data = json.loads(manifest.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise AccdbgError(
-                    f"{manifest}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
-                ) from None
+            data = read_json(manifest, "tensor manifest")
             for item in data.get("tensors", []):
                 rec = TensorRecord(**item)
                 self.records[rec.name] = rec

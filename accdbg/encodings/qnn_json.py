@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from accdbg.core.jsonio import read_json  # noqa: F401  (re-exported)
 from accdbg.encodings.model import (
     ACTIVATION,
     PARAM,
@@ -98,22 +99,6 @@ def datatype_bits(code: int) -> tuple[str, int, bool]:
     )
     bits = int(f"{code & 0xFF:x}")  # the low byte spells the bit count in hex digits: 0x32 -> 32
     return cls, bits, cls in ("int", "sfixed")
-
-
-def read_json(path: Path, what: str) -> Any:
-    """``json.load`` whose errors name the file, line and column."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise AccdbgError(f"{what} {str(path)!r} is not a UTF-8 text file") from None
-    except OSError as exc:
-        raise AccdbgError(f"{what} {str(path)!r} cannot be read: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise AccdbgError(
-            f"{what} {str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
-        ) from None
 
 
 @dataclass

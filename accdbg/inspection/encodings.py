@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -69,8 +68,12 @@ def from_encoding(enc: Encoding, source: str) -> CalibratedRange | str:
         return "encoding values unknown (per-channel encoding not serialized in the QNN JSON)"
     if len(enc.scale) == 1:
         return CalibratedRange(
-            float(enc.min[0]), float(enc.max[0]), enc.bitwidth, float(enc.scale[0]),
-            float(enc.offset[0]), source,
+            float(enc.min[0]),
+            float(enc.max[0]),
+            enc.bitwidth,
+            float(enc.scale[0]),
+            float(enc.offset[0]),
+            source,
         )
     return CalibratedRange(
         float(min(enc.min)), float(max(enc.max)), enc.bitwidth, None, None, source, len(enc.scale)
@@ -103,12 +106,23 @@ def from_record(record: TensorRecord) -> CalibratedRange | None:
             f"(scale {scale!r}, bitwidth {bits!r}, zero_point/offset "
             f"{extra.get('zero_point', extra.get('offset'))!r})"
         ) from None
-    offsets = [offset_from_zero_point(int(z), bits, signed) for z in np.broadcast_to(zero_points, scales.shape)]
+    offsets = [
+        offset_from_zero_point(int(z), bits, signed)
+        for z in np.broadcast_to(zero_points, scales.shape)
+    ]
     ends = [min_max(s, o, bits) for s, o in zip(scales.tolist(), offsets, strict=True)]
     if scales.size == 1:
-        return CalibratedRange(ends[0][0], ends[0][1], bits, float(scales[0]), float(offsets[0]), "manifest")
+        return CalibratedRange(
+            ends[0][0], ends[0][1], bits, float(scales[0]), float(offsets[0]), "manifest"
+        )
     return CalibratedRange(
-        min(e[0] for e in ends), max(e[1] for e in ends), bits, None, None, "manifest", int(scales.size)
+        min(e[0] for e in ends),
+        max(e[1] for e in ends),
+        bits,
+        None,
+        None,
+        "manifest",
+        int(scales.size),
     )
 
 
@@ -118,7 +132,9 @@ def _load_file(path: Path) -> tuple[dict[str, Encoding], QnnGraph | None, str]:
     if isinstance(graph, dict):
         tensors = graph.get("tensors")
         if not isinstance(tensors, dict) or not all(isinstance(t, dict) for t in tensors.values()):
-            raise AccdbgError(f"{FLAG} {str(path)!r}: graph.tensors must map tensor names to objects")
+            raise AccdbgError(
+                f"{FLAG} {str(path)!r}: graph.tensors must map tensor names to objects"
+            )
         qnn = QnnGraph(path, tensors, graph.get("nodes") or {})
         return qnn_encodings(qnn, include_float=True), qnn, "qnn_json"
     aimet = parse_aimet(data, f"{FLAG} {str(path)!r}")
@@ -173,11 +189,3 @@ def load_target_encodings(
         else:
             out.ranges[pair.aimet_name] = found
     return out
-
-
-def describe(found: Any) -> str:
-    """One-line description of a range for logs."""
-    if not isinstance(found, CalibratedRange):
-        return str(found)
-    per = f", {found.channels} channels" if found.channels > 1 else ""
-    return f"[{found.min:.6g}, {found.max:.6g}] ({found.bitwidth}-bit{per}, from {found.source})"

@@ -46,7 +46,12 @@ log = logging.getLogger("accdbg.tensor_inspection")
 
 COMPONENT = "tensor_inspection"
 DATA_TYPES = ("int8", "uint8", "int16", "uint16", "float32")
-HISTOGRAMS, DIFF, CDF, DISTRIBUTION = "Histograms.png", "Diff_plots.png", "CDF_plots.png", "Distribution_min-max.png"
+HISTOGRAMS, DIFF, CDF, DISTRIBUTION = (
+    "Histograms.png",
+    "Diff_plots.png",
+    "CDF_plots.png",
+    "Distribution_min-max.png",
+)
 GOLDEN_CSV, TARGET_CSV = "golden_data.csv", "target_data.csv"
 TENSOR_FILES = (HISTOGRAMS, DIFF, CDF, DISTRIBUTION, GOLDEN_CSV, TARGET_CSV)
 RESERVED = ("summary.csv", "log.txt", f"{COMPONENT}_options.json")
@@ -57,8 +62,15 @@ PARALLEL_FROM = 8  # fewer tensors than this are not worth starting a worker pro
 RESULT_RE = re.compile(r"^Result_(\d+)$")
 LEADING = ["Name", "Golden_name", "LayerType", "Size", "Tensor_dims"]
 RANGES = [
-    "target_min", "target_max", "calibrated_min", "calibrated_max", "golden_min", "golden_max",
-    "target_min-calibrated_min", "target_max-calibrated_max", "golden_clipped_%",
+    "target_min",
+    "target_max",
+    "calibrated_min",
+    "calibrated_max",
+    "golden_min",
+    "golden_max",
+    "target_min-calibrated_min",
+    "target_max-calibrated_max",
+    "golden_clipped_%",
 ]
 TRAILING = ["scale", "offset", "bitwidth", "calibrated_source", "Sampled", "Folder", "Status"]
 
@@ -118,8 +130,14 @@ def resolve_tensor_dir(path: str | os.PathLike, flag: str) -> Path:
     if (p / MANIFEST_NAME).is_file():
         return p
     for base in (p / "output", p):
-        results = sorted((c for c in base.iterdir() if c.is_dir() and RESULT_RE.match(c.name)),
-                         key=lambda c: int(RESULT_RE.match(c.name).group(1))) if base.is_dir() else []
+        results = (
+            sorted(
+                (c for c in base.iterdir() if c.is_dir() and RESULT_RE.match(c.name)),
+                key=lambda c: int(RESULT_RE.match(c.name).group(1)),
+            )
+            if base.is_dir()
+            else []
+        )
         if len(results) == 1:
             return results[0]
         if results:
@@ -129,7 +147,9 @@ def resolve_tensor_dir(path: str | os.PathLike, flag: str) -> Path:
                 f"pass one of them, e.g. {results[0]}"
             )
     if next(p.rglob("*.raw"), None) is None:
-        raise AccdbgError(f"{flag} {str(path)!r} holds no tensors (expected tensors.json or .raw files)")
+        raise AccdbgError(
+            f"{flag} {str(path)!r} holds no tensors (expected tensors.json or .raw files)"
+        )
     return p
 
 
@@ -147,7 +167,11 @@ def open_folder(root: Path, data_type: str = "float32") -> TensorFolder:
                 f"(--data_type {data_type})"
             )
         folder.records[name] = TensorRecord(
-            name=name, file=rec.file, dtype=data_type, shape=[nbytes // dtype.itemsize], native_dtype=data_type
+            name=name,
+            file=rec.file,
+            dtype=data_type,
+            shape=[nbytes // dtype.itemsize],
+            native_dtype=data_type,
         )
     return folder
 
@@ -177,7 +201,8 @@ def assign_folders(names: Sequence[str]) -> dict[str, str]:
             or any(f"{low}/{f.lower()}" in dirs for f in TENSOR_FILES)
         )
 
-    shallow_first = sorted(names, key=lambda n: safe_relpath(n).count("/"))  # "a" keeps a/ before "a/x" asks
+    # "a" gets a/ before "a/Histograms.png" asks for a folder there
+    shallow_first = sorted(names, key=lambda n: safe_relpath(n).count("/"))
     for name in shallow_first:
         base = rel = safe_relpath(name)
         n = 0
@@ -246,23 +271,28 @@ def write_values_csv(path: Path, values: np.ndarray, idx: np.ndarray | None, hea
     index = np.arange(values.size) if idx is None else idx
     with open(path, "w", encoding="utf-8", newline="") as fh:
         fh.write(f"# {header}\n")
-        pd.DataFrame({"index": index, "value": values if idx is None else values[idx]}).to_csv(fh, index=False)
-
-
-def _align(golden: TensorFolder, target: TensorFolder, g: TensorRecord, t: TensorRecord) -> Alignment:
-    """How the target maps onto the golden; shapes unknown on one side are handled as
-    verification does (a bare flat target is never silently compared with a shaped golden)."""
-    gs, ts = tuple(g.shape), tuple(t.shape)
-    if not golden.has_manifest and len(gs) == 1 and g.size == t.size:
-        return Alignment("reshape", ts, ts, None, "golden shape unknown (bare .raw): taken from the target")
-    if not target.has_manifest and len(ts) == 1:
-        if not golden.has_manifest or len([d for d in gs if d != 1]) <= 1:
-            return reconcile(gs, ts) if g.size == t.size else Alignment(
-                "mismatch", gs, ts, None, f"size mismatch: golden {g.size} values, target {t.size}")
-        return Alignment(
-            "mismatch", gs, ts, None,
-            f"target shape unknown (bare .raw, {t.size} values) for golden {list(gs)}: not compared element-wise",
+        pd.DataFrame({"index": index, "value": values if idx is None else values[idx]}).to_csv(
+            fh, index=False
         )
+
+
+def _align(
+    golden: TensorFolder, target: TensorFolder, g: TensorRecord, t: TensorRecord
+) -> Alignment:
+    """How the target maps onto the golden (:func:`reconcile`), when shapes are unknown too.
+
+    A bare ``.raw`` golden has no shape: it is taken in the target's. A bare target against
+    a shaped golden is not compared element-wise (QNN may have dumped it channel-last), as
+    in verification.
+    """
+    gs, ts = tuple(g.shape), tuple(t.shape)
+    if not golden.has_manifest and g.size == t.size:
+        return Alignment("reshape", ts, ts, None, "golden shape unknown (bare .raw): the target's")
+    if not target.has_manifest and len([d for d in gs if d != 1]) > 1:
+        note = (
+            f"target shape unknown (bare .raw, {t.size} values) for golden {list(gs)}: not compared"
+        )
+        return Alignment("mismatch", gs, ts, None, note)
     return reconcile(gs, ts, g.layout, t.layout)
 
 
@@ -325,9 +355,13 @@ def inspect_tensor(settings: Settings, job: Job) -> Outcome:
         if cal is not None and cal.scale is not None:
             t_raw = cal.dequantize(t_raw)
             t_what += f" dequantized with scale {cal.scale:.6g} offset {cal.offset:g}"
-            notes.append(f"integer target dequantized with its encoding (scale {cal.scale:.6g}, offset {cal.offset:g})")
+            notes.append(
+                f"integer target dequantized with its encoding (scale {cal.scale:.6g}, offset {cal.offset:g})"
+            )
         else:
-            notes.append("integer target compared as stored (no per-tensor encoding to dequantize it)")
+            notes.append(
+                "integer target compared as stored (no per-tensor encoding to dequantize it)"
+            )
     alignment = _align(golden, target, g_rec, t_rec)
     if alignment.ok:
         t_arr = alignment.apply(t_raw).reshape(-1)
@@ -390,15 +424,21 @@ def _draw(settings, job, out_dir, g_arr, t_arr, alignment, t_what, row, notes) -
             index = np.arange(n_g) if g_idx is None else g_idx
             g_p, t_p = np.asarray(g_s, np.float64)[both], np.asarray(t_s, np.float64)[both]
             if g_p.size:
-                half_step = 0.5 * job.calibrated.scale if job.calibrated and job.calibrated.scale else None
+                half_step = (
+                    0.5 * job.calibrated.scale if job.calibrated and job.calibrated.scale else None
+                )
                 plotter.diff(out_dir / DIFF, g_p, t_p, index[both], half_step, name, note)
         else:
             notes.append(f"{DIFF} skipped (not compared element-wise)")
         cal = job.calibrated
         if cal is not None:
             plotter.distribution(
-                out_dir / DISTRIBUTION, t_fin, (row["target_min"], row["target_max"]), (cal.min, cal.max),
-                name, sample_note(n_t, t_idx, seed),
+                out_dir / DISTRIBUTION,
+                t_fin,
+                (row["target_min"], row["target_max"]),
+                (cal.min, cal.max),
+                name,
+                sample_note(n_t, t_idx, seed),
             )
         elif job.no_range:
             notes.append(f"{DISTRIBUTION} skipped: {job.no_range}")
@@ -407,15 +447,23 @@ def _draw(settings, job, out_dir, g_arr, t_arr, alignment, t_what, row, notes) -
     how = sample_note(n_g, c_idx, seed)
     if c_idx is not None:
         how += f"; at most {settings.max_csv_rows:,} rows, without replacement, in index order"
-    write_values_csv(out_dir / GOLDEN_CSV, g_arr, c_idx,
-                     f"golden tensor {list(alignment.golden_shape)} {g_arr.dtype}; "
-                     f"index = flat C-order element index; {how}")
+    write_values_csv(
+        out_dir / GOLDEN_CSV,
+        g_arr,
+        c_idx,
+        f"golden tensor {list(alignment.golden_shape)} {g_arr.dtype}; "
+        f"index = flat C-order element index; {how}",
+    )
     if not alignment.ok:
         c_idx = sample_indices(n_t, settings.max_csv_rows, seed)
         how = sample_note(n_t, c_idx, seed)
-    write_values_csv(out_dir / TARGET_CSV, t_arr, c_idx,
-                     f"{t_what}; index = flat C-order element index"
-                     f"{' (same positions as golden_data.csv)' if alignment.ok else ''}; {how}")
+    write_values_csv(
+        out_dir / TARGET_CSV,
+        t_arr,
+        c_idx,
+        f"{t_what}; index = flat C-order element index"
+        f"{' (same positions as golden_data.csv)' if alignment.ok else ''}; {how}",
+    )
 
 
 def _run_shard(settings: Settings, jobs: list[Job], show_progress: bool = False) -> list[Outcome]:
@@ -432,7 +480,9 @@ def _execute(settings: Settings, jobs: list[Job], workers: int) -> list[Outcome]
     by_size = sorted(jobs, key=lambda j: -j.size)
     shards = [by_size[i::workers] for i in range(workers)]
     children = [
-        (Isolated(_run_shard, settings, shard, what="inspecting tensors"), shard) for shard in shards[1:] if shard
+        (Isolated(_run_shard, settings, shard, what="inspecting tensors"), shard)
+        for shard in shards[1:]
+        if shard
     ]
     outcomes: list[Outcome] = []
     started = time.perf_counter()
@@ -442,15 +492,22 @@ def _execute(settings: Settings, jobs: list[Job], workers: int) -> list[Outcome]
         for child, _ in children:
             child.kill()
         raise
-    log.debug("this process inspected %d tensors in %.1f s; waiting for %d worker processes",
-              len(shards[0]), time.perf_counter() - started, len(children))
+    log.debug(
+        "this process inspected %d tensors in %.1f s; waiting for %d worker processes",
+        len(shards[0]),
+        time.perf_counter() - started,
+        len(children),
+    )
     for child, shard in children:
         try:
             outcomes += child.result()
             log.debug("worker process done %.1f s after the start", time.perf_counter() - started)
         except (AccdbgError, RuntimeError) as exc:
-            log.warning("a tensor inspection worker process failed (%s); inspecting its %d tensors here",
-                        exc, len(shard))
+            log.warning(
+                "a tensor inspection worker process failed (%s); inspecting its %d tensors here",
+                exc,
+                len(shard),
+            )
             outcomes += _run_shard(settings, shard, show_progress=True)
     return sorted(outcomes, key=lambda o: o.order)
 
@@ -498,18 +555,26 @@ def _pairs(
     return sorted(pairs, key=order)
 
 
-def _jobs(pairs, golden: TensorFolder, target: TensorFolder, encodings: TargetEncodings) -> list[Job]:
+def _jobs(
+    pairs, golden: TensorFolder, target: TensorFolder, encodings: TargetEncodings
+) -> list[Job]:
     folders = assign_folders([t for _, t in pairs])
     jobs = []
     for i, (g, t) in enumerate(pairs):
-        cal = encodings.get(t) or (encodings.get(g) if g != t else None)
+        cal = encodings.get(t)
         if cal is not None:
             why = ""
         elif not encodings.ranges and not encodings.notes:
             why = ""  # no encodings at all: said once in the log
         else:
-            why = encodings.notes.get(t) or encodings.notes.get(g) or f"no encoding for this tensor in the {encodings.source}"
-        jobs.append(Job(i, g, t, folders[t], max(golden.records[g].size, target.records[t].size), cal, why))
+            why = (
+                encodings.notes.get(t)
+                or encodings.notes.get(g)
+                or f"no encoding for this tensor in the {encodings.source}"
+            )
+        jobs.append(
+            Job(i, g, t, folders[t], max(golden.records[g].size, target.records[t].size), cal, why)
+        )
     return jobs
 
 
@@ -543,8 +608,11 @@ def run_tensor_inspection(
     start = time.perf_counter()
     if data_type not in DATA_TYPES:
         raise AccdbgError(f"--data_type {data_type!r} is not one of {', '.join(DATA_TYPES)}")
-    for flag, value in (("--max_plot_points", max_plot_points), ("--max_csv_rows", max_csv_rows),
-                        ("--workers", 1 if workers is None else workers)):
+    for flag, value in (
+        ("--max_plot_points", max_plot_points),
+        ("--max_csv_rows", max_csv_rows),
+        ("--workers", 1 if workers is None else workers),
+    ):
         if int(value) < 1:
             raise AccdbgError(f"{flag} must be at least 1, got {value}")
     labelled = label_verifiers(list(verifiers))
@@ -563,7 +631,8 @@ def run_tensor_inspection(
         "verifier": [label for label, _ in labelled],
         "data_type": data_type,
         "target_encodings": str(target_encodings) if target_encodings else None,
-        "tensor_mapping": tensor_mapping if isinstance(tensor_mapping, Mapping) or tensor_mapping is None
+        "tensor_mapping": tensor_mapping
+        if isinstance(tensor_mapping, Mapping) or tensor_mapping is None
         else str(tensor_mapping),
         "max_plot_points": max_plot_points,
         "max_csv_rows": max_csv_rows,
@@ -572,16 +641,39 @@ def run_tensor_inspection(
     }
 
     def body(out_root: Path) -> pd.DataFrame:
-        log.info("tensor inspection: %d tensors of %s against %s", len(jobs), target_root, golden_root)
+        log.info(
+            "tensor inspection: %d tensors of %s against %s", len(jobs), target_root, golden_root
+        )
         with_range = sum(1 for j in jobs if j.calibrated is not None)
         if not with_range:
-            what = f"--target_encodings {str(target_encodings)!r}" if target_encodings else "the target's tensors.json"
-            log.info("no calibrated ranges (%s holds no encoding for these tensors): %s is skipped and the "
-                     "calibrated columns stay empty", what, DISTRIBUTION)
+            what = (
+                f"--target_encodings {str(target_encodings)!r}"
+                if target_encodings
+                else "the target's tensors.json"
+            )
+            log.info(
+                "no calibrated ranges (%s holds no encoding for these tensors): %s is skipped and the "
+                "calibrated columns stay empty",
+                what,
+                DISTRIBUTION,
+            )
         else:
-            log.info("calibrated ranges from %s for %d of %d tensors", encodings.source, with_range, len(jobs))
-        settings = Settings(golden_root, target_root, data_type, out_root, labelled,
-                            int(max_plot_points), int(max_csv_rows), int(seed))
+            log.info(
+                "calibrated ranges from %s for %d of %d tensors",
+                encodings.source,
+                with_range,
+                len(jobs),
+            )
+        settings = Settings(
+            golden_root,
+            target_root,
+            data_type,
+            out_root,
+            labelled,
+            int(max_plot_points),
+            int(max_csv_rows),
+            int(seed),
+        )
         outcomes = _execute(settings, jobs, workers)
         for outcome in outcomes:
             if outcome.notes:
@@ -594,7 +686,9 @@ def run_tensor_inspection(
     if out_dir is not None:
         root = Path(out_dir).expanduser().absolute()
         if (root / "summary.csv").exists():
-            raise AccdbgError(f"{str(root)!r} already holds a tensor inspection (summary.csv); choose another folder")
+            raise AccdbgError(
+                f"{str(root)!r} already holds a tensor inspection (summary.csv); choose another folder"
+            )
         root.mkdir(parents=True, exist_ok=True)
         write_json_atomic(root / f"{COMPONENT}_options.json", options)
         summary = body(root)

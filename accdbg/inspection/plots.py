@@ -37,7 +37,9 @@ PNG_OPTIONS = {"compress_level": 1}  # fast zlib level: a third of the time for 
 # visible difference at this size. Set only while drawing: users' settings stay untouched.
 RC = {"text.hinting": "no_hinting"}
 TITLE_CHARS = 90
-PIXEL_MARKERS_FROM = 5_000  # beyond this many points, one pixel per point reads as well and draws faster
+PIXEL_MARKERS_FROM = (
+    5_000  # beyond this many points, one pixel per point reads as well and draws faster
+)
 
 
 def short(name: str) -> str:
@@ -57,7 +59,9 @@ def span(lo: float, hi: float) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def gaussian_kde(values: np.ndarray, lo: float, hi: float, grid: int = KDE_GRID) -> tuple[np.ndarray, np.ndarray]:
+def gaussian_kde(
+    values: np.ndarray, lo: float, hi: float, grid: int = KDE_GRID
+) -> tuple[np.ndarray, np.ndarray]:
     """Density of ``values`` on ``grid`` points spanning ``[lo, hi]``: a binned Gaussian KDE.
 
     The sample is binned on the grid and the counts are convolved with a Gaussian of Scott's
@@ -67,7 +71,7 @@ def gaussian_kde(values: np.ndarray, lo: float, hi: float, grid: int = KDE_GRID)
     x = np.linspace(lo, hi, grid)
     step = x[1] - x[0]
     counts, _ = np.histogram(values, bins=grid, range=(lo - step / 2, hi + step / 2))
-    bandwidth = float(np.std(values)) * values.size ** -0.2 if values.size > 1 else 0.0
+    bandwidth = float(np.std(values)) * values.size**-0.2 if values.size > 1 else 0.0
     sigma = bandwidth / step
     if sigma >= 0.5:
         half = int(math.ceil(4 * sigma))
@@ -91,14 +95,20 @@ class _Panel:
             ax.tick_params(labelsize=9)
             if grid:
                 ax.grid(True, alpha=0.3)
-        self.title = self.fig.text(0.5, 0.985, "", ha="center", va="top", fontsize=10, parse_math=False)
+        self.title = self.fig.text(
+            0.5, 0.985, "", ha="center", va="top", fontsize=10, parse_math=False
+        )
 
     def labels(self, ax, xlabel: str, ylabel: str) -> None:
         """Axis labels at fixed offsets from the axes (in points), clear of 6-digit tick labels."""
         ax.set_xlabel(xlabel, parse_math=False)
         ax.set_ylabel(ylabel, parse_math=False)
-        ax.xaxis.set_label_coords(0.5, 0.0, ax.transAxes + ScaledTranslation(0, -24 / 72, self.fig.dpi_scale_trans))
-        ax.yaxis.set_label_coords(0.0, 0.5, ax.transAxes + ScaledTranslation(-40 / 72, 0, self.fig.dpi_scale_trans))
+        ax.xaxis.set_label_coords(
+            0.5, 0.0, ax.transAxes + ScaledTranslation(0, -24 / 72, self.fig.dpi_scale_trans)
+        )
+        ax.yaxis.set_label_coords(
+            0.0, 0.5, ax.transAxes + ScaledTranslation(-40 / 72, 0, self.fig.dpi_scale_trans)
+        )
 
     @staticmethod
     def caption(ax, lines: list[tuple[str, str]], corner: str = "upper right") -> list[Text]:
@@ -108,14 +118,25 @@ class _Panel:
         out = []
         for i, (text, color) in enumerate(lines):
             y = 0.96 - 0.075 * i if top else 0.04 + 0.075 * (len(lines) - 1 - i)
-            out.append(ax.text(0.98 if right else 0.02, y, text, color=color, transform=ax.transAxes,
-                               ha="right" if right else "left", va="top" if top else "bottom",
-                               fontsize=10, parse_math=False,
-                               bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none", "pad": 1}))
+            out.append(
+                ax.text(
+                    0.98 if right else 0.02,
+                    y,
+                    text,
+                    color=color,
+                    transform=ax.transAxes,
+                    ha="right" if right else "left",
+                    va="top" if top else "bottom",
+                    fontsize=10,
+                    parse_math=False,
+                    bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none", "pad": 1},
+                )
+            )
         return out
 
     def save(self, path: Path, name: str, note: str) -> None:
-        """Set the title, draw, and write an RGB PNG (no alpha: fewer bytes to compress)."""
+        """Set the title, draw, and write a 256-color PNG: a plot has few colors, and a palette
+        image skips the per-row filter search that makes RGB PNGs slow to encode."""
         self.title.set_text(f"{short(name)}\n{note}")
         canvas = self.fig.canvas
         saved = {key: rcParams[key] for key in RC}
@@ -126,7 +147,10 @@ class _Panel:
             rcParams.update(saved)
         width, height = canvas.get_width_height()
         image = Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-        image.convert("RGB").save(path, format="png", **PNG_OPTIONS)
+        palette = image.convert("RGB").quantize(
+            256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE
+        )
+        palette.save(path, format="png", **PNG_OPTIONS)
 
 
 class Plotter:
@@ -146,7 +170,9 @@ class Plotter:
         ax = self._diff.axes[0]
         (self._diff_error,) = ax.plot([], [], ".", markersize=2, color=ERROR)
         ax.axhline(0.0, color="black", linewidth=1)
-        self._diff_steps = [ax.axhline(0.0, color="gray", linestyle=":", linewidth=1.2) for _ in range(2)]
+        self._diff_steps = [
+            ax.axhline(0.0, color="gray", linestyle=":", linewidth=1.2) for _ in range(2)
+        ]
         self._diff.labels(ax, "element index (C order)", "target - golden")
         self._diff_caption = self._diff.caption(ax, [("", "gray")])[0]
 
@@ -172,7 +198,9 @@ class Plotter:
             ax, [("target density", TARGET), ("", GOLDEN), ("", CALIBRATED)]
         )
 
-    def histograms(self, path: Path, golden: np.ndarray, target: np.ndarray, name: str, note: str) -> None:
+    def histograms(
+        self, path: Path, golden: np.ndarray, target: np.ndarray, name: str, note: str
+    ) -> None:
         """Golden (filled) and target (outline) histograms on shared bins."""
         lo, hi = span(min(golden.min(), target.min()), max(golden.max(), target.max()))
         edges = np.linspace(lo, hi, HISTOGRAM_BINS + 1)
@@ -186,8 +214,14 @@ class Plotter:
         self._hist.save(path, f"Histograms: {name}", note)
 
     def diff(
-        self, path: Path, golden: np.ndarray, target: np.ndarray, index: np.ndarray, half_step: float | None,
-        name: str, note: str,
+        self,
+        path: Path,
+        golden: np.ndarray,
+        target: np.ndarray,
+        index: np.ndarray,
+        half_step: float | None,
+        name: str,
+        note: str,
     ) -> None:
         """The error of each element by position: channels of an NCHW tensor are runs of
         positions, so a bad channel shows as a block. Dotted lines: +/- half a quantization
@@ -204,7 +238,9 @@ class Plotter:
             line.set_ydata([y, y])
         if half_step:
             lo, hi = min(lo, -half_step), max(hi, half_step)
-        self._diff_caption.set_text(f"dotted: +/- half a step ({half_step:.3g})" if half_step else "")
+        self._diff_caption.set_text(
+            f"dotted: +/- half a step ({half_step:.3g})" if half_step else ""
+        )
         ax.set_xlim(*span(float(index[0]), float(index[-1])))
         ax.set_ylim(*span(lo, hi))
         self._diff.save(path, f"Diff: {name}", note)

@@ -5,11 +5,10 @@ Verification uses it to order the summary rows and to name each row's layer type
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from accdbg.core.jsonio import read_json
 from accdbg.errors import AccdbgError
 
 GRAPH_STRUCT_FORMAT = "accdbg-graph-struct/1"
@@ -26,13 +25,7 @@ class Layer:
 
 def load_graph_struct(path: str | os.PathLike, what: str = "--graph_struct") -> list[Layer]:
     """Layers in execution order, from the ``{"layers": [...]}`` file (or a bare list)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise AccdbgError(f"{what} {str(path)!r} does not exist")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AccdbgError(f"{what} {str(path)!r} is not valid JSON ({exc})") from None
+    data = read_json(path, what)
     items = data.get("layers") if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise AccdbgError(

@@ -8,7 +8,6 @@ writes (``dump_json_qnn_graph``) have ``graph.tensors.<name>`` with ``dims``,
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from accdbg.core.jsonio import read_json
 from accdbg.errors import AccdbgError
 
 QNN_DEFINITION_DEFINED = 1
@@ -102,12 +102,7 @@ class QnnGraph:
 
     def __init__(self, path: str | os.PathLike, what: str = "--qnn_model_json_path"):
         self.path = Path(path).expanduser()
-        if not self.path.is_file():
-            raise AccdbgError(f"{what} {str(path)!r} does not exist")
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise AccdbgError(f"{what} {str(path)!r} is not valid JSON ({exc})") from None
+        data = read_json(self.path, what)
         graph = data.get("graph") if isinstance(data, dict) else None
         tensors = graph.get("tensors") if isinstance(graph, dict) else None
         if not isinstance(tensors, dict):

@@ -9,13 +9,12 @@ both sides, the target name taken as is or as QNN's converters sanitize it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from accdbg.core import onnx_model as om
+from accdbg.core.jsonio import read_json
 from accdbg.errors import AccdbgError
 from accdbg.mapping.qnn_json import qnn_sanitize
 
@@ -25,13 +24,7 @@ log = logging.getLogger("accdbg.verification")
 def load_tensor_mapping(
     path: str | os.PathLike, what: str = "--tensor_mapping"
 ) -> dict[str, str | None]:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise AccdbgError(f"{what} {str(path)!r} does not exist")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AccdbgError(f"{what} {str(path)!r} is not valid JSON ({exc})") from None
+    data = read_json(path, what)
     if not isinstance(data, dict):
         raise AccdbgError(
             f"{what} {str(path)!r} must be a JSON object {{inference name: framework name}}"

@@ -10,7 +10,6 @@ in execution order (graph structure, else the golden manifest's topological inde
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import math
 import os
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from accdbg.core.jsonio import read_json
 from accdbg.core.progress import progress
 from accdbg.core.run_dir import RunDir, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, TensorRecord, safe_relpath
@@ -152,14 +152,8 @@ def _discover(engine_run: Path | None, pattern: str) -> Path | None:
 
 def load_verifier_config(path: str | os.PathLike) -> list[tuple[Verifier, list[list[str]]]]:
     """``{"TopK": {"parameters": {...}, "tensors": [["a"], ["b"]]}, ...}`` -> verifiers."""
-    p = Path(path).expanduser()
     what = f"--verifier_config {str(path)!r}"
-    if not p.is_file():
-        raise AccdbgError(f"{what} does not exist")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AccdbgError(f"{what} is not valid JSON ({exc})") from None
+    data = read_json(path, "--verifier_config")
     if not isinstance(data, dict):
         raise AccdbgError(f"{what} must be a JSON object keyed by verifier name")
     out = []

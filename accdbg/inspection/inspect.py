@@ -10,9 +10,8 @@ tensor's folder holds ``Histograms.png``, ``Diff_plots.png``, ``CDF_plots.png``,
 Statistics and verifier scores use every value. Plots use a random sample of at most
 ``max_plot_points`` values and the CSVs at most ``max_csv_rows`` rows, drawn with a fixed seed
 at the same element positions on both sides; each plot's subtitle and each CSV's first
-(``#``) line says so. The work is split over ``workers`` processes (this one and fresh
-Python children), dealt by tensor size, because plotting every layer of a model is
-otherwise slower than running it.
+(``#``) line says so. Plotting is most of the time (four PNGs per tensor), so ``workers``
+processes (this one and fresh Python children) share the tensors, largest first.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import logging
 import math
 import os
 import re
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -466,49 +466,69 @@ def _draw(settings, job, out_dir, g_arr, t_arr, alignment, t_what, row, notes) -
     )
 
 
-def _run_shard(settings: Settings, jobs: list[Job], show_progress: bool = False) -> list[Outcome]:
+def _claim(claims: Path | None, job: Job) -> bool:
+    """True for the one process that creates ``claims/<order>`` first (atomic on every OS)."""
+    if claims is None:
+        return True
+    try:
+        os.close(os.open(claims / str(job.order), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _run_shard(
+    settings: Settings, jobs: list[Job], claims: Path | None = None, show_progress: bool = False
+) -> list[Outcome]:
+    """Inspect the jobs this process claims (all of them without ``claims``)."""
     items = progress(jobs, "tensor inspection", total=len(jobs)) if show_progress else jobs
-    return [inspect_tensor(settings, job) for job in items]
+    return [inspect_tensor(settings, job) for job in items if _claim(claims, job)]
 
 
 def _execute(settings: Settings, jobs: list[Job], workers: int) -> list[Outcome]:
-    """Deal the jobs, largest first, over this process and ``workers - 1`` children."""
+    """Share the jobs, largest first, between this process and ``workers - 1`` children.
+
+    Every process walks the same list and takes the next job nobody has claimed, so a child
+    that starts late or gets the big tensors does not leave the others waiting. A job lost
+    with a failed child is done here afterwards.
+    """
     if workers <= 1 or len(jobs) < 2:
         return _run_shard(settings, jobs, show_progress=True)
     from accdbg.engines.isolate import Isolated  # a fresh Python per child: no inherited threads
 
     by_size = sorted(jobs, key=lambda j: -j.size)
-    shards = [by_size[i::workers] for i in range(workers)]
-    children = [
-        (Isolated(_run_shard, settings, shard, what="inspecting tensors"), shard)
-        for shard in shards[1:]
-        if shard
-    ]
     outcomes: list[Outcome] = []
     started = time.perf_counter()
-    try:
-        outcomes += _run_shard(settings, shards[0], show_progress=True)
-    except BaseException:
-        for child, _ in children:
-            child.kill()
-        raise
-    log.debug(
-        "this process inspected %d tensors in %.1f s; waiting for %d worker processes",
-        len(shards[0]),
-        time.perf_counter() - started,
-        len(children),
-    )
-    for child, shard in children:
+    with tempfile.TemporaryDirectory(prefix="accdbg-inspection-") as tmp:
+        claims = Path(tmp)
+        children = [
+            Isolated(_run_shard, settings, by_size, claims, what="inspecting tensors")
+            for _ in range(workers - 1)
+        ]
         try:
-            outcomes += child.result()
-            log.debug("worker process done %.1f s after the start", time.perf_counter() - started)
-        except (AccdbgError, RuntimeError) as exc:
-            log.warning(
-                "a tensor inspection worker process failed (%s); inspecting its %d tensors here",
-                exc,
-                len(shard),
-            )
-            outcomes += _run_shard(settings, shard, show_progress=True)
+            outcomes += _run_shard(settings, by_size, claims, show_progress=True)
+        except BaseException:
+            for child in children:
+                child.kill()
+            raise
+        mine = len(outcomes)
+        for child in children:
+            try:
+                outcomes += child.result()
+            except (AccdbgError, RuntimeError) as exc:
+                log.warning("a tensor inspection worker process failed: %s", exc)
+    log.debug(
+        "%d of %d tensors inspected in this process, the rest in %d workers; %.1f s",
+        mine,
+        len(jobs),
+        len(children),
+        time.perf_counter() - started,
+    )
+    done = {o.order for o in outcomes}
+    missing = [job for job in jobs if job.order not in done]
+    if missing:
+        log.warning("inspecting here the %d tensors a failed worker left", len(missing))
+        outcomes += _run_shard(settings, missing, show_progress=True)
     return sorted(outcomes, key=lambda o: o.order)
 
 

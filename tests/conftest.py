@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 
@@ -24,6 +25,16 @@ def _rapidocr_model(name: str) -> Path:
     path = Path(spec.submodule_search_locations[0]) / "models" / name
     assert path.is_file(), path
     return path
+
+
+@pytest.fixture(autouse=True)
+def _restore_accdbg_logger():
+    """The CLI installs a console handler and stops propagation; give every test a clean logger."""
+    logger = logging.getLogger("accdbg")
+    handlers, propagate, level = list(logger.handlers), logger.propagate, logger.level
+    yield
+    logger.handlers[:] = handlers
+    logger.propagate, logger.level = propagate, level
 
 
 @pytest.fixture(scope="session")

@@ -304,26 +304,23 @@ def test_real_qnn_graph_json_dims_are_channel_last(tmp_path):
     import onnxruntime_qnn
 
     path = _qdq_conv(tmp_path)
-    ort.register_execution_provider_library(
-        "QNNExecutionProvider", onnxruntime_qnn.get_library_path()
+    from accdbg.engines.qnn import ensure_registered
+
+    ensure_registered()  # once per process, shared with the engine
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
+    so = ort.SessionOptions()
+    so.add_provider_for_devices(
+        devices[:1],
+        {
+            "backend_path": onnxruntime_qnn.get_qnn_htp_path(),
+            "dump_json_qnn_graph": "1",
+            "json_qnn_graph_dir": str(tmp_path),
+        },
     )
-    try:
-        devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
-        so = ort.SessionOptions()
-        so.add_provider_for_devices(
-            devices[:1],
-            {
-                "backend_path": onnxruntime_qnn.get_qnn_htp_path(),
-                "dump_json_qnn_graph": "1",
-                "json_qnn_graph_dir": str(tmp_path),
-            },
-        )
-        sess = ort.InferenceSession(str(path), sess_options=so)
-        x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 6, 10)).astype(np.float32)
-        y = sess.run(None, {"x": x})[0]
-        del sess
-    finally:
-        ort.unregister_execution_provider_library("QNNExecutionProvider")
+    sess = ort.InferenceSession(str(path), sess_options=so)
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 6, 10)).astype(np.float32)
+    y = sess.run(None, {"x": x})[0]
+    del sess
     (qnn_json,) = [p for p in tmp_path.glob("*.json") if not p.name.endswith("_tensor_log.json")]
     graph = QnnGraph(qnn_json)
     # QNN renames tensors; the Conv(+Relu) output is the one whose producer is the Conv2d op

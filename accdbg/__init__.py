@@ -11,4 +11,11 @@ from accdbg.inspection import run_tensor_inspection
 from accdbg.verifiers.verification import run_verification
 
 __version__ = "0.1.0"
-__all__ = ["AccdbgError", "compare_encodings", "run_framework_diagnosis", "run_tensor_inspection", "run_verification", "__version__"]
+__all__ = [
+    "AccdbgError",
+    "compare_encodings",
+    "run_framework_diagnosis",
+    "run_tensor_inspection",
+    "run_verification",
+    "__version__",
+]

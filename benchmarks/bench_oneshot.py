@@ -52,20 +52,30 @@ def bare_runs(model: Path, x_path: Path, work: Path) -> dict[str, float]:
     om.fix_input_shapes(m, {"x": (1, 3, 320, 320)})
     names = [i.name for i in om.tensor_infos(om.infer_shapes(m), ("Constant",))]
     t = time.perf_counter()
-    sess = ort.InferenceSession(om.with_outputs(m, names).SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(
+        om.with_outputs(m, names).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     sess.run(None, {"x": x})
     times["float run, all intermediates"] = time.perf_counter() - t
     del sess
     prepared, _ = prepare_float_model(om.load_model(model), {"x": (1, 3, 320, 320)}, work)
     qdq = work / "bare.qdq.onnx"
     t = time.perf_counter()
-    quantize_for_qnn(prepared, qdq, FeedsReader([{"x": x_path}], {"x": (1, 3, 320, 320)}, {"x": np.dtype("float32")}))
+    quantize_for_qnn(
+        prepared,
+        qdq,
+        FeedsReader([{"x": x_path}], {"x": (1, 3, 320, 320)}, {"x": np.dtype("float32")}),
+    )
     times["quantization"] = time.perf_counter() - t
     qm = onnx.load(str(qdq))
     exposed = exposure.select(qm)
-    outs = list(dict.fromkeys([o.name for o in qm.graph.output] + [e.graph_tensor for e in exposed]))
+    outs = list(
+        dict.fromkeys([o.name for o in qm.graph.output] + [e.graph_tensor for e in exposed])
+    )
     t = time.perf_counter()
-    sess = QnnEngine().create_session(om.with_outputs(qm, outs).SerializeToString(), EngineOptions())
+    sess = QnnEngine().create_session(
+        om.with_outputs(qm, outs).SerializeToString(), EngineOptions()
+    )
     sess.run(None, {"x": x})
     times["QNN HTP session + run, all activations"] = time.perf_counter() - t
     return times
@@ -88,21 +98,33 @@ def main() -> None:
         insp = None
         if not args.no_inspection:
             t = time.perf_counter()
-            run_oneshot("onnx", model, inputs, working_dir=work / "w", output_dirname="inspect",
-                        enable_tensor_inspection=True)
+            run_oneshot(
+                "onnx",
+                model,
+                inputs,
+                working_dir=work / "w",
+                output_dirname="inspect",
+                enable_tensor_inspection=True,
+            )
             insp = time.perf_counter() - t
     bare_total = sum(bare.values())
-    print(f"model: {model.name} 1x3x320x320, 8-bit activations and weights, QNN HTP (x86 emulation)")
+    print(
+        f"model: {model.name} 1x3x320x320, 8-bit activations and weights, QNN HTP (x86 emulation)"
+    )
     for k, v in bare.items():
         print(f"  bare {k:<42} {v:7.2f} s")
     print(f"  bare total                                          {bare_total:7.2f} s")
     for k, v in result.seconds.items():
         print(f"  oneshot step {k:<38} {v:7.2f} s")
     print(f"oneshot wall time                                     {tool:7.2f} s")
-    print(f"tool overhead ratio (oneshot / bare runs)             {tool / bare_total:7.2f}  (target <= 1.5)")
+    print(
+        f"tool overhead ratio (oneshot / bare runs)             {tool / bare_total:7.2f}  (target <= 1.5)"
+    )
     if insp is not None:
         print(f"oneshot with tensor inspection                        {insp:7.2f} s")
-        print(f"inspection ratio (with / without)                     {insp / tool:7.2f}  (target <= 2.0)")
+        print(
+            f"inspection ratio (with / without)                     {insp / tool:7.2f}  (target <= 2.0)"
+        )
     self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"peak RSS: this process {self_mb:.0f} MB, largest child (QNN worker) {child_mb:.0f} MB")

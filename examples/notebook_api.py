@@ -20,14 +20,24 @@ work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("working_directory")
 image = parse_input_tensor(["image", "1,3,32,32", str(HERE / "tiny_cnn" / "input.raw")])
 
 result = run_oneshot("onnx", HERE / "tiny_cnn" / "model.onnx", [image], working_dir=work)
-table = result.summary[["Name", "LayerType", "CosineSimilarity", "SQNR", "SQNR drop", "SQNR error added"]]
+table = result.summary[
+    ["Name", "LayerType", "CosineSimilarity", "SQNR", "SQNR drop", "SQNR error added"]
+]
 print(table.sort_values("SQNR error added", ascending=False).head(3).to_string(index=False))
 
 # same QDQ model on onnxruntime's CPU fake-quant: how far is QNN from the simulation?
 qdq = next(result.engine_run.glob("*.qdq.onnx"))
-sim = run_inference_engine(qdq, input_tensors=[image], stage="converted", engine="simulation", working_dir=work)
-qnn_vs_sim = run_verification(sim.results[0], result.engine_run / "output" / "Result_0",
-                              default_verifiers=["CosineSimilarity"], working_dir=work)
+sim = run_inference_engine(
+    qdq, input_tensors=[image], stage="converted", engine="simulation", working_dir=work
+)
+qnn_vs_sim = run_verification(
+    sim.results[0],
+    result.engine_run / "output" / "Result_0",
+    default_verifiers=["CosineSimilarity"],
+    working_dir=work,
+)
 worst = qnn_vs_sim.summary.sort_values("CosineSimilarity").iloc[0]
-print(f"QNN vs CPU simulation, least similar layer: {worst['Name']} (cosine {worst['CosineSimilarity']:.6f})")
+print(
+    f"QNN vs CPU simulation, least similar layer: {worst['Name']} (cosine {worst['CosineSimilarity']:.6f})"
+)
 print(f"report: {result.report}")

@@ -70,12 +70,17 @@ def conv_net(tmp: Path, channels: int = 8, size: int = 16, layers: int = 3, seed
         w = (rng.standard_normal((channels, cin, 3, 3)) * 0.3).astype(np.float32)
         b = (rng.standard_normal(channels) * 0.1).astype(np.float32)
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
-        nodes.append(helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"conv{i}"], pads=[1, 1, 1, 1], name=f"Conv_{i}"))
+        nodes.append(
+            helper.make_node(
+                "Conv", [prev, f"w{i}", f"b{i}"], [f"conv{i}"], pads=[1, 1, 1, 1], name=f"Conv_{i}"
+            )
+        )
         nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"relu{i}"], name=f"Relu_{i}"))
         prev, cin = f"relu{i}", channels
     nodes.append(helper.make_node("GlobalAveragePool", [prev], ["pool"], name="Pool"))
     graph = helper.make_graph(
-        nodes, "convnet",
+        nodes,
+        "convnet",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
         [helper.make_tensor_value_info("pool", TensorProto.FLOAT, [1, channels, 1, 1])],
         inits,
@@ -87,7 +92,9 @@ def conv_net(tmp: Path, channels: int = 8, size: int = 16, layers: int = 3, seed
     return Built(path, x_path, "x", (1, 3, size, size), {})
 
 
-def planted_chain(tmp: Path, layers: int = 6, bad: int = 3, size: int = 16, channels: int = 16) -> Built:
+def planted_chain(
+    tmp: Path, layers: int = 6, bad: int = 3, size: int = 16, channels: int = 16
+) -> Built:
     """Conv+Relu chain whose layer ``bad`` has a dead channel with 40x weights.
 
     ReLU always zeroes that channel (bias -1000), so it does not dominate the activation, but
@@ -98,17 +105,24 @@ def planted_chain(tmp: Path, layers: int = 6, bad: int = 3, size: int = 16, chan
     nodes, inits = [], []
     prev, cin = "x", 3
     for i in range(layers):
-        w = (rng.standard_normal((channels, cin, 3, 3)) * np.sqrt(2.0 / (cin * 9))).astype(np.float32)
+        w = (rng.standard_normal((channels, cin, 3, 3)) * np.sqrt(2.0 / (cin * 9))).astype(
+            np.float32
+        )
         b = (rng.standard_normal(channels) * 0.05).astype(np.float32)
         if i == bad:
             w[0] *= 40.0
             b[0] = -1000.0
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
-        nodes.append(helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"conv{i}"], pads=[1] * 4, name=f"Conv_{i}"))
+        nodes.append(
+            helper.make_node(
+                "Conv", [prev, f"w{i}", f"b{i}"], [f"conv{i}"], pads=[1] * 4, name=f"Conv_{i}"
+            )
+        )
         nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"layer{i}"], name=f"Relu_{i}"))
         prev, cin = f"layer{i}", channels
     graph = helper.make_graph(
-        nodes, "planted",
+        nodes,
+        "planted",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
         [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, channels, size, size])],
         inits,

@@ -4,7 +4,13 @@ from tests.helpers import one_line_error, run_cli
 def test_top_level_help_lists_components(capsys):
     code, out, _ = run_cli(capsys, "--help")
     assert code == 0
-    for name in ("framework_diagnosis", "inference_engine", "verification", "compare_encodings", "tensor_inspection"):
+    for name in (
+        "framework_diagnosis",
+        "inference_engine",
+        "verification",
+        "compare_encodings",
+        "tensor_inspection",
+    ):
         assert f"--{name}" in out
 
 
@@ -29,8 +35,20 @@ def test_missing_required_flag_is_one_line(capsys):
 
 
 def test_unknown_framework(capsys, mlp, tmp_path):
-    code, _, err = run_cli(capsys, "--framework_diagnosis", "-f", "caffe", "-m", mlp.path,
-                           "-i", "x", "2,4", mlp.input_path, "-w", tmp_path / "w")
+    code, _, err = run_cli(
+        capsys,
+        "--framework_diagnosis",
+        "-f",
+        "caffe",
+        "-m",
+        mlp.path,
+        "-i",
+        "x",
+        "2,4",
+        mlp.input_path,
+        "-w",
+        tmp_path / "w",
+    )
     assert code == 2
     assert "'caffe'" in one_line_error(err) and "onnx" in err
 

@@ -15,9 +15,21 @@ from tests.helpers import one_line_error, run_cli
 
 
 def _fd(capsys, built, tmp_path, *extra):
-    return run_cli(capsys, "--framework_diagnosis", "-f", "onnx", "-m", built.path,
-                   "-i", built.input_name, ",".join(map(str, built.dims)), built.input_path,
-                   "-w", tmp_path / "w", *extra)
+    return run_cli(
+        capsys,
+        "--framework_diagnosis",
+        "-f",
+        "onnx",
+        "-m",
+        built.path,
+        "-i",
+        built.input_name,
+        ",".join(map(str, built.dims)),
+        built.input_path,
+        "-w",
+        tmp_path / "w",
+        *extra,
+    )
 
 
 def test_every_node_output_matches_numpy(capsys, tmp_path, mlp):
@@ -37,7 +49,9 @@ def test_every_node_output_matches_numpy(capsys, tmp_path, mlp):
 
 
 def test_slashes_and_hostile_names(capsys, tmp_path):
-    built = models.mlp(tmp_path, names={"mm": "block/mm", "add": "../../escape", "relu": "/abs/relu"})
+    built = models.mlp(
+        tmp_path, names={"mm": "block/mm", "add": "../../escape", "relu": "/abs/relu"}
+    )
     code, _, err = _fd(capsys, built, tmp_path, "--output_dirname", "r")
     assert code == 0, err
     root = tmp_path / "w" / "framework_diagnosis" / "r"
@@ -52,10 +66,18 @@ def test_slashes_and_hostile_names(capsys, tmp_path):
 def test_memory_budget_splits_and_files_are_identical(tmp_path):
     built = models.conv_net(tmp_path, channels=16, size=32, layers=4)
     inp = [parse_input_tensor(["x", "1,3,32,32", str(built.input_path)])]
-    whole = run_framework_diagnosis("onnx", built.path, inp, working_dir=tmp_path / "w", output_dirname="whole")
+    whole = run_framework_diagnosis(
+        "onnx", built.path, inp, working_dir=tmp_path / "w", output_dirname="whole"
+    )
     one_tensor = 16 * 32 * 32 * 4
-    split = run_framework_diagnosis("onnx", built.path, inp, working_dir=tmp_path / "w",
-                                    output_dirname="split", memory_budget_mb=2.5 * one_tensor / 2**20)
+    split = run_framework_diagnosis(
+        "onnx",
+        built.path,
+        inp,
+        working_dir=tmp_path / "w",
+        output_dirname="split",
+        memory_budget_mb=2.5 * one_tensor / 2**20,
+    )
     assert whole.batches == 1
     assert split.batches >= 4
     names = list(whole.tensors["file"])
@@ -102,8 +124,21 @@ def test_bad_inputs_one_line_and_nothing_written(capsys, tmp_path, mlp, case, ex
         wd.write_text("a file, not a folder")
     elif case == "wrong_rank":
         dims = "1,2,4"
-    code, _, err = run_cli(capsys, "--framework_diagnosis", "-f", "onnx", "-m", model,
-                           "-i", name, dims, raw, *extra, "-w", wd)
+    code, _, err = run_cli(
+        capsys,
+        "--framework_diagnosis",
+        "-f",
+        "onnx",
+        "-m",
+        model,
+        "-i",
+        name,
+        dims,
+        raw,
+        *extra,
+        "-w",
+        wd,
+    )
     assert code == 2
     line = one_line_error(err)
     assert expect in line, line
@@ -121,21 +156,30 @@ def test_disable_graph_optimization_keeps_unfused_values(tmp_path):
     unfused float values; numerically equal to the optimized run within float tolerance."""
     from accdbg.frameworks.onnx_runner import session_options
 
-    assert session_options(True).graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    assert session_options(False).graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert (
+        session_options(True).graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    assert (
+        session_options(False).graph_optimization_level
+        == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    )
 
 
 def test_real_ppocr_det_every_node_output(tmp_path, ppocr_det, ppocr_input):
     inp = [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])]
-    res = run_framework_diagnosis("onnx", ppocr_det, inp, output_tensors=["sigmoid_0.tmp_0"],
-                                  working_dir=tmp_path / "w")
+    res = run_framework_diagnosis(
+        "onnx", ppocr_det, inp, output_tensors=["sigmoid_0.tmp_0"], working_dir=tmp_path / "w"
+    )
     model = onnx.load(str(ppocr_det))
     expected = [o for n in model.graph.node if n.op_type != "Constant" for o in n.output if o]
     folder = TensorFolder(res.run_dir)
     assert sorted(folder.names()) == sorted(expected)
     # topological: each tensor's producer inputs were dumped earlier (or are inputs/constants)
     producers = {o: n for n in model.graph.node for o in n.output}
-    order = {r["name"]: i for i, r in enumerate(json.loads((res.run_dir / "tensors.json").read_text())["tensors"])}
+    order = {
+        r["name"]: i
+        for i, r in enumerate(json.loads((res.run_dir / "tensors.json").read_text())["tensors"])
+    }
     for name, pos in order.items():
         for src in producers[name].input:
             if src in order:
@@ -144,10 +188,14 @@ def test_real_ppocr_det_every_node_output(tmp_path, ppocr_det, ppocr_input):
     # and sampled intermediates equal the outputs of sub-models cut with onnx.utils
     x = np.fromfile(ppocr_input, np.float32).reshape(1, 3, 320, 320)
     plain = ort.InferenceSession(str(ppocr_det), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(folder.load("sigmoid_0.tmp_0"), plain.run(None, {"x": x})[0], atol=1e-4)
+    np.testing.assert_allclose(
+        folder.load("sigmoid_0.tmp_0"), plain.run(None, {"x": x})[0], atol=1e-4
+    )
     for name in expected[5::60]:
         sub = tmp_path / "sub.onnx"
         onnx.utils.extract_model(str(ppocr_det), str(sub), ["x"], [name], check_model=False)
-        want = ort.InferenceSession(str(sub), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        want = ort.InferenceSession(str(sub), providers=["CPUExecutionProvider"]).run(
+            None, {"x": x}
+        )[0]
         np.testing.assert_allclose(folder.load(name), want, rtol=1e-3, atol=1e-3, err_msg=name)
         assert list(want.shape) == folder.records[name].shape

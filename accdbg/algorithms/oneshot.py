@@ -49,7 +49,9 @@ class OneshotResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def matching_result(results: Sequence[Path], input_list: str | Path | None, inputs: Sequence[InputTensor]) -> Path:
+def matching_result(
+    results: Sequence[Path], input_list: str | Path | None, inputs: Sequence[InputTensor]
+) -> Path:
     """The ``Result_N`` computed from the same files as the golden run."""
     if input_list is None or len(results) == 1:
         return results[0]
@@ -58,7 +60,9 @@ def matching_result(results: Sequence[Path], input_list: str | Path | None, inpu
         files = [p.resolve() for _, p in entry.items]
         if set(files) == set(wanted.values()):
             return result
-    log.warning("no input-list line uses the --input_tensor files; comparing the golden with Result_0")
+    log.warning(
+        "no input-list line uses the --input_tensor files; comparing the golden with Result_0"
+    )
     return results[0]
 
 
@@ -82,9 +86,18 @@ def run_oneshot(
     t = time.perf_counter()
     if golden_dir is None:
         if not input_tensors:
-            raise AccdbgError("framework diagnosis needs -i/--input_tensor (or give --golden_output_reference_directory)")
-        gold = run_framework_diagnosis(framework, model_path, input_tensors, output_tensors, working_dir=working_dir,
-                                       output_dirname=output_dirname, **(framework_kwargs or {}))
+            raise AccdbgError(
+                "framework diagnosis needs -i/--input_tensor (or give --golden_output_reference_directory)"
+            )
+        gold = run_framework_diagnosis(
+            framework,
+            model_path,
+            input_tensors,
+            output_tensors,
+            working_dir=working_dir,
+            output_dirname=output_dirname,
+            **(framework_kwargs or {}),
+        )
         golden_dir = gold.run_dir
         seconds["framework_diagnosis"] = time.perf_counter() - t
     golden_dir = Path(golden_dir)
@@ -97,24 +110,46 @@ def run_oneshot(
         out = Path(working_dir) / "conversion" / (output_dirname or golden_dir.name)
         conversion = convert_to_onnx(framework, model_path, input_tensors, out, output_tensors)
         engine_model = conversion.onnx_path
-        engine_inputs = [replace(t, name=conversion.input_names.get(t.name, t.name)) for t in input_tensors]
+        engine_inputs = [
+            replace(t, name=conversion.input_names.get(t.name, t.name)) for t in input_tensors
+        ]
         seconds["conversion to ONNX"] = time.perf_counter() - t
     t = time.perf_counter()
-    kwargs = {**(engine_kwargs or {}), "golden_dir_for_mapping": golden_dir if conversion is None else None}
-    engine = run_inference_engine(engine_model, input_list=input_list, input_tensors=engine_inputs,
-                                  working_dir=working_dir, output_dirname=output_dirname, **kwargs)
+    kwargs = {
+        **(engine_kwargs or {}),
+        "golden_dir_for_mapping": golden_dir if conversion is None else None,
+    }
+    engine = run_inference_engine(
+        engine_model,
+        input_list=input_list,
+        input_tensors=engine_inputs,
+        working_dir=working_dir,
+        output_dirname=output_dirname,
+        **kwargs,
+    )
     if conversion is not None:
         _carry_conversion(engine, conversion)
     seconds["inference_engine"] = time.perf_counter() - t
     t = time.perf_counter()
     target = matching_result(engine.results, input_list, input_tensors)
-    ver = run_verification(golden_dir, target, default_verifiers=default_verifiers,
-                           tensor_mapping=engine.tensor_mapping, graph_struct=engine.graph_struct,
-                           verifier_config=verifier_config, qnn_model_json_path=engine.model_net_json,
-                           working_dir=working_dir, output_dirname=output_dirname)
+    ver = run_verification(
+        golden_dir,
+        target,
+        default_verifiers=default_verifiers,
+        tensor_mapping=engine.tensor_mapping,
+        graph_struct=engine.graph_struct,
+        verifier_config=verifier_config,
+        qnn_model_json_path=engine.model_net_json,
+        working_dir=working_dir,
+        output_dirname=output_dirname,
+    )
     seconds["verification"] = time.perf_counter() - t
-    verifiers = {v["label"]: get_verifier(v["spec"]) for v in ver.verifiers if v.get("spec") is not None}
-    inputs_of = inputs_from_graph_struct(json.loads(engine.graph_struct.read_text(encoding="utf-8")))
+    verifiers = {
+        v["label"]: get_verifier(v["spec"]) for v in ver.verifiers if v.get("spec") is not None
+    }
+    inputs_of = inputs_from_graph_struct(
+        json.loads(engine.graph_struct.read_text(encoding="utf-8"))
+    )
     summary, marks = attribute(ver.summary, verifiers, inputs_of)
     links = _detail_links(ver.run_dir, summary, [v["label"] for v in ver.verifiers])
     if enable_tensor_inspection:
@@ -122,20 +157,37 @@ def run_oneshot(
         from accdbg.inspection import run_tensor_inspection
 
         insp_dir = ver.run_dir / "tensor_inspection"
-        run_tensor_inspection(golden_dir, target, verifiers=[v["spec"] for v in ver.verifiers],
-                              tensor_mapping=engine.tensor_mapping, out_dir=insp_dir)
+        run_tensor_inspection(
+            golden_dir,
+            target,
+            verifiers=[v["spec"] for v in ver.verifiers],
+            tensor_mapping=engine.tensor_mapping,
+            out_dir=insp_dir,
+        )
         for name in summary["Name"]:
             folder = insp_dir / safe_relpath(str(name))
             if folder.is_dir():
-                links.setdefault(name, []).append(("plots", str(folder.relative_to(ver.run_dir)) + "/Histograms.png"))
+                links.setdefault(name, []).append(
+                    ("plots", str(folder.relative_to(ver.run_dir)) + "/Histograms.png")
+                )
         seconds["tensor_inspection"] = time.perf_counter() - t
     _rewrite_summary(ver.run_dir, summary, marks)
     failed = [bool(f) for f in summary.get("Failed", pd.Series([""] * len(summary))).fillna("")]
-    meta = (f"model {Path(model_path).name} - engine {engine.engine_label} ({engine_kwargs.get('runtime', 'htp') if engine_kwargs else 'htp'})"
-            f" - golden {golden_dir} - target {target}")
-    report = write_report(ver.run_dir / "summary.html", summary, verifiers, marks,
-                          title=f"accdbg oneshot-layerwise: {Path(model_path).name}", meta=meta, links=links,
-                          failed=failed, notes=[f"{k}: {v:.1f} s" for k, v in seconds.items()])
+    meta = (
+        f"model {Path(model_path).name} - engine {engine.engine_label} ({engine_kwargs.get('runtime', 'htp') if engine_kwargs else 'htp'})"
+        f" - golden {golden_dir} - target {target}"
+    )
+    report = write_report(
+        ver.run_dir / "summary.html",
+        summary,
+        verifiers,
+        marks,
+        title=f"accdbg oneshot-layerwise: {Path(model_path).name}",
+        meta=meta,
+        links=links,
+        failed=failed,
+        notes=[f"{k}: {v:.1f} s" for k, v in seconds.items()],
+    )
     for line in console_lines(marks):
         log.info("%s", line)
     log.info("report: %s", report)
@@ -151,7 +203,11 @@ def _carry_conversion(engine, conversion) -> None:
     """
     onnx_map = json.loads(engine.tensor_mapping.read_text(encoding="utf-8"))
     write_json_atomic(engine.run_dir / "tensor_mapping_onnx.json", onnx_map)
-    composed = {k: conversion.tensor_mapping[v] for k, v in onnx_map.items() if v in conversion.tensor_mapping}
+    composed = {
+        k: conversion.tensor_mapping[v]
+        for k, v in onnx_map.items()
+        if v in conversion.tensor_mapping
+    }
     write_json_atomic(engine.tensor_mapping, composed)
     onnx_of = {k: v for k, v in onnx_map.items()}
     for result in engine.results:
@@ -160,12 +216,19 @@ def _carry_conversion(engine, conversion) -> None:
         for rec in data["tensors"]:
             perm = conversion.permutations.get(onnx_of.get(rec["name"], rec["name"]))
             if len(rec["shape"]) == 4 and perm is not None:
-                rec["layout"] = "NCHW" if list(perm) == [0, 2, 3, 1] else ("NHWC" if list(perm) == [0, 1, 2, 3] else None)
+                rec["layout"] = (
+                    "NCHW"
+                    if list(perm) == [0, 2, 3, 1]
+                    else ("NHWC" if list(perm) == [0, 1, 2, 3] else None)
+                )
         write_json_atomic(path, data)
     missing = [k for k in onnx_map if k not in composed]
     if missing:
-        log.info("%d engine tensor(s) have no framework counterpart (fused by the converter), e.g. %s",
-                 len(missing), ", ".join(missing[:5]))
+        log.info(
+            "%d engine tensor(s) have no framework counterpart (fused by the converter), e.g. %s",
+            len(missing),
+            ", ".join(missing[:5]),
+        )
 
 
 def _rewrite_summary(run_dir: Path, summary: pd.DataFrame, marks: Sequence[Attribution]) -> None:
@@ -179,7 +242,9 @@ def _rewrite_summary(run_dir: Path, summary: pd.DataFrame, marks: Sequence[Attri
     write_json_atomic(path, data)
 
 
-def _detail_links(run_dir: Path, summary: pd.DataFrame, labels: Sequence[str]) -> dict[str, list[tuple[str, str]]]:
+def _detail_links(
+    run_dir: Path, summary: pd.DataFrame, labels: Sequence[str]
+) -> dict[str, list[tuple[str, str]]]:
     """Per-tensor verifier pages written by verification, relative to the summary."""
     links: dict[str, list[tuple[str, str]]] = {}
     for name in summary["Name"]:

@@ -17,35 +17,72 @@ class Parser(argparse.ArgumentParser):
 
 def add_common(parser: argparse.ArgumentParser, component: str) -> None:
     g = parser.add_argument_group("common arguments")
-    g.add_argument("-w", "--working_dir", default="working_directory",
-                   help="working directory; results go under <working_dir>/" + component)
-    g.add_argument("--output_dirname", default=None,
-                   help=f"run folder name under <working_dir>/{component} instead of the timestamp")
-    g.add_argument("-v", "--verbose", action="store_true",
-                   help="verbose logging, and tracebacks on errors")
+    g.add_argument(
+        "-w",
+        "--working_dir",
+        default="working_directory",
+        help="working directory; results go under <working_dir>/" + component,
+    )
+    g.add_argument(
+        "--output_dirname",
+        default=None,
+        help=f"run folder name under <working_dir>/{component} instead of the timestamp",
+    )
+    g.add_argument(
+        "-v", "--verbose", action="store_true", help="verbose logging, and tracebacks on errors"
+    )
 
 
 def add_model(parser: argparse.ArgumentParser, required: bool = True) -> None:
     g = parser.add_argument_group("model arguments")
-    g.add_argument("-f", "--framework", nargs="+", required=required, metavar="FRAMEWORK",
-                   help="framework and optional version, e.g. 'onnx' or 'onnx 1.17' (case insensitive)")
+    g.add_argument(
+        "-f",
+        "--framework",
+        nargs="+",
+        required=required,
+        metavar="FRAMEWORK",
+        help="framework and optional version, e.g. 'onnx' or 'onnx 1.17' (case insensitive)",
+    )
     g.add_argument("-m", "--model_path", required=required, help="path to the model file")
-    g.add_argument("-i", "--input_tensor", nargs="+", action="append", required=required,
-                   metavar="INPUT_TENSOR",
-                   help='"name" dims path [dtype], e.g. "data" 1,3,224,224 data.raw float32; repeat per input')
-    g.add_argument("-o", "--output_tensor", action="append", default=[],
-                   help="name of a graph output tensor that must be produced; repeatable")
+    g.add_argument(
+        "-i",
+        "--input_tensor",
+        nargs="+",
+        action="append",
+        required=required,
+        metavar="INPUT_TENSOR",
+        help='"name" dims path [dtype], e.g. "data" 1,3,224,224 data.raw float32; repeat per input',
+    )
+    g.add_argument(
+        "-o",
+        "--output_tensor",
+        action="append",
+        default=[],
+        help="name of a graph output tensor that must be produced; repeatable",
+    )
 
 
 def add_framework_runtime(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("framework runtime arguments")
-    g.add_argument("--disable_graph_optimization", action="store_true",
-                   help="disable onnxruntime graph optimizations (basic optimizations are on by default)")
-    g.add_argument("--onnx_custom_op_lib", default=None, help="path to an onnxruntime custom-op library")
-    g.add_argument("--memory_budget_mb", type=float, default=4096,
-                   help="most megabytes of exposed tensors held at once; beyond it the dump is split over several runs (default 4096)")
-    g.add_argument("--include_constants", action="store_true",
-                   help="also dump the outputs of Constant nodes (parameters, not activations)")
+    g.add_argument(
+        "--disable_graph_optimization",
+        action="store_true",
+        help="disable onnxruntime graph optimizations (basic optimizations are on by default)",
+    )
+    g.add_argument(
+        "--onnx_custom_op_lib", default=None, help="path to an onnxruntime custom-op library"
+    )
+    g.add_argument(
+        "--memory_budget_mb",
+        type=float,
+        default=4096,
+        help="most megabytes of exposed tensors held at once; beyond it the dump is split over several runs (default 4096)",
+    )
+    g.add_argument(
+        "--include_constants",
+        action="store_true",
+        help="also dump the outputs of Constant nodes (parameters, not activations)",
+    )
 
 
 def add_default_verifier(group, default_text: str = "CosineSimilarity") -> None:
@@ -53,11 +90,15 @@ def add_default_verifier(group, default_text: str = "CosineSimilarity") -> None:
     from accdbg.verifiers import verifier_names
 
     group.add_argument(
-        "--default_verifier", "--defaultVerifier", dest="default_verifier", action="append", nargs="+",
+        "--default_verifier",
+        "--defaultVerifier",
+        dest="default_verifier",
+        action="append",
+        nargs="+",
         metavar="VERIFIER",
         help="verifier run on every tensor, optionally with parameters: 'rtolatol,rtolmargin,0.01,atolmargin,0.01' "
-             f"or 'TopK k 5'; repeat for several (default {default_text}). Names are case-insensitive: "
-             f"{', '.join(verifier_names())}",
+        f"or 'TopK k 5'; repeat for several (default {default_text}). Names are case-insensitive: "
+        f"{', '.join(verifier_names())}",
     )
 
 

@@ -44,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     )
     log.info(
         "framework diagnosis: %d tensors, %.1f MB in %.1f s -> %s",
-        len(result.tensors), result.tensors["bytes"].sum() / 1e6 if len(result.tensors) else 0,
-        result.seconds, result.run_dir,
+        len(result.tensors),
+        result.tensors["bytes"].sum() / 1e6 if len(result.tensors) else 0,
+        result.seconds,
+        result.run_dir,
     )
     return 0

@@ -109,13 +109,19 @@ def load_config(path: Path) -> dict:
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
-        raise AccdbgError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+        raise AccdbgError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise AccdbgError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise AccdbgError(
+            f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"
+        ) from None
     if not isinstance(data, dict):
-        raise AccdbgError(f"{path}: expected a mapping of option names to values, e.g. {{\"runtime\": \"htp\"}}")
+        raise AccdbgError(
+            f'{path}: expected a mapping of option names to values, e.g. {{"runtime": "htp"}}'
+        )
     return {**data, "__path__": str(path)}
 
 

@@ -23,15 +23,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     A.add_framework_runtime(parser)
     g = parser.add_argument_group("verification and debugging")
     A.add_default_verifier(g, default_text="CosineSimilarity and SQNR")
-    g.add_argument("--verifier_config", "--verifierConfig", dest="verifier_config", default=None,
-                   help="JSON of extra verifiers on chosen tensors")
-    g.add_argument("--golden_output_reference_directory", "--golden_directory", "--goldenOutputReferenceDirectory",
-                   dest="golden_output_reference_directory", default=None,
-                   help="golden tensors to use instead of running framework diagnosis")
-    g.add_argument("--enable_tensor_inspection", action="store_true", help="plots and statistics per layer")
+    g.add_argument(
+        "--verifier_config",
+        "--verifierConfig",
+        dest="verifier_config",
+        default=None,
+        help="JSON of extra verifiers on chosen tensors",
+    )
+    g.add_argument(
+        "--golden_output_reference_directory",
+        "--golden_directory",
+        "--goldenOutputReferenceDirectory",
+        dest="golden_output_reference_directory",
+        default=None,
+        help="golden tensors to use instead of running framework diagnosis",
+    )
+    g.add_argument(
+        "--enable_tensor_inspection", action="store_true", help="plots and statistics per layer"
+    )
     g.add_argument("--debugging_algorithm", choices=ALGORITHMS, default="oneshot-layerwise")
-    g.add_argument("--start_layer", help="(layerwise, cumulative-layerwise) first layer output to debug")
-    g.add_argument("--end_layer", help="(layerwise, cumulative-layerwise) last layer output to debug")
+    g.add_argument(
+        "--start_layer", help="(layerwise, cumulative-layerwise) first layer output to debug"
+    )
+    g.add_argument(
+        "--end_layer", help="(layerwise, cumulative-layerwise) last layer output to debug"
+    )
     g.add_argument("--deep_analyzer", help="(not available)")
     A.add_common(parser, NAME)
 
@@ -41,32 +57,62 @@ def run(args: argparse.Namespace) -> int:
         raise AccdbgError(f"--deep_analyzer {args.deep_analyzer!r} is not available in accdbg")
     if args.start_layer or args.end_layer:
         if args.debugging_algorithm == "oneshot-layerwise":
-            raise AccdbgError("--start_layer/--end_layer apply to layerwise and cumulative-layerwise only")
+            raise AccdbgError(
+                "--start_layer/--end_layer apply to layerwise and cumulative-layerwise only"
+            )
     framework = args.framework[0].lower()
     inputs = [parse_input_tensor(v) for v in args.input_tensor]
     verifiers = args.default_verifier or ["CosineSimilarity", "SQNR"]
     kwargs = engine_kwargs(args)
-    fw_kwargs = dict(disable_graph_optimization=args.disable_graph_optimization,
-                     onnx_custom_op_lib=args.onnx_custom_op_lib, memory_budget_mb=args.memory_budget_mb,
-                     include_constants=args.include_constants)
-    with RunDir(args.working_dir, NAME, args.output_dirname, resume=args.debugging_algorithm != "oneshot-layerwise") as run:
+    fw_kwargs = dict(
+        disable_graph_optimization=args.disable_graph_optimization,
+        onnx_custom_op_lib=args.onnx_custom_op_lib,
+        memory_budget_mb=args.memory_budget_mb,
+        include_constants=args.include_constants,
+    )
+    with RunDir(
+        args.working_dir,
+        NAME,
+        args.output_dirname,
+        resume=args.debugging_algorithm != "oneshot-layerwise",
+    ) as run:
         run.write_options(A.options_dict(args))
         if args.debugging_algorithm == "oneshot-layerwise":
             from accdbg.algorithms.oneshot import run_oneshot
 
-            result = run_oneshot(framework, args.model_path, inputs, input_list=args.input_list,
-                                 output_tensors=args.output_tensor, default_verifiers=verifiers,
-                                 verifier_config=args.verifier_config,
-                                 golden_dir=args.golden_output_reference_directory,
-                                 enable_tensor_inspection=args.enable_tensor_inspection, engine_kwargs=kwargs,
-                                 framework_kwargs=fw_kwargs, working_dir=args.working_dir,
-                                 output_dirname=args.output_dirname)
+            result = run_oneshot(
+                framework,
+                args.model_path,
+                inputs,
+                input_list=args.input_list,
+                output_tensors=args.output_tensor,
+                default_verifiers=verifiers,
+                verifier_config=args.verifier_config,
+                golden_dir=args.golden_output_reference_directory,
+                enable_tensor_inspection=args.enable_tensor_inspection,
+                engine_kwargs=kwargs,
+                framework_kwargs=fw_kwargs,
+                working_dir=args.working_dir,
+                output_dirname=args.output_dirname,
+            )
         else:
             from accdbg.algorithms import run_cumulative_layerwise, run_layerwise
 
-            fn = run_layerwise if args.debugging_algorithm == "layerwise" else run_cumulative_layerwise
-            result = fn(args.model_path, inputs, golden_dir=args.golden_output_reference_directory,
-                        verifiers=verifiers, start_layer=args.start_layer, end_layer=args.end_layer,
-                        engine_kwargs=kwargs, working_dir=args.working_dir, output_dirname=args.output_dirname)
+            fn = (
+                run_layerwise
+                if args.debugging_algorithm == "layerwise"
+                else run_cumulative_layerwise
+            )
+            result = fn(
+                args.model_path,
+                inputs,
+                golden_dir=args.golden_output_reference_directory,
+                verifiers=verifiers,
+                start_layer=args.start_layer,
+                end_layer=args.end_layer,
+                engine_kwargs=kwargs,
+                working_dir=args.working_dir,
+                output_dirname=args.output_dirname,
+            )
             log.info("report: %s", result.html)
     return 0

@@ -8,7 +8,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def plan_batches(items: Sequence[T], nbytes: Callable[[T], int | None], budget_bytes: int) -> list[list[T]]:
+def plan_batches(
+    items: Sequence[T], nbytes: Callable[[T], int | None], budget_bytes: int
+) -> list[list[T]]:
     """Group items in order so each group's known size fits the budget.
 
     An item of unknown size counts as the largest known one (conservative); an item larger

@@ -23,8 +23,15 @@ DTYPES: dict[str, np.dtype] = {
         "bool",
     )
 }
-ALIASES = {"float": "float32", "fp32": "float32", "fp16": "float16", "half": "float16",
-           "double": "float64", "int": "int32", "long": "int64"}
+ALIASES = {
+    "float": "float32",
+    "fp32": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "double": "float64",
+    "int": "int32",
+    "long": "int64",
+}
 
 
 def parse_dtype(text: str, what: str = "dtype") -> np.dtype:

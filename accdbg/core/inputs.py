@@ -35,7 +35,9 @@ def parse_dims(text: str, what: str) -> tuple[int, ...]:
     try:
         dims = tuple(int(d) for d in str(text).replace("x", ",").split(",") if d.strip() != "")
     except ValueError:
-        raise AccdbgError(f"{what}: dims {text!r} must be comma-separated integers, e.g. 1,3,224,224") from None
+        raise AccdbgError(
+            f"{what}: dims {text!r} must be comma-separated integers, e.g. 1,3,224,224"
+        ) from None
     if not dims or any(d <= 0 for d in dims):
         raise AccdbgError(f"{what}: dims {text!r} must be positive integers, e.g. 1,3,224,224")
     return dims
@@ -45,7 +47,7 @@ def parse_input_tensor(values: list[str]) -> InputTensor:
     """``["data", "1,3,224,224", "data.raw", "float32"]`` -> :class:`InputTensor`."""
     if len(values) not in (3, 4):
         raise AccdbgError(
-            f"--input_tensor takes: name dims path [dtype], e.g. \"data\" 1,3,224,224 data.raw float32; got {values!r}"
+            f'--input_tensor takes: name dims path [dtype], e.g. "data" 1,3,224,224 data.raw float32; got {values!r}'
         )
     name, dims, path = values[0], values[1], values[2]
     what = f"--input_tensor {name!r}"
@@ -61,7 +63,9 @@ def check_raw_size(path: Path, dims, dtype: np.dtype, what: str) -> None:
     try:
         actual = os.path.getsize(path)
     except OSError:
-        raise AccdbgError(f"{what}: raw file {str(path)!r} does not exist or cannot be read") from None
+        raise AccdbgError(
+            f"{what}: raw file {str(path)!r} does not exist or cannot be read"
+        ) from None
     if actual != expected:
         raise AccdbgError(
             f"{what}: raw file {str(path)!r} has {actual} bytes, expected {expected} "
@@ -121,7 +125,9 @@ def parse_input_list(path: str | os.PathLike) -> InputList:
                 items.append((None, _resolve(tok, p.parent)))
         kinds = {n is None for n, _ in items}
         if len(kinds) > 1:
-            raise AccdbgError(f"{p}:{no}: mixes plain paths and name:=path pairs; use one form per line")
+            raise AccdbgError(
+                f"{p}:{no}: mixes plain paths and name:=path pairs; use one form per line"
+            )
         for _, f in items:
             if not f.is_file():
                 raise AccdbgError(f"{p}:{no}: input file {str(f)!r} does not exist")

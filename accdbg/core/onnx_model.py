@@ -35,7 +35,9 @@ def load_model(path: str | os.PathLike, what: str = "--model_path") -> onnx.Mode
             f"{what} {str(path)!r} is not a valid ONNX model ({type(exc).__name__}: {exc})"
         ) from None
     if not model.graph.node:
-        raise AccdbgError(f"{what} {str(path)!r} is not a valid ONNX model (its graph has no nodes)")
+        raise AccdbgError(
+            f"{what} {str(path)!r} is not a valid ONNX model (its graph has no nodes)"
+        )
     return model
 
 
@@ -53,9 +55,7 @@ def dims_of(vi: onnx.ValueInfoProto) -> list[int | str | None]:
     t = vi.type.tensor_type
     if not t.HasField("shape"):
         return []
-    return [
-        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim
-    ]
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
 
 
 def describe_inputs(model: onnx.ModelProto) -> str:
@@ -171,7 +171,8 @@ def tensor_infos(model: onnx.ModelProto, skip_op_types: Iterable[str] = ()) -> l
             dims = dims_of(vi) if vi is not None else []
             shape = (
                 tuple(int(d) for d in dims)
-                if vi is not None and vi.type.tensor_type.HasField("shape")
+                if vi is not None
+                and vi.type.tensor_type.HasField("shape")
                 and all(isinstance(d, int) for d in dims)
                 else None
             )
@@ -188,7 +189,9 @@ def tensor_infos(model: onnx.ModelProto, skip_op_types: Iterable[str] = ()) -> l
     return infos
 
 
-def with_outputs(model: onnx.ModelProto, names: Iterable[str], keep_existing: bool = False) -> onnx.ModelProto:
+def with_outputs(
+    model: onnx.ModelProto, names: Iterable[str], keep_existing: bool = False
+) -> onnx.ModelProto:
     """A copy of the model whose graph outputs are exactly ``names`` (plus the old ones if asked).
 
     Outputs are added untyped when inference did not type them; onnxruntime fills that in.

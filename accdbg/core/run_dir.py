@@ -159,18 +159,23 @@ def attach_log_file(path: Path) -> logging.Handler:
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     handler.setLevel(logging.DEBUG)
     logger = logging.getLogger("accdbg")
-    if logger.level == logging.NOTSET or logger.level > logging.DEBUG:
-        # API callers (notebooks) never configured it: log.txt must still get everything.
-        # Records reaching the root logger stay filtered by the root's own handlers.
-        logger.setLevel(logging.DEBUG)
+    handler._accdbg_saved_level = logger.level  # type: ignore[attr-defined]
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        # API callers (notebooks) never set it: log.txt must still get the run's INFO lines.
+        # Not DEBUG: records also propagate to whatever root handler the caller (or a library)
+        # installed, and DEBUG there would be noise. The CLI sets DEBUG itself with -v.
+        logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     return handler
 
 
 def detach_log_file(handler: logging.Handler | None) -> None:
     if handler is not None:
-        logging.getLogger("accdbg").removeHandler(handler)
+        logger = logging.getLogger("accdbg")
+        logger.removeHandler(handler)
         handler.close()
+        if not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
+            logger.setLevel(getattr(handler, "_accdbg_saved_level", logger.level))
 
 
 @contextmanager

@@ -132,9 +132,7 @@ class TensorWriter:
 
     def save_manifest(self) -> Path:
         """Write ``tensors.json`` with records sorted by topological index."""
-        recs = sorted(
-            self.records.values(), key=lambda r: (r.index is None, r.index or 0, r.name)
-        )
+        recs = sorted(self.records.values(), key=lambda r: (r.index is None, r.index or 0, r.name))
         data = {
             "format": MANIFEST_FORMAT,
             **self.meta,

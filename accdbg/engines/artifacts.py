@@ -99,14 +99,16 @@ def graph_struct(model_name: str, exposed: list[Exposed], shapes: dict[str, list
     dumped = {e.qdq_tensor: e.name for e in exposed}  # inputs under the names rows use
     for i, e in enumerate(sorted(exposed, key=lambda e: e.index)):
         shape = shapes.get(e.name)
-        layers.append({
-            "index": i,
-            "name": e.node,
-            "type": e.op_type,
-            "inputs": [dumped.get(x, x) for x in e.inputs],
-            "outputs": [e.name],
-            "output_shapes": {e.name: shape},
-            "layouts": {e.name: "NCHW" if shape is not None and len(shape) == 4 else None},
-            "quantized": e.quantized,
-        })
+        layers.append(
+            {
+                "index": i,
+                "name": e.node,
+                "type": e.op_type,
+                "inputs": [dumped.get(x, x) for x in e.inputs],
+                "outputs": [e.name],
+                "output_shapes": {e.name: shape},
+                "layouts": {e.name: "NCHW" if shape is not None and len(shape) == 4 else None},
+                "quantized": e.quantized,
+            }
+        )
     return {"format": "accdbg-graph-struct/1", "model": model_name, "layers": layers}

@@ -71,7 +71,9 @@ def register(cls: type[Engine]) -> type[Engine]:
 def get_engine(name: str) -> Engine:
     key = name.strip().lower()
     if key not in ENGINES:
-        raise AccdbgError(f"--engine {name!r} is not known; expected one of: {', '.join(sorted(ENGINES))}")
+        raise AccdbgError(
+            f"--engine {name!r} is not known; expected one of: {', '.join(sorted(ENGINES))}"
+        )
     return ENGINES[key]()
 
 

@@ -54,7 +54,9 @@ class Exposed:
     def dequantize(self, values: np.ndarray) -> np.ndarray:
         if not self.quantized or self.graph_is_dequantized:
             return values.astype(np.float32, copy=False) if self.quantized else values
-        return ((values.astype(np.int32) - self.zero_point) * np.float32(self.scale)).astype(np.float32)
+        return ((values.astype(np.int32) - self.zero_point) * np.float32(self.scale)).astype(
+            np.float32
+        )
 
     def native(self, values: np.ndarray) -> np.ndarray:
         """The backend's integers (re-quantized exactly when exposed through a graph output)."""
@@ -126,9 +128,15 @@ def select(
             if not out or out in chosen:
                 continue
             qs = [c for c in consumers.get(out, []) if c.op_type == "QuantizeLinear"]
-            ex = Exposed(name=out, graph_tensor=out, node=om.node_name(n, i), op_type=n.op_type,
-                         index=i, qdq_tensor=out,
-                         inputs=[float_name(x) for x in n.input if x and x not in inits])
+            ex = Exposed(
+                name=out,
+                graph_tensor=out,
+                node=om.node_name(n, i),
+                op_type=n.op_type,
+                index=i,
+                qdq_tensor=out,
+                inputs=[float_name(x) for x in n.input if x and x not in inits],
+            )
             if qs:
                 q = qs[0]
                 scale = _scalar(inits, q.input[1]) if len(q.input) > 1 else None
@@ -140,9 +148,15 @@ def select(
                     ex.zero_point = int(zp.reshape(())) if zp is not None else 0
                     ex.native_dtype = str(zp_dtype)
                     # a graph output is the DQ's output name; prefer whichever the float model has
-                    dq_outs = [c.output[0] for c in consumers.get(q.output[0], []) if c.op_type == "DequantizeLinear"]
+                    dq_outs = [
+                        c.output[0]
+                        for c in consumers.get(q.output[0], [])
+                        if c.op_type == "DequantizeLinear"
+                    ]
                     if out not in known:  # graph outputs and float-model names are what users know
-                        for cand in [c for c in dq_outs if c in known] + [c for c in dq_outs if c in graph_outputs]:
+                        for cand in [c for c in dq_outs if c in known] + [
+                            c for c in dq_outs if c in graph_outputs
+                        ]:
                             ex.name = cand
                             break
                     # The QNN EP fails ("Inconsistent output sizes") when a Q tensor feeding a graph
@@ -161,8 +175,16 @@ def select(
     add_o, add_t = set(add_outputs), {t.lower() for t in add_types}
     skip_o, skip_t = set(skip_outputs), {t.lower() for t in skip_types}
     if add_o or add_t:
-        exposed = [e for e in exposed if e.name in add_o or e.qdq_tensor in add_o or e.op_type.lower() in add_t]
-    exposed = [e for e in exposed if e.name not in skip_o and e.qdq_tensor not in skip_o and e.op_type.lower() not in skip_t]
+        exposed = [
+            e
+            for e in exposed
+            if e.name in add_o or e.qdq_tensor in add_o or e.op_type.lower() in add_t
+        ]
+    exposed = [
+        e
+        for e in exposed
+        if e.name not in skip_o and e.qdq_tensor not in skip_o and e.op_type.lower() not in skip_t
+    ]
     # two QDQ tensors can claim the same framework name (e.g. re-quantization): keep the first
     seen: set[str] = set()
     unique = []

@@ -33,8 +33,18 @@ class Isolated:
         self._result = Path(self._tmp.name) / "result.pkl"
         job.write_bytes(pickle.dumps((fn.__module__, fn.__qualname__, args)))
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-        cmd = [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "accdbg.engines.isolate", str(job), str(self._result)]
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]
+        )
+        cmd = [
+            sys.executable,
+            "-W",
+            "ignore::RuntimeWarning",
+            "-m",
+            "accdbg.engines.isolate",
+            str(job),
+            str(self._result),
+        ]
         self._proc = subprocess.Popen(cmd, env=env)
 
     def kill(self) -> None:
@@ -52,9 +62,13 @@ class Isolated:
                     name = signal.Signals(-code).name
                 except ValueError:
                     name = f"signal {-code}"
-                raise AccdbgError(f"the QNN backend crashed with {name} while {self.what}; the tool survived{hint}")
+                raise AccdbgError(
+                    f"the QNN backend crashed with {name} while {self.what}; the tool survived{hint}"
+                )
             if not self._result.exists():
-                raise AccdbgError(f"the backend process exited with code {code} while {self.what}{hint}")
+                raise AccdbgError(
+                    f"the backend process exited with code {code} while {self.what}{hint}"
+                )
             kind, *payload = pickle.loads(self._result.read_bytes())
         finally:
             self._tmp.cleanup()

@@ -18,11 +18,17 @@ _UNSUPPORTED = re.compile(
     r"REASON\s*:\s*(?P<reason>.*?)\b(?P<type>[A-Za-z0-9_]+) node `(?P<name>[^`]*)` will not be assigned to QNN EP"
 )
 _UNSUPPORTED_LIST = re.compile(r"\{ name: (?P<name>[^,]*), type: (?P<type>[^ }]*) \}")
-_PLACED = re.compile(r"(?:Node\(s\)|All nodes) placed on \[(?P<ep>[A-Za-z]+)\]\. Number of nodes: (?P<n>\d+)")
-_PLACED_NODE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s{2,}(?P<type>\S+) \((?P<name>.*)\)\s*$")
+_PLACED = re.compile(
+    r"(?:Node\(s\)|All nodes) placed on \[(?P<ep>[A-Za-z]+)\]\. Number of nodes: (?P<n>\d+)"
+)
+_PLACED_NODE = re.compile(
+    r"VerifyEachNodeIsAssignedToAnEp\]\s{2,}(?P<type>\S+) \((?P<name>.*)\)\s*$"
+)
 _ERROR = re.compile(r"\[E:onnxruntime:[^\]]*\]\s*(?P<msg>.*)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_QNN_CODE = re.compile(r"(?:[Ee]rror(?: code)?[:= ]+|QNN_[A-Z_]*ERROR[A-Z_]*)\s*(?P<code>\d{3,6}|QNN_[A-Z_]+)")
+_QNN_CODE = re.compile(
+    r"(?:[Ee]rror(?: code)?[:= ]+|QNN_[A-Z_]*ERROR[A-Z_]*)\s*(?P<code>\d{3,6}|QNN_[A-Z_]+)"
+)
 
 
 @dataclass
@@ -50,10 +56,19 @@ class NativeLog:
         seen: dict[str, dict[str, str]] = {}
         for m in _UNSUPPORTED.finditer(self.text):
             reason = m.group("reason").strip().rstrip(".")
-            reason = reason[: -len(m.group("type"))].rstrip(". ") if reason.endswith(m.group("type")) else reason
-            seen.setdefault(m.group("name"), {"name": m.group("name"), "type": m.group("type"), "reason": reason})
+            reason = (
+                reason[: -len(m.group("type"))].rstrip(". ")
+                if reason.endswith(m.group("type"))
+                else reason
+            )
+            seen.setdefault(
+                m.group("name"),
+                {"name": m.group("name"), "type": m.group("type"), "reason": reason},
+            )
         for m in _UNSUPPORTED_LIST.finditer(self.text):
-            seen.setdefault(m.group("name"), {"name": m.group("name"), "type": m.group("type"), "reason": ""})
+            seen.setdefault(
+                m.group("name"), {"name": m.group("name"), "type": m.group("type"), "reason": ""}
+            )
         return list(seen.values())
 
     def placement(self) -> Placement:

@@ -26,9 +26,12 @@ def _counts(model: onnx.ModelProto) -> Counter:
     return Counter(n.op_type for n in model.graph.node)
 
 
-def fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], steps: list[str]) -> onnx.ModelProto:
+def fix_shapes(
+    model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], steps: list[str]
+) -> onnx.ModelProto:
     dynamic = {
-        vi.name: om.dims_of(vi) for vi in om.real_inputs(model)
+        vi.name: om.dims_of(vi)
+        for vi in om.real_inputs(model)
         if any(not isinstance(d, int) or d <= 0 for d in om.dims_of(vi))
     }
     missing = [n for n in dynamic if n not in shapes]
@@ -82,7 +85,9 @@ def prepare_float_model(
     try:
         ort.InferenceSession(str(fixed), so, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise AccdbgError(f"onnxruntime could not load the model for pre-processing: {str(exc).splitlines()[0]}") from None
+        raise AccdbgError(
+            f"onnxruntime could not load the model for pre-processing: {str(exc).splitlines()[0]}"
+        ) from None
     after = _counts(onnx.load(str(folded), load_external_data=False))
     removed = {k: before[k] - after.get(k, 0) for k in before if before[k] > after.get(k, 0)}
     if removed:

@@ -15,8 +15,26 @@ import onnxruntime as ort
 from accdbg.engines.base import Engine, EngineOptions, base_session_options, register
 from accdbg.errors import AccdbgError
 
-RUNTIMES = ("cpu", "gpu", "dsp", "dspv65", "dspv66", "dspv68", "dspv69", "dspv73", "dspv75", "dspv79", "htp")
-ARCHITECTURES = ("x86_64-linux-clang", "aarch64-android", "aarch64-android-clang6.0", "aarch64-windows-msvc", "wos")
+RUNTIMES = (
+    "cpu",
+    "gpu",
+    "dsp",
+    "dspv65",
+    "dspv66",
+    "dspv68",
+    "dspv69",
+    "dspv73",
+    "dspv75",
+    "dspv79",
+    "htp",
+)
+ARCHITECTURES = (
+    "x86_64-linux-clang",
+    "aarch64-android",
+    "aarch64-android-clang6.0",
+    "aarch64-windows-msvc",
+    "wos",
+)
 # HTP architecture -> a SoC of that generation (QNN soc_model ids), needed e.g. for fp16.
 SOC_FOR_ARCH = {"68": "30", "69": "36", "73": "43", "75": "57", "79": "69"}
 DEFAULT_HTP_ARCH = "75"
@@ -45,7 +63,9 @@ def ensure_registered() -> None:
         ort.register_execution_provider_library(q.get_ep_name(), q.get_library_path())
     except Exception as exc:
         if "already" not in str(exc).lower():
-            raise AccdbgError(f"onnxruntime could not load the QNN execution provider: {exc}") from None
+            raise AccdbgError(
+                f"onnxruntime could not load the QNN execution provider: {exc}"
+            ) from None
     _registered = True
 
 
@@ -66,7 +86,9 @@ class QnnEngine(Engine):
         q = qnn_package()
         rt = options.runtime.lower()
         if rt not in RUNTIMES:
-            raise AccdbgError(f"-r/--runtime {options.runtime!r} is not known; expected one of: {', '.join(RUNTIMES)}")
+            raise AccdbgError(
+                f"-r/--runtime {options.runtime!r} is not known; expected one of: {', '.join(RUNTIMES)}"
+            )
         if rt in ("dspv65", "dspv66"):
             raise AccdbgError(
                 f"-r {rt} is the pre-HTP Hexagon DSP, whose QNN backend (libQnnDsp.so) is not shipped in "
@@ -77,7 +99,7 @@ class QnnEngine(Engine):
         elif rt == "gpu":
             path, opts = q.get_qnn_gpu_path(), {}
         else:
-            arch = rt[len("dspv"):] if rt.startswith("dspv") else None
+            arch = rt[len("dspv") :] if rt.startswith("dspv") else None
             path, opts = q.get_qnn_htp_path(), {}
             if arch:
                 opts["htp_arch"] = arch
@@ -99,7 +121,9 @@ class QnnEngine(Engine):
     def check_host(self, options: EngineOptions) -> None:
         arch = options.architecture
         if arch not in ARCHITECTURES:
-            raise AccdbgError(f"-a/--architecture {arch!r} is not known; expected one of: {', '.join(ARCHITECTURES)}")
+            raise AccdbgError(
+                f"-a/--architecture {arch!r} is not known; expected one of: {', '.join(ARCHITECTURES)}"
+            )
         host = platform.machine().lower()
         if arch != "x86_64-linux-clang" or host not in ("x86_64", "amd64"):
             if not (host in ("aarch64", "arm64") and arch.startswith("aarch64")):
@@ -116,7 +140,9 @@ class QnnEngine(Engine):
         provider = {"backend_path": path, **provider, **options.extra_provider_options}
         if options.json_graph_dir:
             os.makedirs(options.json_graph_dir, exist_ok=True)
-            provider.update({"dump_json_qnn_graph": "1", "json_qnn_graph_dir": options.json_graph_dir})
+            provider.update(
+                {"dump_json_qnn_graph": "1", "json_qnn_graph_dir": options.json_graph_dir}
+            )
         if options.profiling_level:
             provider["profiling_level"] = options.profiling_level
             if options.profiling_path:

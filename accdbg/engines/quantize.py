@@ -47,7 +47,9 @@ QUANTIZERS = tuple(ACT_CALIBRATION)
 class FeedsReader(CalibrationDataReader):
     """Calibration data: one feed dict per input-list line, loaded lazily."""
 
-    def __init__(self, feeds: Sequence[dict[str, Path]], dims: dict[str, tuple], dtypes: dict[str, np.dtype]):
+    def __init__(
+        self, feeds: Sequence[dict[str, Path]], dims: dict[str, tuple], dtypes: dict[str, np.dtype]
+    ):
         self.feeds = list(feeds)
         self.dims, self.dtypes = dims, dtypes
         self._it = iter(self.feeds)
@@ -56,7 +58,9 @@ class FeedsReader(CalibrationDataReader):
         item = next(self._it, None)
         if item is None:
             return None
-        return {n: np.fromfile(p, dtype=self.dtypes[n]).reshape(self.dims[n]) for n, p in item.items()}
+        return {
+            n: np.fromfile(p, dtype=self.dtypes[n]).reshape(self.dims[n]) for n, p in item.items()
+        }
 
     def rewind(self):
         self._it = iter(self.feeds)
@@ -84,8 +88,12 @@ def _quiet_root_warnings(text: str):
 
 
 def quant_type(bits: int, symmetric: bool, what: str) -> QuantType:
-    table = {(8, False): QuantType.QUInt8, (16, False): QuantType.QUInt16,
-             (8, True): QuantType.QInt8, (16, True): QuantType.QInt16}
+    table = {
+        (8, False): QuantType.QUInt8,
+        (16, False): QuantType.QUInt16,
+        (8, True): QuantType.QInt8,
+        (16, True): QuantType.QInt16,
+    }
     if (bits, symmetric) not in table:
         raise AccdbgError(f"{what} {bits} is not supported; expected 8 or 16")
     return table[(bits, symmetric)]
@@ -111,11 +119,18 @@ def quantize_for_qnn(
             f"-bbw/--bias_bitwidth {bias_bitwidth}: onnxruntime-qnn quantizes biases to int32, the only bias "
             "form QNN's QDQ path accepts; use -bbw 32"
         )
-    for flag, value in (("--act_quantizer", act_quantizer), ("-pq/--param_quantizer", param_quantizer)):
+    for flag, value in (
+        ("--act_quantizer", act_quantizer),
+        ("-pq/--param_quantizer", param_quantizer),
+    ):
         if value not in QUANTIZERS:
-            raise AccdbgError(f"{flag} {value!r} is not known; expected one of: {', '.join(QUANTIZERS)}")
+            raise AccdbgError(
+                f"{flag} {value!r} is not known; expected one of: {', '.join(QUANTIZERS)}"
+            )
     if param_quantizer in ("enhanced", "adjusted"):
-        log.info("param quantizer %r: onnxruntime takes weight ranges from min/max", param_quantizer)
+        log.info(
+            "param quantizer %r: onnxruntime takes weight ranges from min/max", param_quantizer
+        )
     w_sym = param_quantizer == "symmetric"
     a_sym = act_quantizer == "symmetric"
     extra = {}
@@ -144,5 +159,7 @@ def quantize_for_qnn(
     except AccdbgError:
         raise
     except Exception as exc:
-        raise AccdbgError(f"quantization of {float_model.name} failed: {type(exc).__name__}: {exc}") from None
+        raise AccdbgError(
+            f"quantization of {float_model.name} failed: {type(exc).__name__}: {exc}"
+        ) from None
     return out_path

@@ -61,7 +61,11 @@ class EngineResult:
 
 def build_feeds(
     model: onnx.ModelProto, input_list: InputList | None, input_tensors: Sequence[InputTensor]
-) -> tuple[list[dict[str, tuple[str, tuple[int, ...], str]]], dict[str, tuple[int, ...]], dict[str, np.dtype]]:
+) -> tuple[
+    list[dict[str, tuple[str, tuple[int, ...], str]]],
+    dict[str, tuple[int, ...]],
+    dict[str, np.dtype],
+]:
     """Per-inference feeds, with every file checked against its input's dims and dtype."""
     inputs = om.real_inputs(model)
     names = [vi.name for vi in inputs]
@@ -95,7 +99,9 @@ def build_feeds(
                 files = {}
                 for n, p in entry.items:
                     if n not in names:
-                        raise AccdbgError(f"{where}: {n!r} is not an input of the model; its inputs are: {om.describe_inputs(model)}")
+                        raise AccdbgError(
+                            f"{where}: {n!r} is not an input of the model; its inputs are: {om.describe_inputs(model)}"
+                        )
                     files[n] = p
                 missing = [n for n in names if n not in files]
                 if missing:
@@ -112,7 +118,9 @@ def build_feeds(
     elif given:
         missing = [n for n in names if n not in given]
         if missing:
-            raise AccdbgError(f"model input {missing[0]!r} has no --input_tensor and there is no --input_list")
+            raise AccdbgError(
+                f"model input {missing[0]!r} has no --input_tensor and there is no --input_list"
+            )
         for t in given.values():
             check_raw_size(t.path, t.dims, t.dtype, f"--input_tensor {t.name!r}")
         feeds.append({n: (str(given[n].path), dims[n], dtypes[n].name) for n in names})
@@ -133,8 +141,12 @@ def _overrides(path: str | Path | None, ignore: bool, model_path: Path) -> dict 
         from accdbg.encodings.aimet import read_aimet
         from accdbg.encodings.overrides import aimet_to_tensor_quant_overrides
     except ImportError:
-        raise AccdbgError("-qo/--quantization_overrides needs accdbg.encodings, which this build lacks") from None
-    return aimet_to_tensor_quant_overrides(read_aimet(p), onnx.load(str(model_path), load_external_data=False))
+        raise AccdbgError(
+            "-qo/--quantization_overrides needs accdbg.encodings, which this build lacks"
+        ) from None
+    return aimet_to_tensor_quant_overrides(
+        read_aimet(p), onnx.load(str(model_path), load_external_data=False)
+    )
 
 
 def run_inference_engine(
@@ -176,37 +188,69 @@ def run_inference_engine(
     if stage not in STAGES:
         raise AccdbgError(f"--stage {stage!r} is not known; expected one of: {', '.join(STAGES)}")
     if output_data_type not in OUTPUT_DATA_TYPES:
-        raise AccdbgError(f"-odt {output_data_type!r} is not known; expected one of: {', '.join(OUTPUT_DATA_TYPES)}")
+        raise AccdbgError(
+            f"-odt {output_data_type!r} is not known; expected one of: {', '.join(OUTPUT_DATA_TYPES)}"
+        )
     if precision not in ("int8", "fp16"):
         raise AccdbgError(f"--precision {precision!r} is not known; expected int8 or fp16")
     if model_path is None:
         raise AccdbgError(f"-m/--model_path is required for --stage {stage}")
     eng = get_engine(engine)
-    options = EngineOptions(runtime=runtime, architecture=architecture, precision=precision,
-                            soc_model=soc_model, profiling_level=profiling_level,
-                            disable_cpu_fallback=disable_cpu_fallback, perf_profile=perf_profile)
+    options = EngineOptions(
+        runtime=runtime,
+        architecture=architecture,
+        precision=precision,
+        soc_model=soc_model,
+        profiling_level=profiling_level,
+        disable_cpu_fallback=disable_cpu_fallback,
+        perf_profile=perf_profile,
+    )
     eng.check_host(options)
     model_path = Path(model_path).expanduser().absolute()
     model = om.load_model(model_path)
     if stage == "compiled" and not any(n.op_type == "EPContext" for n in model.graph.node):
-        raise AccdbgError(f"--stage compiled: {str(model_path)!r} has no EPContext node (not a QNN context model)")
+        raise AccdbgError(
+            f"--stage compiled: {str(model_path)!r} has no EPContext node (not a QNN context model)"
+        )
     has_qdq = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
     if stage == "source" and has_qdq and precision == "int8":
-        raise AccdbgError(f"{str(model_path)!r} is already quantized (QDQ); run it with --stage converted")
+        raise AccdbgError(
+            f"{str(model_path)!r} is already quantized (QDQ); run it with --stage converted"
+        )
     parsed_list = parse_input_list(input_list) if input_list else None
     feeds, dims, dtypes = build_feeds(model, parsed_list, input_tensors)
-    fw_path = Path(framework_model_path) if framework_model_path else (model_path if stage == "source" else None)
-    fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path"))) if fw_path else None
+    fw_path = (
+        Path(framework_model_path)
+        if framework_model_path
+        else (model_path if stage == "source" else None)
+    )
+    fw_names = (
+        set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
+        if fw_path
+        else None
+    )
     gold = artifacts.golden_names(Path(golden_dir_for_mapping)) if golden_dir_for_mapping else None
 
     with RunDir(working_dir, "inference_engine", output_dirname) as run:
-        run.write_options(options_record or {"model_path": str(model_path), "stage": stage, "engine": engine,
-                                             "runtime": runtime, "architecture": architecture,
-                                             "act_bitwidth": act_bitwidth, "weights_bitwidth": weights_bitwidth,
-                                             "bias_bitwidth": bias_bitwidth, "act_quantizer": act_quantizer,
-                                             "param_quantizer": param_quantizer, "per_channel": per_channel,
-                                             "precision": precision, "debug": debug,
-                                             "input_list": str(input_list) if input_list else None})
+        run.write_options(
+            options_record
+            or {
+                "model_path": str(model_path),
+                "stage": stage,
+                "engine": engine,
+                "runtime": runtime,
+                "architecture": architecture,
+                "act_bitwidth": act_bitwidth,
+                "weights_bitwidth": weights_bitwidth,
+                "bias_bitwidth": bias_bitwidth,
+                "act_quantizer": act_quantizer,
+                "param_quantizer": param_quantizer,
+                "per_channel": per_channel,
+                "precision": precision,
+                "debug": debug,
+                "input_list": str(input_list) if input_list else None,
+            }
+        )
         work = run.path / ".work"
         work.mkdir()
         steps: list[str] = []
@@ -221,37 +265,80 @@ def run_inference_engine(
             else:
                 target = run.path / f"{stem}.qdq.onnx"
                 t = time.perf_counter()
-                quantize_for_qnn(prepared, target, FeedsReader([{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds], dims, dtypes),
-                                 act_bitwidth, weights_bitwidth, bias_bitwidth, act_quantizer, param_quantizer,
-                                 per_channel, _overrides(quantization_overrides, ignore_encodings, prepared))
-                steps.append(f"quantized for QNN (A{act_bitwidth}W{weights_bitwidth}, {act_quantizer}/{param_quantizer}"
-                             f"{', per-channel' if per_channel else ''}) with {len(feeds)} calibration input(s) "
-                             f"in {time.perf_counter() - t:.1f} s")
+                quantize_for_qnn(
+                    prepared,
+                    target,
+                    FeedsReader(
+                        [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds], dims, dtypes
+                    ),
+                    act_bitwidth,
+                    weights_bitwidth,
+                    bias_bitwidth,
+                    act_quantizer,
+                    param_quantizer,
+                    per_channel,
+                    _overrides(quantization_overrides, ignore_encodings, prepared),
+                )
+                steps.append(
+                    f"quantized for QNN (A{act_bitwidth}W{weights_bitwidth}, {act_quantizer}/{param_quantizer}"
+                    f"{', per-channel' if per_channel else ''}) with {len(feeds)} calibration input(s) "
+                    f"in {time.perf_counter() - t:.1f} s"
+                )
         elif stage == "converted":
             target = run.path / f"{stem}.onnx"
             onnx.save(fix_shapes(model, dims, steps), str(target))
         else:
             target = model_path
             if debug:
-                log.warning("a compiled QNN context exposes only its graph outputs; run --stage converted to dump intermediates")
+                log.warning(
+                    "a compiled QNN context exposes only its graph outputs; run --stage converted to dump intermediates"
+                )
         for s in steps:
             log.info("pre-processing: %s", s)
         target_model = onnx.load(str(target), load_external_data=False)
-        selected = [] if stage == "compiled" else exposure.select(
-            target_model, fw_names, add_layer_outputs, add_layer_types, skip_layer_types, skip_layer_outputs)
+        selected = (
+            []
+            if stage == "compiled"
+            else exposure.select(
+                target_model,
+                fw_names,
+                add_layer_outputs,
+                add_layer_types,
+                skip_layer_types,
+                skip_layer_outputs,
+            )
+        )
         json_dir = run.path / "qnn_json"
         options.json_graph_dir = None if eng.simulation else str(json_dir)
         if profiling_level:
             options.profiling_path = str(run.path / "qnn_profiling.csv")
-        job = Job(engine=eng.name, options=options, model_path=str(target), exposed=selected, feeds=feeds,
-                  output_root=str(run.path / "output"), native_log=str(run.path / "backend_log.txt"),
-                  output_data_type=output_data_type,
-                  memory_budget_bytes=int(memory_budget_mb * 2**20),
-                  meta={"component": "inference_engine", "engine": eng.label, "runtime": runtime,
-                        "model": target.name})
-        plain, report, diffs = _execute(eng, job, debug and stage != "compiled", run.final_path, runtime)
-        model_net = (artifacts.merge_qnn_json(json_dir, run.path / "model_net.json", None if stage == "compiled" else target)
-                     if json_dir.exists() else None)
+        job = Job(
+            engine=eng.name,
+            options=options,
+            model_path=str(target),
+            exposed=selected,
+            feeds=feeds,
+            output_root=str(run.path / "output"),
+            native_log=str(run.path / "backend_log.txt"),
+            output_data_type=output_data_type,
+            memory_budget_bytes=int(memory_budget_mb * 2**20),
+            meta={
+                "component": "inference_engine",
+                "engine": eng.label,
+                "runtime": runtime,
+                "model": target.name,
+            },
+        )
+        plain, report, diffs = _execute(
+            eng, job, debug and stage != "compiled", run.final_path, runtime
+        )
+        model_net = (
+            artifacts.merge_qnn_json(
+                json_dir, run.path / "model_net.json", None if stage == "compiled" else target
+            )
+            if json_dir.exists()
+            else None
+        )
         qnn_tensors = artifacts.qnn_tensor_names(model_net)
         _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
         mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
@@ -266,18 +353,31 @@ def run_inference_engine(
         shutil.rmtree(run.path / "output" / ".scratch", ignore_errors=True)
     results = [run.path / "output" / Path(r).name for r in report.results]
     table = _table(results[0]) if results else pd.DataFrame()
-    log.info("inference engine: %d tensors per input, %d input(s), %.1f s -> %s",
-             len(table), len(results), time.perf_counter() - start, run.path)
+    log.info(
+        "inference engine: %d tensors per input, %d input(s), %.1f s -> %s",
+        len(table),
+        len(results),
+        time.perf_counter() - start,
+        run.path,
+    )
     return EngineResult(
-        run_dir=run.path, results=results, tensors=table,
+        run_dir=run.path,
+        results=results,
+        tensors=table,
         qdq_model=run.path / Path(target).name if stage != "compiled" else Path(target),
         model_net_json=(run.path / "model_net.json") if model_net else None,
-        tensor_mapping=run.path / "tensor_mapping.json", graph_struct=run.path / struct_path.name,
-        engine_label=eng.label, report=report, preprocessing=steps, seconds=time.perf_counter() - start,
+        tensor_mapping=run.path / "tensor_mapping.json",
+        graph_struct=run.path / struct_path.name,
+        engine_label=eng.label,
+        report=report,
+        preprocessing=steps,
+        seconds=time.perf_counter() - start,
     )
 
 
-def _annotate_manifests(results: list[Path], selected: list[exposure.Exposed], qnn_tensors: dict) -> None:
+def _annotate_manifests(
+    results: list[Path], selected: list[exposure.Exposed], qnn_tensors: dict
+) -> None:
     if not qnn_tensors:
         return
     names = {e.name: artifacts.qnn_name_for(e, qnn_tensors) for e in selected}
@@ -305,21 +405,46 @@ def _report_partitioning(run_path: Path, report: JobReport, label: str) -> None:
     qnn = report.placement_counts.get("QNNExecutionProvider")
     cpu = report.cpu_nodes
     if qnn is not None:
-        log.info("partitioning: %d QNN partition(s); %d node(s) on CPU%s", qnn, len(cpu),
-                 (": " + ", ".join(f"{n} ({t})" for t, n in cpu[:8]) + (" ..." if len(cpu) > 8 else "")) if cpu else "")
+        log.info(
+            "partitioning: %d QNN partition(s); %d node(s) on CPU%s",
+            qnn,
+            len(cpu),
+            (": " + ", ".join(f"{n} ({t})" for t, n in cpu[:8]) + (" ..." if len(cpu) > 8 else ""))
+            if cpu
+            else "",
+        )
     for u in report.unsupported:
-        log.warning("QNN does not support node %s (%s)%s", u["name"], u["type"], f": {u['reason']}" if u["reason"] else "")
+        log.warning(
+            "QNN does not support node %s (%s)%s",
+            u["name"],
+            u["type"],
+            f": {u['reason']}" if u["reason"] else "",
+        )
 
 
-def _execute(eng, job: Job, debug: bool, final_path: Path, runtime: str) -> tuple[JobReport, JobReport, list[dict]]:
+def _execute(
+    eng, job: Job, debug: bool, final_path: Path, runtime: str
+) -> tuple[JobReport, JobReport, list[dict]]:
     """Plain and debug jobs: concurrently in two children for native engines, else in turn."""
     what = f"running {Path(job.model_path).name} on {eng.label} -r {runtime}"
     if eng.isolated:
         plain_log = replace(job, native_log=str(Path(job.native_log).with_name("backend_log.txt")))
-        debug_log = replace(job, native_log=str(Path(job.native_log).with_name("backend_log_debug.txt")))
-        plain_h = Isolated(plain_job, plain_log, not debug, what=what, log_hint=str(final_path / "backend_log.txt"))
-        debug_h = Isolated(debug_job, debug_log, what=what + " (debug graph)",
-                           log_hint=str(final_path / "backend_log_debug.txt")) if debug else None
+        debug_log = replace(
+            job, native_log=str(Path(job.native_log).with_name("backend_log_debug.txt"))
+        )
+        plain_h = Isolated(
+            plain_job, plain_log, not debug, what=what, log_hint=str(final_path / "backend_log.txt")
+        )
+        debug_h = (
+            Isolated(
+                debug_job,
+                debug_log,
+                what=what + " (debug graph)",
+                log_hint=str(final_path / "backend_log_debug.txt"),
+            )
+            if debug
+            else None
+        )
         try:
             plain = plain_h.result()
             dbg = debug_h.result() if debug_h else plain
@@ -332,8 +457,14 @@ def _execute(eng, job: Job, debug: bool, final_path: Path, runtime: str) -> tupl
     diffs: list[dict] = []
     if debug:
         for p, d in zip(plain.finals, dbg.finals, strict=True):
-            diffs.append({i: float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
-                          for i, (a, b) in enumerate(zip(load_finals(p), load_finals(d), strict=True))})
+            diffs.append(
+                {
+                    i: float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+                    if a.size
+                    else 0.0
+                    for i, (a, b) in enumerate(zip(load_finals(p), load_finals(d), strict=True))
+                }
+            )
     dbg.sessions += plain.sessions if debug else 0
     return plain, dbg, diffs
 
@@ -344,12 +475,26 @@ def _report_fusion(fusion_diffs: list[dict]) -> None:
             if d > FUSION_TOLERANCE:
                 log.warning(
                     "Result_%d: graph output #%s differs by up to %.6g between the debug run and a plain run - exposing "
-                    "intermediates changed what QNN fuses; the dumped intermediates are from the debug graph", i, name, d)
+                    "intermediates changed what QNN fuses; the dumped intermediates are from the debug graph",
+                    i,
+                    name,
+                    d,
+                )
 
 
 def _table(result: Path) -> pd.DataFrame:
     folder = TensorFolder(result)
-    rows = [{"name": r.name, "file": r.file, "op_type": r.op_type, "node": r.node, "index": r.index,
-             "shape": r.shape, "native_dtype": r.native_dtype, **{k: r.extra.get(k) for k in ("scale", "offset", "bitwidth", "qnn_name")}}
-            for r in folder]
+    rows = [
+        {
+            "name": r.name,
+            "file": r.file,
+            "op_type": r.op_type,
+            "node": r.node,
+            "index": r.index,
+            "shape": r.shape,
+            "native_dtype": r.native_dtype,
+            **{k: r.extra.get(k) for k in ("scale", "offset", "bitwidth", "qnn_name")},
+        }
+        for r in folder
+    ]
     return pd.DataFrame(rows)

@@ -38,7 +38,9 @@ class Job:
     options: EngineOptions
     model_path: str
     exposed: list[Exposed]
-    feeds: list[dict[str, tuple[str, tuple[int, ...], str]]]  # per inference: name -> (path, dims, dtype)
+    feeds: list[
+        dict[str, tuple[str, tuple[int, ...], str]]
+    ]  # per inference: name -> (path, dims, dtype)
     output_root: str
     native_log: str
     output_data_type: str = "float_only"
@@ -60,7 +62,9 @@ class JobReport:
 
 
 def _load_feeds(feed: dict[str, tuple[str, tuple[int, ...], str]]) -> dict[str, np.ndarray]:
-    return {n: np.fromfile(p, dtype=np.dtype(dt)).reshape(dims) for n, (p, dims, dt) in feed.items()}
+    return {
+        n: np.fromfile(p, dtype=np.dtype(dt)).reshape(dims) for n, (p, dims, dt) in feed.items()
+    }
 
 
 def _explain_failure(exc: Exception, log_path: Path, what: str) -> AccdbgError:
@@ -71,7 +75,9 @@ def _explain_failure(exc: Exception, log_path: Path, what: str) -> AccdbgError:
     if "fallback to CPU EP has been explicitly disabled" in msg and unsupported:
         listed = ", ".join(f"{u['name']} ({u['type']})" for u in unsupported[:10])
         more = f" and {len(unsupported) - 10} more" if len(unsupported) > 10 else ""
-        return AccdbgError(f"QNN does not support {len(unsupported)} node(s): {listed}{more}; CPU fallback is disabled")
+        return AccdbgError(
+            f"QNN does not support {len(unsupported)} node(s): {listed}{more}; CPU fallback is disabled"
+        )
     if detail and detail not in msg:
         msg = f"{msg} - QNN: {detail}"
     return AccdbgError(f"{what} failed: {msg} (full backend log: {log_path})")
@@ -114,7 +120,9 @@ def checked_run(sess, names, feed, job: Job, report: JobReport) -> dict[str, np.
         try:
             values = sess.run(names, _load_feeds(feed), quiet)
         except Exception as exc:
-            raise _explain_failure(exc, Path(job.native_log), f"{get_engine(job.engine).label} run") from None
+            raise _explain_failure(
+                exc, Path(job.native_log), f"{get_engine(job.engine).label} run"
+            ) from None
         report.run_seconds += time.perf_counter() - t
     return dict(zip(names, values, strict=True))
 
@@ -157,12 +165,24 @@ def debug_job(job: Job) -> JobReport:
     outputs = [o.name for o in model.graph.output]
     out_root = Path(job.output_root)
     store = None if job.output_data_type == "native_only" else np.dtype("float32")
-    writers = [TensorWriter(out_root / f"Result_{i}", store_dtype=store, meta={**job.meta, "result": i})
-               for i in range(len(job.feeds))]
-    natives = ([TensorWriter(out_root / f"Result_{i}" / "native", store_dtype=None) for i in range(len(job.feeds))]
-               if job.output_data_type == "float_and_native" else None)
-    sizes = {i.name: i.nbytes for i in om.tensor_infos(om.infer_shapes(model)) if i.nbytes is not None}
-    batches = plan_batches(job.exposed, lambda e: sizes.get(e.graph_tensor), job.memory_budget_bytes)
+    writers = [
+        TensorWriter(out_root / f"Result_{i}", store_dtype=store, meta={**job.meta, "result": i})
+        for i in range(len(job.feeds))
+    ]
+    natives = (
+        [
+            TensorWriter(out_root / f"Result_{i}" / "native", store_dtype=None)
+            for i in range(len(job.feeds))
+        ]
+        if job.output_data_type == "float_and_native"
+        else None
+    )
+    sizes = {
+        i.name: i.nbytes for i in om.tensor_infos(om.infer_shapes(model)) if i.nbytes is not None
+    }
+    batches = plan_batches(
+        job.exposed, lambda e: sizes.get(e.graph_tensor), job.memory_budget_bytes
+    )
     options = replace(job.options, json_graph_dir=None, profiling_level=None)
     finals: list[dict[str, np.ndarray]] = [{} for _ in job.feeds]
     for batch in batches:
@@ -175,15 +195,21 @@ def debug_job(job: Job) -> JobReport:
             for e in batch:
                 raw = values[e.graph_tensor]
                 arr = e.dequantize(raw) if store is not None else e.native(raw)
-                writers[i].write(e.name, arr, node=e.node, op_type=e.op_type, index=e.index, **_extra(e))
+                writers[i].write(
+                    e.name, arr, node=e.node, op_type=e.op_type, index=e.index, **_extra(e)
+                )
                 if natives is not None:
-                    natives[i].write(e.name, e.native(raw), node=e.node, op_type=e.op_type, index=e.index)
+                    natives[i].write(
+                        e.name, e.native(raw), node=e.node, op_type=e.op_type, index=e.index
+                    )
                 report.shapes[e.name] = list(raw.shape)
             del values
         del sess
     for w in writers + (natives or []):
         w.save_manifest()
-    report.finals = [_save_finals(out_root / ".scratch" / f"debug_{i}.npz", f) for i, f in enumerate(finals)]
+    report.finals = [
+        _save_finals(out_root / ".scratch" / f"debug_{i}.npz", f) for i, f in enumerate(finals)
+    ]
     report.results = [str(w.root) for w in writers]
     return report
 

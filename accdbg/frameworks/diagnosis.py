@@ -56,7 +56,9 @@ def run_framework_diagnosis(
     start = time.perf_counter()
     options = RunnerOptions(
         disable_graph_optimization=disable_graph_optimization,
-        custom_op_lib=Path(onnx_custom_op_lib).expanduser().absolute() if onnx_custom_op_lib else None,
+        custom_op_lib=Path(onnx_custom_op_lib).expanduser().absolute()
+        if onnx_custom_op_lib
+        else None,
         include_constants=include_constants,
     )
     runner_cls = get_runner_class(framework)
@@ -75,30 +77,50 @@ def run_framework_diagnosis(
                 or {
                     "framework": framework,
                     "model_path": str(model_path),
-                    "input_tensor": [[t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name] for t in inputs],
+                    "input_tensor": [
+                        [t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name]
+                        for t in inputs
+                    ],
                     "output_tensor": list(output_tensors),
                     "disable_graph_optimization": disable_graph_optimization,
                     "onnx_custom_op_lib": str(onnx_custom_op_lib) if onnx_custom_op_lib else None,
                     "memory_budget_mb": memory_budget_mb,
                 }
             )
-            log.info("model %s: %d tensors to dump in %d run(s)", model_path, len(infos), len(batches))
+            log.info(
+                "model %s: %d tensors to dump in %d run(s)", model_path, len(infos), len(batches)
+            )
             writer = TensorWriter(
                 run.path,
-                meta={"component": "framework_diagnosis", "framework": runner.name,
-                      "model": str(Path(model_path).name)},
+                meta={
+                    "component": "framework_diagnosis",
+                    "framework": runner.name,
+                    "model": str(Path(model_path).name),
+                },
             )
             for batch in progress(batches, "framework diagnosis", total=len(batches)):
                 values = runner.infer(feeds, [i.name for i in batch])
                 for info in batch:
                     arr = values.pop(info.name)
-                    writer.write(info.name, arr, node=info.node, op_type=info.op_type, index=info.index,
-                                 layout=getattr(info, "layout", runner.layout), **getattr(info, "extra", {}))
+                    writer.write(
+                        info.name,
+                        arr,
+                        node=info.node,
+                        op_type=info.op_type,
+                        index=info.index,
+                        layout=getattr(info, "layout", runner.layout),
+                        **getattr(info, "extra", {}),
+                    )
                 del values
             writer.save_manifest()
             _cleanup(options.scratch_dir)
             table = manifest_table(writer)
-            log.info("wrote %d tensors (%d bytes) to %s", len(table), int(table["bytes"].sum()), run.final_path)
+            log.info(
+                "wrote %d tensors (%d bytes) to %s",
+                len(table),
+                int(table["bytes"].sum()),
+                run.final_path,
+            )
     finally:
         runner.deactivate()
     return DiagnosisResult(run.path, table, len(batches), time.perf_counter() - start)
@@ -118,7 +140,9 @@ def manifest_table(writer: TensorWriter) -> pd.DataFrame:
         }
         for r in writer.records.values()
     ]
-    return pd.DataFrame(rows).sort_values("index", ignore_index=True) if rows else pd.DataFrame(rows)
+    return (
+        pd.DataFrame(rows).sort_values("index", ignore_index=True) if rows else pd.DataFrame(rows)
+    )
 
 
 def _cleanup(path: Path | None) -> None:

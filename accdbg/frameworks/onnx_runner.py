@@ -72,7 +72,9 @@ class OnnxRunner(FrameworkRunner):
         exposed = om.with_outputs(self.model, outputs)
         data = om.serialize(exposed, self.options.scratch_dir or self.model_path.parent)
         try:
-            sess = ort.InferenceSession(data, sess_options=self._so, providers=["CPUExecutionProvider"])
+            sess = ort.InferenceSession(
+                data, sess_options=self._so, providers=["CPUExecutionProvider"]
+            )
         except Exception as exc:
             raise AccdbgError(
                 f"onnxruntime could not load {str(self.model_path)!r}: {str(exc).splitlines()[0]}"

@@ -40,7 +40,7 @@ from accdbg.mapping.layout import Alignment, reconcile
 from accdbg.mapping.tensor_mapping import load_tensor_mapping, pair_tensors
 from accdbg.reports.summary import write_csv
 from accdbg.verifiers import get_verifier
-from accdbg.verifiers.base import TensorPair, Verifier
+from accdbg.verifiers.base import TensorPair, Verifier, finite_range
 
 log = logging.getLogger("accdbg.tensor_inspection")
 
@@ -240,17 +240,6 @@ def label_verifiers(specs: Sequence[Any]) -> list[tuple[str, Verifier]]:
 
 
 # ---------------------------------------------------------------- one tensor
-
-
-def finite_range(arr: np.ndarray) -> tuple[float, float]:
-    """Min and max of the finite values (NaN, NaN when there are none)."""
-    if arr.size == 0:
-        return math.nan, math.nan
-    lo, hi = float(arr.min()), float(arr.max())
-    if math.isfinite(lo) and math.isfinite(hi):
-        return lo, hi
-    finite = arr[np.isfinite(arr)]
-    return (float(finite.min()), float(finite.max())) if finite.size else (math.nan, math.nan)
 
 
 def sample_indices(n: int, k: int, seed: int) -> np.ndarray | None:

@@ -44,6 +44,17 @@ def dot(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.einsum("i,i->", a, b))
 
 
+def finite_range(arr: np.ndarray) -> tuple[float, float]:
+    """Min and max of the finite values (NaN, NaN when there are none)."""
+    if arr.size == 0:
+        return math.nan, math.nan
+    lo, hi = float(arr.min()), float(arr.max())
+    if math.isfinite(lo) and math.isfinite(hi):
+        return lo, hi
+    finite = arr[np.isfinite(arr)]
+    return (float(finite.min()), float(finite.max())) if finite.size else (math.nan, math.nan)
+
+
 def _count(n: int) -> str:
     return f"{n} element{'s' if n != 1 else ''}"
 

@@ -40,7 +40,7 @@ from accdbg.mapping.tensor_mapping import (
 )
 from accdbg.reports.summary import write_record_csv, write_record_html, write_summary
 from accdbg.verifiers import get_verifier, make_verifier
-from accdbg.verifiers.base import TensorPair, Verifier, VerifierResult
+from accdbg.verifiers.base import TensorPair, Verifier, VerifierResult, finite_range
 
 log = logging.getLogger("accdbg.verification")
 
@@ -255,16 +255,6 @@ def _golden_view(rec: TensorRecord, qnn: QnnTensor | None) -> tuple[tuple[int, .
     return shape, layout
 
 
-def _finite_range(arr: np.ndarray) -> tuple[float, float]:
-    if arr.size == 0:
-        return math.nan, math.nan
-    lo, hi = float(arr.min()), float(arr.max())
-    if math.isfinite(lo) and math.isfinite(hi):
-        return lo, hi
-    finite = arr[np.isfinite(arr)]
-    return (float(finite.min()), float(finite.max())) if finite.size else (math.nan, math.nan)
-
-
 def _scale_for(encoding: Encoding | None, target_shape, alignment: Alignment):
     """The quantization step broadcast to the aligned target (per-axis scales move with it)."""
     if encoding is None:
@@ -411,14 +401,14 @@ def _verify_pair(
     except AccdbgError as exc:
         row["Status"] = f"unreadable: {exc}"
         return row, {}
-    row["golden_min"], row["golden_max"] = _finite_range(g_arr)
+    row["golden_min"], row["golden_max"] = finite_range(g_arr)
     if not alignment.ok:
         t_arr = np.asarray(t_raw, dtype=np.float64)
-        row["target_min"], row["target_max"] = _finite_range(t_arr)
+        row["target_min"], row["target_max"] = finite_range(t_arr)
         row["Status"] = alignment.note
         return row, {}
     t_arr = alignment.apply(t_raw).astype(np.float64)  # one copy: transpose and cast together
-    row["target_min"], row["target_max"] = _finite_range(t_arr)
+    row["target_min"], row["target_max"] = finite_range(t_arr)
     pair = TensorPair(g_arr, t_arr, _scale_for(encoding, t_shape, alignment))
     results = {cv.label: cv.verifier.verify(pair) for cv in verifiers}
     pair_note = "; ".join(pair.notes)

@@ -58,3 +58,23 @@ def test_tflite_face_landmark_through_oneshot_nhwc_vs_nchw(tmp_path):
     assert four_d["Layout"].str.contains("NHWC").all()  # laid out as the golden, never flattened
     assert four_d["Layout"].str.contains("NCHW->NHWC").mean() > 0.9  # QNN's NCHW, transposed
     assert four_d["CosineSimilarity"].median() > 0.99
+
+
+from tests.test_frameworks_tensorflow import tiny  # noqa: E402, F401  (the TF1 frozen-graph fixture)
+
+
+def test_tensorflow_frozen_graph_through_oneshot(tiny, tmp_path):  # noqa: F811 - the imported fixture
+    path, raw, _, expected = tiny
+    res = run_oneshot(
+        "tensorflow",
+        path,
+        [parse_input_tensor(["input:0", "1,16,16,3", str(raw)])],
+        output_tensors=["Predictions/Softmax:0"],
+        working_dir=tmp_path / "w",
+    )
+    s = _check_complete(res, 4)
+    assert set(s["Golden_name"]) <= set(expected)  # TF names, e.g. conv1/Relu:0
+    assert {"conv1/Relu:0", "Predictions/Softmax:0"} <= set(s["Golden_name"])
+    four_d = s[s["Golden_name"].isin(["conv1/Relu:0", "pool1/MaxPool:0"])]
+    assert four_d["Layout"].str.contains("NHWC").all()
+    assert (s["CosineSimilarity"] > 0.98).all()

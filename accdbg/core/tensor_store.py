@@ -15,12 +15,13 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from accdbg.core.jsonio import read_json
 from accdbg.errors import AccdbgError
@@ -219,3 +220,28 @@ class TensorFolder:
         if mmap and rec.shape:
             return np.memmap(path, dtype=dtype, mode="r", shape=tuple(rec.shape))
         return np.fromfile(path, dtype=dtype).reshape(rec.shape)
+
+
+ENCODING_KEYS = ("scale", "offset", "bitwidth", "qnn_name")
+
+
+def records_table(records: Iterable[TensorRecord]) -> pd.DataFrame:
+    """A manifest as a table, in topological order; encoding columns when tensors have them."""
+    recs = list(records)
+    keys = [k for k in ENCODING_KEYS if any(k in r.extra for r in recs)]
+    rows = [
+        {
+            "name": r.name,
+            "file": r.file,
+            "op_type": r.op_type,
+            "node": r.node,
+            "index": r.index,
+            "shape": r.shape,
+            "native_dtype": r.native_dtype,
+            "bytes": r.size * np.dtype(r.dtype).itemsize,
+            **{k: r.extra.get(k) for k in keys},
+        }
+        for r in recs
+    ]
+    table = pd.DataFrame(rows)
+    return table.sort_values("index", ignore_index=True) if rows else table

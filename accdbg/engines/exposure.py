@@ -52,8 +52,10 @@ class Exposed:
         return self.scale is not None
 
     def dequantize(self, values: np.ndarray) -> np.ndarray:
-        if not self.quantized or self.graph_is_dequantized:
-            return values.astype(np.float32, copy=False) if self.quantized else values
+        if not self.quantized:
+            return values
+        if self.graph_is_dequantized:  # the graph output's DequantizeLinear already did it
+            return values.astype(np.float32, copy=False)
         return ((values.astype(np.int32) - self.zero_point) * np.float32(self.scale)).astype(
             np.float32
         )

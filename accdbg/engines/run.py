@@ -26,7 +26,7 @@ import pandas as pd
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputList, InputTensor, check_raw_size, parse_input_list
 from accdbg.core.run_dir import RunDir, write_json_atomic
-from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder
+from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, records_table
 from accdbg.engines import artifacts, exposure
 from accdbg.engines.base import EngineOptions, get_engine
 from accdbg.engines.isolate import Isolated
@@ -224,11 +224,12 @@ def run_inference_engine(
         if framework_model_path
         else (model_path if stage == "source" else None)
     )
-    fw_names = (
-        set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
-        if fw_path
-        else None
-    )
+    if fw_path is None:
+        fw_names = None
+    elif fw_path == model_path:  # the source model, already loaded
+        fw_names = set(om.all_tensor_names(model))
+    else:
+        fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
     gold = artifacts.golden_names(Path(golden_dir_for_mapping)) if golden_dir_for_mapping else None
 
     with RunDir(working_dir, "inference_engine", output_dirname) as run:
@@ -352,7 +353,7 @@ def run_inference_engine(
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(run.path / "output" / ".scratch", ignore_errors=True)
     results = [run.path / "output" / Path(r).name for r in report.results]
-    table = _table(results[0]) if results else pd.DataFrame()
+    table = records_table(TensorFolder(results[0])) if results else pd.DataFrame()
     log.info(
         "inference engine: %d tensors per input, %d input(s), %.1f s -> %s",
         len(table),
@@ -480,21 +481,3 @@ def _report_fusion(fusion_diffs: list[dict]) -> None:
                     name,
                     d,
                 )
-
-
-def _table(result: Path) -> pd.DataFrame:
-    folder = TensorFolder(result)
-    rows = [
-        {
-            "name": r.name,
-            "file": r.file,
-            "op_type": r.op_type,
-            "node": r.node,
-            "index": r.index,
-            "shape": r.shape,
-            "native_dtype": r.native_dtype,
-            **{k: r.extra.get(k) for k in ("scale", "offset", "bitwidth", "qnn_name")},
-        }
-        for r in folder
-    ]
-    return pd.DataFrame(rows)

@@ -196,7 +196,7 @@ def debug_job(job: Job) -> JobReport:
                 raw = values[e.graph_tensor]
                 arr = e.dequantize(raw) if store is not None else e.native(raw)
                 writers[i].write(
-                    e.name, arr, node=e.node, op_type=e.op_type, index=e.index, **_extra(e)
+                    e.name, arr, node=e.node, op_type=e.op_type, index=e.index, **e.encoding()
                 )
                 if natives is not None:
                     natives[i].write(
@@ -212,8 +212,3 @@ def debug_job(job: Job) -> JobReport:
     ]
     report.results = [str(w.root) for w in writers]
     return report
-
-
-def _extra(e: Exposed) -> dict:
-    enc = e.encoding()
-    return enc if enc.get("quantized") else {"quantized": False}

@@ -14,14 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor
 from accdbg.core.progress import progress
 from accdbg.core.run_dir import RunDir
-from accdbg.core.tensor_store import TensorWriter
+from accdbg.core.tensor_store import TensorWriter, records_table
 from accdbg.frameworks.base import RunnerOptions, get_runner_class
 
 log = logging.getLogger("accdbg.framework_diagnosis")
@@ -114,7 +113,7 @@ def run_framework_diagnosis(
                 del values
             writer.save_manifest()
             _cleanup(options.scratch_dir)
-            table = manifest_table(writer)
+            table = records_table(writer.records.values())
             log.info(
                 "wrote %d tensors (%d bytes) to %s",
                 len(table),
@@ -124,25 +123,6 @@ def run_framework_diagnosis(
     finally:
         runner.deactivate()
     return DiagnosisResult(run.path, table, len(batches), time.perf_counter() - start)
-
-
-def manifest_table(writer: TensorWriter) -> pd.DataFrame:
-    rows = [
-        {
-            "name": r.name,
-            "file": r.file,
-            "op_type": r.op_type,
-            "node": r.node,
-            "index": r.index,
-            "shape": r.shape,
-            "native_dtype": r.native_dtype,
-            "bytes": r.size * np.dtype(r.dtype).itemsize,
-        }
-        for r in writer.records.values()
-    ]
-    return (
-        pd.DataFrame(rows).sort_values("index", ignore_index=True) if rows else pd.DataFrame(rows)
-    )
 
 
 def _cleanup(path: Path | None) -> None:

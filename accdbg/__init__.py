@@ -2,15 +2,25 @@
 
 The command ``qnn-accuracy-debugger`` is a thin layer over these functions, which notebooks
 can call directly; they return pandas DataFrames.
+
+They are imported on first use: worker processes (``python -m accdbg.core.isolate``) import
+this package too, and should not pay for onnx, onnxruntime and pandas they may not need.
 """
 
-from accdbg.encodings.compare import compare_encodings
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from accdbg.errors import AccdbgError
-from accdbg.frameworks.diagnosis import run_framework_diagnosis
-from accdbg.inspection import run_tensor_inspection
-from accdbg.verifiers.verification import run_verification
 
 __version__ = "0.1.0"
+_LAZY = {
+    "compare_encodings": "accdbg.encodings.compare",
+    "run_framework_diagnosis": "accdbg.frameworks.diagnosis",
+    "run_tensor_inspection": "accdbg.inspection",
+    "run_verification": "accdbg.verifiers.verification",
+}
 __all__ = [
     "AccdbgError",
     "compare_encodings",
@@ -19,3 +29,17 @@ __all__ = [
     "run_verification",
     "__version__",
 ]
+
+if TYPE_CHECKING:
+    from accdbg.encodings.compare import compare_encodings
+    from accdbg.frameworks.diagnosis import run_framework_diagnosis
+    from accdbg.inspection import run_tensor_inspection
+    from accdbg.verifiers.verification import run_verification
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'accdbg' has no attribute {name!r}")

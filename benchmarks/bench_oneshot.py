@@ -7,7 +7,10 @@ Prints, measured in this one process:
   * their ratio (tool overhead), and the same with --enable_tensor_inspection;
   * peak RSS of this process and of its children (the QNN worker processes).
 
-Usage: python benchmarks/bench_oneshot.py [--no-inspection]
+Each figure is the median of ``--repeat`` runs (default 3): on a shared machine one run can
+be off by a fifth either way.
+
+Usage: python benchmarks/bench_oneshot.py [--no-inspection] [--repeat N]
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import importlib.util
 import os
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -84,47 +88,61 @@ def bare_runs(model: Path, x_path: Path, work: Path) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-inspection", action="store_true", help="skip the tensor-inspection run")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per figure; medians are printed")
     args = ap.parse_args()
     model = model_path()
+    bares, tools, insps, steps = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="accdbg-bench-") as tmp:
         work = Path(tmp)
         x_path = work / "x.raw"
         np.random.default_rng(0).random((1, 3, 320, 320), dtype=np.float32).tofile(x_path)
         inputs = [parse_input_tensor(["x", "1,3,320,320", str(x_path)])]
-        bare = bare_runs(model, x_path, work)
-        t = time.perf_counter()
-        result = run_oneshot("onnx", model, inputs, working_dir=work / "w", output_dirname="plain")
-        tool = time.perf_counter() - t
-        insp = None
-        if not args.no_inspection:
+        for i in range(max(1, args.repeat)):
+            bares.append(bare_runs(model, x_path, work))
             t = time.perf_counter()
-            run_oneshot(
-                "onnx",
-                model,
-                inputs,
-                working_dir=work / "w",
-                output_dirname="inspect",
-                enable_tensor_inspection=True,
+            result = run_oneshot(
+                "onnx", model, inputs, working_dir=work / "w", output_dirname=f"plain{i}"
             )
-            insp = time.perf_counter() - t
+            tools.append(time.perf_counter() - t)
+            steps.append(result.seconds)
+            if not args.no_inspection:
+                t = time.perf_counter()
+                run_oneshot(
+                    "onnx",
+                    model,
+                    inputs,
+                    working_dir=work / "w",
+                    output_dirname=f"inspect{i}",
+                    enable_tensor_inspection=True,
+                )
+                insps.append(time.perf_counter() - t)
+    bare = {k: statistics.median(b[k] for b in bares) for k in bares[0]}
+    tool = statistics.median(tools)
+    insp = statistics.median(insps) if insps else None
+    step_seconds = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
     bare_total = sum(bare.values())
     print(
         f"model: {model.name} 1x3x320x320, 8-bit activations and weights, QNN HTP (x86 emulation)"
     )
+    print(f"medians of {len(tools)} run(s)")
     for k, v in bare.items():
         print(f"  bare {k:<42} {v:7.2f} s")
     print(f"  bare total                                          {bare_total:7.2f} s")
-    for k, v in result.seconds.items():
+    for k, v in step_seconds.items():
         print(f"  oneshot step {k:<38} {v:7.2f} s")
     print(f"oneshot wall time                                     {tool:7.2f} s")
     print(
         f"tool overhead ratio (oneshot / bare runs)             {tool / bare_total:7.2f}  (target <= 1.5)"
     )
+    per_run = [t / sum(b.values()) for t, b in zip(tools, bares, strict=True)]
+    print(f"  per run: {', '.join(f'{r:.2f}' for r in per_run)}")
     if insp is not None:
         print(f"oneshot with tensor inspection                        {insp:7.2f} s")
         print(
             f"inspection ratio (with / without)                     {insp / tool:7.2f}  (target <= 2.0)"
         )
+        per_run = [i / t for i, t in zip(insps, tools, strict=True)]
+        print(f"  per run: {', '.join(f'{r:.2f}' for r in per_run)}")
     self_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"peak RSS: this process {self_mb:.0f} MB, largest child (QNN worker) {child_mb:.0f} MB")

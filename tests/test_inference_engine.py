@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import onnx
@@ -11,9 +12,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from accdbg.core.inputs import parse_input_tensor
+from accdbg.core.isolate import Isolated, run_isolated
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines import run_inference_engine
-from accdbg.engines.isolate import run_isolated
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from tests import crashers, models
@@ -272,6 +273,23 @@ def test_native_crash_is_reported_not_fatal():
         run_isolated(crashers.segfault, what="testing a crash")
     with pytest.raises(AccdbgError, match="SIGABRT"):
         run_isolated(crashers.abort, what="testing an abort")
+
+
+def test_a_prestarted_child_warms_up_then_waits_for_its_work():
+    child = Isolated.prestart("tests.crashers", what="answering")
+    time.sleep(0.3)  # warm-up done, now waiting
+    assert child._proc.poll() is None
+    assert child.submit(crashers.answer, 21).result() == 42
+    with pytest.raises(RuntimeError, match="already has its work"):
+        child.submit(crashers.answer, 1)
+    broken = Isolated.prestart("tests.no_such_module", what="warming up")
+    with pytest.raises(RuntimeError, match="ModuleNotFoundError"):
+        broken.submit(crashers.answer, 21).result()
+    idle = Isolated.prestart("tests.crashers", what="waiting")
+    with pytest.raises(RuntimeError, match="no work was submitted"):
+        idle.result()
+    idle._tmp.cleanup()  # the parent gave up on it: the child leaves by itself
+    assert idle._proc.wait(timeout=10) == 0
 
 
 def test_fp16_precision_runs_float_model_on_htp(tmp_path):

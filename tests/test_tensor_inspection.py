@@ -19,8 +19,8 @@ from accdbg.errors import AccdbgError
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from accdbg.inspection import run_tensor_inspection
 from accdbg.inspection.encodings import from_record
-from accdbg.inspection.inspect import assign_folders
-from accdbg.inspection.plots import DPI, SIZE, gaussian_kde
+from accdbg.inspection.inspect import MAX_CSV_ROWS, Workers, assign_folders
+from accdbg.inspection.plots import AXES_BOX, DPI, SIZE, Plotter, gaussian_kde
 from tests.helpers import one_line_error, run_cli
 
 PLOTS = ("Histograms.png", "Diff_plots.png", "CDF_plots.png", "Distribution_min-max.png")
@@ -47,12 +47,18 @@ def read_values(path: Path) -> tuple[str, pd.DataFrame]:
     return first, pd.read_csv(path, comment="#")
 
 
-def check_png(path: Path) -> None:
-    """A PNG of the plot size whose data was drawn: axes and text are gray, data is colored."""
+def png_pixels(path: Path) -> np.ndarray:
     with Image.open(path) as im:
         im.load()
         assert im.size == (int(SIZE[0] * DPI), int(SIZE[1] * DPI)), path
-        rgb = np.asarray(im.convert("RGB")).astype(int)
+        return np.asarray(im.convert("RGB")).astype(int)
+
+
+def check_png(path: Path) -> None:
+    """A PNG of the plot size whose data was drawn inside the axes: frames and text are gray,
+    data is colored (the colored legend sits outside the axes)."""
+    left, top, right, bottom = AXES_BOX
+    rgb = png_pixels(path)[top + 2 : bottom - 2, left + 2 : right - 2]
     colored = (np.abs(rgb[..., 0] - rgb[..., 1]) > 30) | (np.abs(rgb[..., 1] - rgb[..., 2]) > 30)
     assert colored.sum() > 50, f"{path}: no data drawn"
 
@@ -410,6 +416,70 @@ def test_binned_kde_matches_an_exact_gaussian_kde():
     assert np.trapezoid(density, grid) == pytest.approx(1.0, abs=0.01)
 
 
+def _plot_all(plotter: Plotter, out: Path, seed: int, spread: float) -> None:
+    rng = np.random.default_rng(seed)
+    golden = rng.normal(0.0, spread, 3000)
+    target = golden + rng.normal(0.0, spread / 10, golden.size)
+    out.mkdir(parents=True)
+    lo, hi = plotter.value_span(golden, target, extra=(-spread, spread))
+    panels = {
+        "Histograms.png": plotter.histograms.update(golden, target, lo, hi),
+        "Diff_plots.png": plotter.diff.update(golden, target, np.arange(golden.size), 0.01),
+        "CDF_plots.png": plotter.cdf.update(golden, target, lo, hi),
+        "Distribution_min-max.png": plotter.distribution.update(
+            target, (float(target.min()), float(target.max())), (-spread, spread), lo, hi
+        ),
+    }
+    plotter.save(out, f"tensor {seed}", "all 3,000 values", panels)
+
+
+def test_plots_of_one_tensor_carry_nothing_of_the_previous_one(tmp_path):
+    """The plotter redraws only what changes over a kept background: a tensor drawn after
+    another must give the very pixels a fresh plotter gives it."""
+    reused = Plotter()
+    _plot_all(reused, tmp_path / "first", seed=1, spread=50.0)
+    _plot_all(reused, tmp_path / "reused", seed=2, spread=0.5)
+    _plot_all(Plotter(), tmp_path / "fresh", seed=2, spread=0.5)
+    for name in PLOTS:
+        check_png(tmp_path / "reused" / name)
+        a, b = png_pixels(tmp_path / "reused" / name), png_pixels(tmp_path / "fresh" / name)
+        assert np.array_equal(a, b), name
+        assert not np.array_equal(a, png_pixels(tmp_path / "first" / name)), name
+
+
+def test_copied_value_ticks_are_the_ones_each_plot_would_draw(tmp_path, monkeypatch):
+    """Histograms, CDF and distribution share one x range, so their x ticks are drawn once
+    and copied: the pictures must equal those of a plotter drawing every axis itself."""
+    from accdbg.inspection import plots
+
+    _plot_all(Plotter(), tmp_path / "copied", seed=4, spread=3.0)
+    monkeypatch.setattr(plots, "SHARE_VALUE_AXIS", False)
+    _plot_all(Plotter(), tmp_path / "drawn", seed=4, spread=3.0)
+    for name in PLOTS:
+        a, b = png_pixels(tmp_path / "copied" / name), png_pixels(tmp_path / "drawn" / name)
+        assert np.array_equal(a, b), name
+        left, _, right, bottom = AXES_BOX
+        strip = a[bottom + 4 : bottom + 24, left:right]
+        assert (strip.sum(axis=-1) < 500).sum() > 40, f"{name}: no tick labels"
+
+
+def test_plots_keep_the_exact_plot_colors(tmp_path):
+    """PNGs use one palette for all tensors; the pure colors of the background, golden,
+    target and error must come through unchanged (a drifting palette would tint them)."""
+    from matplotlib.colors import to_rgb
+
+    _plot_all(Plotter(), tmp_path / "p", seed=3, spread=2.0)
+
+    def has(name: str, color) -> bool:
+        rgb = np.round(np.array(to_rgb(color)) * 255).astype(int)
+        return bool(np.all(png_pixels(tmp_path / "p" / name) == rgb, axis=-1).any())
+
+    fill = tuple(np.array(to_rgb("tab:blue")) * 0.45 + 0.55)  # the golden histogram, alpha 0.45
+    assert has("Histograms.png", fill) and has("Histograms.png", "white")
+    assert has("CDF_plots.png", "tab:blue") and has("Diff_plots.png", "tab:red")
+    assert has("Distribution_min-max.png", "white") and has("Distribution_min-max.png", "black")
+
+
 def test_out_dir_and_worker_processes_agree(pair):
     one = run_tensor_inspection(
         pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti1", workers=1
@@ -417,12 +487,30 @@ def test_out_dir_and_worker_processes_agree(pair):
     two = run_tensor_inspection(
         pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti2", workers=2
     )
+    with Workers(1) as pool:  # started ahead of the work, as the oneshot does
+        pooled = run_tensor_inspection(
+            pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti3", workers=pool
+        )
+        with pytest.raises(RuntimeError, match="serves one"):
+            run_tensor_inspection(
+                pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti4", workers=pool
+            )
+    assert not pool.folder.exists()
     assert one.run_dir == pair["tmp"] / "ver" / "ti1" and (one.run_dir / "summary.csv").is_file()
     pd.testing.assert_frame_equal(one.summary, two.summary)
+    pd.testing.assert_frame_equal(one.summary, pooled.summary)
     for name in PLOTS:
         check_png(two.run_dir / "conv" / "out" / name)
     with pytest.raises(AccdbgError, match="already holds a tensor inspection"):
         run_tensor_inspection(pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti1")
+
+
+def test_a_worker_nobody_sends_jobs_to_stops():
+    """A pool left unused (the engine failed, say) must not leave processes behind."""
+    pool = Workers(1)
+    child = pool._children[0]._proc
+    pool.close()
+    assert child.poll() is not None and not pool.folder.exists()
 
 
 def test_cli(pair, capsys):
@@ -517,7 +605,7 @@ def test_ppocr_det_engine_dump(det_runs):
         for plot in PLOTS:
             check_png(folder / plot)
         _, values = read_values(folder / "target_data.csv")
-        assert len(values) == min(t.size, 5_000)
+        assert len(values) == min(t.size, MAX_CSV_ROWS)
         assert np.array_equal(
             values["value"].to_numpy(np.float32), t.reshape(-1)[values["index"].to_numpy()]
         )

@@ -1,7 +1,7 @@
 """Running a part of the model on the backend, once, in a child process.
 
 The QNN backend is native code: each part runs in a fresh child
-(:mod:`accdbg.engines.isolate`), so a crash becomes a status for the layers of that part.
+(:mod:`accdbg.core.isolate`), so a crash becomes a status for the layers of that part.
 Only paths and small facts travel: golden feeds are raw files the child reads itself, and
 the outputs come back as ``.npy`` files. A stage file written by the child tells where a
 crash happened (session creation or run), which decides the ``err_*`` status.
@@ -20,8 +20,8 @@ import onnx
 from accdbg.algorithms.fragments import Part
 from accdbg.algorithms.statuses import ERR_CNTX, ERR_CON, ERR_EXEC, ERR_LIB
 from accdbg.core import onnx_model as om
+from accdbg.core.isolate import Isolated
 from accdbg.engines.base import EngineOptions, get_engine
-from accdbg.engines.isolate import Isolated
 from accdbg.errors import AccdbgError
 
 

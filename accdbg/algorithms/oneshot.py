@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -82,116 +83,126 @@ def run_oneshot(
     output_dirname: str | None = None,
 ) -> OneshotResult:
     """Run the three components in sequence and write the report; returns its tables."""
-    seconds: dict[str, float] = {}
-    t = time.perf_counter()
-    if golden_dir is None:
-        if not input_tensors:
-            raise AccdbgError(
-                "framework diagnosis needs -i/--input_tensor (or give --golden_output_reference_directory)"
+    with ExitStack() as stack:
+        pool = None
+        if enable_tensor_inspection:
+            from accdbg.inspection import Workers
+
+            # Started now: their start-up (imports, plot set-up) overlaps the engine run.
+            pool = stack.enter_context(Workers())
+        seconds: dict[str, float] = {}
+        t = time.perf_counter()
+        if golden_dir is None:
+            if not input_tensors:
+                raise AccdbgError(
+                    "framework diagnosis needs -i/--input_tensor (or give --golden_output_reference_directory)"
+                )
+            gold = run_framework_diagnosis(
+                framework,
+                model_path,
+                input_tensors,
+                output_tensors,
+                working_dir=working_dir,
+                output_dirname=output_dirname,
+                **(framework_kwargs or {}),
             )
-        gold = run_framework_diagnosis(
-            framework,
-            model_path,
-            input_tensors,
-            output_tensors,
+            golden_dir = gold.run_dir
+            seconds["framework_diagnosis"] = time.perf_counter() - t
+        golden_dir = Path(golden_dir)
+        conversion = None
+        engine_model, engine_inputs = Path(model_path), list(input_tensors)
+        if framework != "onnx":
+            t = time.perf_counter()
+            from accdbg.frameworks.convert import convert_to_onnx
+
+            out = Path(working_dir) / "conversion" / (output_dirname or golden_dir.name)
+            conversion = convert_to_onnx(framework, model_path, input_tensors, out, output_tensors)
+            engine_model = conversion.onnx_path
+            engine_inputs = [
+                replace(t, name=conversion.input_names.get(t.name, t.name)) for t in input_tensors
+            ]
+            seconds["conversion to ONNX"] = time.perf_counter() - t
+        t = time.perf_counter()
+        kwargs = {
+            **(engine_kwargs or {}),
+            "golden_dir_for_mapping": golden_dir if conversion is None else None,
+        }
+        engine = run_inference_engine(
+            engine_model,
+            input_list=input_list,
+            input_tensors=engine_inputs,
             working_dir=working_dir,
             output_dirname=output_dirname,
-            **(framework_kwargs or {}),
+            **kwargs,
         )
-        golden_dir = gold.run_dir
-        seconds["framework_diagnosis"] = time.perf_counter() - t
-    golden_dir = Path(golden_dir)
-    conversion = None
-    engine_model, engine_inputs = Path(model_path), list(input_tensors)
-    if framework != "onnx":
+        if conversion is not None:
+            _carry_conversion(engine, conversion)
+        seconds["inference_engine"] = time.perf_counter() - t
         t = time.perf_counter()
-        from accdbg.frameworks.convert import convert_to_onnx
-
-        out = Path(working_dir) / "conversion" / (output_dirname or golden_dir.name)
-        conversion = convert_to_onnx(framework, model_path, input_tensors, out, output_tensors)
-        engine_model = conversion.onnx_path
-        engine_inputs = [
-            replace(t, name=conversion.input_names.get(t.name, t.name)) for t in input_tensors
-        ]
-        seconds["conversion to ONNX"] = time.perf_counter() - t
-    t = time.perf_counter()
-    kwargs = {
-        **(engine_kwargs or {}),
-        "golden_dir_for_mapping": golden_dir if conversion is None else None,
-    }
-    engine = run_inference_engine(
-        engine_model,
-        input_list=input_list,
-        input_tensors=engine_inputs,
-        working_dir=working_dir,
-        output_dirname=output_dirname,
-        **kwargs,
-    )
-    if conversion is not None:
-        _carry_conversion(engine, conversion)
-    seconds["inference_engine"] = time.perf_counter() - t
-    t = time.perf_counter()
-    target = matching_result(engine.results, input_list, input_tensors)
-    ver = run_verification(
-        golden_dir,
-        target,
-        default_verifiers=default_verifiers,
-        tensor_mapping=engine.tensor_mapping,
-        graph_struct=engine.graph_struct,
-        verifier_config=verifier_config,
-        qnn_model_json_path=engine.model_net_json,
-        working_dir=working_dir,
-        output_dirname=output_dirname,
-    )
-    seconds["verification"] = time.perf_counter() - t
-    verifiers = {
-        v["label"]: get_verifier(v["spec"]) for v in ver.verifiers if v.get("spec") is not None
-    }
-    inputs_of = inputs_from_graph_struct(
-        json.loads(engine.graph_struct.read_text(encoding="utf-8"))
-    )
-    summary, marks = attribute(ver.summary, verifiers, inputs_of)
-    links = _detail_links(ver.run_dir, summary, [v["label"] for v in ver.verifiers])
-    if enable_tensor_inspection:
-        t = time.perf_counter()
-        from accdbg.inspection import run_tensor_inspection
-
-        insp_dir = ver.run_dir / "tensor_inspection"
-        run_tensor_inspection(
+        target = matching_result(engine.results, input_list, input_tensors)
+        ver = run_verification(
             golden_dir,
             target,
-            verifiers=[v["spec"] for v in ver.verifiers],
+            default_verifiers=default_verifiers,
             tensor_mapping=engine.tensor_mapping,
-            out_dir=insp_dir,
+            graph_struct=engine.graph_struct,
+            verifier_config=verifier_config,
+            qnn_model_json_path=engine.model_net_json,
+            working_dir=working_dir,
+            output_dirname=output_dirname,
         )
-        for name in summary["Name"]:
-            folder = insp_dir / safe_relpath(str(name))
-            if folder.is_dir():
-                links.setdefault(name, []).append(
-                    ("plots", str(folder.relative_to(ver.run_dir)) + "/Histograms.png")
-                )
-        seconds["tensor_inspection"] = time.perf_counter() - t
-    _rewrite_summary(ver.run_dir, summary, marks)
-    failed = [bool(f) for f in summary.get("Failed", pd.Series([""] * len(summary))).fillna("")]
-    meta = (
-        f"model {Path(model_path).name} - engine {engine.engine_label} ({engine_kwargs.get('runtime', 'htp') if engine_kwargs else 'htp'})"
-        f" - golden {golden_dir} - target {target}"
-    )
-    report = write_report(
-        ver.run_dir / "summary.html",
-        summary,
-        verifiers,
-        marks,
-        title=f"accdbg oneshot-layerwise: {Path(model_path).name}",
-        meta=meta,
-        links=links,
-        failed=failed,
-        notes=[f"{k}: {v:.1f} s" for k, v in seconds.items()],
-    )
-    for line in console_lines(marks):
-        log.info("%s", line)
-    log.info("report: %s", report)
-    return OneshotResult(golden_dir, engine.run_dir, ver.run_dir, summary, marks, report, seconds)
+        seconds["verification"] = time.perf_counter() - t
+        verifiers = {
+            v["label"]: get_verifier(v["spec"]) for v in ver.verifiers if v.get("spec") is not None
+        }
+        inputs_of = inputs_from_graph_struct(
+            json.loads(engine.graph_struct.read_text(encoding="utf-8"))
+        )
+        summary, marks = attribute(ver.summary, verifiers, inputs_of)
+        links = _detail_links(ver.run_dir, summary, [v["label"] for v in ver.verifiers])
+        if enable_tensor_inspection:
+            t = time.perf_counter()
+            from accdbg.inspection import run_tensor_inspection
+
+            insp_dir = ver.run_dir / "tensor_inspection"
+            run_tensor_inspection(
+                golden_dir,
+                target,
+                verifiers=[v["spec"] for v in ver.verifiers],
+                tensor_mapping=engine.tensor_mapping,
+                out_dir=insp_dir,
+                workers=pool,
+            )
+            for name in summary["Name"]:
+                folder = insp_dir / safe_relpath(str(name))
+                if folder.is_dir():
+                    links.setdefault(name, []).append(
+                        ("plots", str(folder.relative_to(ver.run_dir)) + "/Histograms.png")
+                    )
+            seconds["tensor_inspection"] = time.perf_counter() - t
+        _rewrite_summary(ver.run_dir, summary, marks)
+        failed = [bool(f) for f in summary.get("Failed", pd.Series([""] * len(summary))).fillna("")]
+        meta = (
+            f"model {Path(model_path).name} - engine {engine.engine_label} ({engine_kwargs.get('runtime', 'htp') if engine_kwargs else 'htp'})"
+            f" - golden {golden_dir} - target {target}"
+        )
+        report = write_report(
+            ver.run_dir / "summary.html",
+            summary,
+            verifiers,
+            marks,
+            title=f"accdbg oneshot-layerwise: {Path(model_path).name}",
+            meta=meta,
+            links=links,
+            failed=failed,
+            notes=[f"{k}: {v:.1f} s" for k, v in seconds.items()],
+        )
+        for line in console_lines(marks):
+            log.info("%s", line)
+        log.info("report: %s", report)
+        return OneshotResult(
+            golden_dir, engine.run_dir, ver.run_dir, summary, marks, report, seconds
+        )
 
 
 def _carry_conversion(engine, conversion) -> None:

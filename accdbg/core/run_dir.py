@@ -132,13 +132,17 @@ class RunDir:
         return path
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON through a temporary file and a rename, so readers never see half a file."""
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write through a temporary file and a rename, so readers never see half a file."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, default=_json_default, allow_nan=True)
-        fh.write("\n")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON atomically (:func:`write_bytes_atomic`)."""
+    text = json.dumps(data, indent=2, default=_json_default, allow_nan=True) + "\n"
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def _json_default(obj: Any) -> Any:

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from accdbg.core.jsonio import read_json
+from accdbg.core.run_dir import write_bytes_atomic
 from accdbg.errors import AccdbgError
 
 MANIFEST_NAME = "tensors.json"
@@ -140,9 +141,7 @@ class TensorWriter:
             "tensors": [_record_dict(r) for r in recs],
         }
         path = self.root / MANIFEST_NAME
-        tmp = path.with_name(f".{MANIFEST_NAME}.tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_bytes_atomic(path, (json.dumps(data, indent=1) + "\n").encode("utf-8"))
         return path
 
 

@@ -25,11 +25,11 @@ import pandas as pd
 
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputList, InputTensor, check_raw_size, parse_input_list
+from accdbg.core.isolate import Isolated
 from accdbg.core.run_dir import RunDir, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, records_table
 from accdbg.engines import artifacts, exposure
 from accdbg.engines.base import EngineOptions, get_engine
-from accdbg.engines.isolate import Isolated
 from accdbg.engines.prepare import fix_shapes, prepare_float_model
 from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
 from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
@@ -252,106 +252,109 @@ def run_inference_engine(
                 "input_list": str(input_list) if input_list else None,
             }
         )
-        work = run.path / ".work"
-        work.mkdir()
-        steps: list[str] = []
-        stem = model_path.name.removesuffix(".onnx")
-        log.info("engine: %s, runtime %s, stage %s", eng.label, runtime, stage)
-        if stage == "source":
-            prepared, steps = prepare_float_model(model, dims, work)
-            if precision == "fp16":
-                target = run.path / f"{stem}.fp16.onnx"
-                shutil.copyfile(prepared, target)
-                steps.append("no quantization: float model on HTP in fp16")
+        with _Workers(
+            eng, debug and stage != "compiled", run.final_path, model_path.name, runtime
+        ) as workers:
+            work = run.path / ".work"
+            work.mkdir()
+            steps: list[str] = []
+            stem = model_path.name.removesuffix(".onnx")
+            log.info("engine: %s, runtime %s, stage %s", eng.label, runtime, stage)
+            if stage == "source":
+                prepared, steps = prepare_float_model(model, dims, work)
+                if precision == "fp16":
+                    target = run.path / f"{stem}.fp16.onnx"
+                    shutil.copyfile(prepared, target)
+                    steps.append("no quantization: float model on HTP in fp16")
+                else:
+                    target = run.path / f"{stem}.qdq.onnx"
+                    t = time.perf_counter()
+                    quantize_for_qnn(
+                        prepared,
+                        target,
+                        FeedsReader(
+                            [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds],
+                            dims,
+                            dtypes,
+                        ),
+                        act_bitwidth,
+                        weights_bitwidth,
+                        bias_bitwidth,
+                        act_quantizer,
+                        param_quantizer,
+                        per_channel,
+                        _overrides(quantization_overrides, ignore_encodings, prepared),
+                    )
+                    steps.append(
+                        f"quantized for QNN (A{act_bitwidth}W{weights_bitwidth}, {act_quantizer}/{param_quantizer}"
+                        f"{', per-channel' if per_channel else ''}) with {len(feeds)} calibration input(s) "
+                        f"in {time.perf_counter() - t:.1f} s"
+                    )
+            elif stage == "converted":
+                target = run.path / f"{stem}.onnx"
+                onnx.save(fix_shapes(model, dims, steps), str(target))
             else:
-                target = run.path / f"{stem}.qdq.onnx"
-                t = time.perf_counter()
-                quantize_for_qnn(
-                    prepared,
-                    target,
-                    FeedsReader(
-                        [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds], dims, dtypes
-                    ),
-                    act_bitwidth,
-                    weights_bitwidth,
-                    bias_bitwidth,
-                    act_quantizer,
-                    param_quantizer,
-                    per_channel,
-                    _overrides(quantization_overrides, ignore_encodings, prepared),
+                target = model_path
+                if debug:
+                    log.warning(
+                        "a compiled QNN context exposes only its graph outputs; run --stage converted to dump intermediates"
+                    )
+            for s in steps:
+                log.info("pre-processing: %s", s)
+            target_model = onnx.load(str(target), load_external_data=False)
+            selected = (
+                []
+                if stage == "compiled"
+                else exposure.select(
+                    target_model,
+                    fw_names,
+                    add_layer_outputs,
+                    add_layer_types,
+                    skip_layer_types,
+                    skip_layer_outputs,
                 )
-                steps.append(
-                    f"quantized for QNN (A{act_bitwidth}W{weights_bitwidth}, {act_quantizer}/{param_quantizer}"
-                    f"{', per-channel' if per_channel else ''}) with {len(feeds)} calibration input(s) "
-                    f"in {time.perf_counter() - t:.1f} s"
-                )
-        elif stage == "converted":
-            target = run.path / f"{stem}.onnx"
-            onnx.save(fix_shapes(model, dims, steps), str(target))
-        else:
-            target = model_path
-            if debug:
-                log.warning(
-                    "a compiled QNN context exposes only its graph outputs; run --stage converted to dump intermediates"
-                )
-        for s in steps:
-            log.info("pre-processing: %s", s)
-        target_model = onnx.load(str(target), load_external_data=False)
-        selected = (
-            []
-            if stage == "compiled"
-            else exposure.select(
-                target_model,
-                fw_names,
-                add_layer_outputs,
-                add_layer_types,
-                skip_layer_types,
-                skip_layer_outputs,
             )
-        )
-        json_dir = run.path / "qnn_json"
-        options.json_graph_dir = None if eng.simulation else str(json_dir)
-        if profiling_level:
-            options.profiling_path = str(run.path / "qnn_profiling.csv")
-        job = Job(
-            engine=eng.name,
-            options=options,
-            model_path=str(target),
-            exposed=selected,
-            feeds=feeds,
-            output_root=str(run.path / "output"),
-            native_log=str(run.path / "backend_log.txt"),
-            output_data_type=output_data_type,
-            memory_budget_bytes=int(memory_budget_mb * 2**20),
-            meta={
-                "component": "inference_engine",
-                "engine": eng.label,
-                "runtime": runtime,
-                "model": target.name,
-            },
-        )
-        plain, report, diffs = _execute(
-            eng, job, debug and stage != "compiled", run.final_path, runtime
-        )
-        model_net = (
-            artifacts.merge_qnn_json(
-                json_dir, run.path / "model_net.json", None if stage == "compiled" else target
+            json_dir = run.path / "qnn_json"
+            options.json_graph_dir = None if eng.simulation else str(json_dir)
+            if profiling_level:
+                options.profiling_path = str(run.path / "qnn_profiling.csv")
+            job = Job(
+                engine=eng.name,
+                options=options,
+                model_path=str(target),
+                exposed=selected,
+                feeds=feeds,
+                output_root=str(run.path / "output"),
+                native_log=str(run.path / "backend_log.txt"),
+                output_data_type=output_data_type,
+                memory_budget_bytes=int(memory_budget_mb * 2**20),
+                meta={
+                    "component": "inference_engine",
+                    "engine": eng.label,
+                    "runtime": runtime,
+                    "model": target.name,
+                },
             )
-            if json_dir.exists()
-            else None
-        )
-        qnn_tensors = artifacts.qnn_tensor_names(model_net)
-        _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
-        mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
-        mapping_path = run.path / "tensor_mapping.json"
-        write_json_atomic(mapping_path, mapping)
-        struct_path = run.path / f"{stem}_graph_struct.json"
-        write_json_atomic(struct_path, artifacts.graph_struct(stem, selected, report.shapes))
-        _report_partitioning(run.path, plain, eng.label)
-        _report_fusion(diffs)
-        write_json_atomic(run.path / "preprocessing.json", steps)
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(run.path / "output" / ".scratch", ignore_errors=True)
+            plain, report, diffs = _execute(eng, job, workers)
+            model_net = (
+                artifacts.merge_qnn_json(
+                    json_dir, run.path / "model_net.json", None if stage == "compiled" else target
+                )
+                if json_dir.exists()
+                else None
+            )
+            qnn_tensors = artifacts.qnn_tensor_names(model_net)
+            _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
+            mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
+            mapping_path = run.path / "tensor_mapping.json"
+            write_json_atomic(mapping_path, mapping)
+            struct_path = run.path / f"{stem}_graph_struct.json"
+            write_json_atomic(struct_path, artifacts.graph_struct(stem, selected, report.shapes))
+            _report_partitioning(run.path, plain, eng.label)
+            _report_fusion(diffs)
+            write_json_atomic(run.path / "preprocessing.json", steps)
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(run.path / "output" / ".scratch", ignore_errors=True)
     results = [run.path / "output" / Path(r).name for r in report.results]
     table = records_table(TensorFolder(results[0])) if results else pd.DataFrame()
     log.info(
@@ -423,35 +426,49 @@ def _report_partitioning(run_path: Path, report: JobReport, label: str) -> None:
         )
 
 
-def _execute(
-    eng, job: Job, debug: bool, final_path: Path, runtime: str
-) -> tuple[JobReport, JobReport, list[dict]]:
-    """Plain and debug jobs: concurrently in two children for native engines, else in turn."""
-    what = f"running {Path(job.model_path).name} on {eng.label} -r {runtime}"
-    if eng.isolated:
-        plain_log = replace(job, native_log=str(Path(job.native_log).with_name("backend_log.txt")))
-        debug_log = replace(
-            job, native_log=str(Path(job.native_log).with_name("backend_log_debug.txt"))
-        )
-        plain_h = Isolated(
-            plain_job, plain_log, not debug, what=what, log_hint=str(final_path / "backend_log.txt")
-        )
-        debug_h = (
-            Isolated(
-                debug_job,
-                debug_log,
-                what=what + " (debug graph)",
-                log_hint=str(final_path / "backend_log_debug.txt"),
+class _Workers:
+    """The plain and debug processes of a native engine, started before pre-processing so
+    that their start-up (a second of imports) overlaps quantization in this process."""
+
+    def __init__(self, eng, debug: bool, final_path: Path, model_name: str, runtime: str):
+        what = f"running {model_name} on {eng.label} -r {runtime}"
+        self.debug = debug
+        self.plain = self.debug_graph = None
+        if eng.isolated:
+            warm = "accdbg.engines.worker"
+            self.plain = Isolated.prestart(
+                warm, what=what, log_hint=str(final_path / "backend_log.txt")
             )
-            if debug
-            else None
+            if debug:
+                self.debug_graph = Isolated.prestart(
+                    warm,
+                    what=what + " (debug graph)",
+                    log_hint=str(final_path / "backend_log_debug.txt"),
+                )
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for child in (self.plain, self.debug_graph):
+            if child is not None:
+                child.kill()
+
+
+def _execute(eng, job: Job, workers: _Workers) -> tuple[JobReport, JobReport, list[dict]]:
+    """Plain and debug jobs: concurrently in two children for native engines, else in turn."""
+    debug = workers.debug
+    if workers.plain is not None:
+        logs = Path(job.native_log)
+        workers.plain.submit(
+            plain_job, replace(job, native_log=str(logs.with_name("backend_log.txt"))), not debug
         )
-        try:
-            plain = plain_h.result()
-            dbg = debug_h.result() if debug_h else plain
-        finally:
-            if debug_h:
-                debug_h.kill()
+        if workers.debug_graph is not None:
+            workers.debug_graph.submit(
+                debug_job, replace(job, native_log=str(logs.with_name("backend_log_debug.txt")))
+            )
+        plain = workers.plain.result()
+        dbg = workers.debug_graph.result() if workers.debug_graph is not None else plain
     else:
         plain = plain_job(job, not debug)
         dbg = debug_job(job) if debug else plain

@@ -1,7 +1,7 @@
 """The part of an inference-engine run that touches the backend.
 
 Two jobs, each in its own child process for native backends (see
-:mod:`accdbg.engines.isolate`), run concurrently because HTP emulation is single-threaded:
+:mod:`accdbg.core.isolate`), run concurrently because HTP emulation is single-threaded:
 
 * the *plain* job runs the deployable graph: node placement, the QNN graph JSON, final outputs;
 * the *debug* job runs a graph exposing every selected activation and writes them as they come.

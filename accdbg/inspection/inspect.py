@@ -10,8 +10,9 @@ tensor's folder holds ``Histograms.png``, ``Diff_plots.png``, ``CDF_plots.png``,
 Statistics and verifier scores use every value. Plots use a random sample of at most
 ``max_plot_points`` values and the CSVs at most ``max_csv_rows`` rows, drawn with a fixed seed
 at the same element positions on both sides; each plot's subtitle and each CSV's first
-(``#``) line says so. Plotting is most of the time (four PNGs per tensor), so ``workers``
-processes (this one and fresh Python children) share the tensors, largest first.
+(``#``) line says so. Plotting is most of the time (four PNGs per tensor, see
+:mod:`accdbg.inspection.plots`), so ``workers`` processes (this one and fresh Python children,
+a :class:`Workers` pool the oneshot starts ahead of time) share the tensors, largest first.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ GOLDEN_CSV, TARGET_CSV = "golden_data.csv", "target_data.csv"
 TENSOR_FILES = (HISTOGRAMS, DIFF, CDF, DISTRIBUTION, GOLDEN_CSV, TARGET_CSV)
 RESERVED = ("summary.csv", "log.txt", f"{COMPONENT}_options.json")
 MAX_PLOT_POINTS = 20_000
-MAX_CSV_ROWS = 5_000
+MAX_CSV_ROWS = 2_000
 SEED = 0
 PARALLEL_FROM = 8  # fewer tensors than this are not worth starting a worker process
 RESULT_RE = re.compile(r"^Result_(\d+)$")
@@ -406,31 +407,33 @@ def _draw(settings, job, out_dir, g_arr, t_arr, alignment, t_what, row, notes) -
     if plotter is None:
         notes.append("no finite values on one side: plots skipped")
     else:
-        plotter.histograms(out_dir / HISTOGRAMS, g_fin, t_fin, name, note)
-        plotter.cdf(out_dir / CDF, g_fin, t_fin, name, note)
+        cal = job.calibrated
+        ranges = (row["target_min"], row["target_max"]) if cal else ()
+        ranges += (cal.min, cal.max) if cal else ()
+        lo, hi = plotter.value_span(
+            g_fin, t_fin, extra=tuple(v for v in ranges if math.isfinite(v))
+        )
+        panels = {
+            HISTOGRAMS: plotter.histograms.update(g_fin, t_fin, lo, hi),
+            CDF: plotter.cdf.update(g_fin, t_fin, lo, hi),
+        }
         if alignment.ok:
             both = np.isfinite(g_s) & np.isfinite(t_s)
             index = np.arange(n_g) if g_idx is None else g_idx
             g_p, t_p = np.asarray(g_s, np.float64)[both], np.asarray(t_s, np.float64)[both]
             if g_p.size:
-                half_step = (
-                    0.5 * job.calibrated.scale if job.calibrated and job.calibrated.scale else None
-                )
-                plotter.diff(out_dir / DIFF, g_p, t_p, index[both], half_step, name, note)
+                half_step = 0.5 * cal.scale if cal and cal.scale else None
+                panels[DIFF] = plotter.diff.update(g_p, t_p, index[both], half_step)
         else:
             notes.append(f"{DIFF} skipped (not compared element-wise)")
-        cal = job.calibrated
+            note = f"golden: {note}; target: {sample_note(n_t, t_idx, seed)}"
         if cal is not None:
-            plotter.distribution(
-                out_dir / DISTRIBUTION,
-                t_fin,
-                (row["target_min"], row["target_max"]),
-                (cal.min, cal.max),
-                name,
-                sample_note(n_t, t_idx, seed),
+            panels[DISTRIBUTION] = plotter.distribution.update(
+                t_fin, ranges[:2], ranges[2:], lo, hi
             )
         elif job.no_range:
             notes.append(f"{DISTRIBUTION} skipped: {job.no_range}")
+        plotter.save(out_dir, name, note, panels)
 
     c_idx = sample_indices(n_g, settings.max_csv_rows, seed)
     how = sample_note(n_g, c_idx, seed)
@@ -474,51 +477,91 @@ def _run_shard(
     return [inspect_tensor(settings, job) for job in items if _claim(claims, job)]
 
 
-def _execute(settings: Settings, jobs: list[Job], workers: int) -> list[Outcome]:
-    """Share the jobs, largest first, between this process and ``workers - 1`` children.
+class Workers:
+    """Child processes for tensor inspection, started before there is work for them.
 
-    Every process walks the same list and takes the next job nobody has claimed, so a child
-    that starts late or gets the big tensors does not leave the others waiting. A job lost
-    with a failed child is done here afterwards.
+    A fresh Python spends about a second importing pandas and matplotlib and setting up its
+    plots. The oneshot starts its inspection workers before the inference engine, so that
+    second passes while QNN runs; :func:`run_tensor_inspection` then hands them the jobs.
+    One pool serves one inspection; leaving the ``with`` block stops children still waiting.
     """
-    if workers <= 1 or len(jobs) < 2:
-        return _run_shard(settings, jobs, show_progress=True)
-    from accdbg.engines.isolate import Isolated  # a fresh Python per child: no inherited threads
 
-    by_size = sorted(jobs, key=lambda j: -j.size)
-    outcomes: list[Outcome] = []
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="accdbg-inspection-") as tmp:
-        claims = Path(tmp)
-        children = [
-            Isolated(_run_shard, settings, by_size, claims, what="inspecting tensors")
-            for _ in range(workers - 1)
+    def __init__(self, count: int | None = None):
+        from accdbg.core.isolate import Isolated  # a fresh Python per child: no inherited threads
+
+        if count is None:
+            count = min(2, os.cpu_count() or 1) - 1
+        self._tmp = tempfile.TemporaryDirectory(prefix="accdbg-inspection-")
+        self.folder = Path(self._tmp.name)
+        (self.folder / "claims").mkdir()
+        self._children = [
+            Isolated.prestart(f"{__name__}:_plotter", what="inspecting tensors")
+            for _ in range(count)
         ]
+        self._used = False
+
+    def __len__(self) -> int:
+        return len(self._children)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for child in self._children:
+            child.kill()
+        self._tmp.cleanup()
+
+    def run(self, settings: Settings, jobs: list[Job]) -> list[Outcome]:
+        """Share the jobs, largest first, between this process and the children.
+
+        Every process walks the same list and takes the next job nobody has claimed, so a
+        child that starts late or gets the big tensors does not leave the others waiting.
+        A job lost with a failed child is done here afterwards.
+        """
+        if self._used:
+            raise RuntimeError("a Workers pool serves one tensor inspection")
+        self._used = True
+        by_size = sorted(jobs, key=lambda j: -j.size)
+        started = time.perf_counter()
+        for child in self._children:
+            child.submit(_run_shard, settings, by_size, self.folder / "claims")
         try:
-            outcomes += _run_shard(settings, by_size, claims, show_progress=True)
+            outcomes = _run_shard(settings, by_size, self.folder / "claims", show_progress=True)
         except BaseException:
-            for child in children:
-                child.kill()
+            self.close()
             raise
         mine = len(outcomes)
-        for child in children:
+        for child in self._children:
             try:
                 outcomes += child.result()
             except (AccdbgError, RuntimeError) as exc:
                 log.warning("a tensor inspection worker process failed: %s", exc)
-    log.debug(
-        "%d of %d tensors inspected in this process, the rest in %d workers; %.1f s",
-        mine,
-        len(jobs),
-        len(children),
-        time.perf_counter() - started,
-    )
-    done = {o.order for o in outcomes}
-    missing = [job for job in jobs if job.order not in done]
-    if missing:
-        log.warning("inspecting here the %d tensors a failed worker left", len(missing))
-        outcomes += _run_shard(settings, missing, show_progress=True)
-    return sorted(outcomes, key=lambda o: o.order)
+        log.debug(
+            "%d of %d tensors inspected in this process, the rest in %d workers; %.1f s",
+            mine,
+            len(jobs),
+            len(self),
+            time.perf_counter() - started,
+        )
+        done = {o.order for o in outcomes}
+        missing = [job for job in jobs if job.order not in done]
+        if missing:
+            log.warning("inspecting here the %d tensors a failed worker left", len(missing))
+            outcomes += _run_shard(settings, missing, show_progress=True)
+        return sorted(outcomes, key=lambda o: o.order)
+
+
+def _execute(settings: Settings, jobs: list[Job], workers: int | Workers) -> list[Outcome]:
+    """Run the jobs here, or shared with ``workers - 1`` children, or with a started pool."""
+    if isinstance(workers, Workers):
+        return workers.run(settings, jobs)
+    if workers <= 1 or len(jobs) < 2:
+        return sorted(_run_shard(settings, jobs, show_progress=True), key=lambda o: o.order)
+    with Workers(workers - 1) as pool:
+        return pool.run(settings, jobs)
 
 
 # ---------------------------------------------------------------- the component
@@ -601,7 +644,7 @@ def run_tensor_inspection(
     max_plot_points: int = MAX_PLOT_POINTS,
     max_csv_rows: int = MAX_CSV_ROWS,
     seed: int = SEED,
-    workers: int | None = None,
+    workers: int | Workers | None = None,
     options_record: dict | None = None,
 ) -> InspectionResult:
     """Inspect every tensor found in both folders; write ``<working_dir>/tensor_inspection/<run>/``
@@ -612,7 +655,8 @@ def run_tensor_inspection(
     ``.raw`` files are read; integer data is dequantized with its encoding when there is one.
     ``target_encodings`` is an AIMET encodings file or a QNN ``model_net.json``; without it the
     target manifest's encodings are used. ``names`` restricts the run to those tensors.
-    ``workers`` processes share the work (default: 2 when there are enough tensors).
+    ``workers`` processes share the work (default: 2 when there are enough tensors), or a
+    :class:`Workers` pool started earlier does.
     """
     start = time.perf_counter()
     if data_type not in DATA_TYPES:
@@ -620,7 +664,7 @@ def run_tensor_inspection(
     for flag, value in (
         ("--max_plot_points", max_plot_points),
         ("--max_csv_rows", max_csv_rows),
-        ("--workers", 1 if workers is None else workers),
+        ("--workers", workers if isinstance(workers, int) else 1),
     ):
         if int(value) < 1:
             raise AccdbgError(f"{flag} must be at least 1, got {value}")
@@ -646,7 +690,7 @@ def run_tensor_inspection(
         "max_plot_points": max_plot_points,
         "max_csv_rows": max_csv_rows,
         "seed": seed,
-        "workers": workers,
+        "workers": len(workers) + 1 if isinstance(workers, Workers) else workers,
     }
 
     def body(out_root: Path) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from accdbg.algorithms.attribution import Attribution
+from accdbg.core.run_dir import write_bytes_atomic
 from accdbg.errors import AccdbgError
 from accdbg.reports.cells import escape
 from accdbg.reports.summary import format_value
@@ -228,7 +229,5 @@ def write_report(
         table_js=asset("static/table.js"),
     )
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
+    write_bytes_atomic(path, page.encode("utf-8"))
     return path

@@ -1,7 +1,7 @@
 """Run backend work in a child process, so a native crash is a report, not our death.
 
 The QNN backend is native code; a segfault in it would otherwise take the whole tool (and a
-notebook kernel) down. The child is a fresh ``python -m accdbg.engines.isolate`` (no inherited
+notebook kernel) down. The child is a fresh ``python -m accdbg.core.isolate`` (no inherited
 threads, no dependence on how the parent was started); the job and its result travel as
 pickle files, and a signal death becomes an :class:`AccdbgError` naming the signal.
 """
@@ -15,23 +15,39 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from accdbg.core.run_dir import write_bytes_atomic
 from accdbg.errors import AccdbgError
 
 
 class Isolated:
-    """A started child computing ``fn(*args)``; :meth:`result` waits and returns or raises."""
+    """A child Python computing ``fn(*args)``; :meth:`result` waits and returns or raises.
 
-    def __init__(self, fn: Callable[..., Any], *args: Any, what: str, log_hint: str = ""):
+    ``Isolated(fn, *args)`` starts the work at once. :meth:`prestart` starts a child that
+    first runs ``warm`` (``"module"`` or ``"module:function"``: imports and set-up) and then
+    waits for :meth:`submit`, so its start-up overlaps whatever the parent does meanwhile.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any] | None,
+        *args: Any,
+        what: str,
+        log_hint: str = "",
+        warm: str = "",
+    ):
         self.what, self.log_hint = what, log_hint
         self._tmp = tempfile.TemporaryDirectory(prefix="accdbg-job-")
-        job = Path(self._tmp.name) / "job.pkl"
+        self._job = Path(self._tmp.name) / "job.pkl"
         self._result = Path(self._tmp.name) / "result.pkl"
-        job.write_bytes(pickle.dumps((fn.__module__, fn.__qualname__, args)))
+        self._submitted = False
+        if fn is not None:
+            self.submit(fn, *args)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]
@@ -41,11 +57,25 @@ class Isolated:
             "-W",
             "ignore::RuntimeWarning",
             "-m",
-            "accdbg.engines.isolate",
-            str(job),
+            "accdbg.core.isolate",
+            str(self._job),
             str(self._result),
+            warm,
         ]
         self._proc = subprocess.Popen(cmd, env=env)
+
+    @classmethod
+    def prestart(cls, warm: str, what: str, log_hint: str = "") -> Isolated:
+        """A child that runs ``warm`` now and its work once :meth:`submit` gives it."""
+        return cls(None, what=what, log_hint=log_hint, warm=warm)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Isolated:
+        """Give the child its work: ``fn`` must be a module-level function, args picklable."""
+        if self._submitted:
+            raise RuntimeError(f"this child already has its work ({self.what})")
+        write_bytes_atomic(self._job, pickle.dumps((fn.__module__, fn.__qualname__, args)))
+        self._submitted = True
+        return self
 
     def kill(self) -> None:
         if self._proc.poll() is None:
@@ -54,6 +84,8 @@ class Isolated:
         self._tmp.cleanup()
 
     def result(self) -> Any:
+        if not self._submitted:
+            raise RuntimeError(f"no work was submitted to this child ({self.what})")
         try:
             code = self._proc.wait()
             hint = f" - see {self.log_hint}" if self.log_hint else ""
@@ -84,10 +116,20 @@ def run_isolated(fn: Callable[..., Any], *args: Any, what: str, log_hint: str = 
     return Isolated(fn, *args, what=what, log_hint=log_hint).result()
 
 
-def _main(job: str, result: str) -> int:
-    module, name, args = pickle.loads(Path(job).read_bytes())
-    fn = getattr(importlib.import_module(module), name)
+def _main(job: str, result: str, warm: str = "") -> int:
+    parent, job_path = os.getppid(), Path(job)
     try:
+        if warm:
+            module, _, name = warm.partition(":")
+            loaded = importlib.import_module(module)
+            if name:
+                getattr(loaded, name)()
+        while not job_path.exists():
+            if os.getppid() != parent or not job_path.parent.is_dir():
+                return 0  # the parent is gone or gave up on us: no work will come
+            time.sleep(0.01)
+        module, name, args = pickle.loads(job_path.read_bytes())
+        fn = getattr(importlib.import_module(module), name)
         out: tuple = ("ok", fn(*args))
     except AccdbgError as exc:
         out = ("user", str(exc))
@@ -98,4 +140,4 @@ def _main(job: str, result: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1], sys.argv[2]))
+    sys.exit(_main(*sys.argv[1:4]))

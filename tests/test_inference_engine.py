@@ -292,6 +292,24 @@ def test_a_prestarted_child_warms_up_then_waits_for_its_work():
     assert idle._proc.wait(timeout=10) == 0
 
 
+def test_a_waiting_child_whose_parent_died_leaves_nothing_behind():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    parent = (
+        "import os; from accdbg.core.isolate import Isolated; "
+        "c = Isolated.prestart('json', what='waiting'); print(c._tmp.name, flush=True); os._exit(0)"
+    )
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
+    folder = Path(out.stdout.strip())
+    assert folder.name.startswith("accdbg-job-"), out.stderr
+    deadline = time.monotonic() + 20
+    while folder.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not folder.exists()
+
+
 def test_fp16_precision_runs_float_model_on_htp(tmp_path):
     built = models.conv_net(tmp_path, channels=8, size=16, layers=3)
     inp = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +62,7 @@ class Isolated:
             str(self._job),
             str(self._result),
             warm,
+            str(os.getpid()),
         ]
         self._proc = subprocess.Popen(cmd, env=env)
 
@@ -116,8 +118,9 @@ def run_isolated(fn: Callable[..., Any], *args: Any, what: str, log_hint: str = 
     return Isolated(fn, *args, what=what, log_hint=log_hint).result()
 
 
-def _main(job: str, result: str, warm: str = "") -> int:
-    parent, job_path = os.getppid(), Path(job)
+def _main(job: str, result: str, warm: str = "", parent_pid: str = "") -> int:
+    # The parent's pid comes from the parent: it may be gone before this line runs.
+    parent, job_path = int(parent_pid or os.getppid()), Path(job)
     try:
         if warm:
             module, _, name = warm.partition(":")
@@ -126,6 +129,7 @@ def _main(job: str, result: str, warm: str = "") -> int:
                 getattr(loaded, name)()
         while not job_path.exists():
             if os.getppid() != parent or not job_path.parent.is_dir():
+                shutil.rmtree(job_path.parent, ignore_errors=True)
                 return 0  # the parent is gone or gave up on us: no work will come
             time.sleep(0.01)
         module, name, args = pickle.loads(job_path.read_bytes())
@@ -135,9 +139,12 @@ def _main(job: str, result: str, warm: str = "") -> int:
         out = ("user", str(exc))
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
         out = ("bug", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-    Path(result).write_bytes(pickle.dumps(out))
+    if os.getppid() != parent:  # killed meanwhile: nobody will read the result or clean up
+        shutil.rmtree(job_path.parent, ignore_errors=True)
+    else:
+        Path(result).write_bytes(pickle.dumps(out))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_main(*sys.argv[1:4]))
+    sys.exit(_main(*sys.argv[1:5]))

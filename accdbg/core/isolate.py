@@ -67,9 +67,11 @@ class Isolated:
         self._proc = subprocess.Popen(cmd, env=env)
 
     @classmethod
-    def prestart(cls, warm: str, what: str, log_hint: str = "") -> Isolated:
+    def prestart(
+        cls, warm: str, what: str, log_hint: str = "", who: str = "the QNN backend"
+    ) -> Isolated:
         """A child that runs ``warm`` now and its work once :meth:`submit` gives it."""
-        return cls(None, what=what, log_hint=log_hint, warm=warm)
+        return cls(None, what=what, log_hint=log_hint, warm=warm, who=who)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Isolated:
         """Give the child its work: ``fn`` must be a module-level function, args picklable."""
@@ -97,12 +99,10 @@ class Isolated:
                 except ValueError:
                     name = f"signal {-code}"
                 raise AccdbgError(
-                    f"the QNN backend crashed with {name} while {self.what}; the tool survived{hint}"
+                    f"{self.who} crashed with {name} while {self.what}; the tool survived{hint}"
                 )
             if not self._result.exists():
-                raise AccdbgError(
-                    f"the backend process exited with code {code} while {self.what}{hint}"
-                )
+                raise AccdbgError(f"{self.who} exited with code {code} while {self.what}{hint}")
             kind, *payload = pickle.loads(self._result.read_bytes())
         finally:
             self._tmp.cleanup()

@@ -495,7 +495,9 @@ class Workers:
         self.folder = Path(self._tmp.name)
         (self.folder / "claims").mkdir()
         self._children = [
-            Isolated.prestart(f"{__name__}:_plotter", what="inspecting tensors")
+            Isolated.prestart(
+                f"{__name__}:_plotter", what="inspecting tensors", who="an inspection worker"
+            )
             for _ in range(count)
         ]
         self._used = False

@@ -41,8 +41,9 @@ class Isolated:
         what: str,
         log_hint: str = "",
         warm: str = "",
+        who: str = "the QNN backend",
     ):
-        self.what, self.log_hint = what, log_hint
+        self.what, self.log_hint, self.who = what, log_hint, who
         self._tmp = tempfile.TemporaryDirectory(prefix="accdbg-job-")
         self._job = Path(self._tmp.name) / "job.pkl"
         self._result = Path(self._tmp.name) / "result.pkl"

@@ -74,7 +74,8 @@ class RunDir:
         self._explicit = output_dirname is not None
         self.name = _check_dirname(output_dirname) if output_dirname else self._free_timestamp()
         final = self.root / self.name
-        if final.exists() and not resume:
+        # A timestamp name taken meanwhile by a concurrent run is replaced in __enter__.
+        if self._explicit and final.exists() and not resume:
             raise AccdbgError(
                 f"output folder {str(final)!r} already exists; pick another --output_dirname or remove it"
             )
@@ -90,21 +91,28 @@ class RunDir:
             name = f"{base}_{n}"
         return name
 
+    def _take_free_name(self) -> None:
+        self.name = self._free_timestamp()
+        self.final_path = self.root / self.name
+        self.path = self.root / f".{self.name}.partial"
+
     def __enter__(self) -> RunDir:
         if self.path != self.final_path:
             while True:
                 try:
                     self.path.mkdir()
-                    break
                 except FileExistsError:  # another run took this name this very second
                     if self._explicit:
                         raise AccdbgError(
                             f"output folder {str(self.final_path)!r} is being written by another run (or a killed run left "
                             f"{str(self.path)!r}: remove it)"
                         ) from None
-                    self.name = self._free_timestamp()
-                    self.final_path = self.root / self.name
-                    self.path = self.root / f".{self.name}.partial"
+                    self._take_free_name()
+                    continue
+                if self._explicit or not self.final_path.exists():
+                    break
+                self.path.rmdir()  # another run finished under this name meanwhile
+                self._take_free_name()
         self._log_handler = attach_log_file(self.path / LOG_NAME)
         return self
 
@@ -115,7 +123,17 @@ class RunDir:
                 update_latest(self.root, self.final_path)
             return
         if exc_type is None:
-            os.replace(self.path, self.final_path)
+            while True:
+                try:
+                    # rename(2) never replaces a non-empty folder: a name another run
+                    # finished under since __enter__ fails here instead of being clobbered
+                    os.rename(self.path, self.final_path)
+                    break
+                except OSError:
+                    if self._explicit or not self.final_path.exists():
+                        raise
+                    self.name = self._free_timestamp()
+                    self.final_path = self.root / self.name
             self.path = self.final_path
             update_latest(self.root, self.final_path)
         else:

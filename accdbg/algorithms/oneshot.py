@@ -84,12 +84,6 @@ def run_oneshot(
 ) -> OneshotResult:
     """Run the three components in sequence and write the report; returns its tables."""
     with ExitStack() as stack:
-        pool = None
-        if enable_tensor_inspection:
-            from accdbg.inspection import Workers
-
-            # Started now: their start-up (imports, plot set-up) overlaps the engine run.
-            pool = stack.enter_context(Workers())
         seconds: dict[str, float] = {}
         t = time.perf_counter()
         if golden_dir is None:
@@ -122,6 +116,12 @@ def run_oneshot(
                 replace(t, name=conversion.input_names.get(t.name, t.name)) for t in input_tensors
             ]
             seconds["conversion to ONNX"] = time.perf_counter() - t
+        pool = None
+        if enable_tensor_inspection:
+            from accdbg.inspection import Workers
+
+            # Started now: their start-up (imports, plot set-up) overlaps the engine run.
+            pool = stack.enter_context(Workers())
         t = time.perf_counter()
         kwargs = {
             **(engine_kwargs or {}),

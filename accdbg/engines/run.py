@@ -232,7 +232,12 @@ def run_inference_engine(
         fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
     gold = artifacts.golden_names(Path(golden_dir_for_mapping)) if golden_dir_for_mapping else None
 
-    with RunDir(working_dir, "inference_engine", output_dirname) as run:
+    with (
+        RunDir(working_dir, "inference_engine", output_dirname) as run,
+        _Workers(
+            eng, debug and stage != "compiled", run.final_path, model_path.name, runtime
+        ) as workers,
+    ):
         run.write_options(
             options_record
             or {
@@ -252,109 +257,106 @@ def run_inference_engine(
                 "input_list": str(input_list) if input_list else None,
             }
         )
-        with _Workers(
-            eng, debug and stage != "compiled", run.final_path, model_path.name, runtime
-        ) as workers:
-            work = run.path / ".work"
-            work.mkdir()
-            steps: list[str] = []
-            stem = model_path.name.removesuffix(".onnx")
-            log.info("engine: %s, runtime %s, stage %s", eng.label, runtime, stage)
-            if stage == "source":
-                prepared, steps = prepare_float_model(model, dims, work)
-                if precision == "fp16":
-                    target = run.path / f"{stem}.fp16.onnx"
-                    shutil.copyfile(prepared, target)
-                    steps.append("no quantization: float model on HTP in fp16")
-                else:
-                    target = run.path / f"{stem}.qdq.onnx"
-                    t = time.perf_counter()
-                    quantize_for_qnn(
-                        prepared,
-                        target,
-                        FeedsReader(
-                            [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds],
-                            dims,
-                            dtypes,
-                        ),
-                        act_bitwidth,
-                        weights_bitwidth,
-                        bias_bitwidth,
-                        act_quantizer,
-                        param_quantizer,
-                        per_channel,
-                        _overrides(quantization_overrides, ignore_encodings, prepared),
-                    )
-                    steps.append(
-                        f"quantized for QNN (A{act_bitwidth}W{weights_bitwidth}, {act_quantizer}/{param_quantizer}"
-                        f"{', per-channel' if per_channel else ''}) with {len(feeds)} calibration input(s) "
-                        f"in {time.perf_counter() - t:.1f} s"
-                    )
-            elif stage == "converted":
-                target = run.path / f"{stem}.onnx"
-                onnx.save(fix_shapes(model, dims, steps), str(target))
+        work = run.path / ".work"
+        work.mkdir()
+        steps: list[str] = []
+        stem = model_path.name.removesuffix(".onnx")
+        log.info("engine: %s, runtime %s, stage %s", eng.label, runtime, stage)
+        if stage == "source":
+            prepared, steps = prepare_float_model(model, dims, work)
+            if precision == "fp16":
+                target = run.path / f"{stem}.fp16.onnx"
+                shutil.copyfile(prepared, target)
+                steps.append("no quantization: float model on HTP in fp16")
             else:
-                target = model_path
-                if debug:
-                    log.warning(
-                        "a compiled QNN context exposes only its graph outputs; run --stage converted to dump intermediates"
-                    )
-            for s in steps:
-                log.info("pre-processing: %s", s)
-            target_model = onnx.load(str(target), load_external_data=False)
-            selected = (
-                []
-                if stage == "compiled"
-                else exposure.select(
-                    target_model,
-                    fw_names,
-                    add_layer_outputs,
-                    add_layer_types,
-                    skip_layer_types,
-                    skip_layer_outputs,
+                target = run.path / f"{stem}.qdq.onnx"
+                t = time.perf_counter()
+                quantize_for_qnn(
+                    prepared,
+                    target,
+                    FeedsReader(
+                        [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds],
+                        dims,
+                        dtypes,
+                    ),
+                    act_bitwidth,
+                    weights_bitwidth,
+                    bias_bitwidth,
+                    act_quantizer,
+                    param_quantizer,
+                    per_channel,
+                    _overrides(quantization_overrides, ignore_encodings, prepared),
                 )
-            )
-            json_dir = run.path / "qnn_json"
-            options.json_graph_dir = None if eng.simulation else str(json_dir)
-            if profiling_level:
-                options.profiling_path = str(run.path / "qnn_profiling.csv")
-            job = Job(
-                engine=eng.name,
-                options=options,
-                model_path=str(target),
-                exposed=selected,
-                feeds=feeds,
-                output_root=str(run.path / "output"),
-                native_log=str(run.path / "backend_log.txt"),
-                output_data_type=output_data_type,
-                memory_budget_bytes=int(memory_budget_mb * 2**20),
-                meta={
-                    "component": "inference_engine",
-                    "engine": eng.label,
-                    "runtime": runtime,
-                    "model": target.name,
-                },
-            )
-            plain, report, diffs = _execute(eng, job, workers)
-            model_net = (
-                artifacts.merge_qnn_json(
-                    json_dir, run.path / "model_net.json", None if stage == "compiled" else target
+                steps.append(
+                    f"quantized for QNN (A{act_bitwidth}W{weights_bitwidth}, {act_quantizer}/{param_quantizer}"
+                    f"{', per-channel' if per_channel else ''}) with {len(feeds)} calibration input(s) "
+                    f"in {time.perf_counter() - t:.1f} s"
                 )
-                if json_dir.exists()
-                else None
+        elif stage == "converted":
+            target = run.path / f"{stem}.onnx"
+            onnx.save(fix_shapes(model, dims, steps), str(target))
+        else:
+            target = model_path
+            if debug:
+                log.warning(
+                    "a compiled QNN context exposes only its graph outputs; run --stage converted to dump intermediates"
+                )
+        for s in steps:
+            log.info("pre-processing: %s", s)
+        target_model = onnx.load(str(target), load_external_data=False)
+        selected = (
+            []
+            if stage == "compiled"
+            else exposure.select(
+                target_model,
+                fw_names,
+                add_layer_outputs,
+                add_layer_types,
+                skip_layer_types,
+                skip_layer_outputs,
             )
-            qnn_tensors = artifacts.qnn_tensor_names(model_net)
-            _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
-            mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
-            mapping_path = run.path / "tensor_mapping.json"
-            write_json_atomic(mapping_path, mapping)
-            struct_path = run.path / f"{stem}_graph_struct.json"
-            write_json_atomic(struct_path, artifacts.graph_struct(stem, selected, report.shapes))
-            _report_partitioning(run.path, plain, eng.label)
-            _report_fusion(diffs)
-            write_json_atomic(run.path / "preprocessing.json", steps)
-            shutil.rmtree(work, ignore_errors=True)
-            shutil.rmtree(run.path / "output" / ".scratch", ignore_errors=True)
+        )
+        json_dir = run.path / "qnn_json"
+        options.json_graph_dir = None if eng.simulation else str(json_dir)
+        if profiling_level:
+            options.profiling_path = str(run.path / "qnn_profiling.csv")
+        job = Job(
+            engine=eng.name,
+            options=options,
+            model_path=str(target),
+            exposed=selected,
+            feeds=feeds,
+            output_root=str(run.path / "output"),
+            native_log=str(run.path / "backend_log.txt"),
+            output_data_type=output_data_type,
+            memory_budget_bytes=int(memory_budget_mb * 2**20),
+            meta={
+                "component": "inference_engine",
+                "engine": eng.label,
+                "runtime": runtime,
+                "model": target.name,
+            },
+        )
+        plain, report, diffs = _execute(eng, job, workers)
+        model_net = (
+            artifacts.merge_qnn_json(
+                json_dir, run.path / "model_net.json", None if stage == "compiled" else target
+            )
+            if json_dir.exists()
+            else None
+        )
+        qnn_tensors = artifacts.qnn_tensor_names(model_net)
+        _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
+        mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
+        mapping_path = run.path / "tensor_mapping.json"
+        write_json_atomic(mapping_path, mapping)
+        struct_path = run.path / f"{stem}_graph_struct.json"
+        write_json_atomic(struct_path, artifacts.graph_struct(stem, selected, report.shapes))
+        _report_partitioning(run.path, plain, eng.label)
+        _report_fusion(diffs)
+        write_json_atomic(run.path / "preprocessing.json", steps)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(run.path / "output" / ".scratch", ignore_errors=True)
     results = [run.path / "output" / Path(r).name for r in report.results]
     table = records_table(TensorFolder(results[0])) if results else pd.DataFrame()
     log.info(

@@ -256,7 +256,7 @@ class _Diff(_Panel):
         )
         (self.error,) = self.ax.plot([], [], ".", markersize=2, color=ERROR)
         self.dynamic(self.error)
-        self.zero = self.dynamic(self.ax.axhline(0.0, color="black", linewidth=1))
+        self.dynamic(self.ax.axhline(0.0, color="black", linewidth=1))  # moves with the y range
         self.steps = [
             self.dynamic(self.ax.axhline(0.0, color="gray", linestyle=":", linewidth=1.2))
             for _ in range(2)

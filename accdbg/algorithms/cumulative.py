@@ -26,7 +26,7 @@ from accdbg.algorithms.backend import PartReport, failure_status
 from accdbg.algorithms.fragments import Layer, Part, SurgeryError
 from accdbg.algorithms.golden import GoldenError
 from accdbg.algorithms.judging import error_row, failing, judge_layer, orig_outputs_text
-from accdbg.algorithms.snooping import Context, SnoopingResult, snoop
+from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, snoop
 from accdbg.algorithms.statuses import ERR_PART, PART
 from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor
@@ -258,20 +258,5 @@ def run_cumulative_layerwise(
 
     Arguments as :func:`accdbg.algorithms.layerwise.run_layerwise`.
     """
-    return snoop(
-        "cumulative_layerwise",
-        _loop,
-        model_path,
-        input_tensors,
-        golden_dir,
-        qdq_model,
-        verifiers,
-        start_layer,
-        end_layer,
-        engine_kwargs,
-        working_dir,
-        output_dirname,
-        memory_budget_mb,
-        workers,
-        dump_qnn_json,
-    )
+    # locals() here are exactly the arguments above
+    return snoop("cumulative_layerwise", _loop, SnoopArgs(**locals()))

@@ -22,7 +22,7 @@ from accdbg.algorithms.backend import failure_status
 from accdbg.algorithms.fragments import Layer, Part, SurgeryError, merge
 from accdbg.algorithms.golden import GoldenError
 from accdbg.algorithms.judging import error_row, judge_layer
-from accdbg.algorithms.snooping import Context, SnoopingResult, snoop
+from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, snoop
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor
@@ -192,20 +192,5 @@ def run_layerwise(
     (``engine_kwargs`` holds its options). With ``output_dirname`` an interrupted run of that
     name is resumed. ``dump_qnn_json`` keeps each session's QNN graph JSON in ``qnn_json/``.
     """
-    return snoop(
-        "layerwise",
-        _loop,
-        model_path,
-        input_tensors,
-        golden_dir,
-        qdq_model,
-        verifiers,
-        start_layer,
-        end_layer,
-        engine_kwargs,
-        working_dir,
-        output_dirname,
-        memory_budget_mb,
-        workers,
-        dump_qnn_json,
-    )
+    # locals() here are exactly the arguments above
+    return snoop("layerwise", _loop, SnoopArgs(**locals()))

@@ -229,6 +229,26 @@ OPTION_KEYS = "algorithm model_path qdq_model golden_dir input_tensor verifiers 
 
 
 @dataclass
+class SnoopArgs:
+    """The arguments of :func:`~accdbg.algorithms.layerwise.run_layerwise` and
+    :func:`~accdbg.algorithms.cumulative.run_cumulative_layerwise`, as the caller gave them."""
+
+    model_path: str | os.PathLike
+    input_tensors: Sequence[InputTensor]
+    golden_dir: str | os.PathLike | None
+    qdq_model: str | os.PathLike | None
+    verifiers: Sequence[Any]
+    start_layer: str | None
+    end_layer: str | None
+    engine_kwargs: dict | None
+    working_dir: str | os.PathLike
+    output_dirname: str | None
+    memory_budget_mb: float
+    workers: int | None
+    dump_qnn_json: bool
+
+
+@dataclass
 class Request:
     """The checked arguments of a run; nothing is written before they are all valid."""
 
@@ -251,54 +271,43 @@ class Request:
         return self.algorithm == "cumulative_layerwise"
 
 
-def check_request(
-    algorithm,
-    model_path,
-    input_tensors,
-    golden_dir,
-    qdq_model,
-    verifiers,
-    start_layer,
-    end_layer,
-    engine_kwargs,
-    working_dir,
-    output_dirname,
-    memory_budget_mb,
-) -> Request:
+def check_request(algorithm: str, args: SnoopArgs) -> Request:
     """Every argument checked (one-line errors), before any folder is created."""
-    kwargs = check_engine_kwargs(engine_kwargs)
-    judge = Judge.from_specs(verifiers)
+    kwargs = check_engine_kwargs(args.engine_kwargs)
+    judge = Judge.from_specs(args.verifiers)
     engine, options = engine_options(kwargs)
-    model_path = Path(model_path).expanduser().absolute()
+    model_path = Path(args.model_path).expanduser().absolute()
     model = om.load_model(model_path)
     names = [vi.name for vi in om.real_inputs(model)]
-    for t in input_tensors:
+    for t in args.input_tensors:
         if t.name not in names:
             raise AccdbgError(
                 f"--input_tensor {t.name!r} is not an input of the model; its inputs are: "
                 f"{om.describe_inputs(model)}"
             )
         t.load()  # size checked now, not in the middle of the run
-    if not input_tensors and golden_dir is None:
+    if not args.input_tensors and args.golden_dir is None:
         raise AccdbgError(
             "give -i/--input_tensor (framework diagnosis needs them) or "
             "--golden_output_reference_directory"
         )
-    golden = Path(golden_dir).expanduser().absolute() if golden_dir is not None else None
+    golden = Path(args.golden_dir).expanduser().absolute() if args.golden_dir is not None else None
     if golden is not None and not golden.is_dir():
         raise AccdbgError(
-            f"--golden_output_reference_directory {str(golden_dir)!r} does not exist or is not a folder"
+            f"--golden_output_reference_directory {str(args.golden_dir)!r} does not exist or is not a folder"
         )
-    qdq = Path(qdq_model).expanduser().absolute() if qdq_model else None
+    qdq = Path(args.qdq_model).expanduser().absolute() if args.qdq_model else None
     if qdq is None and (is_qdq(model) or kwargs.get("stage") == "converted"):
         qdq = model_path
     if qdq is not None and not qdq.is_file():
-        raise AccdbgError(f"QDQ model {str(qdq_model)!r} does not exist")
+        raise AccdbgError(f"QDQ model {str(args.qdq_model)!r} does not exist")
     if qdq is not None:  # layer names are checked before anything is written
-        select_span(QdqModel.load(qdq), start_layer, end_layer, kwargs)
-    elif start_layer or end_layer:
+        select_span(QdqModel.load(qdq), args.start_layer, args.end_layer, kwargs)
+    elif args.start_layer or args.end_layer:
         om.check_tensor_names(
-            model, [n for n in (start_layer, end_layer) if n], "--start_layer/--end_layer"
+            model,
+            [n for n in (args.start_layer, args.end_layer) if n],
+            "--start_layer/--end_layer",
         )
     record = {
         "algorithm": algorithm.replace("_", "-"),
@@ -306,29 +315,30 @@ def check_request(
         "qdq_model": str(qdq) if qdq else None,
         "golden_dir": str(golden) if golden else None,
         "input_tensor": [
-            [t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name] for t in input_tensors
+            [t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name]
+            for t in args.input_tensors
         ],
         "verifiers": [v.label for v in judge.verifiers.values()],
-        "start_layer": start_layer,
-        "end_layer": end_layer,
+        "start_layer": args.start_layer,
+        "end_layer": args.end_layer,
         "engine_kwargs": dict(sorted(kwargs.items())),
-        "working_dir": str(working_dir),
-        "output_dirname": output_dirname,
-        "memory_budget_mb": memory_budget_mb,
+        "working_dir": str(args.working_dir),
+        "output_dirname": args.output_dirname,
+        "memory_budget_mb": args.memory_budget_mb,
     }
     return Request(
         algorithm,
         model_path,
         model,
-        input_tensors,
+        args.input_tensors,
         golden,
         qdq,
         judge,
         kwargs,
         engine,
         options,
-        start_layer,
-        end_layer,
+        args.start_layer,
+        args.end_layer,
         json.loads(json.dumps(record, default=str)),
     )
 
@@ -454,42 +464,14 @@ class Context:
         w.save_manifest()
 
 
-def snoop(
-    algorithm: str,
-    loop: Callable[[Context], None],
-    model_path: str | os.PathLike,
-    input_tensors: Sequence[InputTensor],
-    golden_dir: str | os.PathLike | None,
-    qdq_model: str | os.PathLike | None,
-    verifiers: Sequence[Any],
-    start_layer: str | None,
-    end_layer: str | None,
-    engine_kwargs: dict | None,
-    working_dir: str | os.PathLike,
-    output_dirname: str | None,
-    memory_budget_mb: float,
-    workers: int | None,
-    dump_qnn_json: bool,
-) -> SnoopingResult:
+def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> SnoopingResult:
     """Check the arguments, set up (golden, QDQ model, span), take back what a killed run of
     the same name finished, run ``loop(ctx)`` on the rest and write the final reports."""
     t0 = time.perf_counter()
-    req = check_request(
-        algorithm,
-        model_path,
-        input_tensors,
-        golden_dir,
-        qdq_model,
-        verifiers,
-        start_layer,
-        end_layer,
-        engine_kwargs,
-        working_dir,
-        output_dirname,
-        memory_budget_mb,
-    )
+    req = check_request(algorithm, args)
+    start_layer, end_layer = args.start_layer, args.end_layer
     component = f"{algorithm}_snooping"
-    with checkpoint.open_run(working_dir, component, output_dirname) as run:
+    with checkpoint.open_run(args.working_dir, component, args.output_dirname) as run:
         lock = checkpoint.RunLock(run.path)
         lock.acquire()
         try:
@@ -498,7 +480,7 @@ def snoop(
             if not options.exists():
                 run.write_options(req.record)
             journal = Journal(run.path / checkpoint.JOURNAL)
-            golden_root, qdq_path = set_up(req, run.path, journal, working_dir)
+            golden_root, qdq_path = set_up(req, run.path, journal, args.working_dir)
             scratch = run.path / ".scratch"
             golden = Golden(golden_root, req.inputs, scratch)
             qdq = QdqModel.load(qdq_path, set(golden.folder.names()))
@@ -506,6 +488,7 @@ def snoop(
                 raise AccdbgError(f"{qdq_path.name} has no layer to debug")
             span, skipped = select_span(qdq, start_layer, end_layer, req.kwargs)
             backend = Backend(req.engine, req.options, scratch, run.path / "backend_logs")
+            workers = args.workers
             if workers is None:
                 workers = min(2, os.cpu_count() or 1) if backend.concurrent else 1
             ctx = Context(
@@ -517,9 +500,9 @@ def snoop(
                 span,
                 skipped,
                 backend,
-                int(memory_budget_mb * 2**20),
+                int(args.memory_budget_mb * 2**20),
                 max(1, workers),
-                dump_qnn_json,
+                args.dump_qnn_json,
                 start_layer=find_layer(qdq, start_layer, "--start_layer") if start_layer else None,
                 end_layer=find_layer(qdq, end_layer, "--end_layer") if end_layer else None,
                 meta=f"{backend.engine.label} -r {req.options.runtime}; QDQ model {qdq_path.name}; "

@@ -27,7 +27,7 @@ from tests.test_layerwise import (
     fragment_json_files,
     oneshot_cosines,
     qnn_encodings_by_tensor,
-    two_fault_model,
+    two_fault_prepared,
 )
 
 COLUMNS = [
@@ -45,11 +45,7 @@ COLUMNS = [
 @pytest.fixture(scope="module")
 def two_fault(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("two_fault_cumulative")
-    m = two_fault_model(tmp)
-    m.golden = run_framework_diagnosis("onnx", m.path, m.inputs, working_dir=tmp / "w").run_dir
-    m.engine = run_inference_engine(
-        m.path, input_tensors=m.inputs, quantization_overrides=m.encodings, working_dir=tmp / "w"
-    )
+    m = two_fault_prepared(tmp)
     m.cumulative = run_cumulative_layerwise(
         m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp / "w"
     )

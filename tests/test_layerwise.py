@@ -133,14 +133,20 @@ def dumped_outputs(run_dir: Path) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.fixture(scope="module")
-def two_fault(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("two_fault")
+def two_fault_prepared(tmp: Path) -> SimpleNamespace:
+    """The two-fault model with its golden tensors and its QNN engine run (QDQ model) done."""
     m = two_fault_model(tmp)
     m.golden = run_framework_diagnosis("onnx", m.path, m.inputs, working_dir=tmp / "w").run_dir
     m.engine = run_inference_engine(
         m.path, input_tensors=m.inputs, quantization_overrides=m.encodings, working_dir=tmp / "w"
     )
+    return m
+
+
+@pytest.fixture(scope="module")
+def two_fault(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("two_fault")
+    m = two_fault_prepared(tmp)
     m.layerwise = run_layerwise(
         m.path,
         m.inputs,

@@ -408,8 +408,7 @@ def _draw(settings, job, out_dir, g_arr, t_arr, alignment, t_what, row, notes) -
         notes.append("no finite values on one side: plots skipped")
     else:
         cal = job.calibrated
-        ranges = (row["target_min"], row["target_max"]) if cal else ()
-        ranges += (cal.min, cal.max) if cal else ()
+        ranges = (row["target_min"], row["target_max"], cal.min, cal.max) if cal else ()
         lo, hi = plotter.value_span(
             g_fin, t_fin, extra=tuple(v for v in ranges if math.isfinite(v))
         )

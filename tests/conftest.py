@@ -7,7 +7,6 @@ import logging
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 os.environ.setdefault("ACCDBG_NO_PROGRESS", "1")
@@ -49,13 +48,12 @@ def ppocr_cls() -> Path:
 
 @pytest.fixture(scope="session")
 def ppocr_input(tmp_path_factory) -> Path:
-    """A deterministic 1x3x320x320 image-like input for the det model."""
+    """A deterministic 1x3x320x320 page of printed text for the det model (its output is a
+    real text map, not all zero)."""
+    from tests.images import text_image
+
     path = tmp_path_factory.mktemp("ppocr") / "x.raw"
-    rng = np.random.default_rng(7)
-    yy, xx = np.mgrid[0:320, 0:320] / 320.0
-    img = np.stack([np.sin(6 * xx) * np.cos(4 * yy), xx - yy, (xx * yy) ** 0.5]).astype(np.float32)
-    img += 0.05 * rng.standard_normal(img.shape).astype(np.float32)
-    img[None].astype(np.float32).tofile(path)
+    text_image(320, 320, seed=7).tofile(path)
     return path
 
 

@@ -44,6 +44,11 @@ def test_planted_layer_is_first_crossing_and_largest_drop(tmp_path):
         assert mark.largest_drops[0][0] == planted, mark
     row = res.summary.set_index("Name").loc[planted]
     assert "CosineSimilarity" in row["first_crossing"] and "SQNR #1" in row["largest_drop"]
+    # one culprit, the planted layer, blamed on its weights
+    ranked = res.summary.dropna(subset=["culprit_rank"])
+    assert list(ranked["Name"]) == [planted] and row["culprit_rank"] == 1
+    assert row["cause"].startswith("weight range") and "output channel 0" in row["cause"]
+    assert f"culprit #1: {planted} (Conv)" in "\n".join(res.findings)
     # the numbers behind the marks, recomputed from the dumped files with numpy
     golden, target = (
         TensorFolder(res.golden_dir),
@@ -86,6 +91,9 @@ def test_real_model_planted_layer_among_three_largest_drops(ppocr_planted):
     assert (earlier < 20).sum() > i // 2  # the absolute threshold already fails most earlier layers
     for mark in res.marks:
         assert planted in [n for n, _ in mark.largest_drops], mark
+    ranked = res.summary.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
+    assert list(ranked["Name"])[:1] == [planted], ranked[["Name", "cause"]]
+    assert ranked["cause"].iloc[0].startswith("weight range")
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +118,16 @@ def test_real_model_summary_is_complete(ppocr_oneshot):
     # tensor inspection ran for every layer
     insp = res.verification_run / "tensor_inspection"
     assert len(pd.read_csv(insp / "summary.csv")) == len(csv)
+
+
+def test_clean_real_model_names_no_culprit(ppocr_oneshot):
+    """The shipped model, nothing planted: the verdict is a diffuse error, not a layer."""
+    res = ppocr_oneshot
+    assert res.summary["culprit_rank"].isna().all(), res.findings
+    assert any(line.startswith("no single layer stands out") for line in res.findings)
+    # the per-channel scores are there, and never better than the worst channel's
+    s = res.summary.dropna(subset=["SQNR ch_median"])
+    assert len(s) > 200 and (s["SQNR ch_worst"] <= s["SQNR ch_median"] + 1e-9).all()
 
 
 def external_references(html: str) -> list[str]:
@@ -189,7 +207,7 @@ def example_run(tmp_path_factory):
 
 def test_readme_command_finds_the_planted_layer(example_run):
     tmp, report, err = example_run
-    assert "first layer crossing the threshold while its inputs did not: block1/conv/relu" in err
+    assert "culprit #1: block1/conv/relu (Conv) - weight range" in err
     summary = json.loads((report.parent / "summary.json").read_text())
     for mark in summary["attribution"]:
         assert mark["first_crossing"] == "block1/conv/relu"

@@ -17,12 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from accdbg.algorithms.attribution import (
-    Attribution,
-    attribute,
-    console_lines,
-    inputs_from_graph_struct,
-)
+from accdbg.algorithms.attribution import Attribution, attribute, inputs_from_graph_struct
+from accdbg.algorithms.culprits import find_culprits, prepared_model
+from accdbg.algorithms.ranking import Culprit
 from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.core.tensor_store import safe_relpath
@@ -48,6 +45,8 @@ class OneshotResult:
     marks: list[Attribution]
     report: Path
     seconds: dict[str, float] = field(default_factory=dict)
+    findings: list[str] = field(default_factory=list)
+    culprits: list[Culprit] = field(default_factory=list)
 
 
 def matching_result(
@@ -159,6 +158,19 @@ def run_oneshot(
             json.loads(engine.graph_struct.read_text(encoding="utf-8"))
         )
         summary, marks = attribute(ver.summary, verifiers, inputs_of)
+        t = time.perf_counter()
+        ranking = find_culprits(
+            engine.qdq_model,
+            golden_dir,
+            summary,
+            "Name",
+            verifiers,
+            feeds={t_.name: t_.load() for t_ in engine_inputs},
+            float_model=prepared_model(engine.qdq_model),
+            golden_name=json.loads(engine.tensor_mapping.read_text(encoding="utf-8")),
+        )
+        summary = ranking.apply(summary, "Name")
+        seconds["culprit ranking"] = time.perf_counter() - t
         links = _detail_links(ver.run_dir, summary, [v["label"] for v in ver.verifiers])
         if enable_tensor_inspection:
             t = time.perf_counter()
@@ -180,7 +192,7 @@ def run_oneshot(
                         ("plots", str(folder.relative_to(ver.run_dir)) + "/Histograms.png")
                     )
             seconds["tensor_inspection"] = time.perf_counter() - t
-        _rewrite_summary(ver.run_dir, summary, marks)
+        _rewrite_summary(ver.run_dir, summary, marks, ranking.findings)
         failed = [bool(f) for f in summary.get("Failed", pd.Series([""] * len(summary))).fillna("")]
         meta = (
             f"model {Path(model_path).name} - engine {engine.engine_label} ({engine_kwargs.get('runtime', 'htp') if engine_kwargs else 'htp'})"
@@ -196,12 +208,21 @@ def run_oneshot(
             links=links,
             failed=failed,
             notes=[f"{k}: {v:.1f} s" for k, v in seconds.items()],
+            findings=ranking.findings,
         )
-        for line in console_lines(marks):
+        for line in ranking.findings:
             log.info("%s", line)
         log.info("report: %s", report)
         return OneshotResult(
-            golden_dir, engine.run_dir, ver.run_dir, summary, marks, report, seconds
+            golden_dir,
+            engine.run_dir,
+            ver.run_dir,
+            summary,
+            marks,
+            report,
+            seconds,
+            ranking.findings,
+            ranking.culprits,
         )
 
 
@@ -242,7 +263,9 @@ def _carry_conversion(engine, conversion) -> None:
         )
 
 
-def _rewrite_summary(run_dir: Path, summary: pd.DataFrame, marks: Sequence[Attribution]) -> None:
+def _rewrite_summary(
+    run_dir: Path, summary: pd.DataFrame, marks: Sequence[Attribution], findings: Sequence[str]
+) -> None:
     """Add the attribution columns and marks to verification's summary.csv/json, keeping the rest."""
     write_csv(summary, run_dir / "summary.csv")
     path = run_dir / "summary.json"
@@ -250,6 +273,7 @@ def _rewrite_summary(run_dir: Path, summary: pd.DataFrame, marks: Sequence[Attri
     data["columns"] = list(map(str, summary.columns))
     data["rows"] = frame_records(summary)
     data["attribution"] = [json_value(m.__dict__) for m in marks]
+    data["findings"] = list(findings)
     write_json_atomic(path, data)
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 
 from accdbg.algorithms.attribution import Attribution, ideal_score
 from accdbg.algorithms.judging import Judge
+from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import ERRORS, PART
 from accdbg.reports.summary import write_csv
 
@@ -86,11 +87,15 @@ def write_reports(
     meta: str = "",
     notes: Sequence[str] = (),
     html: bool = True,
+    ranking: Ranking | None = None,
 ) -> tuple[pd.DataFrame, Path, Path]:
-    """``<stem>.csv`` and (if ``html``) ``<stem>.html``, each replaced atomically."""
+    """``<stem>.csv`` and (if ``html``) ``<stem>.html``, each replaced atomically; with the
+    culprit ranking's columns and verdict when given (the final write)."""
     from accdbg.reports.html_report import write_report
 
     df = frame(rows, judge.labels, cumulative)
+    if ranking is not None:
+        df = ranking.apply(df, "O/P Name")
     csv_path = folder / f"{stem}.csv"
     tmp = folder / f".{stem}.csv.tmp"
     write_csv(df, tmp)
@@ -111,5 +116,6 @@ def write_reports(
         meta=meta,
         failed=[_flagged(r) for r in ordered],
         notes=notes,
+        findings=ranking.findings if ranking is not None else (),
     )
     return df, csv_path, html_path

@@ -32,6 +32,7 @@ from accdbg.algorithms.checkpoint import Journal
 from accdbg.algorithms.fragments import Layer, QdqModel
 from accdbg.algorithms.golden import Golden
 from accdbg.algorithms.judging import Judge, base_row, finalize_row, restore_row
+from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import SKIP
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputTensor
@@ -68,6 +69,7 @@ class SnoopingResult:
     csv: Path | None = None
     html: Path | None = None
     backend_peak_rss_mb: float | None = None  # the largest backend child process's own peak
+    findings: list[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- set-up
@@ -130,6 +132,8 @@ def quantize(
     for s in steps:
         log.info("pre-processing: %s", s)
     stem = model_path.name.removesuffix(".onnx")
+    # kept: the float weights the QDQ model is quantized from (quantization evidence)
+    shutil.copyfile(prepared, out_dir / f"{stem}.prepared.onnx")
     if kwargs.get("precision") == "fp16":
         target = out_dir / f"{stem}.fp16.onnx"
         shutil.copyfile(prepared, target)
@@ -401,7 +405,9 @@ class Context:
     start_layer: Layer | None = None
     end_layer: Layer | None = None
     meta: str = ""
+    qdq_path: Path | None = None
     _html_at: float = field(default_factory=time.perf_counter)
+    ranking: Ranking | None = None
 
     @property
     def judge(self) -> Judge:
@@ -424,6 +430,8 @@ class Context:
             self._html_at = time.perf_counter()
         rows = list({**self.skip_rows(), **self.rows}.values())
         title = f"{'Cumulative-layerwise' if self.req.cumulative else 'Layerwise'} snooping: {self.req.model_path.name}"
+        if final:
+            self.ranking = self.rank(report.frame(rows, self.judge.labels, self.req.cumulative))
         return report.write_reports(
             self.run_path,
             self.req.algorithm,
@@ -434,6 +442,26 @@ class Context:
             self.meta,
             _notes(self.judge, self.req.cumulative),
             html=html,
+            ranking=self.ranking if final else None,
+        )
+
+    def rank(self, df: pd.DataFrame) -> Ranking | None:
+        """The culprit ranking over the finished table (layerwise scores are local: golden
+        inputs; cumulative ones carry the error since the last partition point)."""
+        if self.qdq_path is None:
+            return None
+        from accdbg.algorithms.culprits import find_culprits, prepared_model
+
+        feeds = {t.name: t.load() for t in self.req.inputs} or None
+        return find_culprits(
+            self.qdq_path,
+            self.golden.folder.root,
+            df,
+            "O/P Name",
+            self.judge.verifiers,
+            feeds,
+            float_model=prepared_model(self.qdq_path),
+            local_observed=not self.req.cumulative,
         )
 
     def record(self, kind: str, rows: list[dict[str, Any]], sessions: int, **extra: Any) -> None:
@@ -507,6 +535,7 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
                 end_layer=find_layer(qdq, end_layer, "--end_layer") if end_layer else None,
                 meta=f"{backend.engine.label} -r {req.options.runtime}; QDQ model {qdq_path.name}; "
                 f"golden {golden_root}",
+                qdq_path=qdq_path,
             )
             for rec in journal.records:  # what a killed run finished
                 for r in rec.get("rows", []):
@@ -529,6 +558,9 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
         finally:
             lock.release()
     seconds = time.perf_counter() - t0
+    findings = ctx.ranking.findings if ctx.ranking is not None else []
+    for line in findings:
+        log.info("%s", line)
     log.info(
         "%s: %d rows, %d session(s) in %.1f s -> %s",
         algorithm,
@@ -545,6 +577,7 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
         run.path / csv_path.name,
         run.path / html_path.name,
         backend.peak_rss_mb,
+        findings,
     )
 
 

@@ -264,6 +264,8 @@ def run_inference_engine(
         log.info("engine: %s, runtime %s, stage %s", eng.label, runtime, stage)
         if stage == "source":
             prepared, steps = prepare_float_model(model, dims, work)
+            # kept: the float weights the QDQ model was quantized from (quantization evidence)
+            shutil.copyfile(prepared, run.path / f"{stem}.prepared.onnx")
             if precision == "fp16":
                 target = run.path / f"{stem}.fp16.onnx"
                 shutil.copyfile(prepared, target)

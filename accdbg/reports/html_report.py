@@ -198,6 +198,13 @@ def table_html(
     return f'<table class="summary"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
+def _findings_html(findings: Sequence[str]) -> str:
+    if not findings:
+        return ""
+    items = "".join(f"<li>{escape(f)}</li>" for f in findings)
+    return f'<div class="findings"><h3>Verdict</h3><ul>{items}</ul></div>'
+
+
 def write_report(
     path: str | Path,
     df: pd.DataFrame,
@@ -208,8 +215,10 @@ def write_report(
     links: Mapping[str, Sequence[tuple[str, str]]] | None = None,
     failed: Sequence[bool] | None = None,
     notes: Sequence[str] = (),
+    findings: Sequence[str] = (),
 ) -> Path:
-    """Write the self-contained HTML summary; ``links`` maps a row name to (label, href)s."""
+    """Write the self-contained HTML summary; ``links`` maps a row name to (label, href)s;
+    ``findings`` are the verdict lines shown first."""
     anchors = {n: f"row-{i}" for i, n in enumerate(df["Name"])}
     failed = list(failed) if failed is not None else [False] * len(df)
     top = {n for m in marks for n, _ in m.largest_drops}
@@ -222,7 +231,7 @@ def write_report(
         meta=escape(meta),
         css=asset("static/report.css"),
         plotly_js=get_plotlyjs(),
-        marks=marks_html(marks, anchors),
+        marks=_findings_html(findings) + marks_html(marks, anchors),
         figure=fig_html,
         table=table_html(df, links or {}, anchors, failed, top, first),
         notes="".join(f'<p class="notes">{escape(n)}</p>' for n in notes),

@@ -275,6 +275,32 @@ class Verifier:
         """The metric value and details; or a VerifierResult saying why it does not apply."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------ what the metric means
+    perfect: ClassVar[float | None] = None  # a finite perfect score of a higher-is-better metric
+
+    @property
+    def ideal(self) -> float | None:
+        """The perfect score when it is finite (cosine 1, errors 0); None when unbounded (SQNR)."""
+        return self.perfect if self.higher_is_better else 0.0
+
+    def linear_error(self, value: float) -> float:
+        """The score as an error on a linear scale (0 = perfect), so errors add and compare:
+        noise-to-signal power for SQNR, 1 - cos for cosine, the value itself for errors."""
+        if self.higher_is_better:
+            return (self.ideal - value) if self.ideal is not None else -value
+        return value
+
+    def threshold_text(self) -> str:
+        """How the pass mark is judged, e.g. ``pass >= 20``."""
+        if self.pass_mark is None:
+            return "no threshold"
+        return f"pass {'>=' if self.higher_is_better else '<='} {self.pass_mark:g}"
+
+    def per_channel(self, golden: np.ndarray, target: np.ndarray) -> np.ndarray | None:
+        """The score of each channel, from ``[channels, elements]`` arrays; None when the
+        metric has no per-channel form (see :mod:`accdbg.verifiers.channels`)."""
+        return None
+
     def judge(self, value: float) -> bool | None:
         if self.pass_mark is None or math.isnan(value):
             return None

@@ -37,6 +37,10 @@ class MSE(Verifier):
     def compute(self, pair: TensorPair):
         return pair.sq_diff_sum / pair.golden.size, _error_details(pair)
 
+    def per_channel(self, golden, target):
+        d = golden - target
+        return np.einsum("ij,ij->i", d, d) / golden.shape[1]
+
 
 @register
 class MAE(Verifier):
@@ -52,6 +56,9 @@ class MAE(Verifier):
 
     def compute(self, pair: TensorPair):
         return pair.abs_diff_sum / pair.golden.size, _error_details(pair)
+
+    def per_channel(self, golden, target):
+        return np.abs(golden - target).mean(axis=1)
 
 
 @register

@@ -51,6 +51,7 @@ class MeanIOU(Verifier):
     params = {"background_classification": Param(1.0, "class value that means background")}
     threshold = 0.9
     higher_is_better = True
+    perfect = 1.0
     unit = "IoU, 0..1"
     tensors_per_side = 2
 

@@ -41,6 +41,14 @@ from accdbg.mapping.tensor_mapping import (
 from accdbg.reports.summary import write_record_csv, write_record_html, write_summary
 from accdbg.verifiers import get_verifier, make_verifier
 from accdbg.verifiers.base import TensorPair, Verifier, VerifierResult, finite_range
+from accdbg.verifiers.channels import (
+    STATS,
+    by_channel,
+    channel_axis,
+    channel_power,
+    live,
+    summarize,
+)
 
 log = logging.getLogger("accdbg.verification")
 
@@ -411,6 +419,8 @@ def _verify_pair(
     row["target_min"], row["target_max"] = finite_range(t_arr)
     pair = TensorPair(g_arr, t_arr, _scale_for(encoding, t_shape, alignment))
     results = {cv.label: cv.verifier.verify(pair) for cv in verifiers}
+    if not pair.notes and not pair.problem:
+        row.update(_per_channel(g_arr, t_arr, g_layout, row["LayerType"], verifiers))
     pair_note = "; ".join(pair.notes)
     notes = list(pair.notes)
     notes += [
@@ -421,6 +431,36 @@ def _verify_pair(
     if notes:
         row["Status"] = "; ".join(notes)
     return row, results
+
+
+def _per_channel(
+    g_arr: np.ndarray, t_arr: np.ndarray, layout, op_type, verifiers: list[ConfiguredVerifier]
+) -> dict[str, float]:
+    """``<label> ch_median`` / ``ch_worst`` of every verifier that has a per-channel form."""
+    axis = channel_axis(g_arr.shape, layout, op_type)
+    if axis is None:
+        return {}
+    g2, t2 = by_channel(g_arr, axis), by_channel(t_arr, axis)
+    alive = live(channel_power(g2))
+    out: dict[str, float] = {}
+    for cv in verifiers:
+        with np.errstate(all="ignore"):
+            values = cv.verifier.per_channel(g2, t2)
+        if values is not None:
+            stats = summarize(values, alive, cv.verifier.higher_is_better)
+            out.update({f"{cv.label} {k}": v for k, v in stats.items()})
+    return out
+
+
+def channel_columns(verifiers: Sequence[ConfiguredVerifier]) -> list[str]:
+    """The per-channel columns of the verifiers that have a per-channel form."""
+    probe = np.ones((2, 1))
+    return [
+        f"{cv.label} {k}"
+        for cv in verifiers
+        if cv.tensors is None and cv.verifier.per_channel(probe, probe) is not None
+        for k in STATS
+    ]
 
 
 def _detail_record(row: dict[str, Any], result: VerifierResult) -> dict[str, Any]:
@@ -536,7 +576,10 @@ def verify_input(
     finally:
         writer.close()
     labels = [cv.label for cv in plan.verifiers]
-    columns = LEADING_COLUMNS + labels + RANGE_COLUMNS + EXTRA_COLUMNS
+    # the reference's columns first; the per-channel scores after them
+    columns = (
+        LEADING_COLUMNS + labels + RANGE_COLUMNS + EXTRA_COLUMNS + channel_columns(plan.verifiers)
+    )
     df = pd.DataFrame(rows, columns=columns)
     meta = {
         "format": SUMMARY_FORMAT,
@@ -668,6 +711,10 @@ def aggregate_inputs(
                 with np.errstate(invalid="ignore"):
                     mean = float(np.mean(finite.to_numpy()))
             row[cv.label] = worst
+            for col in [c for c in grp.columns if c.startswith(f"{cv.label} ch_")]:
+                vals = grp[col].astype(float).dropna()
+                pick = vals.min() if cv.verifier.higher_is_better else vals.max()
+                row[col] = float(pick) if not vals.empty else math.nan
             row[f"{cv.label}_mean"] = mean
             row[f"{cv.label}_worst_input"] = worst_in
             verdict = cv.verifier.judge(worst) if not math.isnan(worst) else None
@@ -692,6 +739,7 @@ def aggregate_inputs(
         + labels
         + RANGE_COLUMNS
         + EXTRA_COLUMNS
+        + channel_columns(verifiers)
         + ["Inputs"]
         + [f"{label}_{s}" for label in labels for s in ("mean", "worst_input")]
     )

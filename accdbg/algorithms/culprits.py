@@ -1,0 +1,138 @@
+"""The culprit ranking of a run: evidence, sensitivity of the standouts, verdict.
+
+Shared by every algorithm: each passes what it measured on the backend (a full run's errors for
+oneshot, golden-input errors for the snooping algorithms) and gets back the same
+:class:`~accdbg.algorithms.ranking.Ranking` - ``culprit_rank`` and ``cause`` columns and the
+finding lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+
+from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
+from accdbg.algorithms.ranking import Ranking, rank
+from accdbg.algorithms.sensitivity import Sensitivity
+from accdbg.core.tensor_store import TensorFolder
+from accdbg.verifiers.base import Verifier
+
+log = logging.getLogger("accdbg.culprits")
+
+
+def prepared_model(qdq_model: Path) -> Path:
+    """The pre-processed float model the inference engine keeps beside its QDQ model."""
+    return qdq_model.with_name(qdq_model.name.removesuffix(".qdq.onnx") + ".prepared.onnx")
+
+
+def observed_nsr(
+    df: pd.DataFrame, name_col: str, verifiers: Mapping[str, Verifier]
+) -> dict[str, float]:
+    """Each row's error as noise-to-signal power: SQNR's (its median channel when known), else
+    cosine's ``2 (1 - cos)`` (equal for small errors)."""
+    sqnr = next((lab for lab, v in verifiers.items() if v.name == "SQNR" and lab in df), None)
+    cos = next(
+        (lab for lab, v in verifiers.items() if v.name == "CosineSimilarity" and lab in df), None
+    )
+    out: dict[str, float] = {}
+    for _, row in df.iterrows():
+        value = math.nan
+        if sqnr is not None:
+            v = verifiers[sqnr]
+            for col in (f"{sqnr} ch_median", sqnr):
+                x = pd.to_numeric(row.get(col), errors="coerce")
+                if x is not None and not pd.isna(x):
+                    value = v.linear_error(float(x))
+                    break
+        elif cos is not None:
+            x = pd.to_numeric(row.get(cos), errors="coerce")
+            if x is not None and not pd.isna(x):
+                value = 2.0 * (1.0 - float(x))
+        if not math.isnan(value):
+            out[str(row[name_col])] = value
+    return out
+
+
+def output_verdicts(
+    df: pd.DataFrame, name_col: str, verifiers: Mapping[str, Verifier], outputs: Sequence[str]
+) -> list[tuple[str, str, float, bool | None]]:
+    """(output, verifier label, value, passed) for each model output row."""
+    out = []
+    rows = df[df[name_col].isin(list(outputs))]
+    for _, row in rows.iterrows():
+        for label, v in verifiers.items():
+            x = pd.to_numeric(row.get(label), errors="coerce")
+            if x is None or pd.isna(x):
+                continue
+            out.append((str(row[name_col]), label, float(x), v.judge(float(x))))
+    return out
+
+
+def find_culprits(
+    qdq_model: Path,
+    golden: Path,
+    table: pd.DataFrame,
+    name_col: str,
+    verifiers: Mapping[str, Verifier],
+    feeds: Mapping[str, np.ndarray] | None,
+    float_model: Path | None = None,
+    golden_name: Mapping[str, str] | None = None,
+    local_observed: bool = False,
+) -> Ranking:
+    """Evidence for every layer, output sensitivity for the standouts, one verdict."""
+    t = time.perf_counter()
+    qdq = onnx.load(str(qdq_model))
+    names = dict(golden_name or {})
+    weights = float_weights_of(float_model) if float_model and float_model.is_file() else None
+    builder = EvidenceBuilder(qdq, TensorFolder(golden), lambda n: names.get(n, n), weights)
+    evidence = builder.build()
+    by_name = {e.name: e for e in builder.layers}
+    impact = None
+    if float_model and float_model.is_file() and feeds:
+        impact = _LazySensitivity(float_model, qdq, feeds, by_name)
+    outputs = [o.name for o in qdq.graph.output]
+    ranking = rank(
+        evidence,
+        [str(n) for n in table[name_col]],
+        impact=impact,
+        observed_nsr=observed_nsr(table, name_col, verifiers),
+        local_observed=local_observed,
+        outputs=output_verdicts(table, name_col, verifiers, outputs),
+    )
+    log.info("culprit ranking in %.1f s", time.perf_counter() - t)
+    return ranking
+
+
+class _LazySensitivity:
+    """Output sensitivity, set up only when a layer stands out (clean models pay nothing)."""
+
+    def __init__(self, float_model: Path, qdq: onnx.ModelProto, feeds, layers) -> None:
+        self.args = (float_model, qdq, dict(feeds))
+        self.layers = layers
+        self._sens: Sensitivity | None = None
+        self.failed = False
+
+    def _ready(self) -> Sensitivity | None:
+        if self._sens is None and not self.failed:
+            path, qdq, feeds = self.args
+            try:
+                self._sens = Sensitivity(onnx.load(str(path)), qdq, feeds)
+                self._sens.whole()
+            except Exception as exc:  # onnxruntime refusing the model: rank on evidence alone
+                self.failed = True
+                self._sens = None
+                log.info(
+                    "no output sensitivity (CPU simulation failed: %s)", str(exc).splitlines()[0]
+                )
+        return self._sens
+
+    def __call__(self, name: str) -> float:
+        sens = self._ready()
+        return sens.share(self.layers[name]) if sens is not None else math.nan

@@ -1,0 +1,287 @@
+"""One ranking, one verdict: the layers that stand out from the model's own noise floor, and why.
+
+Every layer of an 8-bit model loses some information; on a real model most layers "fail" an
+absolute threshold. A culprit is a layer whose *own* encodings (weights, output, a Concat's
+shared range; see :mod:`accdbg.algorithms.evidence`) destroy far more than the model's other
+layers do - or whose backend result is far worse than its quantization explains:
+
+* **noise floor** - the local SQNR of every layer with evidence; its median and a robust spread
+  (1.4826 x the median absolute deviation, in dB).
+* **stands out** - a layer's local SQNR is below ``floor - max(Z_MIN x spread, GAP_DB)`` and
+  below ``ABS_DB`` (the SQNR pass mark: its own encodings alone fail what the model must keep).
+* **matters** - quantizing that layer alone (CPU simulation of the float model,
+  :mod:`accdbg.algorithms.sensitivity`) costs the outputs at least ``SHARE`` of the error of
+  quantizing everything, or the layer destroys its information (local SQNR under
+  ``DESTROYED_DB``: its median channel is mostly noise) and still costs the outputs
+  ``MIN_SHARE``. A layer that is bad locally but drowned by the error around it is reported in
+  its ``cause`` and not named.
+* **backend** - the target's error at a layer (per channel) exceeds what the layer's own
+  quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
+  same way among the model's layers: the kernel, not the encodings.
+
+Culprits are ranked by what they alone cost the outputs (else by the information they destroy). When none
+stands out, the verdict says the error is diffuse: a global change (per-channel weights,
+16-bit activations, calibration) is the question, not a layer. Every other row's ``cause``
+says where its error comes from when it is inherited.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from accdbg.algorithms.evidence import Evidence, nsr_db
+
+Z_MIN = 3.5
+GAP_DB = 10.0
+ABS_DB = 20.0  # the SQNR verifier's pass mark: the layer's own encodings alone fail it
+DESTROYED_DB = 6.0  # below this the median channel keeps a quarter of noise: information is gone
+SHARE = 0.5  # a culprit alone causes at least this share of the whole model's output error...
+MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
+BACKEND_DB = 10.0
+MAX_CULPRITS = 5
+
+RANK = "culprit_rank"
+CAUSE = "cause"
+LOCAL = "local SQNR"
+SHARE_COL = "output error share"
+COLUMNS = (RANK, CAUSE, LOCAL, "weight SQNR", "output quant SQNR", "clipped %", SHARE_COL)
+
+
+class Impact(Protocol):
+    """Output error with only this layer quantized, over the error with all of them (NaN when
+    it could not be measured)."""
+
+    def __call__(self, name: str) -> float: ...
+
+
+@dataclass
+class Culprit:
+    rank: int
+    name: str
+    op_type: str
+    cause: str
+    local_db: float
+
+
+@dataclass
+class Ranking:
+    """The verdict of one run: culprits (maybe none), the noise floor, the lines to print."""
+
+    culprits: list[Culprit]
+    floor_db: float
+    spread_db: float
+    findings: list[str]
+    columns: dict[str, dict[str, object]] = field(default_factory=dict)  # name -> column values
+
+    def apply(self, df: pd.DataFrame, name_col: str) -> pd.DataFrame:
+        """The table with the ranking columns appended (the reference's columns keep their
+        places; the HTML report shows these first)."""
+        out = df.drop(columns=[c for c in COLUMNS if c in df.columns])
+        names = list(out[name_col])
+        for col in COLUMNS:
+            vals = [self.columns.get(n, {}).get(col) for n in names]
+            if col == RANK:
+                out[col] = pd.array([None if v is None else int(v) for v in vals], dtype="Int64")
+            elif col == CAUSE:
+                out[col] = [v or "" for v in vals]
+            else:
+                out[col] = [math.nan if v is None else v for v in vals]
+        return out
+
+
+def robust_floor(values_db: Sequence[float]) -> tuple[float, float]:
+    """Median and robust spread (1.4826 x MAD) of finite values, in dB."""
+    v = np.asarray([x for x in values_db if math.isfinite(x)], dtype=float)
+    if v.size == 0:
+        return math.nan, math.nan
+    med = float(np.median(v))
+    return med, float(1.4826 * np.median(np.abs(v - med)))
+
+
+def compared_inputs(
+    inputs_of: Mapping[str, Sequence[str]], compared: set[str]
+) -> dict[str, list[str]]:
+    """Each layer's nearest compared ancestors: an input that was not compared passes on its own
+    inputs, so its error is never taken for the consumer's own."""
+    out: dict[str, list[str]] = {}
+    for name, inputs in inputs_of.items():
+        found: list[str] = []
+        seen: set[str] = {name}
+        stack = list(inputs)[::-1]
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in compared:
+                found.append(x)
+            else:
+                stack.extend(list(inputs_of.get(x, ()))[::-1])
+        out[name] = found
+    return out
+
+
+def _cause(ev: Evidence) -> str:
+    owner = ev.owner
+    db = nsr_db(ev.local_nsr)
+    if owner == "weights":
+        return f"weight range: {ev.weight_note} (median channel {db:.1f} dB)"
+    if owner == "concat":
+        return f"unbalanced concatenation: {ev.concat_note} ({db:.1f} dB)"
+    if not math.isnan(ev.clip_nsr) and ev.clip_nsr >= 0.5 * ev.output_nsr_tensor:
+        return f"clipping: {100 * ev.clipped:.3g}% of values outside the encoding ({db:.1f} dB)"
+    return f"activation range: {ev.output_note} (median channel {db:.1f} dB)"
+
+
+def rank(
+    evidence: Mapping[str, Evidence],
+    order: Sequence[str],
+    impact: Impact | None = None,
+    observed_nsr: Mapping[str, float] | None = None,
+    local_observed: bool = False,
+    outputs: Sequence[tuple[str, str, float, bool | None]] = (),
+) -> Ranking:
+    """Rank the layers named in ``order`` (execution order).
+
+    ``impact(name)`` is the output error with only that layer quantized over the error of the
+    whole quantized model (:mod:`accdbg.algorithms.sensitivity`): a standout is a culprit when
+    it alone accounts for at least ``SHARE`` of it.
+    ``observed_nsr`` is the target's error at each compared layer (per channel when known):
+    from a full run (oneshot: inputs carry upstream error; used to say what is inherited) or,
+    with ``local_observed``, from golden inputs (layerwise: also used to find backend errors).
+    ``outputs`` are the model outputs' verdicts ``(name, verifier label, value, passed)``.
+    """
+    observed = dict(observed_nsr or {})
+    local = {n: evidence[n].local_nsr for n in order if n in evidence}
+    local_db = {n: nsr_db(v) for n, v in local.items() if not math.isnan(v)}
+    floor, spread = robust_floor(list(local_db.values()))
+    cut = floor - max(Z_MIN * spread, GAP_DB) if math.isfinite(floor) else -math.inf
+    columns: dict[str, dict[str, object]] = {}
+    candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
+    for n in order:
+        ev = evidence.get(n)
+        if ev is None:
+            continue
+        columns[n] = {
+            LOCAL: local_db.get(n),
+            "weight SQNR": nsr_db(ev.weight_nsr),
+            "output quant SQNR": nsr_db(ev.output_nsr),
+            "clipped %": 100 * ev.clipped if not math.isnan(ev.clipped) else None,
+        }
+        db = local_db.get(n, math.nan)
+        if not (math.isfinite(db) and db < cut and db < ABS_DB):
+            continue
+        severity = local[n]
+        share = impact(n) if impact is not None else math.nan
+        destroyed = db < DESTROYED_DB
+        severity = local[n]
+        if not math.isnan(share):
+            columns[n][SHARE_COL] = share
+            severity = share
+            if not (share >= SHARE or (destroyed and share >= MIN_SHARE)):
+                columns[n][CAUSE] = (
+                    f"stands out locally ({_cause(ev)}) but alone costs the outputs only "
+                    f"{100 * share:.0f}% of the whole model's error"
+                )
+                continue
+        elif not destroyed:  # impact unknown: only a layer that destroys its information
+            columns[n][CAUSE] = (
+                f"stands out locally ({_cause(ev)}); its effect on the outputs was not measured"
+            )
+            continue
+        candidates.append((severity, n, _cause(ev)))
+    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(observed))
+    if local_observed:
+        candidates += _backend(evidence, observed, {c[1] for c in candidates})
+    else:
+        root: dict[str, str] = {}
+        for n in order:  # say where a full run's error comes from (execution order)
+            obs = observed.get(n, math.nan)
+            if not math.isfinite(obs):
+                continue
+            ins = [x for x in inputs.get(n, []) if math.isfinite(observed[x])]
+            if n not in columns or not ins or columns[n].get(CAUSE):
+                continue
+            worst = max(ins, key=lambda x: observed[x])
+            if observed[worst] >= 0.5 * obs and observed[worst] > local.get(n, 0.0):
+                root[n] = root.get(worst, worst)  # follow the chain to where it started
+                columns[n][CAUSE] = f"inherited from {root[n]}"
+    candidates.sort(key=lambda c: -c[0])
+    culprits = []
+    for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):
+        columns.setdefault(n, {})[RANK] = r
+        columns[n][CAUSE] = cause
+        culprits.append(Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan)))
+    return Ranking(culprits, floor, spread, _findings(culprits, floor, spread, outputs), columns)
+
+
+def _backend(
+    evidence: Mapping[str, Evidence], observed: Mapping[str, float], taken: set[str]
+) -> list[tuple[float, str, str]]:
+    """Layers run alone on the backend (golden inputs) whose error their encodings and their
+    inputs' encodings do not explain: the kernel, not the quantization."""
+    excess: dict[str, tuple[float, float, float]] = {}
+    for n, obs in observed.items():
+        ev = evidence.get(n)
+        if ev is None or not math.isfinite(obs) or obs <= 0:
+            continue
+        parts = [ev.weight_nsr, ev.output_nsr, ev.concat_nsr]
+        parts += [evidence[x].output_nsr for x in ev.inputs if x in evidence]
+        expected = sum(v for v in parts if not math.isnan(v))
+        if expected > 0:
+            excess[n] = (10 * math.log10(obs / expected), obs, expected)
+    floor, spread = robust_floor([v[0] for v in excess.values()])
+    out = []
+    for n, (ratio_db, obs, expected) in excess.items():
+        if (
+            n not in taken
+            and ratio_db >= BACKEND_DB
+            and ratio_db >= floor + max(Z_MIN * spread, GAP_DB)
+            and nsr_db(obs) < ABS_DB
+        ):
+            out.append(
+                (
+                    obs,
+                    n,
+                    f"backend: run alone on the backend it keeps {nsr_db(obs):.1f} dB where its "
+                    f"quantization explains {nsr_db(expected):.1f} dB ({ratio_db:.1f} dB worse)",
+                )
+            )
+    return out
+
+
+def _findings(
+    culprits: Sequence[Culprit],
+    floor: float,
+    spread: float,
+    outputs: Sequence[tuple[str, str, float, bool | None]],
+) -> list[str]:
+    lines = []
+    verdicts = [o for o in outputs if o[3] is not None]
+    if verdicts and all(o[3] for o in verdicts):
+        shown = ", ".join(f"{lab} {val:.4g}" for _, lab, val, _ in verdicts[:4])
+        lines.append(f"the outputs meet their thresholds ({shown})")
+    elif verdicts:
+        bad = [o for o in verdicts if not o[3]]
+        shown = ", ".join(f"{n} {lab} {val:.4g}" for n, lab, val, _ in bad[:3])
+        lines.append(f"outputs failing their threshold: {shown}")
+    floor_txt = (
+        f"the model's noise floor: median local SQNR {floor:.1f} dB, spread {spread:.1f} dB"
+        if math.isfinite(floor)
+        else "no quantization evidence (no quantized layer with a golden value)"
+    )
+    if not culprits:
+        lines.append(
+            "no single layer stands out: the error is diffuse at the noise floor's level - a global "
+            "change (per-channel weights, 16-bit activations, calibration) is the question, not a layer"
+        )
+    for c in culprits:
+        lines.append(f"culprit #{c.rank}: {c.name} ({c.op_type}) - {c.cause}")
+    lines.append(floor_txt)
+    return lines

@@ -1,0 +1,167 @@
+"""What one layer's quantization alone does to the model's outputs (CPU simulation, not QNN).
+
+A layer can lose much of its own information and still not matter: the error already upstream
+may be larger, or later layers may not care. So a layer that stands out in the evidence is a
+culprit only if it *hurts the outputs*: the float model (pre-processed as for QNN) is run on
+onnxruntime's CPU with only that layer's encodings applied - its weights quantized and
+dequantized, its output passed through a QuantizeLinear/DequantizeLinear with its scale and zero
+point - and its outputs are compared with the float outputs. The whole QDQ model on the same
+CPU gives the error of quantizing everything, so each layer's share can be stated. This is
+AIMET's one-quantizer-at-a-time sensitivity, run only for the few candidates.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from accdbg.core import onnx_model as om
+from accdbg.engines.exposure import Exposed
+
+log = logging.getLogger("accdbg.sensitivity")
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def output_noise(golden: Sequence[np.ndarray], target: Sequence[np.ndarray]) -> np.ndarray:
+    """Each output's error power Σ(g - t)²."""
+    out = []
+    for g, t in zip(golden, target, strict=True):
+        d = np.asarray(g, np.float64).ravel() - np.asarray(t, np.float64).ravel()
+        out.append(float(d @ d))
+    return np.asarray(out)
+
+
+class Sensitivity:
+    """Runs the float model with one layer's encodings applied at a time."""
+
+    def __init__(
+        self,
+        float_model: onnx.ModelProto,
+        qdq_model: onnx.ModelProto,
+        feeds: Mapping[str, np.ndarray],
+    ):
+        self.float_model = float_model
+        self.qdq_model = qdq_model
+        self.feeds = dict(feeds)
+        self.outputs = [o.name for o in float_model.graph.output]
+        self.golden = _session(float_model).run(self.outputs, self.feeds)
+        self._qdq_nodes = om.topological_nodes(qdq_model.graph)
+        self._qdq_inits = {i.name: i for i in qdq_model.graph.initializer}
+        self._producer = {o: n for n in self._qdq_nodes for o in n.output}
+        self.whole_noise: np.ndarray | None = None
+        self.whole_nsr = math.nan
+
+    def whole(self) -> float:
+        """Output noise-to-signal power of the whole QDQ model on the CPU (worst output; inf
+        when an output's golden is all zero)."""
+        self._ensure_whole()
+        return self.whole_nsr
+
+    def _ensure_whole(self) -> None:
+        if self.whole_noise is not None:
+            return
+        names = [o.name for o in self.qdq_model.graph.output]
+        by_name = dict(zip(names, _session(self.qdq_model).run(names, self.feeds), strict=True))
+        out = [by_name.get(n, g) for n, g in zip(self.outputs, self.golden, strict=True)]
+        self.whole_noise = output_noise(self.golden, out)
+        power = np.asarray([float(np.square(np.asarray(g, np.float64)).sum()) for g in self.golden])
+        self.golden_power = power
+        with np.errstate(divide="ignore", invalid="ignore"):
+            nsr = np.where(power > 0, self.whole_noise / power, np.inf)
+        self.whole_nsr = float(nsr.max()) if nsr.size else 0.0
+
+    def share(self, layer: Exposed) -> float:
+        """This layer's quantization alone over the whole model's, in output error power (the
+        worst output; scale-free, so it holds when a golden output is all zero)."""
+        self._ensure_whole()
+        useful = (self.golden_power > 0) & (self.whole_noise > 0)
+        if not useful.any():  # outputs with no signal (all zero) or no error: nothing to weigh
+            return math.nan
+        noise = self.alone_noise(layer)
+        return float((noise[useful] / self.whole_noise[useful]).max())
+
+    def alone_noise(self, layer: Exposed) -> np.ndarray:
+        """Each output's error power with only this layer's weights and output encoding applied."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.float_model)
+        inits = {i.name: i for i in model.graph.initializer}
+        node = self._qdq_nodes[layer.index]
+        for x in node.input:
+            dq = self._producer.get(x)
+            if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in self._qdq_inits:
+                continue
+            name = dq.input[0].removesuffix("_quantized")
+            if name not in inits or len(inits[name].dims) < 2:
+                continue
+            inits[name].CopyFrom(numpy_helper.from_array(self._dequantized(dq), name))
+        if layer.quantized:
+            self._insert_qdq(model, layer)
+        out = _session(model).run(self.outputs, self.feeds)
+        return output_noise(self.golden, out)
+
+    def _dequantized(self, dq: onnx.NodeProto) -> np.ndarray:
+        q = numpy_helper.to_array(self._qdq_inits[dq.input[0]]).astype(np.int64)
+        scale = numpy_helper.to_array(self._qdq_inits[dq.input[1]]).astype(np.float64)
+        zp = (
+            numpy_helper.to_array(self._qdq_inits[dq.input[2]]).astype(np.int64)
+            if len(dq.input) > 2 and dq.input[2]
+            else np.zeros_like(scale, dtype=np.int64)
+        )
+        if scale.size > 1:
+            axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+            shape = [1] * q.ndim
+            shape[axis] = scale.size
+            scale, zp = scale.reshape(shape), zp.reshape(shape)
+        return ((q - zp) * scale).astype(np.float32)
+
+    @staticmethod
+    def _insert_qdq(model: onnx.ModelProto, layer: Exposed) -> None:
+        t = layer.qdq_tensor
+        g = model.graph
+        scale = numpy_helper.from_array(np.array(layer.scale, np.float32), f"{t}__sens_scale")
+        zp = numpy_helper.from_array(
+            np.array(layer.zero_point, np.dtype(layer.native_dtype or "uint8")), f"{t}__sens_zp"
+        )
+        g.initializer.extend([scale, zp])
+        q_out, dq_out = f"{t}__sens_q", f"{t}__sens_dq"
+        for n in g.node:
+            for i, x in enumerate(n.input):
+                if x == t:
+                    n.input[i] = dq_out
+        for o in g.output:
+            if o.name == t:  # a graph output keeps its name: rename the producer's side instead
+                for n in g.node:
+                    for i, x in enumerate(n.output):
+                        if x == t:
+                            n.output[i] = f"{t}__sens_float"
+                g.node.extend(
+                    [
+                        helper.make_node(
+                            "QuantizeLinear", [f"{t}__sens_float", scale.name, zp.name], [q_out]
+                        ),
+                        helper.make_node("DequantizeLinear", [q_out, scale.name, zp.name], [t]),
+                    ]
+                )
+                return
+        g.node.extend(
+            [
+                helper.make_node("QuantizeLinear", [t, scale.name, zp.name], [q_out]),
+                helper.make_node("DequantizeLinear", [q_out, scale.name, zp.name], [dq_out]),
+            ]
+        )
+        # keep the graph topologically sorted for onnxruntime
+        nodes = [onnx.NodeProto.FromString(n.SerializeToString()) for n in om.topological_nodes(g)]
+        del g.node[:]
+        g.node.extend(nodes)

@@ -1,4 +1,5 @@
 import filecmp
+import hashlib
 import json
 import os
 
@@ -199,3 +200,102 @@ def test_real_ppocr_det_every_node_output(tmp_path, ppocr_det, ppocr_input):
         )[0]
         np.testing.assert_allclose(folder.load(name), want, rtol=1e-3, atol=1e-3, err_msg=name)
         assert list(want.shape) == folder.records[name].shape
+
+
+# ------------------------------------------------------------------ input lists
+
+
+def _mlp_numpy(model_path, x):
+    """The mlp test model's tensors from its own initializers, with numpy."""
+    w = {
+        i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(str(model_path)).graph.initializer
+    }
+    mm = x @ w["w1"]
+    add = mm + w["b1"]
+    relu = np.maximum(add, 0)
+    return {"mm1": mm, "add1": add, "relu1": relu, "y": relu @ w["w2"]}
+
+
+def test_input_list_one_golden_per_line_recording_its_files(capsys, tmp_path, mlp):
+    rng = np.random.default_rng(5)
+    xs, lines = [], []
+    for i in range(3):
+        x = (rng.standard_normal((2, 4)) * (i + 1)).astype(np.float32)
+        x.tofile(tmp_path / f"x{i}.raw")
+        xs.append(x)
+        lines.append(f"x:=x{i}.raw" if i != 1 else f"{tmp_path / 'x1.raw'}")  # named or plain
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    code, _, err = _fd(capsys, mlp, tmp_path, "-l", tmp_path / "list.txt", "--output_dirname", "l")
+    assert code == 0, err
+    root = tmp_path / "w" / "framework_diagnosis" / "l"
+    assert sorted(p.name for p in root.glob("Result_*")) == ["Result_0", "Result_1", "Result_2"]
+    assert not (root / "tensors.json").exists()
+    for i, x in enumerate(xs):
+        folder = TensorFolder(root / f"Result_{i}")
+        for name, want in _mlp_numpy(mlp.path, x).items():
+            np.testing.assert_allclose(folder.load(name), want, rtol=1e-5, atol=1e-5)
+        rec = folder.meta["inputs"]["x"]
+        data = (tmp_path / f"x{i}.raw").read_bytes()
+        assert rec["path"] == str(tmp_path / f"x{i}.raw")
+        assert rec["sha256"] == hashlib.sha256(data).hexdigest() and rec["bytes"] == len(data)
+        assert folder.meta["result"] == i
+    # -i alone: one folder, recording the -i file
+    code, _, err = _fd(capsys, mlp, tmp_path, "--output_dirname", "single")
+    assert code == 0, err
+    single = TensorFolder(tmp_path / "w" / "framework_diagnosis" / "single")
+    assert single.meta["inputs"]["x"]["path"] == str(mlp.input_path)
+
+
+def _two_inputs(tmp_path):
+    """d = a - 2 b: swapping the inputs changes every value."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["b", "two"], ["b2"], name="mul"),
+            helper.make_node("Sub", ["a", "b2"], ["d"], name="sub"),
+        ],
+        "two",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("a", "b")],
+        [helper.make_tensor_value_info("d", TensorProto.FLOAT, [1, 4])],
+        [onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")],
+    )
+    return models.save(graph, tmp_path / "two.onnx")
+
+
+def test_input_list_plain_paths_follow_the_model_input_order(tmp_path):
+    model = _two_inputs(tmp_path)
+    fa, fb = tmp_path / "fa.raw", tmp_path / "fb.raw"
+    a, b = np.arange(4, dtype=np.float32)[None], np.full((1, 4), 10, np.float32)
+    a.tofile(fa), b.tofile(fb)
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{fa} {fb}\nb:={fa} a:={fb}\n")
+    # -i given b first: plain paths still go to a, b (the model's order), as the engine reads them
+    given = [parse_input_tensor([n, "1,4", str(fb)]) for n in ("b", "a")]
+    res = run_framework_diagnosis("onnx", model, given, working_dir=tmp_path / "w", input_list=lst)
+    assert [p.name for p in res.results] == ["Result_0", "Result_1"]
+    r0, r1 = (TensorFolder(p) for p in res.results)
+    np.testing.assert_allclose(r0.load("d"), a - 2 * b)
+    np.testing.assert_allclose(r1.load("d"), b - 2 * a)
+    assert r0.meta["inputs"]["a"]["path"] == str(fa) and r1.meta["inputs"]["a"]["path"] == str(fb)
+
+
+@pytest.mark.parametrize(
+    "line, expect",
+    [
+        ("y:={x}", "'y' is not one of the -i/--input_tensor names (x)"),
+        ("{x} {x}", "2 file(s) for 1 input(s) (x)"),
+        ("{short}", "input 'x'"),
+    ],
+)
+def test_input_list_bad_lines_one_line_and_nothing_written(capsys, tmp_path, mlp, line, expect):
+    short = tmp_path / "short.raw"
+    short.write_bytes(b"\0" * 8)
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{mlp.input_path}\n" + line.format(x=mlp.input_path, short=short) + "\n")
+    code, _, err = _fd(capsys, mlp, tmp_path, "-l", lst)
+    assert code == 2
+    msg = one_line_error(err)
+    assert f"{lst}:2" in msg and expect in msg, msg
+    fd = tmp_path / "w" / "framework_diagnosis"
+    assert not fd.exists() or not any(p for p in fd.iterdir() if not p.name.startswith(".write"))

@@ -350,6 +350,8 @@ def test_several_inputs_verified_each_and_aggregated(small):
         cs, mse = both.loc[name, "CosineSimilarity"], both.loc[name, "MSE"]
         assert agg.loc[name, "CosineSimilarity"] == pytest.approx(cs.min())  # worst: the lowest
         assert agg.loc[name, "CosineSimilarity_mean"] == pytest.approx(cs.mean())
+        assert agg.loc[name, "CosineSimilarity_median"] == pytest.approx(np.median(cs.to_numpy()))
+        assert agg.loc[name, "MSE_median"] == pytest.approx(np.median(mse.to_numpy()))
         assert agg.loc[name, "MSE"] == pytest.approx(mse.max())  # worst: the highest
         worst = (
             "Result_0"
@@ -935,3 +937,121 @@ def test_ppocr_det_qnn_engine_verification(capsys, qnn_det):
     produced = sum(qnn_det["produced"].values())
     print(f"verification {seconds:.2f} s; produced in {produced:.1f} s {qnn_det['produced']}")
     assert seconds < produced
+
+
+# ------------------------------------------------------------------ which input each dump is of
+
+
+@pytest.fixture(scope="module")
+def listed(tmp_path_factory):
+    """One 2-line input list through framework diagnosis and the real QNN HTP engine."""
+    from accdbg.engines import run_inference_engine
+
+    tmp = tmp_path_factory.mktemp("listed")
+    built = models.planted_chain(tmp, layers=3, bad=1)
+    x = np.fromfile(built.input_path, np.float32)
+    raws = [tmp / "a.raw", tmp / "b.raw"]
+    x.tofile(raws[0])
+    (np.roll(x, 37) * 3.0).astype(np.float32).tofile(raws[1])  # a different image
+    lst = tmp / "list.txt"
+    lst.write_text("".join(f"x:={r}\n" for r in raws))
+    given = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
+    gold = run_framework_diagnosis(
+        "onnx", built.path, given, working_dir=tmp / "w", output_dirname="g", input_list=lst
+    )
+    eng = run_inference_engine(
+        built.path, input_list=lst, input_tensors=given, working_dir=tmp / "w", output_dirname="e"
+    )
+    return {"tmp": tmp, "golden": gold.run_dir, "engine": eng.run_dir, "raws": raws}
+
+
+def test_every_result_is_compared_with_the_golden_of_its_own_input(listed):
+    res = run_verification(
+        listed["golden"],
+        listed["engine"],
+        ["CosineSimilarity", "SQNR"],
+        working_dir=listed["tmp"] / "w",
+        output_dirname="own",
+    )
+    assert set(res.per_input) == {"Result_0", "Result_1"}
+    cos = {}
+    for i in range(2):
+        g = _raw(listed["golden"] / f"Result_{i}", "layer2")
+        for j in range(2):
+            t = _raw(listed["engine"] / "output" / f"Result_{j}", "layer2")
+            cos[i, j] = float(g @ t / (np.linalg.norm(g) * np.linalg.norm(t)))
+        row = res.per_input[f"Result_{i}"].set_index("Name").loc["layer2"]
+        assert row["CosineSimilarity"] == pytest.approx(cos[i, i], abs=1e-9)
+        for side in ("golden", "engine"):
+            folder = listed[side] / ("output" if side == "engine" else "") / f"Result_{i}"
+            assert TensorFolder(folder).meta["inputs"]["x"]["path"] == str(listed["raws"][i])
+    assert min(cos[0, 0], cos[1, 1]) > 0.95 > max(cos[0, 1], cos[1, 0])  # what a mix-up looks like
+    # the golden is a framework diagnosis: the engine's tensor mapping is found and used
+    assert "tensor_mapping" in res.run_dir.joinpath("log.txt").read_text()
+    # the per-input table: files and final-output scores, linked to each input's own page
+    table = res.inputs.set_index("Input")
+    for i in range(2):
+        key = f"Result_{i}"
+        assert table.loc[key, "Files"] == str(listed["raws"][i])
+        want = res.per_input[key].set_index("Name").loc["layer2", "SQNR"]
+        assert table.loc[key, "layer2 SQNR"] == pytest.approx(want)
+        assert (res.run_dir / key / "summary.html").is_file()
+    page = (res.run_dir / "summary.html").read_text()
+    assert '<a href="Result_1/summary.html">Result_1</a>' in page and str(listed["raws"][1]) in page
+    meta = json.loads((res.run_dir / "summary.json").read_text())
+    assert meta["inputs"]["Result_1"]["target"]["x"]["path"] == str(listed["raws"][1])
+
+
+def test_forged_pairing_is_refused_naming_both_files(capsys, listed):
+    wd = listed["tmp"] / "forged"
+    code, _, err = run_cli(
+        capsys,
+        "--verification",
+        "--golden_output_reference_directory",
+        listed["golden"] / "Result_0",
+        "--inference_results",
+        listed["engine"] / "output" / "Result_1",
+        "-w",
+        wd,
+    )
+    assert code == 2
+    line = one_line_error(err)
+    a, b = (str(r) for r in listed["raws"])
+    assert f"golden was computed from {a} but the target from {b}" in line, line
+    assert not (wd / "verification").exists() or not list((wd / "verification").iterdir())
+    # the same with whole runs whose Result_N do not line up (e.g. lists in another order)
+    swapped = listed["tmp"] / "swapped" / "output"
+    shutil.copytree(listed["engine"] / "output" / "Result_1", swapped / "Result_0")
+    shutil.copytree(listed["engine"] / "output" / "Result_0", swapped / "Result_1")
+    with pytest.raises(AccdbgError, match="different inputs"):
+        run_verification(listed["golden"], swapped, working_dir=wd)
+
+
+def test_one_golden_is_compared_with_the_results_of_its_input_only(listed):
+    res = run_verification(
+        listed["golden"] / "Result_1",
+        listed["engine"],
+        ["CosineSimilarity"],
+        working_dir=listed["tmp"] / "w",
+    )
+    assert set(res.per_input) == {"Result_1"} and res.aggregate is None
+    assert "not compared (other inputs): Result_0" in (res.run_dir / "log.txt").read_text()
+
+
+def test_a_file_changed_between_the_runs_is_refused(tmp_path, mlp):
+    x = tmp_path / "in.raw"
+    shutil.copyfile(mlp.input_path, x)
+    inp = [parse_input_tensor(["x", "2,4", str(x)])]
+    first = run_framework_diagnosis("onnx", mlp.path, inp, working_dir=tmp_path / "w")
+    (np.fromfile(x, np.float32) + 1).astype(np.float32).tofile(x)
+    second = run_framework_diagnosis("onnx", mlp.path, inp, working_dir=tmp_path / "w")
+    with pytest.raises(AccdbgError, match=r"from .*in\.raw \(sha256 [0-9a-f]{12}\) but"):
+        run_verification(first.run_dir, second.run_dir, working_dir=tmp_path / "w")
+    # a copy of the same data under another name is the same input
+    copy = tmp_path / "copy.raw"
+    shutil.copyfile(x, copy)
+    third = run_framework_diagnosis(
+        "onnx", mlp.path, [parse_input_tensor(["x", "2,4", str(copy)])], working_dir=tmp_path / "w"
+    )
+    res = run_verification(second.run_dir, third.run_dir, ["MSE"], working_dir=tmp_path / "w")
+    assert (res.summary["MSE"] == 0).all()

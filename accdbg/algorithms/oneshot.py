@@ -3,6 +3,11 @@
 It shows where the error *appears*. On top of the verification summary it marks where the
 error *enters* (see :mod:`accdbg.algorithms.attribution`), rewrites the summary files with
 those columns, and writes the HTML report.
+
+Every input-list line is debugged: framework diagnosis makes one golden per line, each
+``Result_N`` is verified against its own golden (verification refuses dumps of different
+inputs), and the summary aggregates over the inputs. The culprit ranking and tensor
+inspection look at the input whose final outputs score worst.
 """
 
 from __future__ import annotations
@@ -15,21 +20,25 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pandas as pd
 
 from accdbg.algorithms.attribution import Attribution, attribute, inputs_from_graph_struct
 from accdbg.algorithms.culprits import find_culprits, prepared_model
 from accdbg.algorithms.ranking import Culprit
 from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.provenance import recorded_inputs
 from accdbg.core.run_dir import write_json_atomic
-from accdbg.core.tensor_store import safe_relpath
+from accdbg.core.tensor_store import TensorFolder, safe_relpath
 from accdbg.engines import run_inference_engine
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from accdbg.reports.html_report import write_report
 from accdbg.reports.summary import frame_records, json_value, write_csv
 from accdbg.verifiers import get_verifier
-from accdbg.verifiers.verification import run_verification
+from accdbg.verifiers.base import Verifier
+from accdbg.verifiers.verification import find_results, run_verification, worst_input
 
 log = logging.getLogger("accdbg.oneshot")
 
@@ -47,23 +56,63 @@ class OneshotResult:
     seconds: dict[str, float] = field(default_factory=dict)
     findings: list[str] = field(default_factory=list)
     culprits: list[Culprit] = field(default_factory=list)
+    inputs: pd.DataFrame | None = None  # one row per input: files, final outputs' scores
+    worst_input: str | None = None  # the Result_N the culprit ranking looked at
 
 
-def matching_result(
-    results: Sequence[Path], input_list: str | Path | None, inputs: Sequence[InputTensor]
+def listed_line(input_list: str | Path, inputs: Sequence[InputTensor]) -> int | None:
+    """The index of the input-list line that uses exactly the ``--input_tensor`` files."""
+    wanted = sorted(str(t.path.resolve()) for t in inputs)
+    for i, entry in enumerate(parse_input_list(input_list).entries):
+        if sorted(str(p.resolve()) for _, p in entry.items) == wanted:
+            return i
+    return None
+
+
+def _note_input_list(input_list: str | Path, inputs: Sequence[InputTensor]) -> None:
+    """-i beside -l: the list is what is debugged; say so when -i's files are not in it."""
+    n = len(parse_input_list(input_list).entries)
+    line = listed_line(input_list, inputs)
+    files = ", ".join(str(t.path) for t in inputs)
+    if line is None:
+        log.info(
+            "-i files (%s) are not a line of -l %s: debugging its %d line(s); -i only gives the "
+            "input names, dims and types",
+            files,
+            input_list,
+            n,
+        )
+    else:
+        log.debug("-i files are line %d of -l %s", line + 1, input_list)
+
+
+def _target(
+    golden: dict[str, Path],
+    engine_results: Sequence[Path],
+    input_list: str | Path | None,
+    inputs: Sequence[InputTensor],
 ) -> Path:
-    """The ``Result_N`` computed from the same files as the golden run."""
-    if input_list is None or len(results) == 1:
-        return results[0]
-    wanted = {t.name: t.path.resolve() for t in inputs}
-    for entry, result in zip(parse_input_list(input_list).entries, results, strict=False):
-        files = [p.resolve() for _, p in entry.items]
-        if set(files) == set(wanted.values()):
-            return result
-    log.warning(
-        "no input-list line uses the --input_tensor files; comparing the golden with Result_0"
+    """What verification compares the golden with: every result, except when a golden of one
+    input that records no input files meets several results: then the ``-i`` files' line."""
+    output = engine_results[0].parent
+    if len(golden) > 1 or len(engine_results) == 1:
+        return output
+    (only,) = golden.values()
+    if recorded_inputs(TensorFolder(only).meta) is not None:
+        return output  # verification keeps the results of the golden's own input
+    line = listed_line(input_list, inputs) if input_list is not None else None
+    if line is None:
+        raise AccdbgError(
+            f"--golden_output_reference_directory {str(only)!r} records no input files and the -i "
+            f"files are not a line of -l {str(input_list)!r}: which Result_N it belongs to is unknown"
+        )
+    log.info(
+        "%s records no input files: taken as computed from the -i files (-l line %d, %s)",
+        only,
+        line + 1,
+        engine_results[line].name,
     )
-    return results[0]
+    return engine_results[line]
 
 
 def run_oneshot(
@@ -90,6 +139,8 @@ def run_oneshot(
                 raise AccdbgError(
                     "framework diagnosis needs -i/--input_tensor (or give --golden_output_reference_directory)"
                 )
+            if input_list is not None:
+                _note_input_list(input_list, input_tensors)
             gold = run_framework_diagnosis(
                 framework,
                 model_path,
@@ -97,11 +148,13 @@ def run_oneshot(
                 output_tensors,
                 working_dir=working_dir,
                 output_dirname=output_dirname,
+                input_list=input_list,
                 **(framework_kwargs or {}),
             )
             golden_dir = gold.run_dir
             seconds["framework_diagnosis"] = time.perf_counter() - t
         golden_dir = Path(golden_dir)
+        goldens, _ = find_results(golden_dir, "--golden_output_reference_directory")
         conversion = None
         engine_model, engine_inputs = Path(model_path), list(input_tensors)
         if framework != "onnx":
@@ -124,7 +177,7 @@ def run_oneshot(
         t = time.perf_counter()
         kwargs = {
             **(engine_kwargs or {}),
-            "golden_dir_for_mapping": golden_dir if conversion is None else None,
+            "golden_dir_for_mapping": next(iter(goldens.values())) if conversion is None else None,
         }
         engine = run_inference_engine(
             engine_model,
@@ -138,7 +191,10 @@ def run_oneshot(
             _carry_conversion(engine, conversion)
         seconds["inference_engine"] = time.perf_counter() - t
         t = time.perf_counter()
-        target = matching_result(engine.results, input_list, input_tensors)
+        target = _target(goldens, engine.results, input_list, input_tensors)
+        graph_outputs = [
+            o.name for o in onnx.load(str(engine.qdq_model), load_external_data=False).graph.output
+        ]
         ver = run_verification(
             golden_dir,
             target,
@@ -149,6 +205,7 @@ def run_oneshot(
             qnn_model_json_path=engine.model_net_json,
             working_dir=working_dir,
             output_dirname=output_dirname,
+            outputs=graph_outputs,
         )
         seconds["verification"] = time.perf_counter() - t
         verifiers = {
@@ -158,28 +215,37 @@ def run_oneshot(
             json.loads(engine.graph_struct.read_text(encoding="utf-8"))
         )
         summary, marks = attribute(ver.summary, verifiers, inputs_of)
+        several = len(ver.per_input) > 1
+        worst = worst_input(ver.inputs, verifiers) if several else next(iter(ver.per_input))
+        golden_w, target_w = ver.folders[worst]
         t = time.perf_counter()
         ranking = find_culprits(
             engine.qdq_model,
-            golden_dir,
-            summary,
+            golden_w,
+            ver.per_input[worst] if several else summary,
             "Name",
             verifiers,
-            feeds={t_.name: t_.load() for t_ in engine_inputs},
+            feeds=_feeds_of(target_w, engine_inputs),
             float_model=prepared_model(engine.qdq_model),
             golden_name=json.loads(engine.tensor_mapping.read_text(encoding="utf-8")),
         )
         summary = ranking.apply(summary, "Name")
         seconds["culprit ranking"] = time.perf_counter() - t
-        links = _detail_links(ver.run_dir, summary, [v["label"] for v in ver.verifiers])
+        findings = list(ranking.findings)
+        if several:
+            findings.append(_worst_line(ver.inputs, worst, verifiers))
+        labels = [v["label"] for v in ver.verifiers]
+        links = _detail_links(ver.run_dir, summary, labels, several)
         if enable_tensor_inspection:
             t = time.perf_counter()
             from accdbg.inspection import run_tensor_inspection
 
             insp_dir = ver.run_dir / "tensor_inspection"
+            if several:
+                log.info("tensor inspection on the worst input, %s", worst)
             run_tensor_inspection(
-                golden_dir,
-                target,
+                golden_w,
+                target_w,
                 verifiers=[v["spec"] for v in ver.verifiers],
                 tensor_mapping=engine.tensor_mapping,
                 out_dir=insp_dir,
@@ -192,7 +258,7 @@ def run_oneshot(
                         ("plots", str(folder.relative_to(ver.run_dir)) + "/Histograms.png")
                     )
             seconds["tensor_inspection"] = time.perf_counter() - t
-        _rewrite_summary(ver.run_dir, summary, marks, ranking.findings)
+        _rewrite_summary(ver.run_dir, summary, marks, findings, worst if several else None)
         failed = [bool(f) for f in summary.get("Failed", pd.Series([""] * len(summary))).fillna("")]
         meta = (
             f"model {Path(model_path).name} - engine {engine.engine_label} ({engine_kwargs.get('runtime', 'htp') if engine_kwargs else 'htp'})"
@@ -208,9 +274,11 @@ def run_oneshot(
             links=links,
             failed=failed,
             notes=[f"{k}: {v:.1f} s" for k, v in seconds.items()],
-            findings=ranking.findings,
+            findings=findings,
+            inputs=ver.inputs if several else None,
+            input_pages={k: f"{k}/summary.html" for k in ver.per_input},
         )
-        for line in ranking.findings:
+        for line in findings:
             log.info("%s", line)
         log.info("report: %s", report)
         return OneshotResult(
@@ -221,8 +289,10 @@ def run_oneshot(
             marks,
             report,
             seconds,
-            ranking.findings,
+            findings,
             ranking.culprits,
+            ver.inputs,
+            worst,
         )
 
 
@@ -263,8 +333,39 @@ def _carry_conversion(engine, conversion) -> None:
         )
 
 
+def _feeds_of(target: Path, engine_inputs: Sequence[InputTensor]) -> dict[str, np.ndarray]:
+    """The engine's feeds of one result: the files its manifest records, else the -i files."""
+    files = recorded_inputs(TensorFolder(target).meta) or {}
+    return {
+        t.name: (replace(t, path=Path(files[t.name]["path"])) if t.name in files else t).load()
+        for t in engine_inputs
+    }
+
+
+def _worst_line(table: pd.DataFrame, worst: str, verifiers: dict[str, Verifier]) -> str:
+    """The finding that says which input the culprit ranking looked at, and why."""
+    row = table.set_index("Input").loc[worst]
+    label = next(
+        (lab for lab in verifiers if any(c.endswith(f" {lab}") for c in table.columns)), None
+    )
+    scores = []
+    for col in [c for c in table.columns if label and c.endswith(f" {label}")]:
+        values = pd.to_numeric(table[col], errors="coerce").dropna()
+        value = pd.to_numeric(pd.Series([row[col]]), errors="coerce").iloc[0]
+        if not values.empty and not pd.isna(value):
+            scores.append(f"{col} {value:.4g} (median over inputs {np.median(values):.4g})")
+    return (
+        f"the culprit ranking is on the worst of {len(table)} inputs: {worst} ({row['Files']})"
+        + (f" - {', '.join(scores)}" if scores else "")
+    )
+
+
 def _rewrite_summary(
-    run_dir: Path, summary: pd.DataFrame, marks: Sequence[Attribution], findings: Sequence[str]
+    run_dir: Path,
+    summary: pd.DataFrame,
+    marks: Sequence[Attribution],
+    findings: Sequence[str],
+    worst: str | None = None,
 ) -> None:
     """Add the attribution columns and marks to verification's summary.csv/json, keeping the rest."""
     write_csv(summary, run_dir / "summary.csv")
@@ -274,18 +375,26 @@ def _rewrite_summary(
     data["rows"] = frame_records(summary)
     data["attribution"] = [json_value(m.__dict__) for m in marks]
     data["findings"] = list(findings)
+    if worst is not None:
+        data["culprit_ranking_input"] = worst
     write_json_atomic(path, data)
 
 
 def _detail_links(
-    run_dir: Path, summary: pd.DataFrame, labels: Sequence[str]
+    run_dir: Path, summary: pd.DataFrame, labels: Sequence[str], several: bool = False
 ) -> dict[str, list[tuple[str, str]]]:
-    """Per-tensor verifier pages written by verification, relative to the summary."""
+    """Per-tensor verifier pages written by verification, relative to the summary; over
+    several inputs, the page of the input where the verifier scored worst."""
     links: dict[str, list[tuple[str, str]]] = {}
-    for name in summary["Name"]:
+    for _, row in summary.iterrows():
+        name = row["Name"]
         rel = safe_relpath(str(name))
         for label in labels:
-            page = run_dir / label / f"{rel}.html"
-            if page.is_file():
-                links.setdefault(name, []).append((label, f"{label}/{rel}.html"))
+            where = row.get(f"{label}_worst_input") if several else None
+            if several and not isinstance(where, str):
+                continue
+            sub = f"{safe_relpath(where)}/{label}" if several else label
+            if (run_dir / sub / f"{rel}.html").is_file():
+                text = f"{label} ({where})" if several else label
+                links.setdefault(name, []).append((text, f"{sub}/{rel}.html"))
     return links

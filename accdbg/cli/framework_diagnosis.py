@@ -17,6 +17,13 @@ log = logging.getLogger("accdbg")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     A.add_model(parser)
+    parser.add_argument(
+        "-l",
+        "--input_list",
+        default=None,
+        help="qnn-net-run input list: one golden per line, in Result_N/ (-i gives the names, "
+        "dims and types; plain paths follow the model's input order)",
+    )
     A.add_framework_runtime(parser)
     A.add_common(parser, NAME)
 
@@ -41,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         memory_budget_mb=args.memory_budget_mb,
         include_constants=args.include_constants,
         options_record=A.options_dict(args),
+        input_list=args.input_list,
     )
     log.info(
         "framework diagnosis: %d tensors, %.1f MB in %.1f s -> %s",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +136,48 @@ def parse_input_list(path: str | os.PathLike) -> InputList:
     if not entries:
         raise AccdbgError(f"--input_list {str(p)!r} has no input lines")
     return InputList(path=p.absolute(), entries=tuple(entries), output_names=tuple(outputs))
+
+
+def _same_input(listed: str, given: str) -> bool:
+    """A list line may spell a TensorFlow input with or without its ``:0``."""
+    return listed == given or listed.removesuffix(":0") == given.removesuffix(":0")
+
+
+def inputs_per_line(
+    input_list: InputList, tensors: Sequence[InputTensor], order: Sequence[str] | None = None
+) -> list[list[InputTensor]]:
+    """Each list line as ``--input_tensor``s: the names, dims and types of ``tensors`` with the
+    line's files. ``name:=path`` items are matched by name; plain paths follow ``order`` (the
+    model's input order, as qnn-net-run reads them), else the order of ``tensors``."""
+    given = {t.name: t for t in tensors}
+    names = [n for n in (order or []) if n in given] or list(given)
+    names += [n for n in given if n not in names]
+    out: list[list[InputTensor]] = []
+    for entry in input_list.entries:
+        where = f"{input_list.path}:{entry.line_no}"
+        files: dict[str, Path] = {}
+        if entry.items[0][0] is not None:
+            for listed, path in entry.items:
+                name = next((n for n in names if _same_input(str(listed), n)), None)
+                if name is None:
+                    raise AccdbgError(
+                        f"{where}: {listed!r} is not one of the -i/--input_tensor names ({', '.join(names)})"
+                    )
+                files[name] = path
+            missing = [n for n in names if n not in files]
+            if missing:
+                raise AccdbgError(f"{where}: no file for input {missing[0]!r}")
+        else:
+            if len(entry.items) != len(names):
+                raise AccdbgError(
+                    f"{where}: {len(entry.items)} file(s) for {len(names)} input(s) ({', '.join(names)})"
+                )
+            files = {n: p for n, (_, p) in zip(names, entry.items, strict=True)}
+        line = [replace(given[n], path=files[n]) for n in given]
+        for t in line:
+            check_raw_size(t.path, t.dims, t.dtype, f"{where}: input {t.name!r}")
+        out.append(line)
+    return out
 
 
 def write_input_list(path: Path, inputs: list[InputTensor]) -> Path:

@@ -26,6 +26,7 @@ import pandas as pd
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputList, InputTensor, check_raw_size, parse_input_list
 from accdbg.core.isolate import Isolated
+from accdbg.core.provenance import inputs_record
 from accdbg.core.run_dir import RunDir, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, records_table
 from accdbg.engines import artifacts, exposure
@@ -338,6 +339,7 @@ def run_inference_engine(
                 "runtime": runtime,
                 "model": target.name,
             },
+            inputs=[inputs_record({n: p for n, (p, _, _) in f.items()}) for f in feeds],
         )
         plain, report, diffs = _execute(eng, job, workers)
         model_net = (

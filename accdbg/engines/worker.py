@@ -46,6 +46,11 @@ class Job:
     output_data_type: str = "float_only"
     memory_budget_bytes: int = 4 * 2**30
     meta: dict = field(default_factory=dict)
+    inputs: list[dict] = field(default_factory=list)  # per inference: its input files' record
+
+    def result_meta(self, i: int) -> dict:
+        """The manifest meta of ``Result_i``: the job's, its index and the files it was fed."""
+        return {**self.meta, "result": i, **({"inputs": self.inputs[i]} if self.inputs else {})}
 
 
 @dataclass
@@ -149,7 +154,7 @@ def plain_job(job: Job, write_outputs: bool) -> JobReport:
         values = checked_run(sess, outputs, feed, job, report)
         report.finals.append(_save_finals(scratch / f"plain_{i}.npz", values))
         if write_outputs:
-            w = TensorWriter(Path(job.output_root) / f"Result_{i}", meta={**job.meta, "result": i})
+            w = TensorWriter(Path(job.output_root) / f"Result_{i}", meta=job.result_meta(i))
             for j, (name, arr) in enumerate(values.items()):
                 w.write(name, arr, index=j, op_type="output")
                 report.shapes[name] = list(arr.shape)
@@ -166,12 +171,14 @@ def debug_job(job: Job) -> JobReport:
     out_root = Path(job.output_root)
     store = None if job.output_data_type == "native_only" else np.dtype("float32")
     writers = [
-        TensorWriter(out_root / f"Result_{i}", store_dtype=store, meta={**job.meta, "result": i})
+        TensorWriter(out_root / f"Result_{i}", store_dtype=store, meta=job.result_meta(i))
         for i in range(len(job.feeds))
     ]
     natives = (
         [
-            TensorWriter(out_root / f"Result_{i}" / "native", store_dtype=None)
+            TensorWriter(
+                out_root / f"Result_{i}" / "native", store_dtype=None, meta=job.result_meta(i)
+            )
             for i in range(len(job.feeds))
         ]
         if job.output_data_type == "float_and_native"

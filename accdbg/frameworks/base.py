@@ -54,6 +54,11 @@ class FrameworkRunner(ABC):
     def infer(self, feeds: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Run once and return exactly the named tensors."""
 
+    def model_input_order(self) -> list[str]:
+        """The ``--input_tensor`` names in the model's input order (plain input-list paths
+        follow it); by default the order they were given in."""
+        return [t.name for t in self.inputs]
+
     def check_outputs(self, names: Sequence[str]) -> None:  # noqa: B027 - optional hook
         """Raise when a requested output tensor does not exist."""
 

@@ -3,6 +3,10 @@
 The exposed outputs are split over several runs when their total size exceeds the memory
 budget, and each tensor is written as soon as its run returns, so peak memory is about one
 batch, not the whole model.
+
+With an input list, every line gets its own golden, ``Result_N/`` like the inference
+engine's ``output/Result_N``, so each engine result is compared with the golden of its own
+input. Every manifest records the input files it was computed from.
 """
 
 from __future__ import annotations
@@ -11,14 +15,15 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from accdbg.core.batching import plan_batches
-from accdbg.core.inputs import InputTensor
+from accdbg.core.inputs import InputTensor, inputs_per_line, parse_input_list
 from accdbg.core.progress import progress
+from accdbg.core.provenance import inputs_record
 from accdbg.core.run_dir import RunDir
 from accdbg.core.tensor_store import TensorWriter, records_table
 from accdbg.frameworks.base import RunnerOptions, get_runner_class
@@ -30,12 +35,16 @@ DEFAULT_MEMORY_BUDGET_MB = 4096
 
 @dataclass
 class DiagnosisResult:
-    """Where the golden tensors went, and their manifest as a table."""
+    """Where the golden tensors went, and their manifest as a table.
+
+    ``results`` are the tensor folders: ``[run_dir]`` for ``-i`` alone, else one
+    ``run_dir/Result_N`` per input-list line. ``tensors`` is the first one's manifest."""
 
     run_dir: Path
     tensors: pd.DataFrame
     batches: int
     seconds: float
+    results: list[Path] = field(default_factory=list)
 
 
 def run_framework_diagnosis(
@@ -50,8 +59,13 @@ def run_framework_diagnosis(
     memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB,
     include_constants: bool = False,
     options_record: dict | None = None,
+    input_list: str | Path | None = None,
 ) -> DiagnosisResult:
-    """Run the float model and dump every intermediate tensor; returns the manifest table."""
+    """Run the float model and dump every intermediate tensor; returns the manifest table.
+
+    ``inputs`` name the model's inputs (dims, dtype) and feed it; with ``input_list`` every
+    line is run instead (its files, the names/dims/dtypes of ``inputs``), each into
+    ``Result_N/``."""
     start = time.perf_counter()
     options = RunnerOptions(
         disable_graph_optimization=disable_graph_optimization,
@@ -61,11 +75,18 @@ def run_framework_diagnosis(
         include_constants=include_constants,
     )
     runner_cls = get_runner_class(framework)
-    feeds = {t.name: t.load() for t in inputs}  # sizes checked before anything is written
+    for t in inputs:
+        t.load()  # sizes checked before anything is written
+    parsed = parse_input_list(input_list) if input_list is not None else None
     runner = runner_cls(Path(model_path).expanduser().absolute(), inputs, options)
     runner.activate()
     try:
         runner.check_outputs(list(output_tensors))
+        lines = (
+            inputs_per_line(parsed, inputs, runner.model_input_order())
+            if parsed is not None
+            else [list(inputs)]
+        )
         infos = runner.tensors()
         budget = int(memory_budget_mb * 2**20)
         batches = plan_batches(infos, lambda i: i.nbytes, budget)
@@ -84,45 +105,62 @@ def run_framework_diagnosis(
                     "disable_graph_optimization": disable_graph_optimization,
                     "onnx_custom_op_lib": str(onnx_custom_op_lib) if onnx_custom_op_lib else None,
                     "memory_budget_mb": memory_budget_mb,
+                    "input_list": str(input_list) if input_list is not None else None,
                 }
             )
             log.info(
-                "model %s: %d tensors to dump in %d run(s)", model_path, len(infos), len(batches)
+                "model %s: %d tensors to dump in %d run(s)%s",
+                model_path,
+                len(infos),
+                len(batches),
+                f" for each of {len(lines)} input-list lines" if parsed is not None else "",
             )
-            writer = TensorWriter(
-                run.path,
-                meta={
-                    "component": "framework_diagnosis",
-                    "framework": runner.name,
-                    "model": str(Path(model_path).name),
-                },
-            )
+            meta = {
+                "component": "framework_diagnosis",
+                "framework": runner.name,
+                "model": str(Path(model_path).name),
+            }
+            writers = [
+                TensorWriter(
+                    run.path / f"Result_{i}" if parsed is not None else run.path,
+                    meta={
+                        **meta,
+                        **({"result": i} if parsed is not None else {}),
+                        "inputs": inputs_record({t.name: t.path for t in line}),
+                    },
+                )
+                for i, line in enumerate(lines)
+            ]
             for batch in progress(batches, "framework diagnosis", total=len(batches)):
-                values = runner.infer(feeds, [i.name for i in batch])
-                for info in batch:
-                    arr = values.pop(info.name)
-                    writer.write(
-                        info.name,
-                        arr,
-                        node=info.node,
-                        op_type=info.op_type,
-                        index=info.index,
-                        layout=getattr(info, "layout", runner.layout),
-                        **getattr(info, "extra", {}),
-                    )
-                del values
-            writer.save_manifest()
+                for line, writer in zip(lines, writers, strict=True):
+                    values = runner.infer({t.name: t.load() for t in line}, [i.name for i in batch])
+                    for info in batch:
+                        arr = values.pop(info.name)
+                        writer.write(
+                            info.name,
+                            arr,
+                            node=info.node,
+                            op_type=info.op_type,
+                            index=info.index,
+                            layout=getattr(info, "layout", runner.layout),
+                            **getattr(info, "extra", {}),
+                        )
+                    del values
+            for writer in writers:
+                writer.save_manifest()
             _cleanup(options.scratch_dir)
-            table = records_table(writer.records.values())
+            table = records_table(writers[0].records.values())
             log.info(
-                "wrote %d tensors (%d bytes) to %s",
+                "wrote %d tensors (%d bytes)%s to %s",
                 len(table),
                 int(table["bytes"].sum()),
+                f" for each of {len(writers)} inputs" if parsed is not None else "",
                 run.final_path,
             )
     finally:
         runner.deactivate()
-    return DiagnosisResult(run.path, table, len(batches), time.perf_counter() - start)
+    results = [run.path / f"Result_{i}" for i in range(len(lines))] if parsed else [run.path]
+    return DiagnosisResult(run.path, table, len(batches), time.perf_counter() - start, results)
 
 
 def _cleanup(path: Path | None) -> None:

@@ -54,6 +54,7 @@ class OnnxRunner(FrameworkRunner):
                 f"model input {missing[0]!r} has no --input_tensor; the model's inputs are: "
                 f"{om.describe_inputs(model)}"
             )
+        self._order = list(model_inputs)
         om.fix_input_shapes(model, {n: t.dims for n, t in given.items()})
         self.model = om.infer_shapes(model)
         skip = () if self.options.include_constants else ("Constant",)
@@ -65,21 +66,32 @@ class OnnxRunner(FrameworkRunner):
     def tensors(self):
         return self._tensors
 
+    def model_input_order(self) -> list[str]:
+        return list(self._order)
+
     def check_outputs(self, names: Sequence[str]) -> None:
         om.check_tensor_names(self.model, names, "-o/--output_tensor")
 
     def infer(self, feeds, outputs):
-        exposed = om.with_outputs(self.model, outputs)
-        data = om.serialize(exposed, self.options.scratch_dir or self.model_path.parent)
-        try:
-            sess = ort.InferenceSession(
-                data, sess_options=self._so, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:
-            raise AccdbgError(
-                f"onnxruntime could not load {str(self.model_path)!r}: {str(exc).splitlines()[0]}"
-            ) from None
-        names = [o.name for o in sess.get_outputs()]
+        key = tuple(outputs)
+        cached = getattr(self, "_session", None)
+        if cached is None or cached[0] != key:
+            self._session = None  # the previous batch's session goes before the next is built
+            exposed = om.with_outputs(self.model, outputs)
+            data = om.serialize(exposed, self.options.scratch_dir or self.model_path.parent)
+            try:
+                sess = ort.InferenceSession(
+                    data, sess_options=self._so, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:
+                raise AccdbgError(
+                    f"onnxruntime could not load {str(self.model_path)!r}: {str(exc).splitlines()[0]}"
+                ) from None
+            # kept for the next input of the same batch (an input list runs each batch N times)
+            self._session = cached = (key, sess, [o.name for o in sess.get_outputs()])
+        _, sess, names = cached
         values = sess.run(names, feeds)
-        del sess
         return dict(zip(names, (np.asarray(v) for v in values), strict=True))
+
+    def deactivate(self) -> None:
+        self._session = None

@@ -113,6 +113,8 @@ class TFLiteRunner(FrameworkRunner):
                 )
             self._feeds[t.name] = (model_inputs[name], self._input_encoding(t, model_inputs[name]))
         self.feed_names = {g: d["name"] for g, (d, _q) in self._feeds.items()}  # -i name -> tensor
+        position = {d["name"]: i for i, d in enumerate(details)}
+        self._order = sorted(self.feed_names, key=lambda g: position[self.feed_names[g]])
         given = set(self.feed_names.values())
         missing = [n for n in model_inputs if n not in given]
         if missing:
@@ -130,6 +132,9 @@ class TFLiteRunner(FrameworkRunner):
             ) from None
         self._tensors = self._list_tensors()
         self._by_name = {i.name: i for i in self._tensors}
+
+    def model_input_order(self) -> list[str]:
+        return list(self._order)
 
     def _input_encoding(self, t, detail: dict) -> dict | None:
         """None to feed the raw data as is; the encoding to quantize float data with."""

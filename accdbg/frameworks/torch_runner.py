@@ -188,6 +188,9 @@ class TorchRunner(FrameworkRunner):
         self.origins: dict[str, ModuleOutput] = {}
         self._records: dict[str, np.ndarray] = {}
 
+    def model_input_order(self) -> list[str]:
+        return list(self.input_order)
+
     def _order_inputs(self) -> list[str]:
         """-i names in the order ``forward`` takes them."""
         given = [t.name for t in self.inputs]

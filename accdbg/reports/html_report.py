@@ -21,7 +21,7 @@ from accdbg.algorithms.attribution import Attribution
 from accdbg.core.run_dir import write_bytes_atomic
 from accdbg.errors import AccdbgError
 from accdbg.reports.cells import escape
-from accdbg.reports.summary import format_value
+from accdbg.reports.summary import format_value, inputs_html
 from accdbg.verifiers.base import Verifier
 
 ASSETS = Path(__file__).resolve().parents[2] / "reports"
@@ -216,9 +216,12 @@ def write_report(
     failed: Sequence[bool] | None = None,
     notes: Sequence[str] = (),
     findings: Sequence[str] = (),
+    inputs: pd.DataFrame | None = None,
+    input_pages: Mapping[str, str] | None = None,
 ) -> Path:
     """Write the self-contained HTML summary; ``links`` maps a row name to (label, href)s;
-    ``findings`` are the verdict lines shown first."""
+    ``findings`` are the verdict lines shown first; ``inputs`` (a run over several inputs)
+    is the table of inputs shown after them, each linking to its page in ``input_pages``."""
     anchors = {n: f"row-{i}" for i, n in enumerate(df["Name"])}
     failed = list(failed) if failed is not None else [False] * len(df)
     top = {n for m in marks for n, _ in m.largest_drops}
@@ -231,7 +234,9 @@ def write_report(
         meta=escape(meta),
         css=asset("static/report.css"),
         plotly_js=get_plotlyjs(),
-        marks=_findings_html(findings) + marks_html(marks, anchors),
+        marks=_findings_html(findings)
+        + (inputs_html(inputs, input_pages or {}) if inputs is not None else "")
+        + marks_html(marks, anchors),
         figure=fig_html,
         table=table_html(df, links or {}, anchors, failed, top, first),
         notes="".join(f'<p class="notes">{escape(n)}</p>' for n in notes),

@@ -109,12 +109,14 @@ def write_record_csv(record: Mapping[str, Any], path: str | os.PathLike) -> Path
     return path
 
 
-def html_page(title: str, body: str, notes: Iterable[str] = ()) -> str:
+def html_page(title: str, body: str, notes: Iterable[str] = (), before: str = "") -> str:
+    """A page: title, notes, then ``before`` (HTML built by this module, e.g. a small table),
+    then the body."""
     note_html = "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{_CSS}</style></head>"
-        f"<body><h1>{escape(title)}</h1>{note_html}{body}</body></html>\n"
+        f"<body><h1>{escape(title)}</h1>{note_html}{before}{body}</body></html>\n"
     )
 
 
@@ -122,8 +124,10 @@ def html_table(
     df: pd.DataFrame,
     cell_class: Callable[[int, str, Any], str | None] | None = None,
     row_class: Callable[[int], str | None] | None = None,
+    href: Callable[[int, str, Any], str | None] | None = None,
 ) -> str:
-    """An escaped HTML table; ``cell_class(row, column, value)`` may colour cells."""
+    """An escaped HTML table; ``cell_class(row, column, value)`` may colour cells and
+    ``href(row, column, value)`` make a cell a (relative) link."""
     head = "".join(f"<th>{escape(c)}</th>" for c in df.columns)
     rows = []
     for i, values in enumerate(df.itertuples(index=False, name=None)):
@@ -138,7 +142,11 @@ def html_table(
             if extra:
                 classes.append(extra)
             cls = f' class="{" ".join(classes)}"' if classes else ""
-            cells.append(f"<td{cls}>{escape(format_value(value))}</td>")
+            text = escape(format_value(value))
+            link = href(i, col, value) if href else None
+            if link:
+                text = f'<a href="{escape(link)}">{text}</a>'
+            cells.append(f"<td{cls}>{text}</td>")
         rc = row_class(i) if row_class else None
         rows.append(f'<tr class="{escape(rc)}">' if rc else "<tr>")
         rows.append("".join(cells) + "</tr>")
@@ -152,11 +160,12 @@ def write_html(
     notes: Iterable[str] = (),
     cell_class: Callable[[int, str, Any], str | None] | None = None,
     row_class: Callable[[int], str | None] | None = None,
+    before: str = "",
 ) -> Path:
-    """A self-contained HTML page holding ``df`` as a table."""
+    """A self-contained HTML page holding ``df`` as a table (``before``: see html_page)."""
     path = Path(path)
     path.write_text(
-        html_page(title, html_table(df, cell_class, row_class), notes), encoding="utf-8"
+        html_page(title, html_table(df, cell_class, row_class), notes, before), encoding="utf-8"
     )
     return path
 
@@ -206,11 +215,13 @@ def write_summary(
     passed: Mapping[str, list[bool | None]] | None = None,
     notes: Iterable[str] = (),
     stem: str = "summary",
+    before: str = "",
 ) -> dict[str, Path]:
     """``<stem>.csv``, ``<stem>.html`` and ``<stem>.json`` for a summary table.
 
     The JSON holds ``meta`` (verifiers, thresholds, inputs...), the column list, one object
     per row, and ``passed``: per verifier column, each row's verdict (true/false/null).
+    ``before`` is HTML shown above the table (see :func:`inputs_html`).
     """
     folder = Path(folder)
     paths = {
@@ -226,6 +237,7 @@ def write_summary(
                     "problem" if "Status" in df.columns and df["Status"].iloc[i] != "ok" else None
                 )
             ),
+            before=before,
         ),
     }
     data = {
@@ -238,3 +250,17 @@ def write_summary(
     write_json_atomic(folder / f"{stem}.json", data)
     paths["json"] = folder / f"{stem}.json"
     return paths
+
+
+def inputs_html(table: pd.DataFrame, pages: Mapping[str, str]) -> str:
+    """The per-input table of a run over several inputs: its ``Input`` cells link to each
+    input's own summary page (``pages``: input -> relative href)."""
+    if table is None or table.empty:
+        return ""
+    return (
+        '<div class="inputs"><h3>Inputs</h3>'
+        + html_table(
+            table, href=lambda _i, col, value: pages.get(str(value)) if col == "Input" else None
+        )
+        + "</div>"
+    )

@@ -26,6 +26,7 @@ import pandas as pd
 
 from accdbg.core.jsonio import read_json
 from accdbg.core.progress import progress
+from accdbg.core.provenance import describe_inputs, input_files, recorded_inputs, same_inputs
 from accdbg.core.run_dir import RunDir, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, TensorRecord, safe_relpath
 from accdbg.errors import AccdbgError
@@ -38,7 +39,12 @@ from accdbg.mapping.tensor_mapping import (
     load_tensor_mapping,
     pair_tensors,
 )
-from accdbg.reports.summary import write_record_csv, write_record_html, write_summary
+from accdbg.reports.summary import (
+    inputs_html,
+    write_record_csv,
+    write_record_html,
+    write_summary,
+)
 from accdbg.verifiers import get_verifier, make_verifier
 from accdbg.verifiers.base import TensorPair, Verifier, VerifierResult, finite_range
 from accdbg.verifiers.channels import (
@@ -66,7 +72,9 @@ class VerificationResult:
 
     ``summary`` is the top-level ``summary.csv``: the only input's summary, or with several
     inputs the aggregate (each verifier column holds the worst value across inputs, with
-    ``<verifier>_mean`` beside it). ``per_input`` maps ``Result_N`` to that input's summary.
+    ``<verifier>_median``, ``_mean`` and ``_worst_input`` beside it). ``per_input`` maps
+    ``Result_N`` to that input's summary; ``inputs`` is one row per input (its files and its
+    final outputs' scores); ``folders`` the (golden, target) folders compared per input.
     """
 
     run_dir: Path
@@ -75,6 +83,8 @@ class VerificationResult:
     aggregate: pd.DataFrame | None
     verifiers: list[dict[str, Any]]
     seconds: float
+    inputs: pd.DataFrame | None = None
+    folders: dict[str, tuple[Path, Path]] = field(default_factory=dict)
 
 
 @dataclass
@@ -149,6 +159,62 @@ def pair_inputs(
             f"{str(golden_dir)!r} (it holds {', '.join(golden)})"
         )
     return {k: (golden[k], t) for k, t in target.items()}
+
+
+def _mismatch(g: TensorFolder, t: TensorFolder, gi: dict, ti: dict) -> str:
+    return (
+        f"refusing to compare golden {str(g.root)!r} with target {str(t.root)!r}: the golden was "
+        f"computed from {describe_inputs(gi, ti)} but the target from {describe_inputs(ti, gi)} "
+        "(different inputs); pass the golden and the inference results of the same input"
+    )
+
+
+def match_inputs(
+    folders: dict[str, tuple[TensorFolder, TensorFolder]], one_golden: bool
+) -> tuple[dict[str, tuple[TensorFolder, TensorFolder]], list[str]]:
+    """Never compare dumps of different inputs: each pair's recorded input files must hold
+    the same data. One golden against several results keeps those of its own input (and says
+    which it left out); any other mismatch is an error. Returns the pairs and what to log."""
+    kept: dict[str, tuple[TensorFolder, TensorFolder]] = {}
+    skipped: list[str] = []
+    unrecorded: list[str] = []
+    first_mismatch = None
+    for key, (g, t) in folders.items():
+        gi, ti = recorded_inputs(g.meta), recorded_inputs(t.meta)
+        if gi is None or ti is None:
+            unrecorded.append(str((g if gi is None else t).root))
+            kept[key] = (g, t)
+        elif same_inputs(gi, ti):
+            kept[key] = (g, t)
+        elif one_golden and len(folders) > 1:
+            skipped.append(f"{key} ({input_files(ti)})")
+            first_mismatch = first_mismatch or _mismatch(g, t, gi, ti)
+        else:
+            raise AccdbgError(_mismatch(g, t, gi, ti))
+    if not kept:
+        (g, _t) = next(iter(folders.values()))
+        raise AccdbgError(
+            f"no inference result was computed from the golden's input "
+            f"{input_files(recorded_inputs(g.meta))}: {', '.join(skipped)}; {first_mismatch}"
+        )
+    notes = []
+    if skipped:
+        notes.append(
+            f"the golden holds one input ({input_files(recorded_inputs(next(iter(kept.values()))[0].meta))}): "
+            f"compared with {', '.join(kept)}; not compared (other inputs): {', '.join(skipped)}"
+        )
+    if unrecorded:
+        notes.append(
+            f"{unrecorded[0]} records no input files"
+            + (f" (and {len(set(unrecorded)) - 1} more)" if len(set(unrecorded)) > 1 else "")
+            + ": whether golden and target come from the same input cannot be checked"
+        )
+        if one_golden and len(kept) > 1:
+            notes.append(
+                f"the golden reference holds one input but the inference results hold {len(kept)}; "
+                "every Result_N is compared with it (only meaningful if they share that input)"
+            )
+    return kept, notes
 
 
 def _discover(engine_run: Path | None, pattern: str) -> Path | None:
@@ -585,6 +651,8 @@ def verify_input(
         "format": SUMMARY_FORMAT,
         "golden": str(golden.root),
         "target": str(target.root),
+        "golden_inputs": recorded_inputs(golden.meta),
+        "target_inputs": recorded_inputs(target.meta),
         "verifiers": [
             {**cv.verifier.describe(), "label": cv.label, "tensors": cv.tensors}
             for cv in plan.verifiers
@@ -682,7 +750,7 @@ def aggregate_inputs(
     verifiers: list[ConfiguredVerifier],
 ) -> tuple[pd.DataFrame, dict[str, list[bool | None]]]:
     """One row per layer over all inputs: each verifier's worst value (and which input), its
-    mean, the value ranges over all inputs, and the first non-ok status."""
+    median and mean, the value ranges over all inputs, and the first non-ok status."""
     keys: list[tuple[str, Any]] = []
     stacked = []
     for name, df in per_input.items():
@@ -704,17 +772,19 @@ def aggregate_inputs(
             vals = grp[cv.label].astype(float)
             finite = vals.dropna()
             if finite.empty:
-                worst, worst_in, mean = math.nan, None, math.nan
+                worst, worst_in, mean, median = math.nan, None, math.nan, math.nan
             else:
                 pos = finite.idxmin() if cv.verifier.higher_is_better else finite.idxmax()
                 worst, worst_in = float(finite[pos]), grp.loc[pos, "_input"]
                 with np.errstate(invalid="ignore"):
                     mean = float(np.mean(finite.to_numpy()))
+                    median = float(np.median(finite.to_numpy()))
             row[cv.label] = worst
             for col in [c for c in grp.columns if c.startswith(f"{cv.label} ch_")]:
                 vals = grp[col].astype(float).dropna()
                 pick = vals.min() if cv.verifier.higher_is_better else vals.max()
                 row[col] = float(pick) if not vals.empty else math.nan
+            row[f"{cv.label}_median"] = median
             row[f"{cv.label}_mean"] = mean
             row[f"{cv.label}_worst_input"] = worst_in
             verdict = cv.verifier.judge(worst) if not math.isnan(worst) else None
@@ -741,9 +811,69 @@ def aggregate_inputs(
         + EXTRA_COLUMNS
         + channel_columns(verifiers)
         + ["Inputs"]
-        + [f"{label}_{s}" for label in labels for s in ("mean", "worst_input")]
+        + [f"{label}_{s}" for label in labels for s in ("median", "mean", "worst_input")]
     )
     return pd.DataFrame(rows, columns=columns), passed
+
+
+def final_outputs(
+    per_input: Mapping[str, pd.DataFrame],
+    outputs: Sequence[str] | None,
+    graph_struct: str | os.PathLike | None,
+) -> list[str]:
+    """The rows that are the model's final outputs: ``outputs`` when given, else the graph
+    structure's tensors no layer consumes, else the last row."""
+    names = list(next(iter(per_input.values()))["Name"])
+    if outputs:
+        found = [n for n in outputs if n in names]
+        if found:
+            return found
+    if graph_struct is not None:
+        data = read_json(graph_struct, "--graph_struct")
+        layers = data.get("layers", []) if isinstance(data, dict) else data
+        consumed = {i for layer in layers for i in layer.get("inputs", []) or []}
+        sinks = [o for layer in layers for o in layer.get("outputs", []) or [] if o not in consumed]
+        found = [n for n in names if n in set(sinks)]
+        if found:
+            return found
+    return names[-1:]
+
+
+def inputs_table(
+    per_input: Mapping[str, pd.DataFrame],
+    metas: Mapping[str, tuple[Mapping, Mapping]],
+    outputs: Sequence[str],
+    verifiers: Sequence[ConfiguredVerifier],
+) -> pd.DataFrame:
+    """One row per input: its files and each final output's score per verifier."""
+    rows = []
+    for key, df in per_input.items():
+        g_meta, t_meta = metas[key]
+        files = recorded_inputs(t_meta) or recorded_inputs(g_meta)
+        row: dict[str, Any] = {"Input": key, "Files": input_files(files) or "(not recorded)"}
+        by_name = df.drop_duplicates("Name").set_index("Name")
+        for out in outputs:
+            for cv in verifiers:
+                if cv.label in by_name.columns and out in by_name.index:
+                    row[f"{out} {cv.label}"] = by_name.loc[out, cv.label]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def worst_input(table: pd.DataFrame, verifiers: Mapping[str, Verifier]) -> str:
+    """The input whose final outputs score worst on the first verifier (label -> verifier)
+    that scored them."""
+    for label, verifier in verifiers.items():
+        cols = [c for c in table.columns if c.endswith(f" {label}")]
+        if not cols:
+            continue
+        scores = table[cols].apply(pd.to_numeric, errors="coerce")
+        per_row = scores.min(axis=1) if verifier.higher_is_better else scores.max(axis=1)
+        if per_row.isna().all():
+            continue
+        pos = per_row.idxmin() if verifier.higher_is_better else per_row.idxmax()
+        return str(table.loc[pos, "Input"])
+    return str(table["Input"].iloc[0])
 
 
 # ---------------------------------------------------------------- the component
@@ -785,6 +915,7 @@ def run_verification(
     framework: str | None = None,
     discover: bool = True,
     options_record: dict | None = None,
+    outputs: Sequence[str] | None = None,
 ) -> VerificationResult:
     """Compare golden and inference tensors; write ``<working_dir>/verification/<run>/``.
 
@@ -793,14 +924,31 @@ def run_verification(
     ``inference_results`` is one ``Result_N``, an engine ``output/`` or an engine run folder.
     Without ``tensor_mapping``/``graph_struct``/``qnn_model_json_path`` the files the engine
     wrote beside ``output/`` are used when ``discover`` (logged); ``model_path`` builds a
-    mapping from an ONNX model instead.
+    mapping from an ONNX model instead. ``outputs`` names the model's final outputs for the
+    table of inputs (default: the graph structure's last tensors, else the last row).
+
+    Golden and target of each pair must come from the same input files (recorded in their
+    manifests); dumps of different inputs are never compared (:func:`match_inputs`).
     """
     start = time.perf_counter()
     verifiers = _resolve_verifiers(default_verifiers, verifier_config)
     golden_inputs, golden_run = find_results(golden_dir, "--golden_output_reference_directory")
     target_inputs, target_run = find_results(inference_results, "--inference_results")
-    engine_vs_engine = golden_run is not None or len(golden_inputs) > 1
+    first_golden = TensorFolder(next(iter(golden_inputs.values())))
+    engine_vs_engine = golden_run is not None or (
+        len(golden_inputs) > 1 and first_golden.meta.get("component") != "framework_diagnosis"
+    )
     inputs = pair_inputs(golden_inputs, target_inputs, golden_dir)
+    opened = {first_golden.root: first_golden}
+
+    def folder(path: Path) -> TensorFolder:
+        if path not in opened:  # one golden against N results is read once
+            opened[path] = TensorFolder(path)
+        return opened[path]
+
+    folders, input_notes = match_inputs(
+        {key: (folder(g), folder(t)) for key, (g, t) in inputs.items()}, len(golden_inputs) == 1
+    )
     sources: dict[str, str] = {}
 
     if tensor_mapping is None and discover and not engine_vs_engine and model_path is None:
@@ -838,12 +986,9 @@ def run_verification(
     elif tensor_mapping is not None:
         mapping = load_tensor_mapping(tensor_mapping)
     elif model_path is not None:
-        first_g, first_t = next(iter(inputs.values()))
+        first_g, first_t = next(iter(folders.values()))
         mapping = build_tensor_mapping(
-            model_path,
-            TensorFolder(first_g).names(),
-            TensorFolder(first_t).names(),
-            framework or "onnx",
+            model_path, first_g.names(), first_t.names(), framework or "onnx"
         )
         sources["tensor_mapping"] = f"built from {model_path}: {len(mapping)} pairs"
     else:
@@ -851,19 +996,14 @@ def run_verification(
     layers = load_graph_struct(graph_struct) if graph_struct is not None else []
     qnn = QnnGraph(qnn_model_json_path) if qnn_model_json_path is not None else None
     plan = Plan(verifiers, mapping, execution_order(layers), qnn, sources)
-    folders = {key: (TensorFolder(g), TensorFolder(t)) for key, (g, t) in inputs.items()}
     for g_folder, t_folder in folders.values():
         plan_pairs(g_folder, t_folder, plan)  # bad names fail here, before a run folder exists
 
     with RunDir(working_dir, COMPONENT, output_dirname) as run:
         for key, value in sources.items():
             log.info("%s: %s", key, value)
-        if len(golden_inputs) == 1 and len(target_inputs) > 1:
-            log.warning(
-                "the golden reference holds one input but the inference results hold %d; every "
-                "Result_N is compared with it (only meaningful if they share that input)",
-                len(target_inputs),
-            )
+        for note in input_notes:
+            (log.warning if "only meaningful" in note else log.info)("%s", note)
         run.write_options(
             options_record
             or {
@@ -883,18 +1023,28 @@ def run_verification(
             write_json_atomic(run.path / "tensor_mapping.json", mapping)
         per_input: dict[str, pd.DataFrame] = {}
         per_passed: dict[str, dict[str, list[bool | None]]] = {}
-        several = len(inputs) > 1
+        several = len(folders) > 1
         for key, (g_folder, t_folder) in folders.items():
             out = run.path / key if several else run.path
             title = f"Verification {key}" if several else "Verification"
             df, passed = verify_input(g_folder, t_folder, plan, out, title)
             per_input[key], per_passed[key] = df, passed
+        table = inputs_table(
+            per_input,
+            {k: (g.meta, t.meta) for k, (g, t) in folders.items()},
+            final_outputs(per_input, outputs, graph_struct),
+            verifiers,
+        )
         aggregate = None
         if several:
             aggregate, passed = aggregate_inputs(per_input, verifiers)
             meta = {
                 "format": SUMMARY_FORMAT,
                 "aggregate_of": list(per_input),
+                "inputs": {
+                    k: {"golden": recorded_inputs(g.meta), "target": recorded_inputs(t.meta)}
+                    for k, (g, t) in folders.items()
+                },
                 "verifiers": [
                     {**cv.verifier.describe(), "label": cv.label, "tensors": cv.tensors}
                     for cv in verifiers
@@ -903,11 +1053,20 @@ def run_verification(
             }
             notes = [
                 f"Aggregate over {len(per_input)} inputs ({', '.join(per_input)}): each verifier "
-                "column is the worst value over the inputs, <verifier>_mean the mean; each "
-                "input's own summary is in its Result_N folder."
+                "column is the worst value over the inputs, <verifier>_median the median, "
+                "<verifier>_worst_input the input it came from; each input's own summary is in "
+                "its Result_N folder (linked in the table of inputs)."
             ]
             notes += _notes(plan, aggregate, passed)
-            write_summary(aggregate, run.path, "Verification (all inputs)", meta, passed, notes)
+            write_summary(
+                aggregate,
+                run.path,
+                "Verification (all inputs)",
+                meta,
+                passed,
+                notes,
+                before=inputs_html(table, {k: f"{k}/summary.html" for k in per_input}),
+            )
             summary = aggregate
         else:
             summary = next(iter(per_input.values()))
@@ -926,4 +1085,6 @@ def run_verification(
         aggregate,
         [{**cv.verifier.describe(), "label": cv.label} for cv in verifiers],
         seconds,
+        table,
+        {k: (g.root, t.root) for k, (g, t) in folders.items()},
     )

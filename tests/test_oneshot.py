@@ -376,3 +376,107 @@ def test_wrapper_runs_the_snooping_algorithms(tmp_path, capsys, algorithm, folde
     assert bad == ["layer1"]
     assert algorithm.split("-")[0] in (tmp_path / "w" / "wrapper" / "run" / "log.txt").read_text()
     assert (tmp_path / "w" / "framework_diagnosis" / "latest" / "tensors.json").is_file()
+
+
+# ------------------------------------------------------------------ every input-list line
+
+
+def _lines(tmp: Path, base: Path, n: int) -> list[Path]:
+    """``n`` different images from ``base`` (shifted, rescaled, noisier)."""
+    x = np.fromfile(base, np.float32)
+    rng = np.random.default_rng(3)
+    raws = []
+    for i in range(n):
+        p = tmp / f"in{i}.raw"
+        (np.roll(x, 29 * i) * (1 + 0.7 * i) + rng.standard_normal(x.size) * 0.2 * i).astype(
+            np.float32
+        ).tofile(p)
+        raws.append(p)
+    return raws
+
+
+def test_every_input_list_line_is_debugged_against_its_own_golden(tmp_path, capsys):
+    built = models.planted_chain(tmp_path, layers=4, bad=1)
+    raws = _lines(tmp_path, built.input_path, 3)
+    lst = tmp_path / "list.txt"
+    lst.write_text("".join(f"{r}\n" for r in raws))
+    w = tmp_path / "w"
+    code, _, err = run_cli(
+        capsys,
+        *("-f", "onnx", "-m", built.path, "-i", "x", "1,3,16,16", built.input_path),
+        *("-l", lst, "-r", "htp", "-w", w, "--output_dirname", "run"),
+    )
+    assert code == 0, err
+    # -i is not a list line: said once, and nothing is compared with its golden
+    assert err.count("are not a line of -l") == 1
+    golden, engine, ver = (
+        w / c / "run" for c in ("framework_diagnosis", "inference_engine", "verification")
+    )
+    keys = [f"Result_{i}" for i in range(3)]
+    assert sorted(p.name for p in golden.glob("Result_*")) == keys
+    per = {}
+    for i, key in enumerate(keys):
+        g, t = TensorFolder(golden / key), TensorFolder(engine / "output" / key)
+        assert g.meta["inputs"]["x"]["path"] == t.meta["inputs"]["x"]["path"] == str(raws[i])
+        per[key] = pd.read_csv(ver / key / "summary.csv").set_index("Name")
+        # one layer's score, recomputed from the dumped files of that same input
+        assert per[key].loc["layer2", "CosineSimilarity"] == pytest.approx(
+            _cos(g.load("layer2"), t.load("layer2")), abs=1e-6
+        )
+    # the aggregate: worst, median and worst input per layer, over the per-input summaries
+    agg = pd.read_csv(ver / "summary.csv").set_index("Name")
+    for label, worst_is_min in (("CosineSimilarity", True), ("SQNR", True)):
+        values = pd.DataFrame({k: per[k][label] for k in keys})
+        pick = values.min(axis=1) if worst_is_min else values.max(axis=1)
+        np.testing.assert_allclose(agg.loc[values.index, label], pick, rtol=1e-12)
+        np.testing.assert_allclose(
+            agg.loc[values.index, f"{label}_median"], np.median(values.to_numpy(), axis=1)
+        )
+        assert list(agg.loc[values.index, f"{label}_worst_input"]) == list(values.idxmin(axis=1))
+    # the culprit ranking looked at the input whose final output scores worst, and says so
+    final = pd.Series({k: per[k].loc["layer3", "CosineSimilarity"] for k in keys})
+    worst = final.idxmin()
+    data = json.loads((ver / "summary.json").read_text())
+    assert data["culprit_ranking_input"] == worst
+    assert f"worst of 3 inputs: {worst} ({raws[keys.index(worst)]})" in data["findings"][-1]
+    assert "culprit #1: layer1 (Conv)" in "\n".join(data["findings"])
+    # the report: a table of inputs linking to each input's own summary page
+    html = (ver / "summary.html").read_text()
+    for i, key in enumerate(keys):
+        assert f'<a href="{key}/summary.html">{key}</a>' in html and str(raws[i]) in html
+        assert (ver / key / "summary.html").is_file()
+    assert f'href="{agg.loc["layer2", "SQNR_worst_input"]}/SQNR/layer2.html"' in html
+
+
+def test_example_with_an_input_list_and_a_golden_of_one_input(tmp_path, capsys):
+    """The tiny example: -i is one of the list's lines; a given golden of one input is
+    compared with that input's result only."""
+    example = REPO / "examples" / "tiny_cnn"
+    raws = [example / "input.raw", *_lines(tmp_path, example / "input.raw", 3)[1:]]
+    lst = tmp_path / "list.txt"
+    lst.write_text("".join(f"image:={r}\n" for r in reversed(raws)))  # -i's file is line 3
+    w = tmp_path / "w"
+    base = ("-f", "onnx", "-m", example / "model.onnx", "-i", "image", "1,3,32,32", raws[0])
+    code, _, err = run_cli(capsys, *base, "-l", lst, "-w", w, "--output_dirname", "all")
+    assert code == 0, err
+    assert "not a line of -l" not in err
+    assert "culprit #1: block1/conv/relu (Conv) - weight range" in err
+    data = json.loads((w / "verification" / "all" / "summary.json").read_text())
+    assert data["aggregate_of"] == ["Result_0", "Result_1", "Result_2"]
+    # a golden of the -i input alone: only its own result (line 3, Result_2) is compared
+    code, _, err = run_cli(
+        capsys, "--framework_diagnosis", *base, "-w", w, "--output_dirname", "one"
+    )
+    assert code == 0, err
+    code, _, err = run_cli(
+        capsys,
+        *base,
+        *("-l", lst, "-w", w, "--output_dirname", "given"),
+        *("--golden_output_reference_directory", w / "framework_diagnosis" / "one"),
+    )
+    assert code == 0, err
+    assert "not compared (other inputs): Result_0" in err
+    ver = w / "verification" / "given"
+    summary = json.loads((ver / "summary.json").read_text())
+    assert summary["target_inputs"]["image"]["path"] == str(raws[0])
+    assert summary["target"].endswith("Result_2")

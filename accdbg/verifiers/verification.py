@@ -171,10 +171,11 @@ def _mismatch(g: TensorFolder, t: TensorFolder, gi: dict, ti: dict) -> str:
 
 def match_inputs(
     folders: dict[str, tuple[TensorFolder, TensorFolder]], one_golden: bool
-) -> tuple[dict[str, tuple[TensorFolder, TensorFolder]], list[str]]:
+) -> tuple[dict[str, tuple[TensorFolder, TensorFolder]], list[tuple[int, str]]]:
     """Never compare dumps of different inputs: each pair's recorded input files must hold
     the same data. One golden against several results keeps those of its own input (and says
-    which it left out); any other mismatch is an error. Returns the pairs and what to log."""
+    which it left out); any other mismatch is an error. Returns the pairs and what to log
+    (level, line)."""
     kept: dict[str, tuple[TensorFolder, TensorFolder]] = {}
     skipped: list[str] = []
     unrecorded: list[str] = []
@@ -191,29 +192,32 @@ def match_inputs(
             first_mismatch = first_mismatch or _mismatch(g, t, gi, ti)
         else:
             raise AccdbgError(_mismatch(g, t, gi, ti))
+    golden_files = input_files(recorded_inputs(next(iter(folders.values()))[0].meta))
     if not kept:
-        (g, _t) = next(iter(folders.values()))
         raise AccdbgError(
-            f"no inference result was computed from the golden's input "
-            f"{input_files(recorded_inputs(g.meta))}: {', '.join(skipped)}; {first_mismatch}"
+            f"no inference result was computed from the golden's input {golden_files}: "
+            f"{', '.join(skipped)}; {first_mismatch}"
         )
-    notes = []
+    notes: list[tuple[int, str]] = []
     if skipped:
-        notes.append(
-            f"the golden holds one input ({input_files(recorded_inputs(next(iter(kept.values()))[0].meta))}): "
-            f"compared with {', '.join(kept)}; not compared (other inputs): {', '.join(skipped)}"
+        text = (
+            f"the golden holds one input ({golden_files}): compared with {', '.join(kept)}; "
+            f"not compared (other inputs): {', '.join(skipped)}"
         )
+        notes.append((logging.INFO, text))
     if unrecorded:
-        notes.append(
-            f"{unrecorded[0]} records no input files"
-            + (f" (and {len(set(unrecorded)) - 1} more)" if len(set(unrecorded)) > 1 else "")
-            + ": whether golden and target come from the same input cannot be checked"
+        more = len(set(unrecorded)) - 1
+        text = (
+            f"{unrecorded[0]} records no input files{f' (and {more} more)' if more else ''}: "
+            "whether golden and target come from the same input cannot be checked"
         )
+        notes.append((logging.INFO, text))
         if one_golden and len(kept) > 1:
-            notes.append(
+            text = (
                 f"the golden reference holds one input but the inference results hold {len(kept)}; "
                 "every Result_N is compared with it (only meaningful if they share that input)"
             )
+            notes.append((logging.WARNING, text))
     return kept, notes
 
 
@@ -1002,8 +1006,8 @@ def run_verification(
     with RunDir(working_dir, COMPONENT, output_dirname) as run:
         for key, value in sources.items():
             log.info("%s: %s", key, value)
-        for note in input_notes:
-            (log.warning if "only meaningful" in note else log.info)("%s", note)
+        for level, note in input_notes:
+            log.log(level, "%s", note)
         run.write_options(
             options_record
             or {

@@ -296,9 +296,9 @@ class Verifier:
             return "no threshold"
         return f"pass {'>=' if self.higher_is_better else '<='} {self.pass_mark:g}"
 
-    def per_channel(self, golden: np.ndarray, target: np.ndarray) -> np.ndarray | None:
-        """The score of each channel, from ``[channels, elements]`` arrays; None when the
-        metric has no per-channel form (see :mod:`accdbg.verifiers.channels`)."""
+    def per_channel(self, pair: Any) -> np.ndarray | None:
+        """The score of each channel of a :class:`~accdbg.verifiers.channels.ChannelPair`;
+        None when the metric has no per-channel form."""
         return None
 
     def judge(self, value: float) -> bool | None:

@@ -41,14 +41,7 @@ from accdbg.mapping.tensor_mapping import (
 from accdbg.reports.summary import write_record_csv, write_record_html, write_summary
 from accdbg.verifiers import get_verifier, make_verifier
 from accdbg.verifiers.base import TensorPair, Verifier, VerifierResult, finite_range
-from accdbg.verifiers.channels import (
-    STATS,
-    by_channel,
-    channel_axis,
-    channel_power,
-    live,
-    summarize,
-)
+from accdbg.verifiers.channels import STATS, ChannelPair, channel_axis, live, summarize
 
 log = logging.getLogger("accdbg.verification")
 
@@ -420,7 +413,7 @@ def _verify_pair(
     pair = TensorPair(g_arr, t_arr, _scale_for(encoding, t_shape, alignment))
     results = {cv.label: cv.verifier.verify(pair) for cv in verifiers}
     if not pair.notes and not pair.problem:
-        row.update(_per_channel(g_arr, t_arr, g_layout, row["LayerType"], verifiers))
+        row.update(_per_channel(pair, g_arr.shape, g_layout, row["LayerType"], verifiers))
     pair_note = "; ".join(pair.notes)
     notes = list(pair.notes)
     notes += [
@@ -434,18 +427,19 @@ def _verify_pair(
 
 
 def _per_channel(
-    g_arr: np.ndarray, t_arr: np.ndarray, layout, op_type, verifiers: list[ConfiguredVerifier]
+    pair: TensorPair, shape, layout, op_type, verifiers: list[ConfiguredVerifier]
 ) -> dict[str, float]:
     """``<label> ch_median`` / ``ch_worst`` of every verifier that has a per-channel form."""
-    axis = channel_axis(g_arr.shape, layout, op_type)
+    axis = channel_axis(shape, layout, op_type)
     if axis is None:
         return {}
-    g2, t2 = by_channel(g_arr, axis), by_channel(t_arr, axis)
-    alive = live(channel_power(g2))
+    g, t = pair.golden.reshape(shape), pair.target.reshape(shape)
+    cp = ChannelPair.of(g, t, axis, pair.__dict__.get("diff"))
+    alive = live(cp.gg)
     out: dict[str, float] = {}
     for cv in verifiers:
         with np.errstate(all="ignore"):
-            values = cv.verifier.per_channel(g2, t2)
+            values = cv.verifier.per_channel(cp)
         if values is not None:
             stats = summarize(values, alive, cv.verifier.higher_is_better)
             out.update({f"{cv.label} {k}": v for k, v in stats.items()})
@@ -454,11 +448,11 @@ def _per_channel(
 
 def channel_columns(verifiers: Sequence[ConfiguredVerifier]) -> list[str]:
     """The per-channel columns of the verifiers that have a per-channel form."""
-    probe = np.ones((2, 1))
+    probe = ChannelPair(np.ones((2, 1)), np.ones((2, 1)))
     return [
         f"{cv.label} {k}"
         for cv in verifiers
-        if cv.tensors is None and cv.verifier.per_channel(probe, probe) is not None
+        if cv.tensors is None and cv.verifier.per_channel(probe) is not None
         for k in STATS
     ]
 

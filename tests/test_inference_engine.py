@@ -246,9 +246,17 @@ def test_unsupported_ops_are_listed(tmp_path):
     assert {"name": "my_unique", "type": "Unique"} in [
         {k: u[k] for k in ("name", "type")} for u in part["unsupported_by_qnn"]
     ]
-    assert ["Unique", "my_unique"] in [[n["type"], n["name"]] for n in part["cpu_nodes"]]
+    cpu = {n["name"]: n for n in part["cpu_nodes"]}
+    assert cpu["my_unique"]["type"] == "Unique"
+    # QNN's own reason, read from the backend log, for every node left on the CPU
+    assert cpu["my_unique"]["reason"] == "Operators of type `Unique` are not supported by QNN EP"
+    log_lines = (res.run_dir / "backend_log.txt").read_text(encoding="utf-8").splitlines()
+    for n in cpu.values():
+        assert n["reason"] and n["source"] == "qnn_validation", n
+        assert "Validation FAILED" in log_lines[n["log_line"] - 1]
     with pytest.raises(
-        AccdbgError, match=r"QNN does not support \d+ node\(s\): my_unique \(Unique\)"
+        AccdbgError,
+        match=r"QNN does not support \d+ node\(s\): my_unique \(Unique\): Operators of type `Unique`",
     ):
         run_inference_engine(
             path, input_tensors=inp, working_dir=tmp_path / "w", disable_cpu_fallback=True

@@ -29,8 +29,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize
 
+from accdbg.engines.static_inputs import (
+    constant_inputs_to_keep,
+    name_unnamed_nodes,
+    restore_constants,
+)
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.inference_engine")
@@ -110,8 +116,10 @@ def quantize_for_qnn(
     param_quantizer: str = "tf",
     per_channel: bool = False,
     overrides: dict | None = None,
+    notes: list[str] | None = None,
 ) -> Path:
-    """Write the QDQ model for QNN; returns its path."""
+    """Write the QDQ model for QNN; returns its path. Constants kept float because QNN takes
+    them only as initializers are described in ``notes`` (logged when there is no ``notes``)."""
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     if bias_bitwidth != 32:
@@ -135,6 +143,7 @@ def quantize_for_qnn(
     a_sym = act_quantizer == "symmetric"
     extra = {}
     calib = ACT_CALIBRATION[act_quantizer]
+    float_model, float_proto = _named(float_model)
     config = get_qnn_qdq_config(
         str(float_model),
         reader,
@@ -162,4 +171,36 @@ def quantize_for_qnn(
         raise AccdbgError(
             f"quantization of {float_model.name} failed: {type(exc).__name__}: {exc}"
         ) from None
+    _restore_qnn_constants(out_path, float_proto, float_model.parent, notes)
     return out_path
+
+
+def _named(float_model: Path) -> tuple[Path, onnx.ModelProto]:
+    """The float model, rewritten beside the original only when a node whose constants QNN
+    needs has no name to find it again by after quantization."""
+    model = onnx.load(str(float_model), load_external_data=False)
+    if any(not k.node for k in constant_inputs_to_keep(model)) and name_unnamed_nodes(model):
+        named = float_model.with_name(float_model.stem + ".named.onnx")
+        onnx.save(model, str(named))
+        return named, model
+    return float_model, model
+
+
+def _restore_qnn_constants(
+    qdq_path: Path, float_model: onnx.ModelProto, base_dir: Path, notes: list[str] | None
+) -> None:
+    """Give QNN back, as initializers, the constants it takes only as such (see
+    :mod:`accdbg.engines.static_inputs`), and say so."""
+    kept = constant_inputs_to_keep(float_model)
+    if not kept:
+        return
+    qdq = onnx.load(str(qdq_path), load_external_data=False)
+    changed = restore_constants(qdq, float_model, kept, str(base_dir))
+    if not changed:
+        return
+    onnx.save(qdq, str(qdq_path))
+    for k in changed:
+        if notes is None:
+            log.info("quantization: %s", k.note())
+        else:
+            notes.append(f"quantization: {k.note()}")

@@ -28,7 +28,7 @@ from accdbg.core.inputs import InputList, InputTensor, check_raw_size, parse_inp
 from accdbg.core.isolate import Isolated
 from accdbg.core.run_dir import RunDir, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, records_table
-from accdbg.engines import artifacts, exposure
+from accdbg.engines import artifacts, exposure, partitioning
 from accdbg.engines.base import EngineOptions, get_engine
 from accdbg.engines.prepare import fix_shapes, prepare_float_model
 from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
@@ -273,6 +273,7 @@ def run_inference_engine(
             else:
                 target = run.path / f"{stem}.qdq.onnx"
                 t = time.perf_counter()
+                kept: list[str] = []
                 quantize_for_qnn(
                     prepared,
                     target,
@@ -288,7 +289,9 @@ def run_inference_engine(
                     param_quantizer,
                     per_channel,
                     _overrides(quantization_overrides, ignore_encodings, prepared),
+                    notes=kept,
                 )
+                steps.extend(kept)
                 steps.append(
                     f"quantized for QNN (A{act_bitwidth}W{weights_bitwidth}, {act_quantizer}/{param_quantizer}"
                     f"{', per-channel' if per_channel else ''}) with {len(feeds)} calibration input(s) "
@@ -354,7 +357,9 @@ def run_inference_engine(
         write_json_atomic(mapping_path, mapping)
         struct_path = run.path / f"{stem}_graph_struct.json"
         write_json_atomic(struct_path, artifacts.graph_struct(stem, selected, report.shapes))
-        _report_partitioning(run.path, plain, eng.label)
+        _report_partitioning(
+            run.path, plain, eng.label, target_model, stage == "source" and precision != "fp16"
+        )
         _report_fusion(diffs)
         write_json_atomic(run.path / "preprocessing.json", steps)
         shutil.rmtree(work, ignore_errors=True)
@@ -402,32 +407,15 @@ def _annotate_manifests(
         write_json_atomic(path, data)
 
 
-def _report_partitioning(run_path: Path, report: JobReport, label: str) -> None:
-    info = {
-        "engine": label,
-        "placement_counts": report.placement_counts,
-        "cpu_nodes": [{"type": t, "name": n} for t, n in report.cpu_nodes],
-        "unsupported_by_qnn": report.unsupported,
-    }
+def _report_partitioning(
+    run_path: Path, report: JobReport, label: str, model: onnx.ModelProto, ours: bool
+) -> None:
+    info = partitioning.partitioning_info(
+        label, report.placement_counts, report.cpu_reasons, report.unsupported, model, ours
+    )
     write_json_atomic(run_path / "partitioning.json", info)
-    qnn = report.placement_counts.get("QNNExecutionProvider")
-    cpu = report.cpu_nodes
-    if qnn is not None:
-        log.info(
-            "partitioning: %d QNN partition(s); %d node(s) on CPU%s",
-            qnn,
-            len(cpu),
-            (": " + ", ".join(f"{n} ({t})" for t, n in cpu[:8]) + (" ..." if len(cpu) > 8 else ""))
-            if cpu
-            else "",
-        )
-    for u in report.unsupported:
-        log.warning(
-            "QNN does not support node %s (%s)%s",
-            u["name"],
-            u["type"],
-            f": {u['reason']}" if u["reason"] else "",
-        )
+    if "QNNExecutionProvider" in report.placement_counts:
+        partitioning.report(info)
 
 
 class _Workers:

@@ -45,6 +45,7 @@ SHARE = 0.5  # a culprit alone causes at least this share of the whole model's o
 MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
 BACKEND_DB = 10.0
 MAX_CULPRITS = 5
+CAUSE_DB = 6.0
 
 RANK = "culprit_rank"
 CAUSE = "cause"
@@ -128,12 +129,26 @@ def compared_inputs(
 
 
 def _cause(ev: Evidence) -> str:
-    owner = ev.owner
-    db = nsr_db(ev.local_nsr)
-    if owner == "weights":
-        return f"weight range: {ev.weight_note} (median channel {db:.1f} dB)"
-    if owner == "concat":
-        return f"unbalanced concatenation: {ev.concat_note} ({db:.1f} dB)"
+    """What the layer's own encodings do, worst first; every part within ``CAUSE_DB`` of the
+    worst is named (a scaled channel blows both its weights' and its output's range)."""
+    parts = []
+    for nsr, text in (
+        (ev.weight_nsr, lambda db: f"weight range: {ev.weight_note} (median channel {db:.1f} dB)"),
+        (ev.concat_nsr, lambda db: f"unbalanced concatenation: {ev.concat_note} ({db:.1f} dB)"),
+        (ev.output_nsr, lambda db: _output_cause(ev, db)),
+    ):
+        if not math.isnan(nsr) and nsr > 0:
+            parts.append((nsr, text(nsr_db(nsr))))
+    if not parts:
+        return ""
+    worst = max(p[0] for p in parts)
+    keep = [
+        t for n, t in sorted(parts, key=lambda p: -p[0]) if nsr_db(n) < nsr_db(worst) + CAUSE_DB
+    ]
+    return "; ".join(keep)
+
+
+def _output_cause(ev: Evidence, db: float) -> str:
     if not math.isnan(ev.clip_nsr) and ev.clip_nsr >= 0.5 * ev.output_nsr_tensor:
         return f"clipping: {100 * ev.clipped:.3g}% of values outside the encoding ({db:.1f} dB)"
     return f"activation range: {ev.output_note} (median channel {db:.1f} dB)"

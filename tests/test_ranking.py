@@ -170,3 +170,25 @@ def test_clean_chain_names_nothing(outlier_runs):
 
 def pd_isna(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v)) or str(v) in ("<NA>", "nan")
+
+
+@pytest.mark.parametrize("algorithm", ["layerwise", "cumulative"])
+def test_snooping_blames_the_producer_and_says_so(outlier_runs, tmp_path, algorithm):
+    from accdbg.algorithms.cumulative import run_cumulative_layerwise
+    from accdbg.algorithms.layerwise import run_layerwise
+
+    built, oneshot = outlier_runs[60.0]
+    run = run_layerwise if algorithm == "layerwise" else run_cumulative_layerwise
+    inp = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
+    res = run(
+        built.path,
+        inp,
+        golden_dir=oneshot.golden_dir,
+        verifiers=["SQNR", "CosineSimilarity"],
+        working_dir=tmp_path / "w",
+    )
+    ranked = res.report.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
+    assert list(ranked["O/P Name"])[:1] == [built.expected["planted"]], ranked
+    assert res.findings and res.findings[0].startswith(f"culprit #1: {built.expected['planted']}")
+    csv = (res.csv).read_text()
+    assert "culprit_rank" in csv.splitlines()[0]

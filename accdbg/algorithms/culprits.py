@@ -85,8 +85,12 @@ def find_culprits(
     float_model: Path | None = None,
     golden_name: Mapping[str, str] | None = None,
     local_observed: bool = False,
+    full_run: bool = True,
 ) -> Ranking:
-    """Evidence for every layer, output sensitivity for the standouts, one verdict."""
+    """Evidence for every layer, output sensitivity for the standouts, one verdict.
+
+    ``full_run``: the table's output rows are the model's outputs as deployed (oneshot), so
+    their verdict is stated; a snooping table's are not (golden inputs upstream)."""
     t = time.perf_counter()
     qdq = onnx.load(str(qdq_model))
     names = dict(golden_name or {})
@@ -104,7 +108,7 @@ def find_culprits(
         impact=impact,
         observed_nsr=observed_nsr(table, name_col, verifiers),
         local_observed=local_observed,
-        outputs=output_verdicts(table, name_col, verifiers, outputs),
+        outputs=output_verdicts(table, name_col, verifiers, outputs) if full_run else (),
     )
     log.info("culprit ranking in %.1f s", time.perf_counter() - t)
     return ranking

@@ -462,6 +462,7 @@ class Context:
             feeds,
             float_model=prepared_model(self.qdq_path),
             local_observed=not self.req.cumulative,
+            full_run=False,
         )
 
     def record(self, kind: str, rows: list[dict[str, Any]], sessions: int, **extra: Any) -> None:

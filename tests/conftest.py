@@ -48,6 +48,11 @@ def ppocr_cls() -> Path:
 
 
 @pytest.fixture(scope="session")
+def ppocr_rec() -> Path:
+    return _rapidocr_model("ch_PP-OCRv4_rec_infer.onnx")
+
+
+@pytest.fixture(scope="session")
 def ppocr_input(tmp_path_factory) -> Path:
     """A deterministic 1x3x320x320 image-like input for the det model."""
     path = tmp_path_factory.mktemp("ppocr") / "x.raw"

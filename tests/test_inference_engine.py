@@ -411,3 +411,41 @@ def test_real_ppocr_det_every_quantized_activation_from_htp(ppocr_run, ppocr_det
         assert gold.records[fw_name].shape == folder.records[inf_name].shape
     steps = json.loads((res.run_dir / "preprocessing.json").read_text())
     assert any("fixed dynamic input x" in s for s in steps) and any("Constant" in s for s in steps)
+
+
+def test_qnn_preprocessing_keeps_metadata_and_survives_its_own_failure(
+    tmp_path, monkeypatch, caplog
+):
+    """onnxruntime's QNN pre-processing raises a TypeError on any model with metadata_props
+    (PP-OCRv4 rec ships a 'character' table): it gets a copy without, the result gets it back."""
+    from onnxruntime.quantization.execution_providers import qnn as ort_qnn
+
+    from accdbg.engines.prepare import prepare_float_model
+
+    built = models.mlp(tmp_path)
+    model = onnx.load(str(built.path))
+    model.graph.node[2].name = ""  # the pre-processing names it: the model changes
+    props = {"character": "a\nb\nc", "note": "kept"}
+    helper.set_model_props(model, props)
+    path, steps = prepare_float_model(model, {"x": (2, 4)}, tmp_path)
+    assert path.name == "model.qnn_pre.onnx" and any("QNN pre-processing fused" in s for s in steps)
+    out = onnx.load(str(path))
+    assert {p.key: p.value for p in out.metadata_props}.items() >= props.items()
+    assert all(n.name for n in out.graph.node)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.fromfile(built.input_path, np.float32).reshape(2, 4)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], built.expected["y"], rtol=1e-5)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("fusion failed\nsecond line")
+
+    monkeypatch.setattr(ort_qnn, "qnn_preprocess_model", broken)
+    work = tmp_path / "again"
+    work.mkdir()
+    path, steps = prepare_float_model(model, {"x": (2, 4)}, work)
+    assert path.name == "model.folded.onnx"
+    assert (
+        steps[-1]
+        == "onnxruntime QNN pre-processing skipped: it failed (RuntimeError: fusion failed)"
+    )
+    assert "QNN pre-processing failed" in caplog.text

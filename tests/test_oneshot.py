@@ -376,3 +376,92 @@ def test_wrapper_runs_the_snooping_algorithms(tmp_path, capsys, algorithm, folde
     assert bad == ["layer1"]
     assert algorithm.split("-")[0] in (tmp_path / "w" / "wrapper" / "run" / "log.txt").read_text()
     assert (tmp_path / "w" / "framework_diagnosis" / "latest" / "tensors.json").is_file()
+
+
+def text_line(text: str, path: Path) -> Path:
+    """A 1x3x48x320 text-line image as PP-OCR's recognizer takes it: black text on white,
+    rendered by matplotlib's bundled font, scaled to [-1, 1]."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3.2, 0.48), dpi=100)
+    canvas = FigureCanvasAgg(fig)
+    fig.text(0.03, 0.5, text, fontsize=22, va="center", family="DejaVu Sans")
+    canvas.draw()
+    rgb = np.asarray(canvas.buffer_rgba())[..., :3].astype(np.float32) / 255
+    assert rgb.shape == (48, 320, 3)
+    ((rgb - 0.5) / 0.5).transpose(2, 0, 1)[None].astype(np.float32).tofile(path)
+    return path
+
+
+def ctc_decode(probs: np.ndarray, characters: list[str]) -> str:
+    """Greedy CTC: best class per time step, repeats merged, blanks (class 0) dropped."""
+    best = probs.reshape(-1, probs.shape[-1]).argmax(-1)
+    keep = [b for i, b in enumerate(best) if b != 0 and (i == 0 or b != best[i - 1])]
+    return "".join(characters[b] for b in keep)
+
+
+@pytest.fixture(scope="module")
+def ppocr_rec_oneshot(tmp_path_factory, ppocr_rec):
+    """PP-OCRv4 rec exactly as rapidocr-onnxruntime ships it (its metadata made onnxruntime's
+    QNN pre-processing crash), oneshot on two text lines, the first the -i file."""
+    import hashlib
+
+    import onnxruntime as ort
+
+    tmp = tmp_path_factory.mktemp("ppocr_rec")
+    digest = hashlib.sha256(ppocr_rec.read_bytes()).hexdigest()
+    lines = [text_line("HELLO 2024", tmp / "hello.raw"), text_line("QNN 48x320", tmp / "qnn.raw")]
+    lst = tmp / "list.txt"
+    lst.write_text("".join(f"{p}\n" for p in lines))
+    inp = [parse_input_tensor(["x", "1,3,48,320", str(lines[0])])]
+    res = run_oneshot("onnx", ppocr_rec, inp, input_list=lst, working_dir=tmp / "w")
+    sess = ort.InferenceSession(str(ppocr_rec), providers=["CPUExecutionProvider"])
+    references = [  # the float model on onnxruntime's CPU, per list line
+        sess.run(None, {"x": np.fromfile(p, np.float32).reshape(1, 3, 48, 320)})[0] for p in lines
+    ]
+    model = onnx.load(str(ppocr_rec))
+    meta = {p.key: p.value for p in model.metadata_props}
+    # PaddleOCR's class list: blank, the dictionary, space
+    characters = ["", *meta["character"].split("\n"), " "]
+    return res, model, meta, references, characters, digest
+
+
+def test_real_rec_model_with_metadata_runs_as_shipped(ppocr_rec_oneshot, ppocr_rec):
+    import hashlib
+
+    res, model, meta, references, characters, digest = ppocr_rec_oneshot
+    assert hashlib.sha256(ppocr_rec.read_bytes()).hexdigest() == digest  # the user's file untouched
+    assert [r.shape for r in references] == [(1, 40, 6625)] * 2 and len(characters) == 6625
+    texts = [ctc_decode(r, characters) for r in references]
+    assert texts == ["HELLO 2024", "QNN 48x320"]  # the inputs are what they claim
+    # framework diagnosis: every non-Constant node output, the final one the float model's
+    golden = TensorFolder(res.golden_dir)
+    outputs = [o for n in model.graph.node if n.op_type != "Constant" for o in n.output]
+    assert set(golden.names()) == set(outputs)
+    np.testing.assert_allclose(golden.load("softmax_11.tmp_0"), references[0], atol=1e-5)
+    # the engine: every quantized activation of its QDQ model dumped, for both list lines
+    qdq = onnx.load(str(next(res.engine_run.glob("*.qdq.onnx"))))
+    inputs = {i.name for i in qdq.graph.input}
+    acts = {n.input[0] for n in qdq.graph.node if n.op_type == "QuantizeLinear"} - inputs
+    assert {p.key: p.value for p in qdq.metadata_props}.items() >= meta.items()  # kept
+    steps = json.loads((res.engine_run / "preprocessing.json").read_text())
+    assert any("QNN pre-processing fused" in s for s in steps)
+    assert any("2 calibration input(s)" in s for s in steps)
+    results = sorted((res.engine_run / "output").glob("Result_*"))
+    assert [r.name for r in results] == ["Result_0", "Result_1"]
+    for result, reference, text in zip(results, references, texts, strict=True):
+        target = TensorFolder(result)
+        assert {r.extra["qdq_tensor"] for r in target} == acts and len(acts) > 300
+        # the final output from QNN HTP: a softmax of the float model's shape that reads the
+        # same text (8-bit noise moves probabilities, not most of the best classes)
+        out = np.asarray(target.load("softmax_11.tmp_0"), np.float64)
+        assert out.shape == reference.shape
+        assert out.min() >= 0 and out.max() <= 1
+        np.testing.assert_allclose(out.sum(-1), 1, atol=0.1)
+        assert (out.argmax(-1) == reference.argmax(-1)).mean() >= 0.75
+        assert ctc_decode(out, characters).strip() == text
+    # verification: one row per dumped tensor that has a golden, all compared
+    first = TensorFolder(results[0])
+    assert set(res.summary["Name"]) <= set(first.names()) & set(golden.names())
+    assert len(res.summary) > 300 and res.summary["CosineSimilarity"].notna().all()

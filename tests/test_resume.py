@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -171,6 +172,35 @@ def test_sigint_mid_cumulative_resumes(small):
     )
     pd.testing.assert_frame_equal(res.report, ref.report)
     assert res.sessions == len(ref.report) - done
+
+
+def test_the_input_list_is_part_of_the_recorded_options(small):
+    tmp, built, inp = small
+    lists = []
+    for i, gain in enumerate((2.0, 5.0)):
+        line = tmp / f"line{i}.raw"
+        (np.fromfile(built.input_path, np.float32) * gain).tofile(line)
+        lists.append(tmp / f"list{i}.txt")
+        lists[-1].write_text(f"{built.input_path}\n{line}\n")
+    kw = {"working_dir": tmp / "lw", "output_dirname": "run", "workers": 1}
+    first = run_layerwise(built.path, [parse_input_tensor(inp)], input_list=lists[0], **kw)
+    assert first.sessions > 0
+    again = run_layerwise(built.path, [parse_input_tensor(inp)], input_list=lists[0], **kw)
+    assert again.sessions == 0  # the same run, finished: nothing to do
+    for other in (lists[1], None):
+        with pytest.raises(AccdbgError, match="holds a run with another input_list"):
+            run_layerwise(built.path, [parse_input_tensor(inp)], input_list=other, **kw)
+    # a bad list line and a misplaced input_list are one-line errors before any folder is made
+    bad = tmp / "bad_list.txt"
+    bad.write_text(f"{built.input_path}\n{tmp / 'bad_list.txt'}\n")
+    kw["working_dir"] = tmp / "bad"
+    with pytest.raises(AccdbgError, match=r"bad_list.txt:2: input 'x'"):
+        run_layerwise(built.path, [parse_input_tensor(inp)], input_list=bad, **kw)
+    with pytest.raises(AccdbgError, match="pass input_list="):
+        run_layerwise(
+            built.path, [parse_input_tensor(inp)], engine_kwargs={"input_list": bad}, **kw
+        )
+    assert not (tmp / "bad").exists()
 
 
 def test_a_record_cut_short_by_a_kill_is_dropped(tmp_path):

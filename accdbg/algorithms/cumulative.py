@@ -241,6 +241,7 @@ def _loop(ctx: Context) -> None:
 def run_cumulative_layerwise(
     model_path: str | os.PathLike,
     input_tensors: Sequence[InputTensor] = (),
+    input_list: str | os.PathLike | None = None,
     golden_dir: str | os.PathLike | None = None,
     qdq_model: str | os.PathLike | None = None,
     verifiers: Sequence = ("CosineSimilarity",),

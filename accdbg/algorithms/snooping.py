@@ -35,9 +35,10 @@ from accdbg.algorithms.judging import Judge, base_row, finalize_row, restore_row
 from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import SKIP
 from accdbg.core import onnx_model as om
-from accdbg.core.inputs import InputTensor
+from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.base import EngineOptions, get_engine
+from accdbg.engines.source import Feeds, build_feeds
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.snooping")
@@ -54,7 +55,7 @@ BACKEND_KEYS = tuple(
 FILTER_KEYS = tuple("add_layer_outputs add_layer_types skip_layer_types skip_layer_outputs".split())
 IGNORED_KEYS = tuple(
     "debug output_data_type profiling_level golden_dir_for_mapping stage framework_model_path "
-    "input_list memory_budget_mb options_record".split()
+    "memory_budget_mb options_record".split()
 )
 
 
@@ -77,6 +78,11 @@ class SnoopingResult:
 
 def check_engine_kwargs(kwargs: dict | None) -> dict:
     kwargs = dict(kwargs or {})
+    if "input_list" in kwargs:
+        raise AccdbgError(
+            "engine option 'input_list' is an argument of its own: pass input_list=... "
+            "(the calibration data), not in engine_kwargs"
+        )
     known = set(QUANT_KEYS) | set(BACKEND_KEYS) | set(FILTER_KEYS) | set(IGNORED_KEYS)
     unknown = sorted(k for k in kwargs if k not in known)
     if unknown:
@@ -109,64 +115,34 @@ def is_qdq(model: onnx.ModelProto) -> bool:
     return any(n.op_type == "QuantizeLinear" for n in model.graph.node)
 
 
-def quantize(
-    model_path: Path,
-    model: onnx.ModelProto,
-    inputs: Sequence[InputTensor],
-    kwargs: dict,
-    out_dir: Path,
-) -> Path:
-    """The QDQ model exactly as the inference engine's source stage makes it (same
-    pre-processing, same quantizer and options), without running it."""
-    from accdbg.engines.prepare import prepare_float_model
-    from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
+def quantize(req: Request, out_dir: Path) -> Path:
+    """The QDQ model exactly as the inference engine's source stage makes it: the engine's own
+    function, with the same feeds (every ``-l`` line, else the ``-i`` files), pre-processing,
+    quantizer and options; written into ``out_dir``, not run."""
+    from accdbg.engines.source import source_model
 
-    dims = {t.name: tuple(t.dims) for t in inputs}
-    dtypes = {t.name: t.dtype for t in inputs}
-    missing = [vi.name for vi in om.real_inputs(model) if vi.name not in dims]
-    if missing:
-        raise AccdbgError(f"model input {missing[0]!r} has no -i/--input_tensor")
+    assert req.feeds is not None
+    options = {
+        k: req.kwargs[k] for k in (*QUANT_KEYS, "precision") if req.kwargs.get(k) is not None
+    }
     work = out_dir / ".quantize"
-    work.mkdir(parents=True, exist_ok=True)
-    prepared, steps = prepare_float_model(model, dims, work)
-    for s in steps:
-        log.info("pre-processing: %s", s)
-    stem = model_path.name.removesuffix(".onnx")
-    # kept: the float weights the QDQ model is quantized from (quantization evidence)
-    shutil.copyfile(prepared, out_dir / f"{stem}.prepared.onnx")
-    if kwargs.get("precision") == "fp16":
-        target = out_dir / f"{stem}.fp16.onnx"
-        shutil.copyfile(prepared, target)
-        shutil.rmtree(work, ignore_errors=True)
-        return target
-    overrides = None
-    qo = kwargs.get("quantization_overrides")
-    if qo and not kwargs.get("ignore_encodings"):
-        from accdbg.encodings.aimet import read_aimet
-        from accdbg.encodings.overrides import aimet_to_tensor_quant_overrides
-
-        if not Path(qo).is_file():
-            raise AccdbgError(f"-qo/--quantization_overrides {str(qo)!r} does not exist")
-        overrides = aimet_to_tensor_quant_overrides(
-            read_aimet(Path(qo)), onnx.load(str(prepared), load_external_data=False)
-        )
-    target = out_dir / f"{stem}.qdq.onnx"
     t = time.perf_counter()
-    quantize_for_qnn(
-        prepared,
-        target,
-        FeedsReader([{t_.name: t_.path for t_ in inputs}], dims, dtypes),
-        int(kwargs.get("act_bitwidth") or 8),
-        int(kwargs.get("weights_bitwidth") or 8),
-        int(kwargs.get("bias_bitwidth") or 32),
-        kwargs.get("act_quantizer") or "tf",
-        kwargs.get("param_quantizer") or "tf",
-        bool(kwargs.get("per_channel")),
-        overrides,
+    target, steps = source_model(
+        req.model,
+        req.model_path.name.removesuffix(".onnx"),
+        req.feeds,
+        req.dims,
+        req.dtypes,
+        out_dir,
+        work,
+        **options,
     )
+    for step in steps:
+        log.info("pre-processing: %s", step)
     log.info(
-        "quantized %s for QNN in %.1f s -> %s",
-        model_path.name,
+        "%s %s for QNN in %.1f s, pre-processing included -> %s",
+        "prepared" if options.get("precision") == "fp16" else "quantized",
+        req.model_path.name,
         time.perf_counter() - t,
         target.name,
     )
@@ -229,7 +205,10 @@ def select_span(
 
 HTML_EVERY = 30.0  # seconds between HTML rewrites while running (the CSV follows every unit)
 # options that shape the results: a resumed run must have the same
-OPTION_KEYS = "algorithm model_path qdq_model golden_dir input_tensor verifiers start_layer end_layer engine_kwargs"
+OPTION_KEYS = (
+    "algorithm model_path qdq_model golden_dir input_tensor input_list verifiers start_layer "
+    "end_layer engine_kwargs"
+)
 
 
 @dataclass
@@ -239,6 +218,7 @@ class SnoopArgs:
 
     model_path: str | os.PathLike
     input_tensors: Sequence[InputTensor]
+    input_list: str | os.PathLike | None
     golden_dir: str | os.PathLike | None
     qdq_model: str | os.PathLike | None
     verifiers: Sequence[Any]
@@ -269,6 +249,10 @@ class Request:
     start_layer: str | None
     end_layer: str | None
     record: dict  # the options JSON
+    # calibration feeds, as the inference engine builds them; None when nothing is quantized
+    feeds: Feeds | None = None
+    dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dtypes: dict[str, np.dtype] = field(default_factory=dict)
 
     @property
     def cumulative(self) -> bool:
@@ -313,6 +297,14 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
             [n for n in (args.start_layer, args.end_layer) if n],
             "--start_layer/--end_layer",
         )
+    input_list = Path(args.input_list).expanduser().absolute() if args.input_list else None
+    feeds, dims, dtypes = None, {}, {}
+    if qdq is None:  # quantized here: calibrated on the same feeds as the engine's
+        feeds, dims, dtypes = build_feeds(
+            model, parse_input_list(input_list) if input_list else None, args.input_tensors
+        )
+    elif input_list is not None:
+        log.info("-l/--input_list %s not used: the QDQ model is given", input_list)
     record = {
         "algorithm": algorithm.replace("_", "-"),
         "model_path": str(model_path),
@@ -322,6 +314,7 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
             [t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name]
             for t in args.input_tensors
         ],
+        "input_list": str(input_list) if input_list else None,
         "verifiers": [v.label for v in judge.verifiers.values()],
         "start_layer": args.start_layer,
         "end_layer": args.end_layer,
@@ -344,6 +337,9 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
         args.start_layer,
         args.end_layer,
         json.loads(json.dumps(record, default=str)),
+        feeds,
+        dims,
+        dtypes,
     )
 
 
@@ -371,7 +367,7 @@ def set_up(req: Request, run_path: Path, journal: Journal, working_dir) -> tuple
         golden = run_framework_diagnosis(
             "onnx", req.model_path, req.inputs, working_dir=working_dir
         ).run_dir
-    qdq = req.qdq_model or quantize(req.model_path, req.model, req.inputs, req.kwargs, run_path)
+    qdq = req.qdq_model or quantize(req, run_path)
     inside = (
         qdq.parent == run_path
     )  # paths inside the run folder are kept relative: it is renamed at the end

@@ -62,7 +62,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, required: bool = True)
         default="x86_64-linux-clang",
         help="host/device architecture (default x86_64-linux-clang: HTP emulation on this host)",
     )
-    core.add_argument("-l", "--input_list", help="qnn-net-run input list: one inference per line")
+    core.add_argument(
+        "-l",
+        "--input_list",
+        help="qnn-net-run input list: one inference per line; every line also calibrates the "
+        "quantization (source stage, and layerwise/cumulative-layerwise)",
+    )
     core.add_argument(
         "--stage",
         choices=STAGES,

@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             result = fn(
                 args.model_path,
                 inputs,
+                input_list=args.input_list,
                 golden_dir=args.golden_output_reference_directory,
                 verifiers=verifiers,
                 start_layer=args.start_layer,

@@ -82,8 +82,9 @@ class _DropMessages(logging.Filter):
 
 
 @contextmanager
-def _quiet_root_warnings(text: str):
-    """onnxruntime's quantizer warns on the root logger to pre-process; we already did."""
+def quiet_root_warnings(text: str):
+    """Drop onnxruntime's root-logger warnings containing ``text`` (e.g. the quantizer's advice
+    to pre-process, which we already did)."""
     f = _DropMessages(text)
     root = logging.getLogger()
     root.addFilter(f)
@@ -163,7 +164,7 @@ def quantize_for_qnn(
     config.extra_options.update(extra)
     reader.rewind()
     try:
-        with _quiet_root_warnings("pre-process"):
+        with quiet_root_warnings("pre-process"):
             quantize(str(float_model), str(out_path), config)
     except AccdbgError:
         raise

@@ -139,4 +139,10 @@ class _LazySensitivity:
 
     def __call__(self, name: str) -> float:
         sens = self._ready()
-        return sens.share(self.layers[name]) if sens is not None else math.nan
+        if sens is None:
+            return math.nan
+        try:
+            return sens.share(self.layers[name])
+        except Exception as exc:  # this layer cannot be isolated on the CPU: evidence alone
+            log.info("no output sensitivity for %s: %s", name, str(exc).splitlines()[0])
+            return math.nan

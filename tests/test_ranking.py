@@ -192,3 +192,38 @@ def test_snooping_blames_the_producer_and_says_so(outlier_runs, tmp_path, algori
     assert res.findings and res.findings[0].startswith(f"culprit #1: {built.expected['planted']}")
     csv = (res.csv).read_text()
     assert "culprit_rank" in csv.splitlines()[0]
+
+
+def test_a_layer_wrong_only_on_the_backend_is_a_backend_culprit(outlier_runs, tmp_path):
+    """A QNN dump made wrong at one layer (as a faulty kernel would) parts from the CPU
+    fake-quant there and not before: named 'backend' when the backend matters at the outputs."""
+    import shutil
+
+    import onnx
+
+    from accdbg.algorithms.divergence import divergence
+    from accdbg.algorithms.evidence import EvidenceBuilder
+    from accdbg.core.tensor_store import TensorFolder
+
+    built, res = outlier_runs[0.0]
+    result = tmp_path / "Result_0"
+    shutil.copytree(res.engine_run / "output" / "Result_0", result)
+    target = TensorFolder(result)
+    rec = target.records["layer3"]
+    raw = result / rec.file
+    values = np.fromfile(raw, np.float32)
+    (values * 0.6).astype(np.float32).tofile(raw)  # a kernel off by 40 %
+    qdq = onnx.load(str(next(res.engine_run.glob("*.qdq.onnx"))))
+    builder = EvidenceBuilder(qdq, TensorFolder(res.golden_dir), lambda n: n)
+    x = {"x": np.fromfile(built.input_path, np.float32).reshape(built.dims)}
+    div = divergence(qdq, builder.layers, x, TensorFolder(result))
+    # numpy: the corrupted layer against the CPU run is 0.4 of the signal in amplitude
+    assert _db(div["layer3"]) == pytest.approx(-20 * math.log10(0.4 / 1.0), abs=1.5)
+    assert _db(div["layer2"]) > _db(div["layer3"]) + 20
+    ev = builder.build()
+    names = [e.name for e in builder.layers]
+    named = rank(ev, names, divergence=div, backend_share=0.9)
+    assert [c.name for c in named.culprits] == ["layer3"]
+    assert named.culprits[0].cause.startswith("backend")
+    quiet = rank(ev, names, divergence=div, backend_share=0.1)
+    assert quiet.culprits == [] and "10% of the outputs' error" in quiet.columns["layer3"]["cause"]

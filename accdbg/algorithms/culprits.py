@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
+from accdbg.algorithms.divergence import divergence
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.ranking import Ranking, rank
 from accdbg.algorithms.sensitivity import Sensitivity
@@ -86,11 +87,14 @@ def find_culprits(
     golden_name: Mapping[str, str] | None = None,
     local_observed: bool = False,
     full_run: bool = True,
+    target: Path | None = None,
 ) -> Ranking:
     """Evidence for every layer, output sensitivity for the standouts, one verdict.
 
     ``full_run``: the table's output rows are the model's outputs as deployed (oneshot), so
-    their verdict is stated; a snooping table's are not (golden inputs upstream)."""
+    their verdict is stated; a snooping table's are not (golden inputs upstream). ``target``:
+    the QNN dump of the same input, compared layer by layer with the CPU fake-quant of the
+    QDQ model to find backend culprits."""
     t = time.perf_counter()
     qdq = onnx.load(str(qdq_model))
     names = dict(golden_name or {})
@@ -101,6 +105,12 @@ def find_culprits(
     impact = None
     if float_model and float_model.is_file() and feeds:
         impact = _LazySensitivity(float_model, qdq, feeds, by_name)
+    div = None
+    if target is not None and feeds:
+        try:
+            div = divergence(qdq, builder.layers, feeds, TensorFolder(target))
+        except Exception as exc:  # the CPU cannot run it: no backend verdict, say why
+            log.info("no backend comparison (CPU fake-quant failed: %s)", str(exc).splitlines()[0])
     outputs = [o.name for o in qdq.graph.output]
     ranking = rank(
         evidence,
@@ -109,9 +119,28 @@ def find_culprits(
         observed_nsr=observed_nsr(table, name_col, verifiers),
         local_observed=local_observed,
         outputs=output_verdicts(table, name_col, verifiers, outputs) if full_run else (),
+        divergence=div,
+        backend_share=_backend_share(div, table, name_col, verifiers, outputs),
     )
     log.info("culprit ranking in %.1f s", time.perf_counter() - t)
     return ranking
+
+
+def _backend_share(div, table, name_col, verifiers, outputs) -> float:
+    """The outputs' QNN-vs-CPU divergence over their QNN-vs-float error (the worst output)."""
+    if not div:
+        return math.nan
+    sqnr = next((lab for lab, v in verifiers.items() if v.name == "SQNR" and lab in table), None)
+    if sqnr is None:
+        return math.nan
+    share = math.nan
+    rows = table[table[name_col].isin(outputs)]
+    for _, row in rows.iterrows():
+        err = verifiers[sqnr].linear_error(float(pd.to_numeric(row[sqnr], errors="coerce")))
+        d = div.get(str(row[name_col]))
+        if d is not None and err and math.isfinite(err) and err > 0:
+            share = max(d / err, share) if not math.isnan(share) else d / err
+    return share
 
 
 class _LazySensitivity:

@@ -168,6 +168,7 @@ def run_oneshot(
             feeds={t_.name: t_.load() for t_ in engine_inputs},
             float_model=prepared_model(engine.qdq_model),
             golden_name=json.loads(engine.tensor_mapping.read_text(encoding="utf-8")),
+            target=target,
         )
         summary = ranking.apply(summary, "Name")
         seconds["culprit ranking"] = time.perf_counter() - t

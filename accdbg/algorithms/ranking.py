@@ -161,6 +161,8 @@ def rank(
     observed_nsr: Mapping[str, float] | None = None,
     local_observed: bool = False,
     outputs: Sequence[tuple[str, str, float, bool | None]] = (),
+    divergence: Mapping[str, float] | None = None,
+    backend_share: float = math.nan,
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -171,6 +173,10 @@ def rank(
     from a full run (oneshot: inputs carry upstream error; used to say what is inherited) or,
     with ``local_observed``, from golden inputs (layerwise: also used to find backend errors).
     ``outputs`` are the model outputs' verdicts ``(name, verifier label, value, passed)``.
+    ``divergence`` is, per layer, the QNN result against the CPU fake-quant of the same QDQ
+    model (noise-to-signal; :mod:`accdbg.algorithms.divergence`): a layer where it jumps is
+    a backend culprit when ``backend_share`` - the outputs' QNN-vs-CPU divergence over their
+    QNN-vs-float error - is at least ``SHARE`` (else the layer's ``cause`` says so).
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -214,6 +220,15 @@ def rank(
     inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(observed))
     if local_observed:
         candidates += _backend(evidence, observed, {c[1] for c in candidates})
+    if divergence:
+        for sev, n, cause in _diverging(evidence, divergence, {c[1] for c in candidates}):
+            if backend_share >= SHARE:
+                candidates.append((sev, n, cause))
+            else:
+                columns.setdefault(n, {})[CAUSE] = (
+                    f"{cause}; but the backend's divergence is "
+                    f"{100 * backend_share:.0f}% of the outputs' error"
+                )
     else:
         root: dict[str, str] = {}
         for n in order:  # say where a full run's error comes from (execution order)
@@ -233,7 +248,14 @@ def rank(
         columns.setdefault(n, {})[RANK] = r
         columns[n][CAUSE] = cause
         culprits.append(Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan)))
-    return Ranking(culprits, floor, spread, _findings(culprits, floor, spread, outputs), columns)
+    findings = _findings(culprits, floor, spread, outputs)
+    if divergence and math.isfinite(backend_share):
+        findings.insert(
+            -1,
+            f"QNN's kernels account for {100 * min(backend_share, 1):.0f}% of the outputs' error "
+            "(QNN against onnxruntime's CPU fake-quant of the same QDQ model)",
+        )
+    return Ranking(culprits, floor, spread, findings, columns)
 
 
 def _backend(
@@ -266,6 +288,38 @@ def _backend(
                     n,
                     f"backend: run alone on the backend it keeps {nsr_db(obs):.1f} dB where its "
                     f"quantization explains {nsr_db(expected):.1f} dB ({ratio_db:.1f} dB worse)",
+                )
+            )
+    return out
+
+
+def _diverging(
+    evidence: Mapping[str, Evidence], div: Mapping[str, float], taken: set[str]
+) -> list[tuple[float, str, str]]:
+    """Layers where QNN parts from the CPU fake-quant far more than at their inputs."""
+    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(div))
+    jump: dict[str, tuple[float, float]] = {}
+    for n, d in div.items():
+        if not math.isfinite(d) or d <= 0:
+            continue
+        before = max((div[x] for x in inputs.get(n, []) if math.isfinite(div[x])), default=0.0)
+        jump[n] = (10 * math.log10(d / before) if before > 0 else math.inf, d)
+    floor, spread = robust_floor([j for j, _ in jump.values()])
+    out = []
+    for n, (j, d) in jump.items():
+        if (
+            n not in taken
+            and nsr_db(d) < ABS_DB
+            and j >= BACKEND_DB
+            and (not math.isfinite(floor) or j >= floor + max(Z_MIN * spread, GAP_DB))
+        ):
+            out.append(
+                (
+                    d,
+                    n,
+                    f"backend: the QNN result parts from onnxruntime's CPU fake-quant of the same "
+                    f"QDQ model here ({nsr_db(d):.1f} dB between them, {j:.1f} dB more than at "
+                    f"its inputs); its quantization is not the cause",
                 )
             )
     return out

@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 
 from accdbg.core import onnx_model as om
 from accdbg.engines.exposure import Exposed
+from accdbg.verifiers.base import dot
 
 log = logging.getLogger("accdbg.sensitivity")
 
@@ -39,7 +40,7 @@ def output_noise(golden: Sequence[np.ndarray], target: Sequence[np.ndarray]) -> 
     out = []
     for g, t in zip(golden, target, strict=True):
         d = np.asarray(g, np.float64).ravel() - np.asarray(t, np.float64).ravel()
-        out.append(float(d @ d))
+        out.append(dot(d, d))
     return np.asarray(out)
 
 

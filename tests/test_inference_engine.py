@@ -403,3 +403,50 @@ def test_real_ppocr_det_every_quantized_activation_from_htp(ppocr_run, ppocr_det
         assert gold.records[fw_name].shape == folder.records[inf_name].shape
     steps = json.loads((res.run_dir / "preprocessing.json").read_text())
     assert any("fixed dynamic input x" in s for s in steps) and any("Constant" in s for s in steps)
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_busy_child_dies_within_a_second_of_its_parent(sig):
+    """Whatever stops the tool - SIGKILL included, which no handler sees - its backend
+    children stop with it, even in the middle of their work."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    parent = (
+        "import sys\n"
+        "from accdbg.cli.main import stop_signals_and_warnings\n"
+        "from accdbg.core.isolate import Isolated\n"
+        "from tests import crashers\n"
+        "with stop_signals_and_warnings():\n"
+        "    child = Isolated(crashers.sleep, 60, what='sleeping')\n"
+        "    print(child.pid, flush=True)\n"
+        "    child.result()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child = int(proc.stdout.readline())
+    time.sleep(1.5)  # the child is up and sleeping in its job
+    assert Path(f"/proc/{child}").exists()
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(timeout=20)
+    gone = time.monotonic() + 1.0
+
+    def running() -> bool:
+        try:
+            return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    while running() and time.monotonic() < gone:
+        time.sleep(0.02)
+    assert not running(), f"the child outlived its parent ({sig})"

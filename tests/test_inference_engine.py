@@ -450,3 +450,27 @@ def test_a_busy_child_dies_within_a_second_of_its_parent(sig):
     while running() and time.monotonic() < gone:
         time.sleep(0.02)
     assert not running(), f"the child outlived its parent ({sig})"
+
+
+def test_job_folders_of_dead_parents_are_swept(monkeypatch, tmp_path):
+    """A parent killed by SIGKILL cannot remove its children's job folder: the next run does,
+    going by the folder's lock (held only while its parent lives), never by a live one."""
+    import os
+    import tempfile
+
+    import accdbg.core.isolate as isolate
+    from accdbg.core.folder_lock import LOCK_NAME, FolderLock
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(isolate, "_swept", False)
+    dead, live, young = (tmp_path / f"{isolate.JOB_PREFIX}{n}" for n in ("dead", "live", "young"))
+    for folder in (dead, live, young):
+        folder.mkdir()
+        (folder / LOCK_NAME).touch()
+    held = FolderLock.take(live)
+    old = time.time() - 3600
+    for folder in (dead, live):
+        os.utime(folder / LOCK_NAME, (old, old))
+    isolate._sweep_dead_jobs()
+    assert not dead.exists() and live.exists() and young.exists()
+    held.release()

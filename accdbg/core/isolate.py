@@ -38,6 +38,7 @@ native_log = logging.getLogger("accdbg.native")
 PR_SET_PDEATHSIG = 1
 JOB_PREFIX = "accdbg-job-"
 MAX_NATIVE_LINES = 400  # per child; the rest is summarised in one line
+_swept = False  # the job folders of dead parents are swept once per process
 
 
 class Isolated:
@@ -172,7 +173,7 @@ def guarded_module_command(module: str, *args: str) -> list[str]:
     """``python -m module args`` that dies with this process (run it with :func:`child_env`)."""
     launcher = (
         "import runpy, sys; from accdbg.core.isolate import _die_with_parent; "
-        f"_die_with_parent(); sys.argv[0] = {module!r}; "
+        f"_die_with_parent({os.getpid()}); sys.argv[0] = {module!r}; "
         f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
     )
     return [sys.executable, "-c", launcher, *args]
@@ -182,6 +183,10 @@ def _sweep_dead_jobs() -> None:
     """Remove the job folders of parents that died without cleaning up (SIGKILL): their
     children were killed with them (``PR_SET_PDEATHSIG``) before they could. A folder younger
     than a minute is left alone: its parent may be between creating its lock and taking it."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
     now = time.time()
     for folder in Path(tempfile.gettempdir()).glob(f"{JOB_PREFIX}*"):
         try:
@@ -197,9 +202,10 @@ def run_isolated(fn: Callable[..., Any], *args: Any, what: str, log_hint: str = 
     return Isolated(fn, *args, what=what, log_hint=log_hint).result()
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int | None = None) -> None:
     """Let the kernel SIGKILL this process when its parent dies (Linux), and leave SIGINT and
-    SIGTERM to the parent, which stops its children itself."""
+    SIGTERM to the parent, which stops its children itself. With ``parent``, leave at once
+    if that parent already died (before the kernel was told)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
@@ -208,6 +214,8 @@ def _die_with_parent() -> None:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
 
 
 def _main(job: str, result: str, warm: str = "", parent_pid: str = "") -> int:

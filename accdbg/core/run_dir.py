@@ -227,7 +227,9 @@ class RunDir:
                 continue
             self._lock, self.path = lock, staging
             return
-        raise AccdbgError(f"could not claim output folder {str(final)!r}: other runs keep moving it")
+        raise AccdbgError(
+            f"could not claim output folder {str(final)!r}: other runs keep moving it"
+        )
 
     def _take(self, folder: Path, create: bool) -> FolderLock | None:
         """Hold ``folder``; None when it moved meanwhile (look again); refuse a live owner."""
@@ -291,7 +293,9 @@ class RunDir:
         for level, text in ((logging.DEBUG, trace), (logging.ERROR, describe(exc))):
             if text:
                 handler.handle(
-                    logging.LogRecord("accdbg.run", level, __file__, 0, "%s", (text.rstrip(),), None)
+                    logging.LogRecord(
+                        "accdbg.run", level, __file__, 0, "%s", (text.rstrip(),), None
+                    )
                 )
 
     def write_options(self, options: dict[str, Any]) -> Path:

@@ -449,3 +449,74 @@ def test_qnn_preprocessing_keeps_metadata_and_survives_its_own_failure(
         == "onnxruntime QNN pre-processing skipped: it failed (RuntimeError: fusion failed)"
     )
     assert "QNN pre-processing failed" in caplog.text
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_busy_child_dies_within_a_second_of_its_parent(sig):
+    """Whatever stops the tool - SIGKILL included, which no handler sees - its backend
+    children stop with it, even in the middle of their work."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    parent = (
+        "import sys\n"
+        "from accdbg.cli.main import stop_signals_and_warnings\n"
+        "from accdbg.core.isolate import Isolated\n"
+        "from tests import crashers\n"
+        "with stop_signals_and_warnings():\n"
+        "    child = Isolated(crashers.sleep, 60, what='sleeping')\n"
+        "    print(child.pid, flush=True)\n"
+        "    child.result()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child = int(proc.stdout.readline())
+    time.sleep(1.5)  # the child is up and sleeping in its job
+    assert Path(f"/proc/{child}").exists()
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(timeout=20)
+    gone = time.monotonic() + 1.0
+
+    def running() -> bool:
+        try:
+            return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    while running() and time.monotonic() < gone:
+        time.sleep(0.02)
+    assert not running(), f"the child outlived its parent ({sig})"
+
+
+def test_job_folders_of_dead_parents_are_swept(monkeypatch, tmp_path):
+    """A parent killed by SIGKILL cannot remove its children's job folder: the next run does,
+    going by the folder's lock (held only while its parent lives), never by a live one."""
+    import os
+    import tempfile
+
+    import accdbg.core.isolate as isolate
+    from accdbg.core.folder_lock import LOCK_NAME, FolderLock
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(isolate, "_swept", False)
+    dead, live, young = (tmp_path / f"{isolate.JOB_PREFIX}{n}" for n in ("dead", "live", "young"))
+    for folder in (dead, live, young):
+        folder.mkdir()
+        (folder / LOCK_NAME).touch()
+    held = FolderLock.take(live)
+    old = time.time() - 3600
+    for folder in (dead, live):
+        os.utime(folder / LOCK_NAME, (old, old))
+    isolate._sweep_dead_jobs()
+    assert not dead.exists() and live.exists() and young.exists()
+    held.release()

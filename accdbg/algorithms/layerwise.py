@@ -184,6 +184,7 @@ def run_layerwise(
     memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB,
     workers: int | None = None,
     dump_qnn_json: bool = False,
+    allow_nonfinite_inputs: bool = False,
 ) -> SnoopingResult:
     """Judge every layer alone; writes ``<working_dir>/layerwise_snooping/<run>/layerwise.csv``.
 

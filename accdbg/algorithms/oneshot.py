@@ -15,21 +15,37 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from accdbg.algorithms.attribution import Attribution, attribute, inputs_from_graph_struct
 from accdbg.algorithms.culprits import find_culprits, prepared_model
 from accdbg.algorithms.ranking import Culprit
-from accdbg.core.inputs import InputTensor, parse_input_list
-from accdbg.core.run_dir import write_json_atomic
+from accdbg.core.inputs import (
+    InputTensor,
+    check_finite,
+    check_raw_size,
+    parse_input_list,
+)
+from accdbg.core.run_dir import (
+    check_run_folder,
+    check_writable,
+    component_root,
+    write_json_atomic,
+)
 from accdbg.core.tensor_store import safe_relpath
 from accdbg.engines import run_inference_engine
+from accdbg.engines.run import check_engine_options, check_inference_engine
 from accdbg.errors import AccdbgError
-from accdbg.frameworks.diagnosis import run_framework_diagnosis
+from accdbg.frameworks.diagnosis import (
+    check_framework_diagnosis,
+    check_model_path,
+    run_framework_diagnosis,
+)
 from accdbg.reports.html_report import write_report
 from accdbg.reports.summary import frame_records, json_value, write_csv
 from accdbg.verifiers import get_verifier
-from accdbg.verifiers.verification import run_verification
+from accdbg.verifiers.verification import check_verifiers, run_verification
 
 log = logging.getLogger("accdbg.oneshot")
 
@@ -66,6 +82,76 @@ def matching_result(
     return results[0]
 
 
+def check_oneshot(
+    framework: str,
+    model_path: str | Path,
+    input_tensors: Sequence[InputTensor],
+    input_list: str | Path | None = None,
+    default_verifiers: Sequence = ("CosineSimilarity", "SQNR"),
+    verifier_config: str | Path | None = None,
+    golden_dir: str | Path | None = None,
+    engine_kwargs: dict | None = None,
+    working_dir: str | Path = "working_directory",
+    output_dirname: str | None = None,
+    allow_nonfinite_inputs: bool = False,
+) -> None:
+    """Everything the three components will need, checked before the first one starts and
+    without writing: the model, every ``-i`` and ``-l`` file (size, NaN/Inf), ``-qo``, the
+    verifiers, and every folder the run will write."""
+    allow = allow_nonfinite_inputs
+    if golden_dir is None:
+        if not input_tensors:
+            raise AccdbgError(
+                "framework diagnosis needs -i/--input_tensor (or give --golden_output_reference_directory)"
+            )
+        check_framework_diagnosis(
+            framework, model_path, input_tensors, working_dir, output_dirname, allow
+        )
+    else:
+        if not Path(golden_dir).is_dir():
+            raise AccdbgError(
+                f"--golden_output_reference_directory {str(golden_dir)!r} does not exist or is not a folder"
+            )
+        for t in input_tensors:
+            t.check(allow)
+    kwargs = {k: v for k, v in (engine_kwargs or {}).items() if k != "golden_dir_for_mapping"}
+    if framework == "onnx":
+        check_inference_engine(
+            model_path,
+            input_list,
+            input_tensors,
+            working_dir=working_dir,
+            output_dirname=output_dirname,
+            allow_nonfinite_inputs=allow,
+            **kwargs,
+        )
+    else:  # the engine's model is converted later: check what can be checked now
+        check_model_path(model_path, framework)
+        check_engine_options(**kwargs)
+        check_writable(component_root(working_dir, "conversion"))
+        check_run_folder(working_dir, "inference_engine", output_dirname)
+        if input_list:
+            _check_list_files(input_list, input_tensors, allow)
+    check_verifiers(default_verifiers, verifier_config)
+    check_run_folder(working_dir, "verification", output_dirname)
+
+
+def _check_list_files(
+    input_list: str | Path, inputs: Sequence[InputTensor], allow_nonfinite: bool
+) -> None:
+    """Input-list files of a model converted later: sizes against the matching ``-i``."""
+    parsed = parse_input_list(input_list)
+    by_name = {t.name: t for t in inputs}
+    for entry in parsed.entries:
+        for i, (name, path) in enumerate(entry.items):
+            t = by_name.get(name) if name else (inputs[i] if i < len(inputs) else None)
+            what = f"{parsed.path}:{entry.line_no}: input {name or (t.name if t else i)!r}"
+            if t is not None:
+                check_raw_size(path, t.dims, t.dtype, what)
+            dtype = t.dtype if t is not None else np.dtype("float32")
+            check_finite(path, dtype, what, allow_nonfinite, t.dims if t is not None else None)
+
+
 def run_oneshot(
     framework: str,
     model_path: str | Path,
@@ -80,8 +166,26 @@ def run_oneshot(
     framework_kwargs: dict | None = None,
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
+    allow_nonfinite_inputs: bool = False,
 ) -> OneshotResult:
-    """Run the three components in sequence and write the report; returns its tables."""
+    """Run the three components in sequence and write the report; returns its tables.
+
+    Every input is checked first (:func:`check_oneshot`): a bad one is refused before any
+    component writes anything.
+    """
+    check_oneshot(
+        framework,
+        model_path,
+        input_tensors,
+        input_list,
+        default_verifiers,
+        verifier_config,
+        golden_dir,
+        engine_kwargs,
+        working_dir,
+        output_dirname,
+        allow_nonfinite_inputs,
+    )
     with ExitStack() as stack:
         seconds: dict[str, float] = {}
         t = time.perf_counter()
@@ -97,6 +201,7 @@ def run_oneshot(
                 output_tensors,
                 working_dir=working_dir,
                 output_dirname=output_dirname,
+                allow_nonfinite_inputs=allow_nonfinite_inputs,
                 **(framework_kwargs or {}),
             )
             golden_dir = gold.run_dir
@@ -132,6 +237,7 @@ def run_oneshot(
             input_tensors=engine_inputs,
             working_dir=working_dir,
             output_dirname=output_dirname,
+            allow_nonfinite_inputs=allow_nonfinite_inputs,
             **kwargs,
         )
         if conversion is not None:

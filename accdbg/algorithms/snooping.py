@@ -36,8 +36,11 @@ from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import SKIP
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.run_dir import FINISHED, check_run_folder, check_writable, component_root
 from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.base import EngineOptions, get_engine
+from accdbg.engines.quantize import check_quantizer_options
+from accdbg.engines.run import check_overrides
 from accdbg.engines.source import Feeds, build_feeds
 from accdbg.errors import AccdbgError
 
@@ -230,6 +233,7 @@ class SnoopArgs:
     memory_budget_mb: float
     workers: int | None
     dump_qnn_json: bool
+    allow_nonfinite_inputs: bool = False
 
 
 @dataclass
@@ -253,6 +257,7 @@ class Request:
     feeds: Feeds | None = None
     dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    allow_nonfinite_inputs: bool = False
 
     @property
     def cumulative(self) -> bool:
@@ -273,7 +278,7 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
                 f"--input_tensor {t.name!r} is not an input of the model; its inputs are: "
                 f"{om.describe_inputs(model)}"
             )
-        t.load()  # size checked now, not in the middle of the run
+        t.check(args.allow_nonfinite_inputs)  # size, NaN/Inf: now, not in the middle of the run
     if not args.input_tensors and args.golden_dir is None:
         raise AccdbgError(
             "give -i/--input_tensor (framework diagnosis needs them) or "
@@ -289,6 +294,14 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
         qdq = model_path
     if qdq is not None and not qdq.is_file():
         raise AccdbgError(f"QDQ model {str(args.qdq_model)!r} does not exist")
+    if qdq is None and kwargs.get("precision") != "fp16":
+        check_quantizer_options(
+            **{k: kwargs[k] for k in QUANT_KEYS[:5] if kwargs.get(k) is not None}
+        )
+        check_overrides(kwargs.get("quantization_overrides"), bool(kwargs.get("ignore_encodings")))
+    check_run_folder(args.working_dir, f"{algorithm}_snooping", args.output_dirname, resume=True)
+    if golden is None:
+        check_writable(component_root(args.working_dir, "framework_diagnosis"))
     if qdq is not None:  # layer names are checked before anything is written
         select_span(QdqModel.load(qdq), args.start_layer, args.end_layer, kwargs)
     elif args.start_layer or args.end_layer:
@@ -340,6 +353,7 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
         feeds,
         dims,
         dtypes,
+        args.allow_nonfinite_inputs,
     )
 
 
@@ -355,7 +369,6 @@ def set_up(req: Request, run_path: Path, journal: Journal, working_dir) -> tuple
         for what, p in (("golden folder", golden), ("QDQ model", qdq)):
             if not p.exists():
                 raise AccdbgError(f"cannot resume {str(run_path)!r}: its {what} {str(p)!r} is gone")
-        log.info("resuming the run in %s", run_path)
         return golden, qdq
     golden = req.golden_dir
     if golden is None:
@@ -365,7 +378,11 @@ def set_up(req: Request, run_path: Path, journal: Journal, working_dir) -> tuple
                 "values are a CPU simulation of the same quantization"
             )
         golden = run_framework_diagnosis(
-            "onnx", req.model_path, req.inputs, working_dir=working_dir
+            "onnx",
+            req.model_path,
+            req.inputs,
+            working_dir=working_dir,
+            allow_nonfinite_inputs=req.allow_nonfinite_inputs,
         ).run_dir
     qdq = req.qdq_model or quantize(req, run_path)
     inside = (
@@ -497,63 +514,63 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
     start_layer, end_layer = args.start_layer, args.end_layer
     component = f"{algorithm}_snooping"
     with checkpoint.open_run(args.working_dir, component, args.output_dirname) as run:
-        lock = checkpoint.RunLock(run.path)
-        lock.acquire()
-        try:
-            options = run.path / f"{component}_options.json"
-            checkpoint.check_options(options, req.record, OPTION_KEYS.split())
-            if not options.exists():
-                run.write_options(req.record)
-            journal = Journal(run.path / checkpoint.JOURNAL)
-            golden_root, qdq_path = set_up(req, run.path, journal, args.working_dir)
-            scratch = run.path / ".scratch"
-            golden = Golden(golden_root, req.inputs, scratch)
-            qdq = QdqModel.load(qdq_path, set(golden.folder.names()))
-            if not qdq.layers:
-                raise AccdbgError(f"{qdq_path.name} has no layer to debug")
-            span, skipped = select_span(qdq, start_layer, end_layer, req.kwargs)
-            backend = Backend(req.engine, req.options, scratch, run.path / "backend_logs")
-            workers = args.workers
-            if workers is None:
-                workers = min(2, os.cpu_count() or 1) if backend.concurrent else 1
-            ctx = Context(
-                req,
-                run.path,
-                journal,
-                qdq,
-                golden,
-                span,
-                skipped,
-                backend,
-                int(args.memory_budget_mb * 2**20),
-                max(1, workers),
-                args.dump_qnn_json,
-                start_layer=find_layer(qdq, start_layer, "--start_layer") if start_layer else None,
-                end_layer=find_layer(qdq, end_layer, "--end_layer") if end_layer else None,
-                meta=f"{backend.engine.label} -r {req.options.runtime}; QDQ model {qdq_path.name}; "
-                f"golden {golden_root}",
-                qdq_path=qdq_path,
-            )
-            for rec in journal.records:  # what a killed run finished
-                for r in rec.get("rows", []):
-                    ctx.rows[r["_position"]] = restore_row(r, req.judge.labels)
-            todo = [layer for layer in span if layer.position not in ctx.rows]
-            log.info(
-                "%s: %d layers, %d to debug, %d already done, %d skipped",
-                algorithm,
-                len(qdq.layers),
-                len(todo),
-                len(span) - len(todo),
-                len(skipped),
-            )
-            if todo and not journal.of_kind("done"):
-                loop(ctx)
-            if not journal.of_kind("done"):
-                journal.append({"kind": "done", "sessions": backend.sessions})
-            df, csv_path, html_path = ctx.write(final=True)
-            shutil.rmtree(scratch, ignore_errors=True)
-        finally:
-            lock.release()
+        options = run.path / f"{component}_options.json"
+        checkpoint.check_options(options, req.record, OPTION_KEYS.split())
+        if not options.exists():
+            run.write_options(req.record)
+        journal = Journal(run.path / checkpoint.JOURNAL)
+        resuming = bool(journal.of_kind("setup"))
+        golden_root, qdq_path = set_up(req, run.path, journal, args.working_dir)
+        scratch = run.path / ".scratch"
+        golden = Golden(golden_root, req.inputs, scratch)
+        qdq = QdqModel.load(qdq_path, set(golden.folder.names()))
+        if not qdq.layers:
+            raise AccdbgError(f"{qdq_path.name} has no layer to debug")
+        span, skipped = select_span(qdq, start_layer, end_layer, req.kwargs)
+        backend = Backend(req.engine, req.options, scratch, run.path / "backend_logs")
+        workers = args.workers
+        if workers is None:
+            workers = min(2, os.cpu_count() or 1) if backend.concurrent else 1
+        ctx = Context(
+            req,
+            run.path,
+            journal,
+            qdq,
+            golden,
+            span,
+            skipped,
+            backend,
+            int(args.memory_budget_mb * 2**20),
+            max(1, workers),
+            args.dump_qnn_json,
+            start_layer=find_layer(qdq, start_layer, "--start_layer") if start_layer else None,
+            end_layer=find_layer(qdq, end_layer, "--end_layer") if end_layer else None,
+            meta=f"{backend.engine.label} -r {req.options.runtime}; QDQ model {qdq_path.name}; "
+            f"golden {golden_root}",
+            qdq_path=qdq_path,
+        )
+        for rec in journal.records:  # what a killed run finished
+            for r in rec.get("rows", []):
+                ctx.rows[r["_position"]] = restore_row(r, req.judge.labels)
+        todo = [layer for layer in span if layer.position not in ctx.rows]
+        log.info(
+            "%s%s: %d layers, %d to debug, %d already done, %d skipped",
+            f"resuming the {'finished' if run.resumed == FINISHED else 'interrupted'} run "
+            f"{run.final_path}: "
+            if resuming
+            else "",
+            algorithm,
+            len(qdq.layers),
+            len(todo),
+            len(span) - len(todo),
+            len(skipped),
+        )
+        if todo and not journal.of_kind("done"):
+            loop(ctx)
+        if not journal.of_kind("done"):
+            journal.append({"kind": "done", "sessions": backend.sessions})
+        df, csv_path, html_path = ctx.write(final=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.perf_counter() - t0
     findings = ctx.ranking.findings if ctx.ranking is not None else []
     for line in findings:

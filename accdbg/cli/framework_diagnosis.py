@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         memory_budget_mb=args.memory_budget_mb,
         include_constants=args.include_constants,
         options_record=A.options_dict(args),
+        allow_nonfinite_inputs=args.allow_nonfinite_inputs,
     )
     log.info(
         "framework diagnosis: %d tensors, %.1f MB in %.1f s -> %s",

@@ -194,6 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="graph output name (informational)",
     )
+    A.add_allow_nonfinite(g)
     add_engine_arguments(parser)
     g.add_argument(
         "--memory_budget_mb",
@@ -267,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         output_dirname=args.output_dirname,
         memory_budget_mb=args.memory_budget_mb,
         options_record=A.options_dict(args),
+        allow_nonfinite_inputs=args.allow_nonfinite_inputs,
         **engine_kwargs(args),
     )
     log.info("results: %s", ", ".join(str(p) for p in result.results))

@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize
 
+from accdbg.core.inputs import count_nonfinite
 from accdbg.engines.static_inputs import (
     constant_inputs_to_keep,
     name_unnamed_nodes,
@@ -71,6 +72,15 @@ class FeedsReader(CalibrationDataReader):
     def rewind(self):
         self._it = iter(self.feeds)
 
+    def nonfinite_note(self) -> str:
+        """Why calibration may have failed: the first input file holding NaN or Inf."""
+        for item in self.feeds:
+            for n, p in item.items():
+                nan, inf, _ = count_nonfinite(p, self.dtypes[n])
+                if nan or inf:
+                    return f" (calibration input {str(p)!r} holds {nan} NaN and {inf} Inf value(s))"
+        return ""
+
 
 class _DropMessages(logging.Filter):
     def __init__(self, text: str):
@@ -106,6 +116,31 @@ def quant_type(bits: int, symmetric: bool, what: str) -> QuantType:
     return table[(bits, symmetric)]
 
 
+def check_quantizer_options(
+    act_bitwidth: int = 8,
+    weights_bitwidth: int = 8,
+    bias_bitwidth: int = 32,
+    act_quantizer: str = "tf",
+    param_quantizer: str = "tf",
+) -> None:
+    """The quantizer flags, checked before any run starts."""
+    if int(bias_bitwidth) != 32:
+        raise AccdbgError(
+            f"-bbw/--bias_bitwidth {bias_bitwidth}: onnxruntime-qnn quantizes biases to int32, the only bias "
+            "form QNN's QDQ path accepts; use -bbw 32"
+        )
+    for flag, value in (
+        ("--act_quantizer", act_quantizer),
+        ("-pq/--param_quantizer", param_quantizer),
+    ):
+        if value not in QUANTIZERS:
+            raise AccdbgError(
+                f"{flag} {value!r} is not known; expected one of: {', '.join(QUANTIZERS)}"
+            )
+    quant_type(int(act_bitwidth), False, "-abw/--act_bitwidth")
+    quant_type(int(weights_bitwidth), param_quantizer == "symmetric", "-wbw/--weights_bitwidth")
+
+
 def quantize_for_qnn(
     float_model: Path,
     out_path: Path,
@@ -123,19 +158,9 @@ def quantize_for_qnn(
     them only as initializers are described in ``notes`` (logged when there is no ``notes``)."""
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    if bias_bitwidth != 32:
-        raise AccdbgError(
-            f"-bbw/--bias_bitwidth {bias_bitwidth}: onnxruntime-qnn quantizes biases to int32, the only bias "
-            "form QNN's QDQ path accepts; use -bbw 32"
-        )
-    for flag, value in (
-        ("--act_quantizer", act_quantizer),
-        ("-pq/--param_quantizer", param_quantizer),
-    ):
-        if value not in QUANTIZERS:
-            raise AccdbgError(
-                f"{flag} {value!r} is not known; expected one of: {', '.join(QUANTIZERS)}"
-            )
+    check_quantizer_options(
+        act_bitwidth, weights_bitwidth, bias_bitwidth, act_quantizer, param_quantizer
+    )
     if param_quantizer in ("enhanced", "adjusted"):
         log.info(
             "param quantizer %r: onnxruntime takes weight ranges from min/max", param_quantizer
@@ -171,6 +196,7 @@ def quantize_for_qnn(
     except Exception as exc:
         raise AccdbgError(
             f"quantization of {float_model.name} failed: {type(exc).__name__}: {exc}"
+            f"{reader.nonfinite_note()}"
         ) from None
     _restore_qnn_constants(out_path, float_proto, float_model.parent, notes)
     return out_path

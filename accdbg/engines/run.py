@@ -26,11 +26,12 @@ import pandas as pd
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.isolate import Isolated
-from accdbg.core.run_dir import RunDir, write_json_atomic
+from accdbg.core.run_dir import RunDir, check_run_folder, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, records_table
 from accdbg.engines import artifacts, exposure, partitioning
 from accdbg.engines.base import EngineOptions, get_engine
 from accdbg.engines.prepare import fix_shapes
+from accdbg.engines.quantize import check_quantizer_options
 from accdbg.engines.source import build_feeds, source_model
 from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
 from accdbg.errors import AccdbgError
@@ -57,6 +58,124 @@ class EngineResult:
     report: JobReport
     preprocessing: list[str]
     seconds: float
+
+
+def check_overrides(path: str | Path | None, ignore: bool) -> None:
+    """``-qo``: the file exists and is AIMET encodings (checked before any run starts)."""
+    if path is None or ignore:
+        return
+    if not Path(path).is_file():
+        raise AccdbgError(f"-qo/--quantization_overrides {str(path)!r} does not exist")
+    from accdbg.encodings.aimet import read_aimet
+
+    read_aimet(Path(path))
+
+
+def check_engine_options(
+    stage: str = "source",
+    engine: str = "qnn",
+    runtime: str = "htp",
+    architecture: str = "x86_64-linux-clang",
+    precision: str = "int8",
+    output_data_type: str = "float_only",
+    soc_model: str | None = None,
+    profiling_level: str | None = None,
+    disable_cpu_fallback: bool = False,
+    perf_profile: str | None = None,
+    quantization_overrides: str | Path | None = None,
+    ignore_encodings: bool = False,
+    act_bitwidth: int = 8,
+    weights_bitwidth: int = 8,
+    bias_bitwidth: int = 32,
+    act_quantizer: str = "tf",
+    param_quantizer: str = "tf",
+    **_: object,
+) -> tuple:
+    """The options that do not depend on the model, checked: ``(engine, EngineOptions)``."""
+    if stage not in STAGES:
+        raise AccdbgError(f"--stage {stage!r} is not known; expected one of: {', '.join(STAGES)}")
+    if output_data_type not in OUTPUT_DATA_TYPES:
+        raise AccdbgError(
+            f"-odt {output_data_type!r} is not known; expected one of: {', '.join(OUTPUT_DATA_TYPES)}"
+        )
+    if precision not in ("int8", "fp16"):
+        raise AccdbgError(f"--precision {precision!r} is not known; expected int8 or fp16")
+    eng = get_engine(engine)
+    options = EngineOptions(
+        runtime=runtime,
+        architecture=architecture,
+        precision=precision,
+        soc_model=soc_model,
+        profiling_level=profiling_level,
+        disable_cpu_fallback=disable_cpu_fallback,
+        perf_profile=perf_profile,
+    )
+    eng.check_host(options)
+    if stage == "source" and precision == "int8":
+        check_quantizer_options(
+            act_bitwidth, weights_bitwidth, bias_bitwidth, act_quantizer, param_quantizer
+        )
+        check_overrides(quantization_overrides, ignore_encodings)
+    return eng, options
+
+
+@dataclass
+class EngineRequest:
+    """A checked inference-engine request: everything a run needs before it writes."""
+
+    eng: object
+    options: EngineOptions
+    model_path: Path
+    model: onnx.ModelProto
+    feeds: list
+    dims: dict
+    dtypes: dict
+    fw_names: set[str] | None
+
+
+def check_inference_engine(
+    model_path: str | Path | None,
+    input_list: str | Path | None = None,
+    input_tensors: Sequence[InputTensor] = (),
+    stage: str = "source",
+    precision: str = "int8",
+    framework_model_path: str | Path | None = None,
+    working_dir: str | Path = "working_directory",
+    output_dirname: str | None = None,
+    allow_nonfinite_inputs: bool = False,
+    **options: object,
+) -> EngineRequest:
+    """Every input of an engine run checked - options, run folder, model, each input file's
+    size and NaN/Inf, ``-qo`` - without writing anything."""
+    eng, engine_options = check_engine_options(stage=stage, precision=precision, **options)
+    check_run_folder(working_dir, "inference_engine", output_dirname)
+    if model_path is None:
+        raise AccdbgError(f"-m/--model_path is required for --stage {stage}")
+    model_path = Path(model_path).expanduser().absolute()
+    model = om.load_model(model_path)
+    if stage == "compiled" and not any(n.op_type == "EPContext" for n in model.graph.node):
+        raise AccdbgError(
+            f"--stage compiled: {str(model_path)!r} has no EPContext node (not a QNN context model)"
+        )
+    has_qdq = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    if stage == "source" and has_qdq and precision == "int8":
+        raise AccdbgError(
+            f"{str(model_path)!r} is already quantized (QDQ); run it with --stage converted"
+        )
+    parsed_list = parse_input_list(input_list) if input_list else None
+    feeds, dims, dtypes = build_feeds(model, parsed_list, input_tensors, allow_nonfinite_inputs)
+    fw_path = (
+        Path(framework_model_path)
+        if framework_model_path
+        else (model_path if stage == "source" else None)
+    )
+    if fw_path is None:
+        fw_names = None
+    elif fw_path == model_path:  # the source model, already loaded
+        fw_names = set(om.all_tensor_names(model))
+    else:
+        fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
+    return EngineRequest(eng, engine_options, model_path, model, feeds, dims, dtypes, fw_names)
 
 
 def run_inference_engine(
@@ -92,54 +211,38 @@ def run_inference_engine(
     output_dirname: str | None = None,
     memory_budget_mb: float = 4096,
     options_record: dict | None = None,
+    allow_nonfinite_inputs: bool = False,
 ) -> EngineResult:
     """Run the model on the chosen engine and dump its intermediate tensors."""
     start = time.perf_counter()
-    if stage not in STAGES:
-        raise AccdbgError(f"--stage {stage!r} is not known; expected one of: {', '.join(STAGES)}")
-    if output_data_type not in OUTPUT_DATA_TYPES:
-        raise AccdbgError(
-            f"-odt {output_data_type!r} is not known; expected one of: {', '.join(OUTPUT_DATA_TYPES)}"
-        )
-    if precision not in ("int8", "fp16"):
-        raise AccdbgError(f"--precision {precision!r} is not known; expected int8 or fp16")
-    if model_path is None:
-        raise AccdbgError(f"-m/--model_path is required for --stage {stage}")
-    eng = get_engine(engine)
-    options = EngineOptions(
+    req = check_inference_engine(
+        model_path,
+        input_list,
+        input_tensors,
+        stage=stage,
+        precision=precision,
+        framework_model_path=framework_model_path,
+        working_dir=working_dir,
+        output_dirname=output_dirname,
+        allow_nonfinite_inputs=allow_nonfinite_inputs,
+        engine=engine,
         runtime=runtime,
         architecture=architecture,
-        precision=precision,
+        output_data_type=output_data_type,
         soc_model=soc_model,
         profiling_level=profiling_level,
         disable_cpu_fallback=disable_cpu_fallback,
         perf_profile=perf_profile,
+        quantization_overrides=quantization_overrides,
+        ignore_encodings=ignore_encodings,
+        act_bitwidth=act_bitwidth,
+        weights_bitwidth=weights_bitwidth,
+        bias_bitwidth=bias_bitwidth,
+        act_quantizer=act_quantizer,
+        param_quantizer=param_quantizer,
     )
-    eng.check_host(options)
-    model_path = Path(model_path).expanduser().absolute()
-    model = om.load_model(model_path)
-    if stage == "compiled" and not any(n.op_type == "EPContext" for n in model.graph.node):
-        raise AccdbgError(
-            f"--stage compiled: {str(model_path)!r} has no EPContext node (not a QNN context model)"
-        )
-    has_qdq = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
-    if stage == "source" and has_qdq and precision == "int8":
-        raise AccdbgError(
-            f"{str(model_path)!r} is already quantized (QDQ); run it with --stage converted"
-        )
-    parsed_list = parse_input_list(input_list) if input_list else None
-    feeds, dims, dtypes = build_feeds(model, parsed_list, input_tensors)
-    fw_path = (
-        Path(framework_model_path)
-        if framework_model_path
-        else (model_path if stage == "source" else None)
-    )
-    if fw_path is None:
-        fw_names = None
-    elif fw_path == model_path:  # the source model, already loaded
-        fw_names = set(om.all_tensor_names(model))
-    else:
-        fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
+    eng, options, model_path, model = req.eng, req.options, req.model_path, req.model
+    feeds, dims, dtypes, fw_names = req.feeds, req.dims, req.dtypes, req.fw_names
     gold = artifacts.golden_names(Path(golden_dir_for_mapping)) if golden_dir_for_mapping else None
 
     with (

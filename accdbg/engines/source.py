@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from accdbg.core import onnx_model as om
-from accdbg.core.inputs import InputList, InputTensor, check_raw_size
+from accdbg.core.inputs import InputList, InputTensor, check_finite, check_raw_size
 from accdbg.engines.prepare import prepare_float_model
 from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
 from accdbg.errors import AccdbgError
@@ -30,9 +30,13 @@ Feeds = list[dict[str, tuple[str, tuple[int, ...], str]]]
 
 
 def build_feeds(
-    model: onnx.ModelProto, input_list: InputList | None, input_tensors: Sequence[InputTensor]
+    model: onnx.ModelProto,
+    input_list: InputList | None,
+    input_tensors: Sequence[InputTensor],
+    allow_nonfinite: bool = False,
 ) -> tuple[Feeds, dict[str, tuple[int, ...]], dict[str, np.dtype]]:
-    """Per-inference feeds, with every file checked against its input's dims and dtype.
+    """Per-inference feeds, with every file checked against its input's dims and dtype, and
+    for NaN/Inf (unless ``allow_nonfinite``).
 
     Every ``-l`` line is one inference (and one calibration sample); without ``-l`` the
     ``-i`` files are the only one. Dims and dtypes come from ``-i``, else from the model.
@@ -84,6 +88,7 @@ def build_feeds(
                 files = {n: p for n, (_, p) in zip(names, entry.items, strict=True)}
             for n, p in files.items():
                 check_raw_size(p, dims[n], dtypes[n], f"{where}: input {n!r}")
+                check_finite(p, dtypes[n], f"{where}: input {n!r}", allow_nonfinite, dims[n])
             feeds.append({n: (str(p), dims[n], dtypes[n].name) for n, p in files.items()})
     elif given:
         missing = [n for n in names if n not in given]
@@ -92,7 +97,7 @@ def build_feeds(
                 f"model input {missing[0]!r} has no --input_tensor and there is no --input_list"
             )
         for t in given.values():
-            check_raw_size(t.path, t.dims, t.dtype, f"--input_tensor {t.name!r}")
+            t.check(allow_nonfinite)
         feeds.append({n: (str(given[n].path), dims[n], dtypes[n].name) for n in names})
     else:
         raise AccdbgError("give the inputs with -l/--input_list or -i/--input_tensor")

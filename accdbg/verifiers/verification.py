@@ -765,6 +765,13 @@ def _resolve_verifiers(
     return _label_verifiers(items)
 
 
+def check_verifiers(
+    default_verifiers: Sequence[Any], verifier_config: str | os.PathLike | None = None
+) -> None:
+    """The verifier specs and ``--verifier_config``, checked before any run starts."""
+    _resolve_verifiers(default_verifiers, verifier_config)
+
+
 def run_verification(
     golden_dir: str | os.PathLike,
     inference_results: str | os.PathLike,

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from accdbg.algorithms import backend as backend_module
 from accdbg.algorithms import run_layerwise
 from accdbg.algorithms.backend import PartReport, failure_status, run_part
+from accdbg.algorithms.ranking import COLUMNS as RANKING_COLUMNS  # noqa: E402
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines import run_inference_engine
@@ -168,8 +169,13 @@ def test_oneshot_blames_everything_after_a_layerwise_only_a_and_b(two_fault):
     assert order[0] == A and order[-1] == B and len(order) == 5
     assert all(c < 0.99 for c in oneshot.values()), oneshot  # oneshot: every layer from A on fails
     df = m.layerwise.report
-    assert list(df.columns) == REPORT_COLUMNS
+    assert list(df.columns) == REPORT_COLUMNS + list(RANKING_COLUMNS)
     assert list(df["O/P Name"]) == order  # execution order
+    # the ranking names both faults, each with its own cause, and nothing else
+    ranked = df.dropna(subset=["culprit_rank"]).set_index("O/P Name")
+    assert set(ranked.index) == {A, B}, df[["O/P Name", "culprit_rank", "cause"]]
+    assert ranked.loc[A, "cause"].startswith("weight range")
+    assert "clipping" in ranked.loc[B, "cause"]
     flagged = set(df.loc[df["CosineSimilarity"] < 0.99, "O/P Name"])
     assert flagged == {A, B}
     assert (df["Status"] == "").all()

@@ -99,7 +99,9 @@ def find_culprits(
     qdq = onnx.load(str(qdq_model))
     names = dict(golden_name or {})
     weights = float_weights_of(float_model) if float_model and float_model.is_file() else None
-    builder = EvidenceBuilder(qdq, TensorFolder(golden), lambda n: names.get(n, n), weights)
+    builder = EvidenceBuilder(
+        qdq, TensorFolder(golden), lambda n: names.get(n, n), weights, graph_inputs=feeds
+    )
     evidence = builder.build()
     by_name = {e.name: e for e in builder.layers}
     impact = None

@@ -7,7 +7,8 @@ layers do - or whose backend result is far worse than its quantization explains:
 
 * **noise floor** - the local SQNR of every layer with evidence; its median and a robust spread
   (1.4826 x the median absolute deviation, in dB).
-* **stands out** - a layer's local SQNR is below ``floor - max(Z_MIN x spread, GAP_DB)`` and
+* **stands out** - a layer's local SQNR is below ``floor - Z_MIN x spread`` (that gap kept
+  between ``GAP_DB`` and ``MAX_GAP_DB``: a few layers make a weak spread estimate) and
   below ``ABS_DB`` (the SQNR pass mark: its own encodings alone fail what the model must keep).
 * **matters** - quantizing that layer alone (CPU simulation of the float model,
   :mod:`accdbg.algorithms.sensitivity`) costs the outputs at least ``SHARE`` of the error of
@@ -39,6 +40,7 @@ from accdbg.algorithms.evidence import Evidence, nsr_db
 
 Z_MIN = 3.5
 GAP_DB = 10.0
+MAX_GAP_DB = 20.0  # a small model's spread is a weak estimate: 20 dB below the floor always stands out
 ABS_DB = 20.0  # the SQNR verifier's pass mark: the layer's own encodings alone fail it
 DESTROYED_DB = 6.0  # below this the median channel keeps a quarter of noise: information is gone
 SHARE = 0.5  # a culprit alone causes at least this share of the whole model's output error...
@@ -103,6 +105,11 @@ def robust_floor(values_db: Sequence[float]) -> tuple[float, float]:
         return math.nan, math.nan
     med = float(np.median(v))
     return med, float(1.4826 * np.median(np.abs(v - med)))
+
+
+def standout_gap(spread: float) -> float:
+    """How far from the floor a layer must be: 3.5 robust sigmas, at least 10 dB, at most 20."""
+    return min(max(Z_MIN * spread, GAP_DB), MAX_GAP_DB)
 
 
 def compared_inputs(
@@ -182,7 +189,7 @@ def rank(
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
     local_db = {n: nsr_db(v) for n, v in local.items() if not math.isnan(v)}
     floor, spread = robust_floor(list(local_db.values()))
-    cut = floor - max(Z_MIN * spread, GAP_DB) if math.isfinite(floor) else -math.inf
+    cut = floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
     columns: dict[str, dict[str, object]] = {}
     candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
     for n in order:
@@ -279,7 +286,7 @@ def _backend(
         if (
             n not in taken
             and ratio_db >= BACKEND_DB
-            and ratio_db >= floor + max(Z_MIN * spread, GAP_DB)
+            and ratio_db >= floor + standout_gap(spread)
             and nsr_db(obs) < ABS_DB
         ):
             out.append(
@@ -311,7 +318,7 @@ def _diverging(
             n not in taken
             and nsr_db(d) < ABS_DB
             and j >= BACKEND_DB
-            and (not math.isfinite(floor) or j >= floor + max(Z_MIN * spread, GAP_DB))
+            and (not math.isfinite(floor) or j >= floor + standout_gap(spread))
         ):
             out.append(
                 (

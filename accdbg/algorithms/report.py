@@ -86,8 +86,12 @@ def write_reports(
     meta: str = "",
     notes: Sequence[str] = (),
     html: bool = True,
+    findings: Sequence[str] = (),
 ) -> tuple[pd.DataFrame, Path, Path]:
-    """``<stem>.csv`` and (if ``html``) ``<stem>.html``, each replaced atomically."""
+    """``<stem>.csv`` and (if ``html``) ``<stem>.html``, each replaced atomically.
+
+    ``findings`` (the verdict lines) head the HTML page.
+    """
     from accdbg.reports.html_report import write_report
 
     df = frame(rows, judge.labels, cumulative)
@@ -111,5 +115,6 @@ def write_reports(
         meta=meta,
         failed=[_flagged(r) for r in ordered],
         notes=notes,
+        findings=findings,
     )
     return df, csv_path, html_path

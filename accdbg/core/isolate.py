@@ -13,8 +13,10 @@ import os
 import pickle
 import shutil
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import traceback
@@ -24,6 +26,37 @@ from typing import Any
 
 from accdbg.core.run_dir import write_bytes_atomic
 from accdbg.errors import AccdbgError
+
+
+def _site_dirs() -> set[Path]:
+    """Where this interpreter imports installed packages from."""
+    paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    paths.update(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        paths.add(site.getusersitepackages())
+    return {Path(p).resolve() for p in paths}
+
+
+def source_tree() -> Path | None:
+    """The folder holding the ``accdbg`` package when it is not an installed one, else None.
+
+    An installed accdbg (wheel, or pip install .) is found by the child on its own; a source
+    tree (PYTHONPATH, sys.path.insert, pytest's rootdir) must be handed to it, or the child
+    would import another accdbg than its parent - or none.
+    """
+    root = Path(__file__).resolve().parents[2]
+    installed = root.name in ("site-packages", "dist-packages") or root in _site_dirs()
+    return None if installed else root
+
+
+def child_env() -> dict[str, str]:
+    """The parent's environment, with the source tree first on PYTHONPATH when there is one."""
+    env = dict(os.environ)
+    tree = source_tree()
+    if tree is not None:
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(tree)]
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), *rest])
+    return env
 
 
 class Isolated:
@@ -50,10 +83,7 @@ class Isolated:
         self._submitted = False
         if fn is not None:
             self.submit(fn, *args)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]
-        )
+        env = child_env()
         cmd = [
             sys.executable,
             "-W",

@@ -223,7 +223,9 @@ def write_summary(
             cell_class=verdict_classes(passed or {}),
             row_class=(
                 lambda i: (
-                    "problem" if "Status" in df.columns and df["Status"].iloc[i] != "ok" else None
+                    "problem"
+                    if "Status" in df.columns and df["Status"].iloc[i] not in ("ok", FAIL)
+                    else None
                 )
             ),
         ),

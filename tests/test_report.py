@@ -163,6 +163,21 @@ def test_ranking_columns_follow_the_name_and_culprits_are_highlighted(tmp_path):
     )
 
 
+def test_integer_ranks_with_missing_values(tmp_path):
+    """A nullable integer rank column (pd.NA for non-culprits) reads as blanks and ranks."""
+    df = table(ranked=True)
+    df["culprit_rank"] = df["culprit_rank"].astype("Int64")
+    page = write_report(tmp_path / "r.html", df, VERIFIERS, [], title="t").read_text()
+    assert "&lt;NA&gt;" not in page and "<NA>" not in page
+    ranks = {}
+    for i in (0, SECOND, BROKEN, THIRD):
+        row = re.search(rf'<tr id="row-{i}".*?</tr>', page, re.S).group(0)
+        ranks[i] = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[0]
+    assert ranks == {0: "", SECOND: "2", BROKEN: "1", THIRD: "3"}
+    culprit = [t for t in figure(df, VERIFIERS).data if t.name == "culprit"][0]
+    assert list(culprit.x) == [BROKEN, SECOND, THIRD]
+
+
 def test_without_ranking_columns_the_report_is_todays(tmp_path):
     page = _write(tmp_path, ranked=False).read_text()
     head = _headers(page)

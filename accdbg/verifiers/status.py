@@ -27,11 +27,6 @@ def compose(failed: Iterable[str], notes: Iterable[str]) -> str:
     return "; ".join(parts) or OK
 
 
-def is_fail(status: str) -> bool:
-    """True when the row fails at least one verifier."""
-    return status == FAIL or status.startswith(_FAIL_PREFIX)
-
-
 def note(status: str) -> str:
     """The note part of a Status (what is abnormal besides failing thresholds), or ''."""
     if status == OK or status == FAIL:

@@ -19,7 +19,7 @@ from onnx import numpy_helper
 from accdbg.algorithms.oneshot import run_oneshot
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
-from tests import models
+from tests import browser, models
 from tests.helpers import one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +114,8 @@ def test_real_model_summary_is_complete(ppocr_oneshot):
         assert (csv[col].astype(str) != "").all(), col
     order = [dumped.records[n].index for n in csv["Name"]]
     assert order == sorted(order)  # execution order
-    assert (csv["Status"] == "ok").all()
+    assert csv["Status"].isin(["ok", "fail"]).all()  # every pair compared, no note
+    assert ((csv["Status"] == "fail") == (csv["Failed"] != "")).all()
     # tensor inspection ran for every layer
     insp = res.verification_run / "tensor_inspection"
     assert len(pd.read_csv(insp / "summary.csv")) == len(csv)
@@ -128,6 +129,24 @@ def test_clean_real_model_names_no_culprit(ppocr_oneshot):
     # the per-channel scores are there, and never better than the worst channel's
     s = res.summary.dropna(subset=["SQNR ch_median"])
     assert len(s) > 200 and (s["SQNR ch_worst"] <= s["SQNR ch_median"] + 1e-9).all()
+
+
+def test_real_model_report_reads_at_1400_px(ppocr_oneshot, tmp_path):
+    """PP-OCRv4 det's report: the layer adding the most error and the score columns are in
+    view at 1400 px without scrolling the page sideways; one legend entry per kind of mark."""
+    res = ppocr_oneshot
+    top = res.marks[0].largest_drops[0][0]
+    seen, errors = browser.layout(res.report, tmp_path, top)
+    assert errors == []
+    assert seen["viewport"] == browser.WIDTH and seen["page"] <= seen["viewport"]
+    right = min(seen["viewport"], seen["wrap"]["right"])
+    assert (
+        seen["name"]["text"] == top and 0 <= seen["name"]["left"] < seen["name"]["right"] <= right
+    )
+    for col in ("CosineSimilarity", "SQNR", "CosineSimilarity drop", "SQNR drop"):
+        head = seen["heads"][col]
+        assert 0 <= head["left"] and head["right"] <= right, (col, head, right)
+    assert len(seen["legend"]) == len(set(seen["legend"])) >= 3, seen["legend"]
 
 
 def external_references(html: str) -> list[str]:

@@ -40,7 +40,9 @@ from accdbg.algorithms.evidence import Evidence, nsr_db
 
 Z_MIN = 3.5
 GAP_DB = 10.0
-MAX_GAP_DB = 20.0  # a small model's spread is a weak estimate: 20 dB below the floor always stands out
+MAX_GAP_DB = (
+    20.0  # a small model's spread is a weak estimate: 20 dB below the floor always stands out
+)
 ABS_DB = 20.0  # the SQNR verifier's pass mark: the layer's own encodings alone fail it
 DESTROYED_DB = 6.0  # below this the median channel keeps a quarter of noise: information is gone
 SHARE = 0.5  # a culprit alone causes at least this share of the whole model's output error...

@@ -90,7 +90,7 @@ def write_reports(
     ranking: Ranking | None = None,
 ) -> tuple[pd.DataFrame, Path, Path]:
     """``<stem>.csv`` and (if ``html``) ``<stem>.html``, each replaced atomically; with the
-    culprit ranking's columns and verdict when given (the final write)."""
+    culprit ranking's columns and verdict (heading the HTML page) when given (the final write)."""
     from accdbg.reports.html_report import write_report
 
     df = frame(rows, judge.labels, cumulative)

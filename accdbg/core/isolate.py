@@ -21,8 +21,10 @@ import os
 import pickle
 import shutil
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import traceback
@@ -39,6 +41,38 @@ PR_SET_PDEATHSIG = 1
 JOB_PREFIX = "accdbg-job-"
 MAX_NATIVE_LINES = 400  # per child; the rest is summarised in one line
 _swept = False  # the job folders of dead parents are swept once per process
+
+
+def _site_dirs() -> set[Path]:
+    """Where this interpreter imports installed packages from."""
+    paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    paths.update(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        paths.add(site.getusersitepackages())
+    return {Path(p).resolve() for p in paths}
+
+
+def source_tree() -> Path | None:
+    """The folder holding the ``accdbg`` package when it is not an installed one, else None.
+
+    An installed accdbg (wheel, or pip install .) is found by the child on its own; a source
+    tree (PYTHONPATH, sys.path.insert, pytest's rootdir) must be handed to it, or the child
+    would import another accdbg than its parent - or none.
+    """
+    root = Path(__file__).resolve().parents[2]
+    installed = root.name in ("site-packages", "dist-packages") or root in _site_dirs()
+    return None if installed else root
+
+
+def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment (the parent's, or ``base``) of a child Python that imports this very
+    ``accdbg``: the source tree first on PYTHONPATH when there is one."""
+    env = dict(os.environ if base is None else base)
+    tree = source_tree()
+    if tree is not None:
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(tree)]
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), *rest])
+    return env
 
 
 class Isolated:
@@ -158,15 +192,6 @@ class Isolated:
         if kind == "user":
             raise AccdbgError(payload[0])
         raise RuntimeError(f"{payload[0]} (in the backend process)\n{payload[1]}")
-
-
-def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a child Python that imports this very ``accdbg``."""
-    env = dict(os.environ if base is None else base)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]
-    )
-    return env
 
 
 def guarded_module_command(module: str, *args: str) -> list[str]:

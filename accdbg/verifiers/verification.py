@@ -40,6 +40,7 @@ from accdbg.mapping.tensor_mapping import (
 )
 from accdbg.reports.summary import write_record_csv, write_record_html, write_summary
 from accdbg.verifiers import get_verifier, make_verifier
+from accdbg.verifiers import status as row_status
 from accdbg.verifiers.base import TensorPair, Verifier, VerifierResult, finite_range
 from accdbg.verifiers.channels import STATS, ChannelPair, channel_axis, live, summarize
 
@@ -357,7 +358,11 @@ def _verify_pair(
     verifiers: list[ConfiguredVerifier],
     plan: Plan,
 ) -> tuple[dict[str, Any], dict[str, VerifierResult]]:
-    """One summary row and each verifier's result; reads the pair once, keeps nothing."""
+    """One summary row and each verifier's result; reads the pair once, keeps nothing.
+
+    The row's Status holds only its notes here (why a comparison is incomplete or
+    abnormal); :func:`_verify_rows` adds the verdict once every verifier has run.
+    """
     g_rec = golden.records.get(g_name) if g_name else None
     t_rec = target.records.get(t_name) if t_name else None
     qnn = (
@@ -374,7 +379,7 @@ def _verify_pair(
         "golden_max": math.nan,
         "target_min": math.nan,
         "target_max": math.nan,
-        "Status": "ok",
+        "Status": "",
         "Golden_name": g_name,
         "Layout": "",
     }
@@ -605,9 +610,11 @@ def _verify_rows(golden, target, plan, pairs, by_name, writer, everywhere, singl
             passed[label].append(res.passed if res else None)
             if res is not None:
                 writer.write(label, row["Name"], _detail_record(row, res))
-        row["Failed"] = ", ".join(
+        failed = [
             label for label in labels if results.get(label) and results[label].passed is False
-        )
+        ]
+        row["Failed"] = ", ".join(failed)
+        row["Status"] = row_status.compose(failed, [row["Status"]])
         row["Order"] = len(rows)
         for n in (g_name, t_name):
             if n:
@@ -635,11 +642,12 @@ def _verify_group(golden, target, cv, group, by_name, rows, row_of, passed, writ
     i = row_of[group[0]]
     row[cv.label] = res.value
     passed[cv.label][i] = res.passed
-    if res.passed is False:
-        row["Failed"] = ", ".join(x for x in (row["Failed"], cv.label) if x)
-    if res.status != "ok":
-        note = f"{cv.label}: {res.status}"
-        row["Status"] = note if row["Status"] == "ok" else f"{row['Status']}; {note}"
+    failed = row_status.split_failed(row["Failed"]) + ([cv.label] if res.passed is False else [])
+    notes = [row_status.note(row["Status"])] + (
+        [f"{cv.label}: {res.status}"] if res.status != "ok" else []
+    )
+    row["Failed"] = ", ".join(failed)
+    row["Status"] = row_status.compose(failed, notes)
     writer.write(
         cv.label,
         "+".join(group),
@@ -659,9 +667,12 @@ def _notes(plan: Plan, df: pd.DataFrame, passed: dict[str, list[bool | None]]) -
         fails = [i for i, p in enumerate(passed[cv.label]) if p is False]
         first = f"; first failing: {df['Name'].iloc[fails[0]]}" if fails else ""
         notes.append(f"{cv.label} ({v.unit}, {mark}): {len(fails)} of {len(df)} rows fail{first}")
-    problems = int((df["Status"] != "ok").sum())
+    problems = int((df["Status"].map(row_status.note) != "").sum())
     if problems:
-        notes.append(f"{problems} rows have a status other than ok (see the Status column)")
+        notes.append(
+            f"{problems} rows could not be compared fully or hold abnormal values "
+            "(see the note in the Status column)"
+        )
     notes.append(
         "Rows are in execution order; read top to bottom: the first failing layer is the one to fix."
     )
@@ -676,7 +687,7 @@ def aggregate_inputs(
     verifiers: list[ConfiguredVerifier],
 ) -> tuple[pd.DataFrame, dict[str, list[bool | None]]]:
     """One row per layer over all inputs: each verifier's worst value (and which input), its
-    mean, the value ranges over all inputs, and the first non-ok status."""
+    mean, the value ranges over all inputs, and the first input's note in Status."""
     keys: list[tuple[str, Any]] = []
     stacked = []
     for name, df in per_input.items():
@@ -694,6 +705,7 @@ def aggregate_inputs(
         first = grp.iloc[0]
         row = {c: first[c] for c in LEADING_COLUMNS}
         failed = []
+        failed_somewhere = {f for cell in grp["Failed"] for f in row_status.split_failed(cell)}
         for cv in verifiers:
             vals = grp[cv.label].astype(float)
             finite = vals.dropna()
@@ -712,6 +724,8 @@ def aggregate_inputs(
             row[f"{cv.label}_mean"] = mean
             row[f"{cv.label}_worst_input"] = worst_in
             verdict = cv.verifier.judge(worst) if not math.isnan(worst) else None
+            if cv.label in failed_somewhere:  # e.g. NaN on one input fails it whatever the values
+                verdict = False
             passed[cv.label].append(verdict)
             if verdict is False:
                 failed.append(cv.label)
@@ -719,8 +733,11 @@ def aggregate_inputs(
         row["golden_max"] = grp["golden_max"].max()
         row["target_min"] = grp["target_min"].min()
         row["target_max"] = grp["target_max"].max()
-        bad = grp[grp["Status"] != "ok"]
-        row["Status"] = "ok" if bad.empty else f"{bad.iloc[0]['_input']}: {bad.iloc[0]['Status']}"
+        noted = [
+            (i, row_status.note(st)) for i, st in zip(grp["_input"], grp["Status"], strict=True)
+        ]
+        first_note = next((f"{i}: {n}" for i, n in noted if n), "")
+        row["Status"] = row_status.compose(failed, [first_note])
         row["Failed"] = ", ".join(failed)
         row["Golden_name"] = first["Golden_name"]
         row["Layout"] = first["Layout"]

@@ -42,14 +42,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--algorithms", default="oneshot,layerwise,cumulative")
     p.add_argument("--models", default=",".join(zoo_models.MODELS))
     p.add_argument("--kinds", default=",".join(zoo_plant.KINDS))
-    p.add_argument("--cases", default="", help="explicit case names model/kind/depth, comma-separated")
-    p.add_argument("--quick", action="store_true", help=f"only {len(runner.QUICK)} cases, oneshot and layerwise")
+    p.add_argument(
+        "--cases", default="", help="explicit case names model/kind/depth, comma-separated"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"only {len(runner.QUICK)} cases, oneshot and layerwise",
+    )
     p.add_argument("--out", default="fault_zoo_out")
     p.add_argument("--jobs", type=int, default=1, help="cases run in parallel")
     p.add_argument(
         "--cumulative-depths",
         default="mid",
         help="depths cumulative-layerwise (the slowest) runs on, besides clean cases; 'all' for every case",
+    )
+    p.add_argument(
+        "--cumulative-models",
+        default="det,cls,face",
+        help="models cumulative-layerwise runs on (rec's runs take minutes each)",
+    )
+    p.add_argument(
+        "--every-case",
+        action="store_true",
+        help="also rec's early and late cases (by default only its mid ones and weight outliers)",
     )
     p.add_argument("--rerun", action="store_true", help="ignore results cached in --out")
     p.add_argument("--seed", type=int, default=0)
@@ -78,20 +94,32 @@ def main(argv=None) -> int:
         wanted = [c.strip() for c in a.cases.split(",") if c.strip()]
     else:
         wanted = runner.case_names(
-            _list(a.models, zoo_models.MODELS, "models"), _list(a.kinds, zoo_plant.KINDS, "kinds")
+            _list(a.models, zoo_models.MODELS, "models"),
+            _list(a.kinds, zoo_plant.KINDS, "kinds"),
+            a.every_case,
         )
     out = Path(a.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cases, dropped = runner.build_cases(wanted, out, a.seed)
-    print(f"{len(cases)} cases planted in {time.perf_counter() - t0:.0f} s; {len(dropped)} left out")
+    print(
+        f"{len(cases)} cases planted in {time.perf_counter() - t0:.0f} s; {len(dropped)} left out"
+    )
     for name, why in dropped:
         print(f"  left out {name}: {why}")
     workers = runner.default_workers(a.jobs)
-    cum_depths = set(zoo_plant.DEPTHS) if a.cumulative_depths == "all" else set(a.cumulative_depths.split(","))
+    cum_depths = (
+        set(zoo_plant.DEPTHS)
+        if a.cumulative_depths == "all"
+        else set(a.cumulative_depths.split(","))
+    )
+
+    cum_models = set(a.cumulative_models.split(","))
 
     def algos(case) -> list[str]:
-        if case.fault.kind == "clean" or case.fault.depth in cum_depths:
+        if case.fault.model in cum_models and (
+            case.fault.kind == "clean" or case.fault.depth in cum_depths
+        ):
             return algorithms
         return [x for x in algorithms if x != "cumulative"]
 
@@ -108,7 +136,7 @@ def main(argv=None) -> int:
             results += rows
             _progress(job[0], rows)
     df = runner.to_frame(results)
-    df = runner.with_harm(out, df)
+    df = runner.with_harm(df)
     df.to_csv(out / "cases.csv", index=False)
     table = scoring.summary_table(df)
     total = time.perf_counter() - t0
@@ -125,7 +153,9 @@ def _progress(case, rows) -> None:
     for r in rows:
         rank = r.get("best_rank")
         rank = "-" if rank is None or rank != rank else int(rank)
-        parts.append(f"{r['algorithm']} {r.get('status', '?')[:40]} rank {rank} {r.get('seconds', 0)}s")
+        parts.append(
+            f"{r['algorithm']} {r.get('status', '?')[:40]} rank {rank} {r.get('seconds', 0)}s"
+        )
     print(f"{case.name:40s} " + "; ".join(parts), flush=True)
 
 
@@ -149,9 +179,10 @@ def report_markdown(table, df, dropped, algorithms, seconds: float) -> str:
         markdown(table),
         "",
         "hit@k: a layer of the culprit set has culprit_rank <= k. False alarms: clean models "
-        "where some layer has a culprit_rank. QNN hurt: the fault costs the model's output >= "
-        f"{runner.HURT_OUTPUT_DB:g} dB SQNR or its own layer >= {runner.HURT_LAYER_DB:g} dB "
-        "against the clean model (QNN HTP, oneshot run).",
+        "where some layer has a culprit_rank. QNN hurt: against the model without the fault "
+        f"(QNN HTP, oneshot run), the fault costs the model's outputs >= {runner.HURT_OUTPUT_DB:g} dB "
+        "SQNR (logits for a softmax/sigmoid output), or the median per-channel SQNR of its "
+        f"layer (or of the layers undoing a compensated fault) >= {runner.HURT_LAYER_DB:g} dB.",
     ]
     if dropped:
         lines += ["", "Left out:", ""] + [f"* {n}: {why}" for n, why in dropped]

@@ -193,3 +193,23 @@ def layers(g: Graph) -> list[Layer]:
 def activation_after(g: Graph, layer: Layer) -> onnx.NodeProto | None:
     """The fused activation node closing the layer, if any."""
     return g.producer[layer.act] if layer.act else None
+
+
+def bn_scale(g: Graph, layer: Layer) -> np.ndarray | None:
+    """Per-output-channel factor the folded BatchNormalization multiplies the weights by."""
+    if layer.bn is None:
+        return None
+    gamma, _, _, var = (g.const(i).astype(np.float64) for i in layer.bn.input[1:5])
+    return gamma / np.sqrt(var + float(attr(layer.bn, "epsilon", 1e-5)))
+
+
+def effective_weight(g: Graph, layer: Layer) -> np.ndarray:
+    """The weights the quantizer sees: with a following BatchNormalization folded in (onnxruntime
+    folds it before quantization), so a fault's size is measured where it is quantized."""
+    w = g.const(layer.weight).astype(np.float64)
+    s = bn_scale(g, layer)
+    if s is None:
+        return w
+    shape = [1] * w.ndim
+    shape[layer.out_axis] = -1
+    return w * s.reshape(shape)

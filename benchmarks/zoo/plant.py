@@ -25,7 +25,7 @@ import onnx
 
 from benchmarks.zoo import edits
 from benchmarks.zoo.edits import NotEligible, Source
-from benchmarks.zoo.graph import Graph, Layer, layer_of, layers
+from benchmarks.zoo.graph import Graph, bn_scale, effective_weight, layer_of, layers
 from benchmarks.zoo.probe import FloatProbe, channel_axis, output_change, run
 
 KINDS = (
@@ -50,7 +50,7 @@ STRENGTH = {
     "weight_channel": (10.0, 30.0),  # one output channel's max|w| = K x max|W|
     "act_outlier_scale": (12.0, 40.0),  # channel c's max|x| = K x max|X|
     "act_outlier_offset": (8.0, 20.0),  # channel c + K x max|X|
-    "conv_pair_scaled": (10.0, 30.0),  # consumer's input-channel weights reach K x max|W|
+    "conv_pair_scaled": (20.0, 50.0),  # consumer's input-channel weights reach K x max|W|
     "concat_unbalanced": (12.0, 40.0),  # one branch's range = K x the other branches'
     "clipping": (0.25, 0.25),  # encoding = this fraction of the calibrated range
     "clean": (0.0, 0.0),
@@ -262,7 +262,11 @@ def choose(sites: Sequence[Site], fraction: float) -> Site | None:
 
 
 # weight_outlier covers pointwise, depthwise and dense layers at three depths
-WEIGHT_OUTLIER_VARIANTS = {"early": ("pointwise",), "mid": ("depthwise",), "late": ("dense", "pointwise")}
+WEIGHT_OUTLIER_VARIANTS = {
+    "early": ("pointwise",),
+    "mid": ("depthwise",),
+    "late": ("dense", "pointwise"),
+}
 
 
 def select_site(model: onnx.ModelProto, probe: FloatProbe, kind: str, depth: str) -> Site | None:
@@ -289,14 +293,20 @@ def select_site(model: onnx.ModelProto, probe: FloatProbe, kind: str, depth: str
 
 
 def plant_weight_outlier(model, site: Site, strength: float, rng) -> tuple[onnx.ModelProto, Fault]:
-    """One weight set to +-K x the tensor's largest |w|: per-tensor 8-bit weights lose the rest."""
+    """One weight set to +-K x the tensor's largest |w|: per-tensor 8-bit weights lose the rest.
+
+    Sizes are measured on the weights as quantized (a following BatchNormalization folded in).
+    """
     m, g = _copy(model)
     layer = layer_of(g, g.node(site.node))
     w = g.const(layer.weight)
-    peak = float(np.abs(w).max())
+    eff = effective_weight(g, layer)
+    peak = float(np.abs(eff).max())
     idx = tuple(int(rng.integers(d)) for d in w.shape)
     sign = 1.0 if rng.random() < 0.5 else -1.0
-    w[idx] = sign * strength * peak
+    fold = bn_scale(g, layer)
+    factor = 1.0 if fold is None else float(fold[idx[layer.out_axis]])
+    w[idx] = sign * strength * peak / factor
     g.set_const(layer.weight, w)
     detail = f"{layer.weight}{list(idx)} = {w[idx]:+.4g} ({strength:.0f} x max|w| {peak:.4g})"
     return m, _fault(site, "weight_outlier", strength, layer.chain, detail)
@@ -307,18 +317,23 @@ def plant_weight_channel(model, site: Site, strength: float, rng) -> tuple[onnx.
     m, g = _copy(model)
     layer = layer_of(g, g.node(site.node))
     w = g.const(layer.weight).astype(np.float64)
-    per = np.abs(np.moveaxis(w, layer.out_axis, 0)).reshape(w.shape[layer.out_axis], -1).max(1)
+    eff = np.abs(np.moveaxis(effective_weight(g, layer), layer.out_axis, 0))
+    per = eff.reshape(eff.shape[0], -1).max(1)
     c = _active_channel(per, rng)
     factor = strength * per.max() / per[c]
     sl = [slice(None)] * w.ndim
     sl[layer.out_axis] = c
     w[tuple(sl)] *= factor
     g.set_const(layer.weight, w)
-    detail = f"output channel {c} of {layer.weight} x{factor:.3g} (max|w| {strength:.0f} x the tensor's)"
+    detail = (
+        f"output channel {c} of {layer.weight} x{factor:.3g} (max|w| {strength:.0f} x the tensor's)"
+    )
     return m, _fault(site, "weight_channel", strength, layer.chain, detail)
 
 
-def plant_act_outlier_scale(model, site: Site, strength: float, rng) -> tuple[onnx.ModelProto, Fault]:
+def plant_act_outlier_scale(
+    model, site: Site, strength: float, rng
+) -> tuple[onnx.ModelProto, Fault]:
     """Channel c of an activation K x larger than the tensor's range, undone by its consumers."""
     m, g = _copy(model)
     src, r = _rebind(g, site)
@@ -337,7 +352,9 @@ def plant_act_outlier_scale(model, site: Site, strength: float, rng) -> tuple[on
     return m, fault
 
 
-def plant_act_outlier_offset(model, site: Site, strength: float, rng) -> tuple[onnx.ModelProto, Fault]:
+def plant_act_outlier_offset(
+    model, site: Site, strength: float, rng
+) -> tuple[onnx.ModelProto, Fault]:
     """Channel c of an activation shifted by K x the tensor's range, undone in the 1x1 consumers' bias."""
     m, g = _copy(model)
     src, r = _rebind(g, site, offset=True)
@@ -348,8 +365,9 @@ def plant_act_outlier_offset(model, site: Site, strength: float, rng) -> tuple[o
     edits.offset_channels(g, src, delta)
     for layer in r.consumers:
         edits.undo_offset(g, layer, delta)
-    detail = f"channel {c} of {site.tensor} {delta[c]:+.4g} ({site.variant}); undone in " + ", ".join(
-        layer.name for layer in r.consumers
+    detail = (
+        f"channel {c} of {site.tensor} {delta[c]:+.4g} ({site.variant}); undone in "
+        + ", ".join(layer.name for layer in r.consumers)
     )
     # the tensors after residual Adds carry the same offset channel and its blown range
     fault = _fault(site, "act_outlier_offset", strength, src.rows + r.through, detail)
@@ -357,7 +375,9 @@ def plant_act_outlier_offset(model, site: Site, strength: float, rng) -> tuple[o
     return m, fault
 
 
-def plant_conv_pair_scaled(model, site: Site, strength: float, rng) -> tuple[onnx.ModelProto, Fault]:
+def plant_conv_pair_scaled(
+    model, site: Site, strength: float, rng
+) -> tuple[onnx.ModelProto, Fault]:
     """Producer channel c divided by K', its consumer's weights of input channel c times K'.
 
     The culprit is the *consumer*: its weights of channel c now reach K x its other weights,
@@ -369,7 +389,7 @@ def plant_conv_pair_scaled(model, site: Site, strength: float, rng) -> tuple[onn
     src, r = _rebind(g, site)
     consumer = r.consumers[0]
     st = site.probe.stats()[site.tensor]
-    w2 = np.abs(g.const(consumer.weight).astype(np.float64))
+    w2 = np.abs(effective_weight(g, consumer))
     axis = consumer.out_axis if consumer.kind == "depthwise" else consumer.in_axis
     per_in = np.moveaxis(w2, axis, 0).reshape(w2.shape[axis], -1).max(1)
     # a channel that carries signal and that the consumer really uses
@@ -387,7 +407,9 @@ def plant_conv_pair_scaled(model, site: Site, strength: float, rng) -> tuple[onn
     return m, fault
 
 
-def plant_concat_unbalanced(model, site: Site, strength: float, rng) -> tuple[onnx.ModelProto, Fault]:
+def plant_concat_unbalanced(
+    model, site: Site, strength: float, rng
+) -> tuple[onnx.ModelProto, Fault]:
     """One Concat input K x larger than the others, undone in the Concat's consumers.
 
     The Concat's single output encoding must cover the big input, so the other inputs lose

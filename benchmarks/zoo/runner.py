@@ -9,10 +9,12 @@ three debug exactly the same quantized model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+import shutil
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -30,16 +32,18 @@ from benchmarks.zoo.probe import FloatProbe, load_feeds
 log = logging.getLogger("fault_zoo")
 
 ALGORITHMS = ("oneshot", "layerwise", "cumulative")
-# the cases of --quick: every algorithm's reaction to six faults of different kinds, and a
-# clean model, on the two fastest models
+# the cases of --quick: five faults of different kinds and the two clean models they are
+# compared with, on the two fastest models
 QUICK = (
+    "face/clean/-",
     "face/weight_outlier/mid",
     "face/act_outlier_offset/mid",
-    "face/clean/-",
+    "cls/clean/-",
     "cls/act_outlier_scale/late",
     "cls/conv_pair_scaled/mid",
     "cls/clipping/early",
 )
+SNOOP_DIRS = {"layerwise": "layerwise_snooping", "cumulative": "cumulative_layerwise_snooping"}
 HURT_OUTPUT_DB = 1.0  # the fault costs the model's output at least this much SQNR...
 HURT_LAYER_DB = 3.0  # ...or its layer this much median per-channel SQNR
 
@@ -50,17 +54,28 @@ class Case:
     folder: Path
     model_path: Path
     overrides: Path | None
+    fingerprint: str = ""  # of the planted model and overrides: cached results must match
 
     @property
     def name(self) -> str:
         return self.fault.case
 
 
-def case_names(models: list[str], kinds: list[str]) -> list[str]:
+def case_names(models: list[str], kinds: list[str], every_case: bool = False) -> list[str]:
+    """model/kind/depth names. PP-OCRv4 rec takes 3x the time of the others per run, so by
+    default it gets every kind at mid depth only, plus its pointwise (early) and dense (late)
+    weight outliers; ``every_case`` adds its other early and late cases."""
     out = []
     for m in models:
         for k in kinds:
             for d in ["-"] if k == "clean" else list(zoo_plant.DEPTHS):
+                if (
+                    m == "rec"
+                    and not every_case
+                    and d in ("early", "late")
+                    and k != "weight_outlier"
+                ):
+                    continue
                 out.append(f"{m}/{k}/{d}")
     return out
 
@@ -105,7 +120,9 @@ def build_cases(
                 overrides.write_text(json.dumps(fault.overrides, indent=1))
             record = asdict(fault) | {"notes": prep.notes, "input_list": str(prep.input_list)}
             (folder / "fault.json").write_text(json.dumps(record, indent=1, default=str))
-            cases.append(Case(fault, folder, path, overrides))
+            digest = hashlib.sha1(planted.model.SerializeToString())
+            digest.update(json.dumps(fault.overrides, sort_keys=True).encode())
+            cases.append(Case(fault, folder, path, overrides, digest.hexdigest()[:16]))
     return cases, dropped
 
 
@@ -148,8 +165,9 @@ def channel_sqnr(golden: np.ndarray, target: np.ndarray) -> float:
     if g.ndim < 2:
         return scoring.sqnr_db(g, t)
     axis = 1 if g.ndim == 4 else g.ndim - 1
-    g, t = np.moveaxis(g, axis, 0).reshape(g.shape[axis], -1), np.moveaxis(t, axis, 0).reshape(
-        g.shape[axis], -1
+    g, t = (
+        np.moveaxis(g, axis, 0).reshape(g.shape[axis], -1),
+        np.moveaxis(t, axis, 0).reshape(g.shape[axis], -1),
     )
     per = [scoring.sqnr_db(a, b) for a, b in zip(g, t, strict=True) if np.any(a)]
     return float(np.median(per)) if per else math.nan
@@ -179,16 +197,14 @@ def _result_file(case: Case, algorithm: str) -> Path:
 def run_case(
     case: Case, algorithms: list[str], out: Path, rerun: bool = False, workers: int | None = None
 ) -> list[dict]:
-    """Run the algorithms on one case; one result row per algorithm (cached in the folder)."""
+    """Run the algorithms on one case; one result row per algorithm, cached in the case
+    folder (``--rerun`` ignores the cache). Oneshot runs first whatever is asked: the others
+    reuse its golden tensors and QDQ model."""
     from accdbg.algorithms.cumulative import run_cumulative_layerwise
     from accdbg.algorithms.layerwise import run_layerwise
     from accdbg.algorithms.oneshot import run_oneshot
 
     spec = zoo_models.MODELS[case.fault.model]
-    rows = []
-    cached = {a: _result_file(case, a) for a in ALGORITHMS}
-    if not rerun and all(cached[a].is_file() for a in ["oneshot", *algorithms]):
-        return [json.loads(cached[a].read_text()) for a in algorithms]
     base = {
         "case": case.name,
         "model": case.fault.model,
@@ -199,63 +215,64 @@ def run_case(
         "strength": case.fault.strength,
         "relative_depth": round(case.fault.relative_depth, 3),
         "culprits": " | ".join(case.fault.culprits),
+        "checked": " | ".join(case.fault.checked),
         "detail": case.fault.detail,
         "float_change": case.fault.float_change,
+        "folder": str(case.folder),
+        "fingerprint": case.fingerprint,
     }
     engine_kwargs = {"quantization_overrides": str(case.overrides)} if case.overrides else {}
     inputs = _inputs(spec, out / "models")
     work = case.folder / "w"
-    input_list = out / "models" / spec.name / "input_list.txt"
-    t = time.perf_counter()
-    try:
-        one = run_oneshot(
-            "onnx",
-            case.model_path,
-            inputs,
-            input_list=input_list,
-            engine_kwargs=engine_kwargs,
-            working_dir=work,
-            output_dirname="oneshot",
-        )
-    except Exception as exc:  # a crash of the tool is a result too
-        row = base | _failed("oneshot", exc, time.perf_counter() - t)
-        _result_file(case, "oneshot").write_text(json.dumps(row, default=str))
-        return [row | {"algorithm": a} for a in algorithms]
-    secs = time.perf_counter() - t
-    model = onnx.load(str(case.model_path), load_external_data=False)
-    local = list(dict.fromkeys(case.fault.culprits + case.fault.checked))
-    harm = {
-        "out_sqnr": _min(tensor_sqnrs(case.folder, watched_outputs(model), False)),
-        "local_ch_sqnr": json.dumps(tensor_sqnrs(case.folder, local, True)),
-    }
-    row = base | harm | {"algorithm": "oneshot", "status": "ok", "seconds": round(secs, 1)}
-    row |= scoring.score("oneshot", one.summary, case.fault.culprits)
-    _result_file(case, "oneshot").write_text(json.dumps(row, default=str))
-    results = {"oneshot": row}
-    qdq = next(one.engine_run.glob("*.qdq.onnx"), None)
-    for algo in algorithms:
-        if algo == "oneshot":
+    results: dict[str, dict] = {}
+    for algo in ["oneshot", *[a for a in algorithms if a != "oneshot"]]:
+        cached = _result_file(case, algo)
+        if not rerun and cached.is_file():
+            row = json.loads(cached.read_text())
+            if row.get("fingerprint") == case.fingerprint:
+                results[algo] = row
+                continue
+        if algo != "oneshot" and results["oneshot"].get("status") != "ok":
+            results[algo] = base | {"algorithm": algo, "status": "oneshot failed", "n_named": 0}
             continue
-        fn = run_layerwise if algo == "layerwise" else run_cumulative_layerwise
+        # a stale run of the same name would be resumed (snooping) or refused: start afresh
+        stale = work if algo == "oneshot" else work / SNOOP_DIRS[algo] / algo
+        shutil.rmtree(stale, ignore_errors=True)
         t = time.perf_counter()
         try:
-            res = fn(
-                case.model_path,
-                inputs,
-                golden_dir=one.golden_dir,
-                qdq_model=qdq,
-                engine_kwargs=engine_kwargs,
-                working_dir=work,
-                output_dirname=algo,
-                workers=workers,
-            )
-            r = base | harm | {"algorithm": algo, "status": "ok"}
-            r["seconds"] = round(time.perf_counter() - t, 1)
-            r |= scoring.score(algo, res.report, case.fault.culprits)
-        except Exception as exc:
-            r = base | harm | _failed(algo, exc, time.perf_counter() - t)
-        _result_file(case, algo).write_text(json.dumps(r, default=str))
-        results[algo] = r
+            if algo == "oneshot":
+                res = run_oneshot(
+                    "onnx",
+                    case.model_path,
+                    inputs,
+                    input_list=out / "models" / spec.name / "input_list.txt",
+                    engine_kwargs=engine_kwargs,
+                    working_dir=work,
+                    output_dirname="oneshot",
+                )
+                table = res.summary
+            else:
+                fn = run_layerwise if algo == "layerwise" else run_cumulative_layerwise
+                golden, _ = oneshot_dumps(case.folder)
+                qdq = next((work / "inference_engine" / "oneshot").glob("*.qdq.onnx"))
+                res = fn(
+                    case.model_path,
+                    inputs,
+                    golden_dir=golden,
+                    qdq_model=qdq,
+                    engine_kwargs=engine_kwargs,
+                    working_dir=work,
+                    output_dirname=algo,
+                    workers=workers,
+                )
+                table = res.report
+            row = base | {"algorithm": algo, "status": "ok"}
+            row["seconds"] = round(time.perf_counter() - t, 1)
+            row |= scoring.score(algo, table, case.fault.culprits)
+        except Exception as exc:  # a failing run is a result too
+            row = base | _failed(algo, exc, time.perf_counter() - t)
+        _result_file(case, algo).write_text(json.dumps(row, default=str))
+        results[algo] = row
     return [results[a] for a in algorithms]
 
 
@@ -271,31 +288,40 @@ def _failed(algo: str, exc: Exception, secs: float) -> dict:
     }
 
 
-def with_harm(out: Path, rows: pd.DataFrame) -> pd.DataFrame:
-    """Compare each case with its model's clean case (QNN oneshot runs, same tensor names).
+HARM_COLUMNS = ("out_sqnr", "out_sqnr_clean", "out_loss_db", "local_loss_db", "hurts")
+
+
+def with_harm(rows: pd.DataFrame) -> pd.DataFrame:
+    """Compare each case's QNN oneshot run with its model's clean case (same tensor names).
 
     ``out_loss_db``: SQNR the watched outputs lose. ``local_loss_db``: the largest loss of
     median per-channel SQNR among the culprit rows and, for a compensated fault, the layers
     undoing it (whose float values are the clean model's).
     """
-    rows = rows.copy()
-    rows["out_sqnr"] = pd.to_numeric(rows.get("out_sqnr", np.nan), errors="coerce")
-    clean = rows[(rows["kind"] == "clean") & (rows["algorithm"] == "oneshot")]
-    clean_out = dict(zip(clean["model"], clean["out_sqnr"], strict=True))
-    rows["out_sqnr_clean"] = rows["model"].map(clean_out)
+    rows = rows.drop(columns=[c for c in HARM_COLUMNS if c in rows.columns])
+    clean = {
+        r["model"]: Path(r["folder"])
+        for _, r in rows[rows["kind"] == "clean"].drop_duplicates("model").iterrows()
+    }
+    harm: dict[str, dict] = {}
+    for _, r in rows.drop_duplicates("case").iterrows():
+        folder = Path(r["folder"])
+        model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+        outputs = watched_outputs(model)
+        local = [n for n in f"{r['culprits']} | {r['checked']}".split(" | ") if n and n != "nan"]
+        local = list(dict.fromkeys(local))
+        h = {"out_sqnr": _min(tensor_sqnrs(folder, outputs, False))}
+        ref = clean.get(r["model"])
+        if ref is not None:
+            h["out_sqnr_clean"] = _min(tensor_sqnrs(ref, outputs, False))
+            mine, theirs = tensor_sqnrs(folder, local, True), tensor_sqnrs(ref, local, True)
+            d = [theirs[n] - v for n, v in mine.items() if n in theirs]
+            d = [x for x in d if not math.isnan(x)]
+            h["local_loss_db"] = max(d) if d else math.nan
+        harm[r["case"]] = h
+    extra = pd.DataFrame.from_dict(harm, orient="index")
+    rows = rows.join(extra, on="case")
     rows["out_loss_db"] = rows["out_sqnr_clean"] - rows["out_sqnr"]
-    losses = []
-    cache: dict[tuple, dict[str, float]] = {}
-    for _, r in rows.iterrows():
-        text = r.get("local_ch_sqnr")
-        mine = json.loads(text) if isinstance(text, str) else {}
-        key = (r["model"], tuple(mine))
-        if key not in cache:
-            cache[key] = tensor_sqnrs(out / "cases" / r["model"] / "clean_none", list(mine), True)
-        ref = cache[key]
-        d = [ref[n] - v for n, v in mine.items() if n in ref and not math.isnan(ref[n] - v)]
-        losses.append(max(d) if d else math.nan)
-    rows["local_loss_db"] = losses
     rows["hurts"] = (rows["out_loss_db"] >= HURT_OUTPUT_DB) | (
         rows["local_loss_db"] >= HURT_LAYER_DB
     )

@@ -45,7 +45,8 @@ def provisional_ranks(algorithm: str, table: pd.DataFrame) -> pd.Series:
         col, worst_first = "SQNR", True
     else:
         return ranks
-    ok = table.get("Status", pd.Series("ok", index=table.index)).astype(str) == "ok"
+    status = table.get("Status", pd.Series("", index=table.index)).fillna("").astype(str)
+    ok = status.isin(["", "ok", "part", "nan"])  # judged normally (part: cumulative's cut)
     info = table.get("Info", pd.Series("", index=table.index)).fillna("").astype(str)
     failing = ok & info.str.contains(f"{col} .* fails", regex=True)
     scores = pd.to_numeric(table[col], errors="coerce")

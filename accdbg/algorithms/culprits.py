@@ -33,31 +33,29 @@ def prepared_model(qdq_model: Path) -> Path:
     return qdq_model.with_name(qdq_model.name.removesuffix(".qdq.onnx") + ".prepared.onnx")
 
 
+def noise_verifier(verifiers: Mapping[str, Verifier], columns) -> str | None:
+    """The label of the verifier that best measures noise-to-signal power (exact first)."""
+    usable = [lab for lab, v in verifiers.items() if lab in columns and v.noise_to_signal(0.5)]
+    usable.sort(key=lambda lab: not verifiers[lab].nsr_exact)
+    return usable[0] if usable else None
+
+
 def observed_nsr(
     df: pd.DataFrame, name_col: str, verifiers: Mapping[str, Verifier]
 ) -> dict[str, float]:
-    """Each row's error as noise-to-signal power: SQNR's (its median channel when known), else
-    cosine's ``2 (1 - cos)`` (equal for small errors)."""
-    sqnr = next((lab for lab, v in verifiers.items() if v.name == "SQNR" and lab in df), None)
-    cos = next(
-        (lab for lab, v in verifiers.items() if v.name == "CosineSimilarity" and lab in df), None
-    )
+    """Each row's error as noise-to-signal power, from the verifier that measures it (SQNR
+    exactly, cosine approximately), its median channel when known."""
+    label = noise_verifier(verifiers, df.columns)
+    if label is None:
+        return {}
+    v = verifiers[label]
     out: dict[str, float] = {}
     for _, row in df.iterrows():
-        value = math.nan
-        if sqnr is not None:
-            v = verifiers[sqnr]
-            for col in (f"{sqnr} ch_median", sqnr):
-                x = pd.to_numeric(row.get(col), errors="coerce")
-                if x is not None and not pd.isna(x):
-                    value = v.linear_error(float(x))
-                    break
-        elif cos is not None:
-            x = pd.to_numeric(row.get(cos), errors="coerce")
+        for col in (f"{label} ch_median", label):
+            x = pd.to_numeric(row.get(col), errors="coerce")
             if x is not None and not pd.isna(x):
-                value = 2.0 * (1.0 - float(x))
-        if not math.isnan(value):
-            out[str(row[name_col])] = value
+                out[str(row[name_col])] = v.noise_to_signal(float(x))
+                break
     return out
 
 
@@ -132,13 +130,13 @@ def _backend_share(div, table, name_col, verifiers, outputs) -> float:
     """The outputs' QNN-vs-CPU divergence over their QNN-vs-float error (the worst output)."""
     if not div:
         return math.nan
-    sqnr = next((lab for lab, v in verifiers.items() if v.name == "SQNR" and lab in table), None)
+    sqnr = noise_verifier(verifiers, table.columns)
     if sqnr is None:
         return math.nan
     share = math.nan
     rows = table[table[name_col].isin(outputs)]
     for _, row in rows.iterrows():
-        err = verifiers[sqnr].linear_error(float(pd.to_numeric(row[sqnr], errors="coerce")))
+        err = verifiers[sqnr].noise_to_signal(float(pd.to_numeric(row[sqnr], errors="coerce")))
         d = div.get(str(row[name_col]))
         if d is not None and err and math.isfinite(err) and err > 0:
             share = max(d / err, share) if not math.isnan(share) else d / err

@@ -290,6 +290,13 @@ class Verifier:
             return (self.ideal - value) if self.ideal is not None else -value
         return value
 
+    def noise_to_signal(self, value: float) -> float | None:
+        """The score as a noise-to-signal power ratio when the metric is one (SQNR) or
+        approximates one (cosine); None otherwise. ``nsr_exact`` says which."""
+        return None
+
+    nsr_exact: ClassVar[bool] = False
+
     def threshold_text(self) -> str:
         """How the pass mark is judged, e.g. ``pass >= 20``."""
         if self.pass_mark is None:

@@ -25,6 +25,10 @@ class CosineSimilarity(Verifier):
     perfect = 1.0
     unit = "cosine, -1..1"
 
+    def noise_to_signal(self, value: float) -> float | None:
+        """2 (1 - cos): the noise-to-signal power of a small error at equal norms."""
+        return 2.0 * (1.0 - value)
+
     def per_channel(self, pair: ChannelPair):
         gg, tt, gt = pair.gg, pair.tt, pair.gt
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -80,6 +84,11 @@ class SQNR(Verifier):
         if math.isinf(value):
             return 0.0 if value > 0 else math.inf
         return 10.0 ** (-value / 10.0)
+
+    nsr_exact = True
+
+    def noise_to_signal(self, value: float) -> float | None:
+        return self.linear_error(value)
 
     def per_channel(self, pair: ChannelPair):
         signal = pair.gg if self.values["signal"] == "golden" else pair.tt

@@ -220,6 +220,7 @@ def build_parser(component: str, module) -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in argv or "--verbose" in argv
+    traces = run_dir.LOG_TRACEBACKS
     setup_logging(verbose)
     try:
         with stop_signals_and_warnings():
@@ -238,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"{PROG}: {describe(exc)} (rerun with -v for the traceback)", file=sys.stderr)
         return 1
+    finally:  # a notebook calling main(["-v", ...]) once must not log tracebacks ever after
+        run_dir.LOG_TRACEBACKS = traces
 
 
 def _main(argv: list[str]) -> int:

@@ -59,7 +59,8 @@ def provisional_ranks(algorithm: str, table: pd.DataFrame) -> pd.Series:
 def ranks_of(algorithm: str, table: pd.DataFrame) -> tuple[pd.Series, str]:
     """Each row's culprit rank (NaN = not named) and where it came from."""
     if RANK_COLUMN in table.columns:
-        return pd.to_numeric(table[RANK_COLUMN], errors="coerce"), RANK_COLUMN
+        ranks = pd.to_numeric(table[RANK_COLUMN], errors="coerce")
+        return ranks.astype("Float64").astype(float), RANK_COLUMN  # nullable Int64 -> NaN
     return provisional_ranks(algorithm, table), "provisional"
 
 

@@ -20,7 +20,9 @@ layers do - or whose backend result is far worse than its quantization explains:
   quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
   same way among the model's layers: the kernel, not the encodings.
 
-Culprits are ranked by what they alone cost the outputs (else by the information they destroy). When none
+Culprits are ranked by the information their own encodings destroy (lowest local SQNR first);
+what they cost the outputs only decides whether they are named (a sum of quantization errors is
+not additive at saturating outputs, so a share is a filter, not an order). When none
 stands out, the verdict says the error is diffuse: a global change (per-channel weights,
 16-bit activations, calibration) is the question, not a layer. Every other row's ``cause``
 says where its error comes from when it is inherited.
@@ -50,6 +52,7 @@ MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs
 BACKEND_DB = 10.0
 MAX_CULPRITS = 5
 CAUSE_DB = 6.0
+OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it counts as new
 
 RANK = "culprit_rank"
 CAUSE = "cause"
@@ -183,9 +186,11 @@ def rank(
     with ``local_observed``, from golden inputs (layerwise: also used to find backend errors).
     ``outputs`` are the model outputs' verdicts ``(name, verifier label, value, passed)``.
     ``divergence`` is, per layer, the QNN result against the CPU fake-quant of the same QDQ
-    model (noise-to-signal; :mod:`accdbg.algorithms.divergence`): a layer where it jumps is
-    a backend culprit when ``backend_share`` - the outputs' QNN-vs-CPU divergence over their
-    QNN-vs-float error - is at least ``SHARE`` (else the layer's ``cause`` says so).
+    model (noise-to-signal; :mod:`accdbg.algorithms.divergence`): a layer where it jumps gets
+    a backend note in its ``cause``, and ``backend_share`` - the outputs' QNN-vs-CPU divergence
+    over their QNN-vs-float error - is stated in the findings. In a full run the inputs
+    already differ, and a saturating or mostly-zero output turns small input differences into
+    large relative ones, so only layerwise (golden inputs) names backend culprits.
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -194,6 +199,7 @@ def rank(
     cut = floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
     columns: dict[str, dict[str, object]] = {}
     candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
+    standouts: set[str] = set()
     for n in order:
         ev = evidence.get(n)
         if ev is None:
@@ -207,13 +213,16 @@ def rank(
         db = local_db.get(n, math.nan)
         if not (math.isfinite(db) and db < cut and db < ABS_DB):
             continue
-        severity = local[n]
+        standouts.add(n)
+        root = _outlier_source(n, evidence, standouts)
+        if root is not None:  # the outlier came in with the input: its source is the culprit
+            columns[n][CAUSE] = f"activation outlier carried in from {root}"
+            continue
         share = impact(n) if impact is not None else math.nan
         destroyed = db < DESTROYED_DB
         severity = local[n]
         if not math.isnan(share):
             columns[n][SHARE_COL] = share
-            severity = share
             if not (share >= SHARE or (destroyed and share >= MIN_SHARE)):
                 columns[n][CAUSE] = (
                     f"stands out locally ({_cause(ev)}) but alone costs the outputs only "
@@ -226,31 +235,13 @@ def rank(
             )
             continue
         candidates.append((severity, n, _cause(ev)))
-    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(observed))
+    compared_inputs({n: evidence[n].inputs for n in evidence}, set(observed))
     if local_observed:
         candidates += _backend(evidence, observed, {c[1] for c in candidates})
-    if divergence:
-        for sev, n, cause in _diverging(evidence, divergence, {c[1] for c in candidates}):
-            if backend_share >= SHARE:
-                candidates.append((sev, n, cause))
-            else:
-                columns.setdefault(n, {})[CAUSE] = (
-                    f"{cause}; but the backend's divergence is "
-                    f"{100 * backend_share:.0f}% of the outputs' error"
-                )
-    else:
-        root: dict[str, str] = {}
-        for n in order:  # say where a full run's error comes from (execution order)
-            obs = observed.get(n, math.nan)
-            if not math.isfinite(obs):
-                continue
-            ins = [x for x in inputs.get(n, []) if math.isfinite(observed[x])]
-            if n not in columns or not ins or columns[n].get(CAUSE):
-                continue
-            worst = max(ins, key=lambda x: observed[x])
-            if observed[worst] >= 0.5 * obs and observed[worst] > local.get(n, 0.0):
-                root[n] = root.get(worst, worst)  # follow the chain to where it started
-                columns[n][CAUSE] = f"inherited from {root[n]}"
+    if divergence:  # a full run's inputs carry upstream error: a note, not a verdict
+        for _, n, cause in _diverging(evidence, divergence, set()):
+            col = columns.setdefault(n, {})
+            col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
     candidates.sort(key=lambda c: -c[0])
     culprits = []
     for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):
@@ -265,6 +256,34 @@ def rank(
             "(QNN against onnxruntime's CPU fake-quant of the same QDQ model)",
         )
     return Ranking(culprits, floor, spread, findings, columns)
+
+
+def _outlier_source(
+    n: str, evidence: Mapping[str, Evidence], standouts: set[str], hops: int = OUTLIER_HOPS
+) -> str | None:
+    """The earlier standout an activation-range problem is carried in from, if any.
+
+    A large activation channel travels: every layer after the one that made it (within a few
+    layers, through convolutions, residual adds and activations) sees a blown range too. Only a
+    layer whose loss is its output's range (not its weights, not clipping, not a Concat) is
+    taken for a carrier."""
+    ev = evidence[n]
+    if ev.owner != "output" or (
+        not math.isnan(ev.clip_nsr) and ev.clip_nsr >= 0.5 * ev.output_nsr_tensor
+    ):
+        return None
+    frontier, seen = list(ev.inputs), {n}
+    for _ in range(hops):
+        nxt = []
+        for x in frontier:
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in standouts:
+                return x
+            nxt.extend(evidence[x].inputs if x in evidence else ())
+        frontier = nxt
+    return None
 
 
 def _backend(
@@ -312,7 +331,9 @@ def _diverging(
         if not math.isfinite(d) or d <= 0:
             continue
         before = max((div[x] for x in inputs.get(n, []) if math.isfinite(div[x])), default=0.0)
-        jump[n] = (10 * math.log10(d / before) if before > 0 else math.inf, d)
+        if before <= 0:  # no compared input to part from: no verdict (a graph input is exact)
+            continue
+        jump[n] = (10 * math.log10(d / before), d)
     floor, spread = robust_floor([j for j, _ in jump.values()])
     out = []
     for n, (j, d) in jump.items():
@@ -328,7 +349,7 @@ def _diverging(
                     n,
                     f"backend: the QNN result parts from onnxruntime's CPU fake-quant of the same "
                     f"QDQ model here ({nsr_db(d):.1f} dB between them, {j:.1f} dB more than at "
-                    f"its inputs); its quantization is not the cause",
+                    f"its inputs)",
                 )
             )
     return out

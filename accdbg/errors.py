@@ -19,3 +19,25 @@ class AccdbgError(Exception):
 
 class NotImplementedComponent(AccdbgError):
     """A component or option that a later release fills in."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM: stop cleanly (close the run as failed, stop child processes).
+
+    A :class:`KeyboardInterrupt`, so every clean-up written for Ctrl-C runs for SIGTERM too.
+    """
+
+    def __init__(self, signal_name: str = "SIGINT"):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+def describe(exc: BaseException) -> str:
+    """The one line that ends the console and a failed run's ``log.txt``."""
+    if isinstance(exc, AccdbgError):
+        return f"error: {exc}"
+    if isinstance(exc, Interrupted):
+        return f"interrupted by {exc.signal_name}"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted by SIGINT"
+    return f"internal error: {type(exc).__name__}: {exc}"

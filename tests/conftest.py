@@ -47,6 +47,11 @@ def ppocr_cls() -> Path:
 
 
 @pytest.fixture(scope="session")
+def ppocr_rec() -> Path:
+    return _rapidocr_model("ch_PP-OCRv4_rec_infer.onnx")
+
+
+@pytest.fixture(scope="session")
 def ppocr_input(tmp_path_factory) -> Path:
     """A deterministic 1x3x320x320 page of printed text for the det model (its output is a
     real text map, not all zero)."""

@@ -15,3 +15,11 @@ def abort() -> None:
 
 def answer(x: int) -> int:
     return x * 2
+
+
+def sleep(seconds: float) -> float:
+    """Busy for a while, as a long native call would be (the child cannot look around)."""
+    import time
+
+    time.sleep(seconds)
+    return seconds

@@ -133,3 +133,50 @@ def planted_chain(
     x_path = tmp / "planted_x.raw"
     x.tofile(x_path)
     return Built(path, x_path, "x", (1, 3, size, size), {"planted": f"layer{bad}"})
+
+
+def outlier_chain(
+    tmp: Path, layers: int = 6, at: int = 2, scale: float = 0.0, size: int = 16, channels: int = 16
+) -> Built:
+    """Conv+Relu chain; with ``scale`` > 0, layer ``at`` carries a compensated activation outlier.
+
+    Channel 0 of layer ``at``'s output is multiplied by ``scale`` (its weights and bias), and the
+    next conv divides its input-channel-0 weights by ``scale``: ReLU is positively homogeneous,
+    so the float function is unchanged, but the per-tensor 8-bit range of that activation is
+    spent on one channel and the other channels keep a few levels. The culprit is layer ``at``
+    (the producer), not the consumer that receives the crushed tensor.
+    """
+    rng = np.random.default_rng(5)
+    nodes, inits = [], []
+    prev, cin = "x", 3
+    for i in range(layers):
+        w = (rng.standard_normal((channels, cin, 3, 3)) * np.sqrt(2.0 / (cin * 9))).astype(
+            np.float32
+        )
+        b = (rng.standard_normal(channels) * 0.05 + 0.05).astype(np.float32)
+        if scale and i == at:
+            w[0] *= scale
+            b[0] *= scale
+        if scale and i == at + 1:
+            w[:, 0] /= scale
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes.append(
+            helper.make_node(
+                "Conv", [prev, f"w{i}", f"b{i}"], [f"conv{i}"], pads=[1] * 4, name=f"Conv_{i}"
+            )
+        )
+        nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"layer{i}"], name=f"Relu_{i}"))
+        prev, cin = f"layer{i}", channels
+    graph = helper.make_graph(
+        nodes,
+        "outlier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, channels, size, size])],
+        inits,
+    )
+    path = save(graph, tmp / f"outlier_{scale:g}.onnx")
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    x = np.stack([np.sin(5 * xx) + 0.5, np.cos(4 * yy), xx * yy]).astype(np.float32)[None]
+    x_path = tmp / "outlier_x.raw"
+    x.tofile(x_path)
+    return Built(path, x_path, "x", (1, 3, size, size), {"planted": f"layer{at}"})

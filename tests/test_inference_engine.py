@@ -246,9 +246,17 @@ def test_unsupported_ops_are_listed(tmp_path):
     assert {"name": "my_unique", "type": "Unique"} in [
         {k: u[k] for k in ("name", "type")} for u in part["unsupported_by_qnn"]
     ]
-    assert ["Unique", "my_unique"] in [[n["type"], n["name"]] for n in part["cpu_nodes"]]
+    cpu = {n["name"]: n for n in part["cpu_nodes"]}
+    assert cpu["my_unique"]["type"] == "Unique"
+    # QNN's own reason, read from the backend log, for every node left on the CPU
+    assert cpu["my_unique"]["reason"] == "Operators of type `Unique` are not supported by QNN EP"
+    log_lines = (res.run_dir / "backend_log.txt").read_text(encoding="utf-8").splitlines()
+    for n in cpu.values():
+        assert n["reason"] and n["source"] == "qnn_validation", n
+        assert "Validation FAILED" in log_lines[n["log_line"] - 1]
     with pytest.raises(
-        AccdbgError, match=r"QNN does not support \d+ node\(s\): my_unique \(Unique\)"
+        AccdbgError,
+        match=r"QNN does not support \d+ node\(s\): my_unique \(Unique\): Operators of type `Unique`",
     ):
         run_inference_engine(
             path, input_tensors=inp, working_dir=tmp_path / "w", disable_cpu_fallback=True
@@ -403,3 +411,112 @@ def test_real_ppocr_det_every_quantized_activation_from_htp(ppocr_run, ppocr_det
         assert gold.records[fw_name].shape == folder.records[inf_name].shape
     steps = json.loads((res.run_dir / "preprocessing.json").read_text())
     assert any("fixed dynamic input x" in s for s in steps) and any("Constant" in s for s in steps)
+
+
+def test_qnn_preprocessing_keeps_metadata_and_survives_its_own_failure(
+    tmp_path, monkeypatch, caplog
+):
+    """onnxruntime's QNN pre-processing raises a TypeError on any model with metadata_props
+    (PP-OCRv4 rec ships a 'character' table): it gets a copy without, the result gets it back."""
+    from onnxruntime.quantization.execution_providers import qnn as ort_qnn
+
+    from accdbg.engines.prepare import prepare_float_model
+
+    built = models.mlp(tmp_path)
+    model = onnx.load(str(built.path))
+    model.graph.node[2].name = ""  # the pre-processing names it: the model changes
+    props = {"character": "a\nb\nc", "note": "kept"}
+    helper.set_model_props(model, props)
+    path, steps = prepare_float_model(model, {"x": (2, 4)}, tmp_path)
+    assert path.name == "model.qnn_pre.onnx" and any("QNN pre-processing fused" in s for s in steps)
+    out = onnx.load(str(path))
+    assert {p.key: p.value for p in out.metadata_props}.items() >= props.items()
+    assert all(n.name for n in out.graph.node)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.fromfile(built.input_path, np.float32).reshape(2, 4)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], built.expected["y"], rtol=1e-5)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("fusion failed\nsecond line")
+
+    monkeypatch.setattr(ort_qnn, "qnn_preprocess_model", broken)
+    work = tmp_path / "again"
+    work.mkdir()
+    path, steps = prepare_float_model(model, {"x": (2, 4)}, work)
+    assert path.name == "model.folded.onnx"
+    assert (
+        steps[-1]
+        == "onnxruntime QNN pre-processing skipped: it failed (RuntimeError: fusion failed)"
+    )
+    assert "QNN pre-processing failed" in caplog.text
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_busy_child_dies_within_a_second_of_its_parent(sig):
+    """Whatever stops the tool - SIGKILL included, which no handler sees - its backend
+    children stop with it, even in the middle of their work."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    parent = (
+        "import sys\n"
+        "from accdbg.cli.main import stop_signals_and_warnings\n"
+        "from accdbg.core.isolate import Isolated\n"
+        "from tests import crashers\n"
+        "with stop_signals_and_warnings():\n"
+        "    child = Isolated(crashers.sleep, 60, what='sleeping')\n"
+        "    print(child.pid, flush=True)\n"
+        "    child.result()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child = int(proc.stdout.readline())
+    time.sleep(1.5)  # the child is up and sleeping in its job
+    assert Path(f"/proc/{child}").exists()
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(timeout=20)
+    gone = time.monotonic() + 1.0
+
+    def running() -> bool:
+        try:
+            return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    while running() and time.monotonic() < gone:
+        time.sleep(0.02)
+    assert not running(), f"the child outlived its parent ({sig})"
+
+
+def test_job_folders_of_dead_parents_are_swept(monkeypatch, tmp_path):
+    """A parent killed by SIGKILL cannot remove its children's job folder: the next run does,
+    going by the folder's lock (held only while its parent lives), never by a live one."""
+    import os
+    import tempfile
+
+    import accdbg.core.isolate as isolate
+    from accdbg.core.folder_lock import LOCK_NAME, FolderLock
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(isolate, "_swept", False)
+    dead, live, young = (tmp_path / f"{isolate.JOB_PREFIX}{n}" for n in ("dead", "live", "young"))
+    for folder in (dead, live, young):
+        folder.mkdir()
+        (folder / LOCK_NAME).touch()
+    held = FolderLock.take(live)
+    old = time.time() - 3600
+    for folder in (dead, live):
+        os.utime(folder / LOCK_NAME, (old, old))
+    isolate._sweep_dead_jobs()
+    assert not dead.exists() and live.exists() and young.exists()
+    held.release()

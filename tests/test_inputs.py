@@ -60,3 +60,51 @@ def test_input_list_missing_file_names_the_line(tmp_path):
     lst.write_text("# y\nnope.raw\n")
     with pytest.raises(AccdbgError, match=r"list.txt:2: input file .*nope.raw"):
         parse_input_list(lst)
+
+
+def _with_bad_values(path, shape, bad: dict[int, float], dtype=np.float32):
+    a = np.linspace(-1, 1, int(np.prod(shape)), dtype=dtype)
+    for i, v in bad.items():
+        a[i] = v
+    a.tofile(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "bad, nan, inf, first",
+    [
+        ({37: np.nan}, 1, 0, 37),
+        ({5: np.inf}, 0, 1, 5),
+        ({50: -np.inf, 9: np.nan, 51: np.nan}, 2, 1, 9),
+    ],
+)
+def test_nonfinite_input_is_refused_with_file_counts_and_first_index(
+    tmp_path, bad, nan, inf, first
+):
+    shape = (1, 2, 4, 8)
+    p = _with_bad_values(tmp_path / "x.raw", shape, bad)
+    t = parse_input_tensor(["img", "1,2,4,8", str(p)])
+    with pytest.raises(AccdbgError) as e:
+        t.check()
+    msg = str(e.value)
+    where = [int(i) for i in np.unravel_index(first, shape)]
+    assert "'img'" in msg and str(p) in msg and "\n" not in msg
+    assert f"{nan} NaN and {inf} Inf" in msg
+    assert f"element {first}," in msg and f"index {where}" in msg
+    assert "--allow_nonfinite_inputs" in msg
+    t.check(allow_nonfinite=True)  # the flag accepts it
+
+
+def test_nonfinite_scan_spans_chunks_and_ignores_integer_inputs(tmp_path, monkeypatch):
+    import accdbg.core.inputs as inputs
+
+    monkeypatch.setattr(inputs, "_SCAN_CHUNK", 7)  # many chunks: counts must add up
+    p = _with_bad_values(
+        tmp_path / "x.raw", (100,), {3: np.nan, 64: np.inf, 99: np.nan}, np.float16
+    )
+    assert inputs.count_nonfinite(p, np.dtype("float16")) == (2, 1, 3)
+    ints = tmp_path / "i.raw"
+    np.full(16, -1, np.int32).tofile(ints)
+    parse_input_tensor(["ids", "16", str(ints), "int32"]).check()  # no NaN in integers
+    clean = _with_bad_values(tmp_path / "c.raw", (10,), {})
+    assert inputs.count_nonfinite(clean, np.dtype("float32")) == (0, 0, -1)

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pandas as pd
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -20,11 +21,14 @@ from onnx import TensorProto, helper, numpy_helper
 from accdbg.algorithms import backend as backend_module
 from accdbg.algorithms import run_layerwise
 from accdbg.algorithms.backend import PartReport, failure_status, run_part
+from accdbg.algorithms.ranking import COLUMNS as RANKING_COLUMNS  # noqa: E402
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines import run_inference_engine
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
+from tests import models
+from tests.helpers import run_cli
 
 REPORT_COLUMNS = [
     "O/P Name",
@@ -165,8 +169,13 @@ def test_oneshot_blames_everything_after_a_layerwise_only_a_and_b(two_fault):
     assert order[0] == A and order[-1] == B and len(order) == 5
     assert all(c < 0.99 for c in oneshot.values()), oneshot  # oneshot: every layer from A on fails
     df = m.layerwise.report
-    assert list(df.columns) == REPORT_COLUMNS
+    assert list(df.columns) == REPORT_COLUMNS + list(RANKING_COLUMNS)
     assert list(df["O/P Name"]) == order  # execution order
+    # the ranking names both faults, each with its own cause, and nothing else
+    ranked = df.dropna(subset=["culprit_rank"]).set_index("O/P Name")
+    assert set(ranked.index) == {A, B}, df[["O/P Name", "culprit_rank", "cause"]]
+    assert ranked.loc[A, "cause"].startswith("weight range")
+    assert "clipping" in ranked.loc[B, "cause"]
     flagged = set(df.loc[df["CosineSimilarity"] < 0.99, "O/P Name"])
     assert flagged == {A, B}
     assert (df["Status"] == "").all()
@@ -384,3 +393,92 @@ def test_bad_arguments_are_one_line_errors(two_fault, tmp_path):
         run_layerwise(m.path, m.inputs, start_layer="r_m", **kw)
     assert "\n" not in str(info.value)
     assert not (tmp_path / "layerwise_snooping").exists()  # refused before any folder was made
+
+
+@pytest.fixture(scope="module")
+def calibration_list(tmp_path_factory) -> SimpleNamespace:
+    """A small CNN, three input-list lines with different ranges (the first is the -i file),
+    the engine run on that list, and each float tensor's range per line (onnxruntime CPU)."""
+    tmp = tmp_path_factory.mktemp("calibration_list")
+    built = models.conv_net(tmp, channels=8, size=16, layers=3)
+    x = np.fromfile(built.input_path, np.float32).reshape(1, 3, 16, 16)
+    files = [built.input_path]
+    for i, (gain, shift) in enumerate([(3.0, 0.5), (0.5, -2.0)], start=1):
+        files.append(tmp / f"x{i}.raw")
+        (x * gain + shift).astype(np.float32).tofile(files[-1])
+    lst = tmp / "list.txt"
+    lst.write_text("".join(f"{f}\n" for f in files))
+    inputs = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
+    engine = run_inference_engine(
+        built.path, input_list=lst, input_tensors=inputs, working_dir=tmp / "w"
+    )
+    float_model = onnx.load(str(built.path))
+    names = [o for n in float_model.graph.node for o in n.output]
+    del float_model.graph.output[:]
+    float_model.graph.output.extend(
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names
+    )
+    sess = ort.InferenceSession(float_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ranges = []  # per line: float tensor -> (min, max)
+    for f in files:
+        feed = np.fromfile(f, np.float32).reshape(1, 3, 16, 16)
+        values = dict(zip(names, sess.run(None, {"x": feed}), strict=True)) | {"x": feed}
+        ranges.append({n: (float(v.min()), float(v.max())) for n, v in values.items()})
+    return SimpleNamespace(
+        built=built, list=lst, inputs=inputs, engine=engine, ranges=ranges, tmp=tmp
+    )
+
+
+def _activation_params(path: Path) -> dict[str, tuple[float, int]]:
+    """Float activation -> (scale, zero point) of its QuantizeLinear in a QDQ model."""
+    m = onnx.load(str(path))
+    inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    return {
+        n.input[0].removesuffix("_QuantizeLinear_Input"): (
+            float(inits[n.input[1]]),
+            int(inits[n.input[2]]),
+        )
+        for n in m.graph.node
+        if n.op_type == "QuantizeLinear"
+    }
+
+
+def _minmax_scale(ranges: list[tuple[float, float]]) -> float:
+    """onnxruntime's MinMax uint8 scale over the given (min, max), the range widened to hold 0."""
+    lo = min(0.0, *(r[0] for r in ranges))
+    hi = max(0.0, *(r[1] for r in ranges))
+    return (hi - lo) / 255
+
+
+@pytest.mark.parametrize(
+    "algorithm, folder",
+    [
+        ("layerwise", "layerwise_snooping"),
+        ("cumulative-layerwise", "cumulative_layerwise_snooping"),
+    ],
+)
+def test_snooping_calibrates_on_every_input_list_line_like_the_engine(
+    calibration_list, tmp_path, capsys, algorithm, folder
+):
+    c = calibration_list
+    # the wrapper's -l reaches snooping; -i stays the golden input
+    code, _, err = run_cli(
+        capsys,
+        *("-f", "onnx", "-m", c.built.path, "-i", "x", "1,3,16,16", c.built.input_path),
+        *("-l", c.list, "-r", "htp", "--debugging_algorithm", algorithm),
+        *("-w", tmp_path / "w", "--output_dirname", "run"),
+    )
+    assert code == 0, err
+    run = tmp_path / "w" / folder / "run"
+    options = json.loads(next(run.glob("*_options.json")).read_text())
+    assert options["input_list"] == str(c.list)
+    snooped = _activation_params(next(run.glob("*.qdq.onnx")))
+    engine = _activation_params(c.engine.qdq_model)
+    assert snooped == engine  # every QuantizeLinear: same scale, same zero point
+    activations = [n for n in snooped if n in c.ranges[0]]
+    assert len(activations) == 5  # x, the three ReLUs, the pooled output
+    for name in activations:
+        scale = snooped[name][0]
+        every_line = _minmax_scale([r[name] for r in c.ranges])
+        assert scale == pytest.approx(every_line, rel=1e-5), name
+        assert abs(scale - _minmax_scale([c.ranges[0][name]])) > 0.2 * scale, name

@@ -19,7 +19,7 @@ from onnx import numpy_helper
 from accdbg.algorithms.oneshot import run_oneshot
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
-from tests import models
+from tests import browser, models
 from tests.helpers import one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +114,8 @@ def test_real_model_summary_is_complete(ppocr_oneshot):
         assert (csv[col].astype(str) != "").all(), col
     order = [dumped.records[n].index for n in csv["Name"]]
     assert order == sorted(order)  # execution order
-    assert (csv["Status"] == "ok").all()
+    assert csv["Status"].isin(["ok", "fail"]).all()  # every pair compared, no note
+    assert ((csv["Status"] == "fail") == (csv["Failed"] != "")).all()
     # tensor inspection ran for every layer
     insp = res.verification_run / "tensor_inspection"
     assert len(pd.read_csv(insp / "summary.csv")) == len(csv)
@@ -128,6 +129,24 @@ def test_clean_real_model_names_no_culprit(ppocr_oneshot):
     # the per-channel scores are there, and never better than the worst channel's
     s = res.summary.dropna(subset=["SQNR ch_median"])
     assert len(s) > 200 and (s["SQNR ch_worst"] <= s["SQNR ch_median"] + 1e-9).all()
+
+
+def test_real_model_report_reads_at_1400_px(ppocr_oneshot, tmp_path):
+    """PP-OCRv4 det's report: the layer adding the most error and the score columns are in
+    view at 1400 px without scrolling the page sideways; one legend entry per kind of mark."""
+    res = ppocr_oneshot
+    top = res.marks[0].largest_drops[0][0]
+    seen, errors = browser.layout(res.report, tmp_path, top)
+    assert errors == []
+    assert seen["viewport"] == browser.WIDTH and seen["page"] <= seen["viewport"]
+    right = min(seen["viewport"], seen["wrap"]["right"])
+    assert (
+        seen["name"]["text"] == top and 0 <= seen["name"]["left"] < seen["name"]["right"] <= right
+    )
+    for col in ("CosineSimilarity", "SQNR", "CosineSimilarity drop", "SQNR drop"):
+        head = seen["heads"][col]
+        assert 0 <= head["left"] and head["right"] <= right, (col, head, right)
+    assert len(seen["legend"]) == len(set(seen["legend"])) >= 3, seen["legend"]
 
 
 def external_references(html: str) -> list[str]:
@@ -480,3 +499,92 @@ def test_example_with_an_input_list_and_a_golden_of_one_input(tmp_path, capsys):
     summary = json.loads((ver / "summary.json").read_text())
     assert summary["target_inputs"]["image"]["path"] == str(raws[0])
     assert summary["target"].endswith("Result_2")
+
+
+def text_line(text: str, path: Path) -> Path:
+    """A 1x3x48x320 text-line image as PP-OCR's recognizer takes it: black text on white,
+    rendered by matplotlib's bundled font, scaled to [-1, 1]."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3.2, 0.48), dpi=100)
+    canvas = FigureCanvasAgg(fig)
+    fig.text(0.03, 0.5, text, fontsize=22, va="center", family="DejaVu Sans")
+    canvas.draw()
+    rgb = np.asarray(canvas.buffer_rgba())[..., :3].astype(np.float32) / 255
+    assert rgb.shape == (48, 320, 3)
+    ((rgb - 0.5) / 0.5).transpose(2, 0, 1)[None].astype(np.float32).tofile(path)
+    return path
+
+
+def ctc_decode(probs: np.ndarray, characters: list[str]) -> str:
+    """Greedy CTC: best class per time step, repeats merged, blanks (class 0) dropped."""
+    best = probs.reshape(-1, probs.shape[-1]).argmax(-1)
+    keep = [b for i, b in enumerate(best) if b != 0 and (i == 0 or b != best[i - 1])]
+    return "".join(characters[b] for b in keep)
+
+
+@pytest.fixture(scope="module")
+def ppocr_rec_oneshot(tmp_path_factory, ppocr_rec):
+    """PP-OCRv4 rec exactly as rapidocr-onnxruntime ships it (its metadata made onnxruntime's
+    QNN pre-processing crash), oneshot on two text lines, the first the -i file."""
+    import hashlib
+
+    import onnxruntime as ort
+
+    tmp = tmp_path_factory.mktemp("ppocr_rec")
+    digest = hashlib.sha256(ppocr_rec.read_bytes()).hexdigest()
+    lines = [text_line("HELLO 2024", tmp / "hello.raw"), text_line("QNN 48x320", tmp / "qnn.raw")]
+    lst = tmp / "list.txt"
+    lst.write_text("".join(f"{p}\n" for p in lines))
+    inp = [parse_input_tensor(["x", "1,3,48,320", str(lines[0])])]
+    res = run_oneshot("onnx", ppocr_rec, inp, input_list=lst, working_dir=tmp / "w")
+    sess = ort.InferenceSession(str(ppocr_rec), providers=["CPUExecutionProvider"])
+    references = [  # the float model on onnxruntime's CPU, per list line
+        sess.run(None, {"x": np.fromfile(p, np.float32).reshape(1, 3, 48, 320)})[0] for p in lines
+    ]
+    model = onnx.load(str(ppocr_rec))
+    meta = {p.key: p.value for p in model.metadata_props}
+    # PaddleOCR's class list: blank, the dictionary, space
+    characters = ["", *meta["character"].split("\n"), " "]
+    return res, model, meta, references, characters, digest
+
+
+def test_real_rec_model_with_metadata_runs_as_shipped(ppocr_rec_oneshot, ppocr_rec):
+    import hashlib
+
+    res, model, meta, references, characters, digest = ppocr_rec_oneshot
+    assert hashlib.sha256(ppocr_rec.read_bytes()).hexdigest() == digest  # the user's file untouched
+    assert [r.shape for r in references] == [(1, 40, 6625)] * 2 and len(characters) == 6625
+    texts = [ctc_decode(r, characters) for r in references]
+    assert texts == ["HELLO 2024", "QNN 48x320"]  # the inputs are what they claim
+    # framework diagnosis: every non-Constant node output, the final one the float model's
+    golden = TensorFolder(res.golden_dir)
+    outputs = [o for n in model.graph.node if n.op_type != "Constant" for o in n.output]
+    assert set(golden.names()) == set(outputs)
+    np.testing.assert_allclose(golden.load("softmax_11.tmp_0"), references[0], atol=1e-5)
+    # the engine: every quantized activation of its QDQ model dumped, for both list lines
+    qdq = onnx.load(str(next(res.engine_run.glob("*.qdq.onnx"))))
+    inputs = {i.name for i in qdq.graph.input}
+    acts = {n.input[0] for n in qdq.graph.node if n.op_type == "QuantizeLinear"} - inputs
+    assert {p.key: p.value for p in qdq.metadata_props}.items() >= meta.items()  # kept
+    steps = json.loads((res.engine_run / "preprocessing.json").read_text())
+    assert any("QNN pre-processing fused" in s for s in steps)
+    assert any("2 calibration input(s)" in s for s in steps)
+    results = sorted((res.engine_run / "output").glob("Result_*"))
+    assert [r.name for r in results] == ["Result_0", "Result_1"]
+    for result, reference, text in zip(results, references, texts, strict=True):
+        target = TensorFolder(result)
+        assert {r.extra["qdq_tensor"] for r in target} == acts and len(acts) > 300
+        # the final output from QNN HTP: a softmax of the float model's shape that reads the
+        # same text (8-bit noise moves probabilities, not most of the best classes)
+        out = np.asarray(target.load("softmax_11.tmp_0"), np.float64)
+        assert out.shape == reference.shape
+        assert out.min() >= 0 and out.max() <= 1
+        np.testing.assert_allclose(out.sum(-1), 1, atol=0.1)
+        assert (out.argmax(-1) == reference.argmax(-1)).mean() >= 0.75
+        assert ctc_decode(out, characters).strip() == text
+    # verification: one row per dumped tensor that has a golden, all compared
+    first = TensorFolder(results[0])
+    assert set(res.summary["Name"]) <= set(first.names()) & set(golden.names())
+    assert len(res.summary) > 300 and res.summary["CosineSimilarity"].notna().all()

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -38,6 +39,14 @@ def _rows_in(journal: Path) -> int:
     return sum(len(r.get("rows", [])) for r in Journal(journal).records)
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT back to its default, whatever this pytest inherited. A shell
+    without job control starts background jobs with SIGINT ignored, and an ignored signal
+    stays ignored across exec (the tool honours that, as POSIX asks); the test means to
+    exercise the Ctrl-C of an interactive user."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_and_kill(args: dict, sig: int, after_rows: int, timeout: float = 240) -> Path:
     """Run ``args`` in a fresh Python, send ``sig`` to its process group once the journal holds
     ``after_rows`` finished rows; returns the folder the killed run left."""
@@ -50,6 +59,7 @@ def start_and_kill(args: dict, sig: int, after_rows: int, timeout: float = 240) 
         cwd=REPO,
         env=env,
         start_new_session=True,
+        preexec_fn=_default_sigint,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -173,6 +183,35 @@ def test_sigint_mid_cumulative_resumes(small):
     assert res.sessions == len(ref.report) - done
 
 
+def test_the_input_list_is_part_of_the_recorded_options(small):
+    tmp, built, inp = small
+    lists = []
+    for i, gain in enumerate((2.0, 5.0)):
+        line = tmp / f"line{i}.raw"
+        (np.fromfile(built.input_path, np.float32) * gain).tofile(line)
+        lists.append(tmp / f"list{i}.txt")
+        lists[-1].write_text(f"{built.input_path}\n{line}\n")
+    kw = {"working_dir": tmp / "lw", "output_dirname": "run", "workers": 1}
+    first = run_layerwise(built.path, [parse_input_tensor(inp)], input_list=lists[0], **kw)
+    assert first.sessions > 0
+    again = run_layerwise(built.path, [parse_input_tensor(inp)], input_list=lists[0], **kw)
+    assert again.sessions == 0  # the same run, finished: nothing to do
+    for other in (lists[1], None):
+        with pytest.raises(AccdbgError, match="holds a run with another input_list"):
+            run_layerwise(built.path, [parse_input_tensor(inp)], input_list=other, **kw)
+    # a bad list line and a misplaced input_list are one-line errors before any folder is made
+    bad = tmp / "bad_list.txt"
+    bad.write_text(f"{built.input_path}\n{tmp / 'bad_list.txt'}\n")
+    kw["working_dir"] = tmp / "bad"
+    with pytest.raises(AccdbgError, match=r"bad_list.txt:2: input 'x'"):
+        run_layerwise(built.path, [parse_input_tensor(inp)], input_list=bad, **kw)
+    with pytest.raises(AccdbgError, match="pass input_list="):
+        run_layerwise(
+            built.path, [parse_input_tensor(inp)], engine_kwargs={"input_list": bad}, **kw
+        )
+    assert not (tmp / "bad").exists()
+
+
 def test_a_record_cut_short_by_a_kill_is_dropped(tmp_path):
     path = tmp_path / JOURNAL
     j = Journal(path)
@@ -188,3 +227,176 @@ def test_a_record_cut_short_by_a_kill_is_dropped(tmp_path):
         "rows",
         "done",
     ]
+
+
+# ---------------------------------------------------------------- the command line, killed
+
+
+def children_of(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is ``pid``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture(scope="module")
+def cumulative_ref(small):
+    tmp, built, inp = small
+    ref = run_cumulative_layerwise(
+        built.path,
+        [parse_input_tensor(inp)],
+        verifiers=["CosineSimilarity,threshold,1.5"],
+        working_dir=tmp / "cli_ref",
+        workers=1,
+    )
+    assert (ref.report["Status"] == "part").all()
+    return ref
+
+
+def _command(small, work: Path) -> list[str]:
+    tmp, built, inp = small
+    return [
+        sys.executable,
+        "-m",
+        "accdbg.cli.main",
+        "-f",
+        "onnx",
+        "-m",
+        str(built.path),
+        "-i",
+        *inp,
+        "--debugging_algorithm",
+        "cumulative-layerwise",
+        "--default_verifier",
+        "CosineSimilarity,threshold,1.5",
+        "-w",
+        str(work),
+        "--output_dirname",
+        "run",
+    ]
+
+
+def _start(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _mid_run(proc: subprocess.Popen, journal: Path, rows: int, timeout: float = 240) -> list[int]:
+    """Wait until ``rows`` rows are journaled and a backend child is running; its pids."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "no checkpoint with a running backend child"
+        kids = children_of(proc.pid)
+        if kids and _rows_in(journal) >= rows:
+            return kids
+        time.sleep(0.02)
+
+
+def _resumed_to_the_end(small, work: Path, ref) -> str:
+    """Rerun the same command: it must take the run back and finish it like an uninterrupted one."""
+    proc = subprocess.run(
+        _command(small, work),
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("resuming") == 1, proc.stderr
+    for component in ("wrapper", "cumulative_layerwise_snooping"):
+        names = sorted(p.name for p in (work / component).iterdir())
+        assert names == ["latest", "run"], names  # nothing partial or failed left
+    csv = pd.read_csv(work / "cumulative_layerwise_snooping" / "run" / "cumulative_layerwise.csv")
+    pd.testing.assert_series_equal(csv["O/P Name"], ref.report["O/P Name"])
+    assert (csv["Status"] == "part").all()
+    np.testing.assert_allclose(csv["CosineSimilarity"], ref.report["CosineSimilarity"], atol=1e-9)
+    return proc.stderr
+
+
+def test_sigkill_mid_run_then_the_same_command_resumes_and_a_live_run_is_refused(
+    small, cumulative_ref, tmp_path
+):
+    work = tmp_path / "w"
+    cmd = _command(small, work)
+    staging = work / "cumulative_layerwise_snooping" / ".run.partial"
+    proc = _start(cmd)
+    try:
+        _mid_run(proc, staging / JOURNAL, rows=1)
+        # the same command while the first one lives: refused, nothing of it touched
+        second = subprocess.run(
+            cmd,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode == 2
+        assert f"being written by another run (pid {proc.pid} " in second.stderr, second.stderr
+        assert proc.poll() is None
+        kids = _mid_run(proc, staging / JOURNAL, rows=2)
+        os.kill(proc.pid, signal.SIGKILL)  # the tool only: its children must follow by themselves
+        proc.wait(timeout=30)
+        died = time.monotonic()
+        while any(alive(k) for k in kids) and time.monotonic() < died + 1.0:
+            time.sleep(0.02)
+        assert not any(alive(k) for k in kids), "a backend child outlived the killed tool"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert (work / "wrapper" / ".run.partial").is_dir() and staging.is_dir()
+    _resumed_to_the_end(small, work, cumulative_ref)
+
+
+def test_sigterm_stops_cleanly_leaves_no_child_and_logs_the_signal(small, cumulative_ref, tmp_path):
+    work = tmp_path / "w"
+    staging = work / "cumulative_layerwise_snooping" / ".run.partial"
+    proc = _start(_command(small, work))
+    try:
+        kids = _mid_run(proc, staging / JOURNAL, rows=2)
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)  # as `kill PID` does
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+        while any(alive(k) for k in kids) and time.monotonic() < sent + took + 1.0:
+            time.sleep(0.02)
+        assert not any(alive(k) for k in kids), "a backend child outlived the tool"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM and took < 10, (proc.returncode, took)
+    assert err.strip().splitlines()[-1] == "qnn-accuracy-debugger: interrupted by SIGTERM"
+    for component in ("wrapper", "cumulative_layerwise_snooping"):
+        assert not (work / component / ".run.partial").exists()
+        log = (work / component / "run.failed" / "log.txt").read_text().strip().splitlines()
+        assert log[-1].endswith("ERROR   accdbg.run: interrupted by SIGTERM"), log[-3:]
+    _resumed_to_the_end(small, work, cumulative_ref)

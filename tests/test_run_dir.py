@@ -1,4 +1,5 @@
 import json
+import logging
 import os
 import threading
 
@@ -76,3 +77,98 @@ def test_unwritable_working_dir(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(AccdbgError, match="not writable"):
         RunDir(blocker, "framework_diagnosis")
+
+
+def _killed_run(tmp_path, name: str, resume: bool) -> None:
+    """A real run of ``name`` whose process dies by SIGKILL in the middle of its ``with``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import os, signal, sys\n"
+        "from accdbg.core.run_dir import RunDir\n"
+        f"run = RunDir(sys.argv[1], 'wrapper', {name!r}, resume={resume}).__enter__()\n"
+        "(run.path / 'marker').write_text('from the killed run')\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -9, proc.stderr
+
+
+def test_a_killed_runs_folder_is_taken_over_and_a_live_one_refused(tmp_path):
+    from accdbg.core.run_dir import KILLED, check_run_folder
+
+    _killed_run(tmp_path, "run", resume=True)
+    root = tmp_path / "wrapper"
+    assert (root / ".run.partial" / "marker").exists() and not (root / "run").exists()
+    with RunDir(tmp_path, "wrapper", "run", resume=True) as run:
+        assert run.resumed == KILLED and run.path == root / ".run.partial"
+        assert (run.path / "marker").read_text() == "from the killed run"
+        # the same name while this run lives: refused, naming this process
+        for attempt in (
+            lambda: RunDir(tmp_path, "wrapper", "run", resume=True).__enter__(),
+            lambda: check_run_folder(tmp_path, "wrapper", "run", resume=True),
+        ):
+            with pytest.raises(
+                AccdbgError, match=f"being written by another run \\(pid {os.getpid()} "
+            ):
+                attempt()
+    assert (root / "run" / "marker").exists() and not (root / ".run.partial").exists()
+    assert not (root / "run" / ".lock").exists()
+    assert os.readlink(root / "latest") == "run"
+
+
+def test_a_new_run_keeps_a_killed_runs_folder_as_failed(tmp_path):
+    _killed_run(tmp_path, "run", resume=False)
+    root = tmp_path / "wrapper"
+    with RunDir(tmp_path, "wrapper", "run") as run:
+        assert run.resumed is None and not (run.path / "marker").exists()
+    assert (root / "run.failed" / "marker").exists()
+    last = (root / "run.failed" / "log.txt").read_text().splitlines()[-1]
+    assert "stopped without closing" in last
+    assert (root / "run").is_dir() and not (root / ".run.partial").exists()
+
+
+def test_a_staging_folder_without_a_lock_is_not_guessed_dead(tmp_path):
+    (tmp_path / "wrapper" / ".run.partial").mkdir(parents=True)  # as older versions left it
+    with pytest.raises(AccdbgError, match="older accdbg.*remove it"):
+        RunDir(tmp_path, "wrapper", "run", resume=True).__enter__()
+    assert (tmp_path / "wrapper" / ".run.partial").is_dir()
+
+
+def test_failed_run_log_ends_with_the_error_or_the_signal(tmp_path):
+    from accdbg.errors import Interrupted
+
+    cases = [
+        ("bad", AccdbgError("the input is wrong"), "ERROR   accdbg.run: error: the input is wrong"),
+        ("term", Interrupted("SIGTERM"), "ERROR   accdbg.run: interrupted by SIGTERM"),
+        ("int", KeyboardInterrupt(), "ERROR   accdbg.run: interrupted by SIGINT"),
+        ("bug", ZeroDivisionError("oops"), "internal error: ZeroDivisionError: oops"),
+    ]
+    for name, exc, last in cases:
+        with pytest.raises(type(exc)), RunDir(tmp_path, "framework_diagnosis", name):
+            logging.getLogger("accdbg.test").info("working on %s", name)
+            raise exc
+        lines = (tmp_path / "framework_diagnosis" / f"{name}.failed" / "log.txt").read_text()
+        lines = lines.splitlines()
+        assert lines[-1].endswith(last) and "working on" in lines[-2 if name != "bug" else 0]
+        assert ("Traceback" in "\n".join(lines)) == (name == "bug")  # a bug keeps its traceback
+
+
+def test_run_folders_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with RunDir(tmp_path, "verification") as run:
+            pass
+    finally:
+        os.umask(old)
+    assert run.path.stat().st_mode & 0o777 == 0o755

@@ -189,7 +189,9 @@ def test_ppocr_det_summary_complete_ordered_and_correct(det):
         "target_min",
         "target_max",
     ]
-    assert (s["Status"] == "ok").all(), s[s["Status"] != "ok"][["Name", "Status"]]
+    compared = s["Status"].isin(["ok", "fail"])  # no note: every pair compared in full
+    assert compared.all(), s[~compared][["Name", "Status"]]
+    assert ((s["Status"] == "fail") == (s["Failed"] != "")).all()
     assert not s[ALL].isna().any().any()
     layers = json.loads(det["graph_struct"].read_text())["layers"]
     position = {o: i for i, layer in enumerate(layers) for o in layer["outputs"]}
@@ -722,11 +724,84 @@ def test_nan_and_missing_tensors_reported_in_status(tmp_path):
         tensor_mapping=tmp_path / "map.json",
         working_dir=tmp_path / "w",
     ).summary.set_index("Name")
-    assert s.loc["a", "Status"] == "NaN in target (3 elements)"
+    assert s.loc["a", "Status"] == "fail; NaN in target (3 elements)"  # fails, and why
     assert s.loc["a", "Failed"] == "CosineSimilarity, MSE"
     assert s.loc["a", "MSE"] == 0.0  # the 21 finite pairs agree; the NaNs fail the row anyway
     assert s.loc["b", "Status"] == "shape mismatch: golden [2, 3, 4] target [4, 6]"
     assert np.isnan(s.loc["b", "CosineSimilarity"]) and s.loc["b", "Failed"] == ""
+
+
+def test_status_agrees_with_failed(tmp_path):
+    """ok = compared and passing; fail = Failed lists verifiers; anything else is a note."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(64).astype(np.float32)
+    noise = rng.standard_normal(64).astype(np.float32)
+    # targets built to a known verdict; cosine and MSE recomputed with numpy below
+    targets = {
+        "same": x,  # cos 1, MSE 0: passes both
+        "offset": x + 0.05,  # cos > 0.99, MSE 0.0025 > 1e-3: fails MSE only
+        "noisy": x + 0.8 * noise,  # fails both
+        "nan": np.where(np.arange(64) == 5, np.nan, x).astype(np.float32),
+    }
+    inputs = {}
+    for k in range(2):  # the second input is clean everywhere: the aggregate keeps the failures
+        g, t = (
+            TensorWriter(tmp_path / "g" / f"Result_{k}"),
+            TensorWriter(tmp_path / "t" / f"Result_{k}"),
+        )
+        for i, (name, tv) in enumerate(targets.items()):
+            g.write(name, x, index=i)
+            t.write(name, tv if k == 0 else x, index=i)
+        g.write("gone", x, index=len(targets))
+        for w in (g, t):
+            w.save_manifest()
+        inputs[k] = (g.root, t.root)
+    mapping = tmp_path / "map.json"  # names a target tensor that was never dumped
+    mapping.write_text(json.dumps({"same": "same", "gone_t": "gone"}))
+    one = run_verification(
+        *inputs[0], ["CosineSimilarity", "MSE"], tensor_mapping=mapping, working_dir=tmp_path / "w"
+    ).summary.set_index("Name")
+    x64 = x.astype(np.float64)
+    for name in ("same", "offset", "noisy"):
+        t = targets[name].astype(np.float64)
+        cos = x64 @ t / (np.linalg.norm(x64) * np.linalg.norm(t))
+        expect = [
+            lab
+            for lab, bad in (
+                ("CosineSimilarity", cos < 0.99),
+                ("MSE", np.mean((x64 - t) ** 2) > 1e-3),
+            )
+            if bad
+        ]
+        assert one.loc[name, "Failed"] == ", ".join(expect), name
+        assert one.loc[name, "Status"] == ("fail" if expect else "ok"), name
+    assert (
+        one.loc["offset", "Failed"] == "MSE"
+        and one.loc["noisy", "Failed"] == "CosineSimilarity, MSE"
+    )
+    assert one.loc["nan", "Status"] == "fail; NaN in target (1 element)"
+    assert one.loc["gone", "Status"] == "missing in target" and one.loc["gone", "Failed"] == ""
+    # the rule holds on every row, in the CSV as well
+    saved = pd.read_csv(
+        tmp_path / "w" / "verification" / "latest" / "summary.csv", keep_default_na=False
+    )
+    assert ((saved["Status"] == "ok") <= (saved["Failed"] == "")).all()
+    assert (saved["Status"].str.startswith("fail") == (saved["Failed"] != "")).all()
+    # several inputs: a layer failing on one input fails in the aggregate, the note says where
+    for k, (g, t) in inputs.items():
+        shutil.copytree(g, tmp_path / "G" / f"Result_{k}")
+        shutil.copytree(t, tmp_path / "T" / f"Result_{k}")
+    agg = run_verification(
+        tmp_path / "G",
+        tmp_path / "T",
+        ["CosineSimilarity", "MSE"],
+        tensor_mapping=mapping,
+        working_dir=tmp_path / "w",
+    ).summary.set_index("Name")
+    assert agg.loc["same", "Status"] == "ok" and agg.loc["noisy", "Status"] == "fail"
+    assert agg.loc["nan", "Failed"] == "CosineSimilarity, MSE"
+    assert agg.loc["nan", "Status"] == "fail; Result_0: NaN in target (1 element)"
+    assert agg.loc["gone", "Status"] == "Result_0: missing in target"
 
 
 def test_hostile_names_stay_inside_and_are_escaped(tmp_path):
@@ -878,7 +953,9 @@ def test_ppocr_det_qnn_engine_verification(capsys, qnn_det):
     expected = [t for t in target.names() if mapping.get(t, t) in golden.records]
     # every row filled and ok
     assert sorted(s["Name"]) == sorted(expected) and len(s) > 250
-    assert (s["Status"] == "ok").all(), s[s["Status"] != "ok"][["Name", "Status"]]
+    compared = s["Status"].isin(["ok", "fail"])  # no note: every pair compared in full
+    assert compared.all(), s[~compared][["Name", "Status"]]
+    assert ((s["Status"] == "fail") == (s["Failed"] != "")).all()
     assert (
         not s[["CosineSimilarity", "SQNR", "ScaledDiff", "golden_min", "target_max"]]
         .isna()

@@ -44,22 +44,6 @@ class Attribution:
     largest_drops: list[tuple[str, float]]
 
 
-def ideal_score(verifier: Verifier) -> float | None:
-    """The perfect score when it is finite: cosine 1, errors 0; None for unbounded (SQNR)."""
-    if not verifier.higher_is_better:
-        return 0.0
-    return 1.0 if verifier.name == "CosineSimilarity" else None
-
-
-def linear_error(verifier: Verifier, score: float) -> float:
-    """The score as an error on a linear scale (0 = perfect), used to rank layers."""
-    if verifier.name == "SQNR":
-        return 10.0 ** (-score / 10.0) if math.isfinite(score) else (0.0 if score > 0 else math.inf)
-    if verifier.name == "CosineSimilarity":
-        return 1.0 - score
-    return -score if verifier.higher_is_better else score
-
-
 def _worse(a: float, b: float, higher_is_better: bool) -> float:
     return min(a, b) if higher_is_better else max(a, b)
 
@@ -93,7 +77,7 @@ def attribute(
         scores = pd.to_numeric(df[label], errors="coerce").to_numpy(dtype=float)
         threshold = verifier.pass_mark
         hib = verifier.higher_is_better
-        ideal = ideal_score(verifier)
+        ideal = verifier.ideal
         drops = np.full(len(df), np.nan)
         added = np.full(len(df), np.nan)
         first: str | None = None
@@ -114,8 +98,8 @@ def attribute(
             if not math.isnan(worst):
                 d = (worst - s) if hib else (s - worst)
                 drops[i] = d if math.isfinite(d) else np.nan
-            e_in = max((linear_error(verifier, v) for v in fed_scores), default=0.0)
-            e = linear_error(verifier, s) - e_in
+            e_in = max((verifier.linear_error(v) for v in fed_scores), default=0.0)
+            e = verifier.linear_error(s) - e_in
             added[i] = e if math.isfinite(e) else np.nan
             if first is None and _passes(s, verifier, threshold) is False:
                 if all(_passes(v, verifier, threshold) is not False for v in fed_scores):

@@ -1,28 +1,27 @@
-"""Resumable runs: a progress journal, the run folder of a killed run, and a lock.
+"""Resumable runs: a progress journal and the run folder of a killed run.
 
 After each finished unit of work (a batch of fragments, a cumulative step) one JSON line is
 appended to ``progress.jsonl`` and fsynced; a line cut short by a kill is dropped on reading.
 Starting again with the same ``--output_dirname`` finds the run folder whatever state the
-kill left it in (``.NAME.partial`` after SIGKILL, ``NAME.failed`` after SIGINT, or ``NAME``),
-takes it back as ``NAME`` and replays the journal, so only unfinished layers run again.
+kill left it in (``.NAME.partial`` after SIGKILL, ``NAME.failed`` after SIGINT/SIGTERM, or
+``NAME``), takes it over (:class:`~accdbg.core.run_dir.RunDir` tells a dead run's folder from
+a live one by its lock) and replays the journal, so only unfinished layers run again.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from accdbg.core.run_dir import RunDir, make_component_root
+from accdbg.core.run_dir import RunDir
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.snooping")
 
 JOURNAL = "progress.jsonl"
-LOCK = ".lock"
 
 
 class Journal:
@@ -64,61 +63,11 @@ class Journal:
         return [r for r in self.records if r.get("kind") == kind]
 
 
-class RunLock:
-    """An exclusive lock on the run folder; the kernel drops it when the process dies."""
-
-    def __init__(self, folder: Path):
-        self.path = folder / LOCK
-        self._fh = None
-
-    def acquire(self) -> None:
-        self._fh = open(self.path, "a+")  # noqa: SIM115 - held for the run's lifetime
-        try:
-            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._fh.close()
-            self._fh = None
-            raise AccdbgError(
-                f"{str(self.path.parent)!r} is being written by another run"
-            ) from None
-
-    def release(self) -> None:
-        if self._fh is not None:
-            self.path.unlink(missing_ok=True)
-            fcntl.flock(self._fh, fcntl.LOCK_UN)
-            self._fh.close()
-            self._fh = None
-
-
-def _locked(folder: Path) -> bool:
-    path = folder / LOCK
-    if not path.exists():
-        return False
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return False
-
-
 def open_run(working_dir: str | os.PathLike, component: str, output_dirname: str | None) -> RunDir:
     """The run folder: a new one, or - with an ``output_dirname`` - the earlier run of that
-    name, in whatever state it was left, to be resumed."""
-    if output_dirname is None:
-        return RunDir(working_dir, component)
-    run = RunDir(working_dir, component, output_dirname, resume=True)  # checks the name
-    root = make_component_root(working_dir, component)
-    final = root / run.name
-    for leftover in (root / f".{run.name}.partial", root / f"{run.name}.failed"):
-        if final.exists() or not leftover.is_dir():
-            continue
-        if _locked(leftover):
-            raise AccdbgError(f"output folder {str(leftover)!r} is being written by another run")
-        os.replace(leftover, final)
-        log.info("resuming the interrupted run in %s", final)
-    return RunDir(working_dir, component, output_dirname, resume=True)
+    name, in whatever state it was left (killed, failed or finished), to be resumed. A run
+    still alive under that name is refused (:class:`~accdbg.core.run_dir.RunDir`)."""
+    return RunDir(working_dir, component, output_dirname, resume=output_dirname is not None)
 
 
 def check_options(path: Path, options: dict[str, Any], keys: list[str]) -> None:

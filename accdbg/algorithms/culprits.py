@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
+from accdbg.algorithms.divergence import divergence
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.ranking import Ranking, rank
 from accdbg.algorithms.sensitivity import Sensitivity
@@ -32,31 +33,29 @@ def prepared_model(qdq_model: Path) -> Path:
     return qdq_model.with_name(qdq_model.name.removesuffix(".qdq.onnx") + ".prepared.onnx")
 
 
+def noise_verifier(verifiers: Mapping[str, Verifier], columns) -> str | None:
+    """The label of the verifier that best measures noise-to-signal power (exact first)."""
+    usable = [lab for lab, v in verifiers.items() if lab in columns and v.noise_to_signal(0.5)]
+    usable.sort(key=lambda lab: not verifiers[lab].nsr_exact)
+    return usable[0] if usable else None
+
+
 def observed_nsr(
     df: pd.DataFrame, name_col: str, verifiers: Mapping[str, Verifier]
 ) -> dict[str, float]:
-    """Each row's error as noise-to-signal power: SQNR's (its median channel when known), else
-    cosine's ``2 (1 - cos)`` (equal for small errors)."""
-    sqnr = next((lab for lab, v in verifiers.items() if v.name == "SQNR" and lab in df), None)
-    cos = next(
-        (lab for lab, v in verifiers.items() if v.name == "CosineSimilarity" and lab in df), None
-    )
+    """Each row's error as noise-to-signal power, from the verifier that measures it (SQNR
+    exactly, cosine approximately), its median channel when known."""
+    label = noise_verifier(verifiers, df.columns)
+    if label is None:
+        return {}
+    v = verifiers[label]
     out: dict[str, float] = {}
     for _, row in df.iterrows():
-        value = math.nan
-        if sqnr is not None:
-            v = verifiers[sqnr]
-            for col in (f"{sqnr} ch_median", sqnr):
-                x = pd.to_numeric(row.get(col), errors="coerce")
-                if x is not None and not pd.isna(x):
-                    value = v.linear_error(float(x))
-                    break
-        elif cos is not None:
-            x = pd.to_numeric(row.get(cos), errors="coerce")
+        for col in (f"{label} ch_median", label):
+            x = pd.to_numeric(row.get(col), errors="coerce")
             if x is not None and not pd.isna(x):
-                value = 2.0 * (1.0 - float(x))
-        if not math.isnan(value):
-            out[str(row[name_col])] = value
+                out[str(row[name_col])] = v.noise_to_signal(float(x))
+                break
     return out
 
 
@@ -85,18 +84,33 @@ def find_culprits(
     float_model: Path | None = None,
     golden_name: Mapping[str, str] | None = None,
     local_observed: bool = False,
+    full_run: bool = True,
+    target: Path | None = None,
 ) -> Ranking:
-    """Evidence for every layer, output sensitivity for the standouts, one verdict."""
+    """Evidence for every layer, output sensitivity for the standouts, one verdict.
+
+    ``full_run``: the table's output rows are the model's outputs as deployed (oneshot), so
+    their verdict is stated; a snooping table's are not (golden inputs upstream). ``target``:
+    the QNN dump of the same input, compared layer by layer with the CPU fake-quant of the
+    QDQ model to find backend culprits."""
     t = time.perf_counter()
     qdq = onnx.load(str(qdq_model))
     names = dict(golden_name or {})
     weights = float_weights_of(float_model) if float_model and float_model.is_file() else None
-    builder = EvidenceBuilder(qdq, TensorFolder(golden), lambda n: names.get(n, n), weights)
+    builder = EvidenceBuilder(
+        qdq, TensorFolder(golden), lambda n: names.get(n, n), weights, graph_inputs=feeds
+    )
     evidence = builder.build()
     by_name = {e.name: e for e in builder.layers}
     impact = None
     if float_model and float_model.is_file() and feeds:
         impact = _LazySensitivity(float_model, qdq, feeds, by_name)
+    div = None
+    if target is not None and feeds:
+        try:
+            div = divergence(qdq, builder.layers, feeds, TensorFolder(target))
+        except Exception as exc:  # the CPU cannot run it: no backend verdict, say why
+            log.info("no backend comparison (CPU fake-quant failed: %s)", str(exc).splitlines()[0])
     outputs = [o.name for o in qdq.graph.output]
     ranking = rank(
         evidence,
@@ -104,10 +118,29 @@ def find_culprits(
         impact=impact,
         observed_nsr=observed_nsr(table, name_col, verifiers),
         local_observed=local_observed,
-        outputs=output_verdicts(table, name_col, verifiers, outputs),
+        outputs=output_verdicts(table, name_col, verifiers, outputs) if full_run else (),
+        divergence=div,
+        backend_share=_backend_share(div, table, name_col, verifiers, outputs),
     )
     log.info("culprit ranking in %.1f s", time.perf_counter() - t)
     return ranking
+
+
+def _backend_share(div, table, name_col, verifiers, outputs) -> float:
+    """The outputs' QNN-vs-CPU divergence over their QNN-vs-float error (the worst output)."""
+    if not div:
+        return math.nan
+    sqnr = noise_verifier(verifiers, table.columns)
+    if sqnr is None:
+        return math.nan
+    share = math.nan
+    rows = table[table[name_col].isin(outputs)]
+    for _, row in rows.iterrows():
+        err = verifiers[sqnr].noise_to_signal(float(pd.to_numeric(row[sqnr], errors="coerce")))
+        d = div.get(str(row[name_col]))
+        if d is not None and err and math.isfinite(err) and err > 0:
+            share = max(d / err, share) if not math.isnan(share) else d / err
+    return share
 
 
 class _LazySensitivity:
@@ -135,4 +168,10 @@ class _LazySensitivity:
 
     def __call__(self, name: str) -> float:
         sens = self._ready()
-        return sens.share(self.layers[name]) if sens is not None else math.nan
+        if sens is None:
+            return math.nan
+        try:
+            return sens.share(self.layers[name])
+        except Exception as exc:  # this layer cannot be isolated on the CPU: evidence alone
+            log.info("no output sensitivity for %s: %s", name, str(exc).splitlines()[0])
+            return math.nan

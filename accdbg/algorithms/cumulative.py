@@ -241,6 +241,7 @@ def _loop(ctx: Context) -> None:
 def run_cumulative_layerwise(
     model_path: str | os.PathLike,
     input_tensors: Sequence[InputTensor] = (),
+    input_list: str | os.PathLike | None = None,
     golden_dir: str | os.PathLike | None = None,
     qdq_model: str | os.PathLike | None = None,
     verifiers: Sequence = ("CosineSimilarity",),
@@ -252,6 +253,7 @@ def run_cumulative_layerwise(
     memory_budget_mb: float = 1024,
     workers: int | None = None,
     dump_qnn_json: bool = False,
+    allow_nonfinite_inputs: bool = False,
 ) -> SnoopingResult:
     """Judge layers from partition point to partition point; writes
     ``<working_dir>/cumulative_layerwise_snooping/<run>/cumulative_layerwise.csv``.

@@ -107,6 +107,59 @@ def _channel_nsr(g2: np.ndarray, d2: np.ndarray) -> tuple[float, np.ndarray]:
     return (float(np.median(vals)) if vals.size else math.nan), nsr
 
 
+def _weighted_nsr(
+    w2: np.ndarray,
+    err2: np.ndarray,
+    axis_out: int,
+    axis_in: int,
+    power_in: np.ndarray | None,
+    groups: int = 1,
+) -> float:
+    """Median over output channels of the output noise-to-signal power that quantizing the
+    weights causes, each input channel weighted by the power of the signal it carries:
+    NSR_o = Σ_i |ΔW[o,i]|² P_i / Σ_i |W[o,i]|² P_i (inputs taken as uncorrelated)."""
+    rest = tuple(a for a in range(w2.ndim) if a not in (axis_out, axis_in))
+    order = (axis_out % w2.ndim, axis_in % w2.ndim, *rest)
+    sig = np.transpose(w2, order).reshape(w2.shape[order[0]], w2.shape[order[1]], -1).sum(axis=2)
+    err = np.transpose(np.asarray(err2), order).reshape(sig.shape[0], sig.shape[1], -1).sum(axis=2)
+    if power_in is not None:
+        n_out, per_group = sig.shape
+        if groups > 1 and power_in.size == per_group * groups:
+            idx = (np.arange(n_out) // max(1, n_out // groups))[:, None] * per_group + np.arange(
+                per_group
+            )
+            p = power_in[idx]
+        elif power_in.size == per_group:
+            p = np.broadcast_to(power_in, sig.shape)
+        else:
+            p = np.ones_like(sig)
+        sig, err = sig * p, err * p
+    signal, noise = sig.sum(axis=1), err.sum(axis=1)
+    alive = live(signal)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        nsr = np.where(signal > 0, noise / signal, np.nan)
+    vals = nsr[alive]
+    return float(np.median(vals)) if vals.size else math.nan
+
+
+def _outlier_notes(ref: np.ndarray, axis_out: int, axis_in: int) -> list[str]:
+    """The outlier behind a blown weight range: one weight, one output or input channel."""
+    absw = np.abs(ref)
+    flat = absw.ravel()
+    p99 = float(np.percentile(flat, 99)) if flat.size >= 100 else math.nan
+    single = float(flat.max()) / p99 if p99 and p99 > 0 else math.nan
+    best = (0.0, "")
+    for axis, what in ((axis_out, "output channel"), (axis_in, "input channel")):
+        ranges = np.moveaxis(absw, axis, 0).reshape(absw.shape[axis], -1).max(axis=1)
+        note, ratio = _ratio_note(ranges, ranges > 0, what)
+        if note and ratio > best[0]:
+            best = (ratio, note)
+    if not math.isnan(single) and single >= 4 and single > best[0]:
+        pos = np.unravel_index(int(np.argmax(absw)), ref.shape)
+        return [f"weight {list(map(int, pos))} is {single:.3g}x the tensor's 99th percentile"]
+    return [best[1]] if best[1] and best[0] >= 4 else []
+
+
 def _ratio_note(ranges: np.ndarray, alive: np.ndarray, what: str) -> tuple[str, float]:
     """'channel 7 spans 43x the median channel's range' for the loudest live channel."""
     if alive.sum() < 2:
@@ -129,11 +182,13 @@ class EvidenceBuilder:
         golden_name: Callable[[str], str | None],
         float_weights: Mapping[str, np.ndarray] | None = None,
         layers: list[Exposed] | None = None,
+        graph_inputs: Mapping[str, np.ndarray] | None = None,
     ):
         self.model = qdq_model
         self.golden = golden
         self.golden_name = golden_name
         self.float_weights = dict(float_weights or {})
+        self.graph_inputs = dict(graph_inputs or {})  # the model's own inputs (not dumped)
         self.nodes = om.topological_nodes(qdq_model.graph)
         self.inits = {i.name: i for i in qdq_model.graph.initializer}
         self.producer = {o: n for n in self.nodes for o in n.output if o}
@@ -181,60 +236,62 @@ class EvidenceBuilder:
         axis_out = WEIGHT_OUT_AXIS.get(node.op_type)
         if axis_out is None:
             return
-        for i, x in enumerate(node.input):
-            dq = self.producer.get(x)
-            if i != 1 or dq is None or dq.op_type != "DequantizeLinear":
-                continue
-            wq = self._array(dq.input[0])
-            if wq is None or wq.ndim < 2:
-                continue
-            scale = self._array(dq.input[1])
-            zp = self._array(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
-            zp = np.zeros_like(scale, dtype=np.int64) if zp is None else zp.astype(np.int64)
-            q_axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
-            if scale.size > 1:  # per-axis: broadcast scale/zp along their axis
-                shape = [1] * wq.ndim
-                shape[q_axis] = scale.size
-                scale, zp = scale.reshape(shape), zp.reshape(shape)
-            deq = (wq.astype(np.int64) - zp) * scale.astype(np.float64)
-            if node.op_type == "Gemm":
-                trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-                axis_out = 0 if trans_b else 1
-            name = dq.input[0].removesuffix("_quantized")
-            w = self.float_weights.get(name)
-            w2 = by_channel(deq, axis_out)
-            if w is not None and w.shape == deq.shape:
-                f2 = by_channel(w, axis_out)
-                ev.weight_nsr, _ = _channel_nsr(f2, f2 - w2)
-                ref = f2
-            else:  # no float weights (a given QDQ model): rounding noise of one step, s^2/12
-                step = np.broadcast_to(scale, deq.shape).astype(np.float64)
-                noise2 = by_channel(step**2 / 12.0, axis_out)
-                power = channel_power(w2)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    nsr = np.where(power > 0, noise2.sum(axis=1) / power, np.inf)
-                alive = np.ones(len(nsr), bool)
-                ev.weight_nsr = float(np.median(nsr[alive]))
-                ref = w2
-            ranges = np.abs(ref).max(axis=1)
-            alive = live(channel_power(ref))
-            note, ratio = _ratio_note(ranges, alive, "output channel")
-            flat = np.abs(ref).ravel()
-            p99 = float(np.percentile(flat, 99)) if flat.size >= 100 else math.nan
-            single = float(flat.max()) / p99 if p99 and p99 > 0 else math.nan
-            notes = []
-            if not math.isnan(single) and single >= 4 and single > (ratio or 0):
-                pos = np.unravel_index(
-                    int(np.argmax(np.abs(w if w is not None else deq))), deq.shape
-                )
-                notes.append(
-                    f"weight {list(map(int, pos))} is {single:.3g}x the tensor's 99th percentile"
-                )
-            elif note:
-                notes.append(note)
-            per = "per-channel" if scale.size > 1 else "per-tensor"
-            ev.weight_note = "; ".join([f"{per} {8 * wq.dtype.itemsize}-bit", *notes])
+        dq = self.producer.get(node.input[1]) if len(node.input) > 1 else None
+        if dq is None or dq.op_type != "DequantizeLinear":
             return
+        wq = self._array(dq.input[0])
+        if wq is None or wq.ndim < 2:
+            return
+        scale = self._array(dq.input[1])
+        zp = self._array(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+        zp = np.zeros_like(scale, dtype=np.int64) if zp is None else zp.astype(np.int64)
+        q_axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+        if scale.size > 1:  # per-axis: broadcast scale/zp along their axis
+            shape = [1] * wq.ndim
+            shape[q_axis] = scale.size
+            scale, zp = scale.reshape(shape), zp.reshape(shape)
+        deq = (wq.astype(np.int64) - zp) * scale.astype(np.float64)
+        axis_in = 1 - axis_out if wq.ndim == 2 else (0 if node.op_type == "ConvTranspose" else 1)
+        if node.op_type == "Gemm":
+            trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+            axis_out, axis_in = (0, 1) if trans_b else (1, 0)
+        axis_out %= wq.ndim
+        w = self.float_weights.get(dq.input[0].removesuffix("_quantized"))
+        ref = w.astype(np.float64) if w is not None and w.shape == deq.shape else deq
+        if ref is deq:  # no float weights (a given QDQ model): rounding noise of a step, s^2/12
+            err2 = np.broadcast_to(scale.astype(np.float64) ** 2 / 12.0, deq.shape)
+        else:
+            err2 = (ref - deq) ** 2
+        power_in = self._input_power(node, axis_in, ref.shape[axis_in])
+        groups = next((a.i for a in node.attribute if a.name == "group"), 1)
+        ev.weight_nsr = _weighted_nsr(ref**2, err2, axis_out, axis_in, power_in, groups)
+        notes = [f"{'per-channel' if scale.size > 1 else 'per-tensor'} {8 * wq.dtype.itemsize}-bit"]
+        notes += _outlier_notes(ref, axis_out, axis_in)
+        ev.weight_note = "; ".join(notes)
+
+    def _input_power(self, node: onnx.NodeProto, axis_in: int, n: int) -> np.ndarray | None:
+        """Mean square of each input channel of the layer's golden input: a weight matters as
+        much as the signal it multiplies (a huge weight on a silent channel does nothing)."""
+        x = node.input[0]
+        while x in self.producer and self.producer[x].op_type in (
+            "QuantizeLinear",
+            "DequantizeLinear",
+        ):
+            x = self.producer[x].input[0]
+        row = self.row_of.get(x)
+        gold = self._golden(row) if row else None
+        if gold is None and x in self.graph_inputs:
+            gold = (np.asarray(self.graph_inputs[x], np.float64), None)
+        if gold is None:
+            return None
+        g, layout = gold
+        axis = 1 if node.op_type.startswith("Conv") else g.ndim - 1
+        if layout and layout.upper() == "NHWC" and g.ndim == 4:
+            axis = 3
+        if g.shape[axis] != n:
+            return None
+        g2 = by_channel(g, axis)
+        return channel_power(g2) / g2.shape[1]
 
     def _output(self, e: Exposed, gold: tuple[np.ndarray, str | None], ev: Evidence) -> None:
         g, layout = gold

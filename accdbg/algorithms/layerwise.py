@@ -172,6 +172,7 @@ def _loop(ctx: Context) -> None:
 def run_layerwise(
     model_path: str | os.PathLike,
     input_tensors: Sequence[InputTensor] = (),
+    input_list: str | os.PathLike | None = None,
     golden_dir: str | os.PathLike | None = None,
     qdq_model: str | os.PathLike | None = None,
     verifiers: Sequence = ("CosineSimilarity",),
@@ -183,13 +184,15 @@ def run_layerwise(
     memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB,
     workers: int | None = None,
     dump_qnn_json: bool = False,
+    allow_nonfinite_inputs: bool = False,
 ) -> SnoopingResult:
     """Judge every layer alone; writes ``<working_dir>/layerwise_snooping/<run>/layerwise.csv``.
 
     ``golden_dir``: golden tensors (framework diagnosis run, or a folder of ``<tensor>.raw``
     such as an AIMET layer-output dump); None runs framework diagnosis first. ``qdq_model``:
     the QDQ model to debug; None quantizes ``model_path`` as the inference engine does
-    (``engine_kwargs`` holds its options). With ``output_dirname`` an interrupted run of that
+    (``engine_kwargs`` holds its options), calibrated like it on every line of ``input_list``
+    (a qnn-net-run input list; without it, on the ``input_tensors`` files). With ``output_dirname`` an interrupted run of that
     name is resumed. ``dump_qnn_json`` keeps each session's QNN graph JSON in ``qnn_json/``.
     """
     # locals() here are exactly the arguments above

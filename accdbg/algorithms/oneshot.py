@@ -27,18 +27,38 @@ import pandas as pd
 from accdbg.algorithms.attribution import Attribution, attribute, inputs_from_graph_struct
 from accdbg.algorithms.culprits import find_culprits, prepared_model
 from accdbg.algorithms.ranking import Culprit
-from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.inputs import (
+    InputTensor,
+    check_finite,
+    check_raw_size,
+    parse_input_list,
+)
 from accdbg.core.provenance import recorded_inputs
-from accdbg.core.run_dir import write_json_atomic
+from accdbg.core.run_dir import (
+    check_run_folder,
+    check_writable,
+    component_root,
+    write_json_atomic,
+)
 from accdbg.core.tensor_store import TensorFolder, safe_relpath
 from accdbg.engines import run_inference_engine
+from accdbg.engines.run import check_engine_options, check_inference_engine
 from accdbg.errors import AccdbgError
-from accdbg.frameworks.diagnosis import run_framework_diagnosis
+from accdbg.frameworks.diagnosis import (
+    check_framework_diagnosis,
+    check_model_path,
+    run_framework_diagnosis,
+)
 from accdbg.reports.html_report import write_report
 from accdbg.reports.summary import frame_records, json_value, write_csv
 from accdbg.verifiers import get_verifier
 from accdbg.verifiers.base import Verifier
-from accdbg.verifiers.verification import find_results, run_verification, worst_input
+from accdbg.verifiers.verification import (
+    check_verifiers,
+    find_results,
+    run_verification,
+    worst_input,
+)
 
 log = logging.getLogger("accdbg.oneshot")
 
@@ -115,6 +135,76 @@ def _target(
     return engine_results[line]
 
 
+def check_oneshot(
+    framework: str,
+    model_path: str | Path,
+    input_tensors: Sequence[InputTensor],
+    input_list: str | Path | None = None,
+    default_verifiers: Sequence = ("CosineSimilarity", "SQNR"),
+    verifier_config: str | Path | None = None,
+    golden_dir: str | Path | None = None,
+    engine_kwargs: dict | None = None,
+    working_dir: str | Path = "working_directory",
+    output_dirname: str | None = None,
+    allow_nonfinite_inputs: bool = False,
+) -> None:
+    """Everything the three components will need, checked before the first one starts and
+    without writing: the model, every ``-i`` and ``-l`` file (size, NaN/Inf), ``-qo``, the
+    verifiers, and every folder the run will write."""
+    allow = allow_nonfinite_inputs
+    if golden_dir is None:
+        if not input_tensors:
+            raise AccdbgError(
+                "framework diagnosis needs -i/--input_tensor (or give --golden_output_reference_directory)"
+            )
+        check_framework_diagnosis(
+            framework, model_path, input_tensors, working_dir, output_dirname, allow
+        )
+    else:
+        if not Path(golden_dir).is_dir():
+            raise AccdbgError(
+                f"--golden_output_reference_directory {str(golden_dir)!r} does not exist or is not a folder"
+            )
+        for t in input_tensors:
+            t.check(allow)
+    kwargs = {k: v for k, v in (engine_kwargs or {}).items() if k != "golden_dir_for_mapping"}
+    if framework == "onnx":
+        check_inference_engine(
+            model_path,
+            input_list,
+            input_tensors,
+            working_dir=working_dir,
+            output_dirname=output_dirname,
+            allow_nonfinite_inputs=allow,
+            **kwargs,
+        )
+    else:  # the engine's model is converted later: check what can be checked now
+        check_model_path(model_path, framework)
+        check_engine_options(**kwargs)
+        check_writable(component_root(working_dir, "conversion"))
+        check_run_folder(working_dir, "inference_engine", output_dirname)
+        if input_list:
+            _check_list_files(input_list, input_tensors, allow)
+    check_verifiers(default_verifiers, verifier_config)
+    check_run_folder(working_dir, "verification", output_dirname)
+
+
+def _check_list_files(
+    input_list: str | Path, inputs: Sequence[InputTensor], allow_nonfinite: bool
+) -> None:
+    """Input-list files of a model converted later: sizes against the matching ``-i``."""
+    parsed = parse_input_list(input_list)
+    by_name = {t.name: t for t in inputs}
+    for entry in parsed.entries:
+        for i, (name, path) in enumerate(entry.items):
+            t = by_name.get(name) if name else (inputs[i] if i < len(inputs) else None)
+            what = f"{parsed.path}:{entry.line_no}: input {name or (t.name if t else i)!r}"
+            if t is not None:
+                check_raw_size(path, t.dims, t.dtype, what)
+            dtype = t.dtype if t is not None else np.dtype("float32")
+            check_finite(path, dtype, what, allow_nonfinite, t.dims if t is not None else None)
+
+
 def run_oneshot(
     framework: str,
     model_path: str | Path,
@@ -129,8 +219,26 @@ def run_oneshot(
     framework_kwargs: dict | None = None,
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
+    allow_nonfinite_inputs: bool = False,
 ) -> OneshotResult:
-    """Run the three components in sequence and write the report; returns its tables."""
+    """Run the three components in sequence and write the report; returns its tables.
+
+    Every input is checked first (:func:`check_oneshot`): a bad one is refused before any
+    component writes anything.
+    """
+    check_oneshot(
+        framework,
+        model_path,
+        input_tensors,
+        input_list,
+        default_verifiers,
+        verifier_config,
+        golden_dir,
+        engine_kwargs,
+        working_dir,
+        output_dirname,
+        allow_nonfinite_inputs,
+    )
     with ExitStack() as stack:
         seconds: dict[str, float] = {}
         t = time.perf_counter()
@@ -149,6 +257,7 @@ def run_oneshot(
                 working_dir=working_dir,
                 output_dirname=output_dirname,
                 input_list=input_list,
+                allow_nonfinite_inputs=allow_nonfinite_inputs,
                 **(framework_kwargs or {}),
             )
             golden_dir = gold.run_dir
@@ -185,6 +294,7 @@ def run_oneshot(
             input_tensors=engine_inputs,
             working_dir=working_dir,
             output_dirname=output_dirname,
+            allow_nonfinite_inputs=allow_nonfinite_inputs,
             **kwargs,
         )
         if conversion is not None:
@@ -228,6 +338,7 @@ def run_oneshot(
             feeds=_feeds_of(target_w, engine_inputs),
             float_model=prepared_model(engine.qdq_model),
             golden_name=json.loads(engine.tensor_mapping.read_text(encoding="utf-8")),
+            target=target_w,
         )
         summary = ranking.apply(summary, "Name")
         seconds["culprit ranking"] = time.perf_counter() - t

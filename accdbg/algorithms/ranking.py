@@ -7,7 +7,8 @@ layers do - or whose backend result is far worse than its quantization explains:
 
 * **noise floor** - the local SQNR of every layer with evidence; its median and a robust spread
   (1.4826 x the median absolute deviation, in dB).
-* **stands out** - a layer's local SQNR is below ``floor - max(Z_MIN x spread, GAP_DB)`` and
+* **stands out** - a layer's local SQNR is below ``floor - Z_MIN x spread`` (that gap kept
+  between ``GAP_DB`` and ``MAX_GAP_DB``: a few layers make a weak spread estimate) and
   below ``ABS_DB`` (the SQNR pass mark: its own encodings alone fail what the model must keep).
 * **matters** - quantizing that layer alone (CPU simulation of the float model,
   :mod:`accdbg.algorithms.sensitivity`) costs the outputs at least ``SHARE`` of the error of
@@ -19,7 +20,9 @@ layers do - or whose backend result is far worse than its quantization explains:
   quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
   same way among the model's layers: the kernel, not the encodings.
 
-Culprits are ranked by what they alone cost the outputs (else by the information they destroy). When none
+Culprits are ranked by the information their own encodings destroy (lowest local SQNR first);
+what they cost the outputs only decides whether they are named (a sum of quantization errors is
+not additive at saturating outputs, so a share is a filter, not an order). When none
 stands out, the verdict says the error is diffuse: a global change (per-channel weights,
 16-bit activations, calibration) is the question, not a layer. Every other row's ``cause``
 says where its error comes from when it is inherited.
@@ -39,12 +42,17 @@ from accdbg.algorithms.evidence import Evidence, nsr_db
 
 Z_MIN = 3.5
 GAP_DB = 10.0
+MAX_GAP_DB = (
+    20.0  # a small model's spread is a weak estimate: 20 dB below the floor always stands out
+)
 ABS_DB = 20.0  # the SQNR verifier's pass mark: the layer's own encodings alone fail it
 DESTROYED_DB = 6.0  # below this the median channel keeps a quarter of noise: information is gone
 SHARE = 0.5  # a culprit alone causes at least this share of the whole model's output error...
 MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
 BACKEND_DB = 10.0
 MAX_CULPRITS = 5
+CAUSE_DB = 6.0
+OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it counts as new
 
 RANK = "culprit_rank"
 CAUSE = "cause"
@@ -104,6 +112,11 @@ def robust_floor(values_db: Sequence[float]) -> tuple[float, float]:
     return med, float(1.4826 * np.median(np.abs(v - med)))
 
 
+def standout_gap(spread: float) -> float:
+    """How far from the floor a layer must be: 3.5 robust sigmas, at least 10 dB, at most 20."""
+    return min(max(Z_MIN * spread, GAP_DB), MAX_GAP_DB)
+
+
 def compared_inputs(
     inputs_of: Mapping[str, Sequence[str]], compared: set[str]
 ) -> dict[str, list[str]]:
@@ -128,12 +141,26 @@ def compared_inputs(
 
 
 def _cause(ev: Evidence) -> str:
-    owner = ev.owner
-    db = nsr_db(ev.local_nsr)
-    if owner == "weights":
-        return f"weight range: {ev.weight_note} (median channel {db:.1f} dB)"
-    if owner == "concat":
-        return f"unbalanced concatenation: {ev.concat_note} ({db:.1f} dB)"
+    """What the layer's own encodings do, worst first; every part within ``CAUSE_DB`` of the
+    worst is named (a scaled channel blows both its weights' and its output's range)."""
+    parts = []
+    for nsr, text in (
+        (ev.weight_nsr, lambda db: f"weight range: {ev.weight_note} (median channel {db:.1f} dB)"),
+        (ev.concat_nsr, lambda db: f"unbalanced concatenation: {ev.concat_note} ({db:.1f} dB)"),
+        (ev.output_nsr, lambda db: _output_cause(ev, db)),
+    ):
+        if not math.isnan(nsr) and nsr > 0:
+            parts.append((nsr, text(nsr_db(nsr))))
+    if not parts:
+        return ""
+    worst = max(p[0] for p in parts)
+    keep = [
+        t for n, t in sorted(parts, key=lambda p: -p[0]) if nsr_db(n) < nsr_db(worst) + CAUSE_DB
+    ]
+    return "; ".join(keep)
+
+
+def _output_cause(ev: Evidence, db: float) -> str:
     if not math.isnan(ev.clip_nsr) and ev.clip_nsr >= 0.5 * ev.output_nsr_tensor:
         return f"clipping: {100 * ev.clipped:.3g}% of values outside the encoding ({db:.1f} dB)"
     return f"activation range: {ev.output_note} (median channel {db:.1f} dB)"
@@ -146,6 +173,8 @@ def rank(
     observed_nsr: Mapping[str, float] | None = None,
     local_observed: bool = False,
     outputs: Sequence[tuple[str, str, float, bool | None]] = (),
+    divergence: Mapping[str, float] | None = None,
+    backend_share: float = math.nan,
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -156,14 +185,21 @@ def rank(
     from a full run (oneshot: inputs carry upstream error; used to say what is inherited) or,
     with ``local_observed``, from golden inputs (layerwise: also used to find backend errors).
     ``outputs`` are the model outputs' verdicts ``(name, verifier label, value, passed)``.
+    ``divergence`` is, per layer, the QNN result against the CPU fake-quant of the same QDQ
+    model (noise-to-signal; :mod:`accdbg.algorithms.divergence`): a layer where it jumps gets
+    a backend note in its ``cause``, and ``backend_share`` - the outputs' QNN-vs-CPU divergence
+    over their QNN-vs-float error - is stated in the findings. In a full run the inputs
+    already differ, and a saturating or mostly-zero output turns small input differences into
+    large relative ones, so only layerwise (golden inputs) names backend culprits.
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
     local_db = {n: nsr_db(v) for n, v in local.items() if not math.isnan(v)}
     floor, spread = robust_floor(list(local_db.values()))
-    cut = floor - max(Z_MIN * spread, GAP_DB) if math.isfinite(floor) else -math.inf
+    cut = floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
     columns: dict[str, dict[str, object]] = {}
     candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
+    standouts: set[str] = set()
     for n in order:
         ev = evidence.get(n)
         if ev is None:
@@ -177,13 +213,16 @@ def rank(
         db = local_db.get(n, math.nan)
         if not (math.isfinite(db) and db < cut and db < ABS_DB):
             continue
-        severity = local[n]
+        standouts.add(n)
+        root = _outlier_source(n, evidence, standouts)
+        if root is not None:  # the outlier came in with the input: its source is the culprit
+            columns[n][CAUSE] = f"activation outlier carried in from {root}"
+            continue
         share = impact(n) if impact is not None else math.nan
         destroyed = db < DESTROYED_DB
         severity = local[n]
         if not math.isnan(share):
             columns[n][SHARE_COL] = share
-            severity = share
             if not (share >= SHARE or (destroyed and share >= MIN_SHARE)):
                 columns[n][CAUSE] = (
                     f"stands out locally ({_cause(ev)}) but alone costs the outputs only "
@@ -196,29 +235,55 @@ def rank(
             )
             continue
         candidates.append((severity, n, _cause(ev)))
-    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(observed))
+    compared_inputs({n: evidence[n].inputs for n in evidence}, set(observed))
     if local_observed:
         candidates += _backend(evidence, observed, {c[1] for c in candidates})
-    else:
-        root: dict[str, str] = {}
-        for n in order:  # say where a full run's error comes from (execution order)
-            obs = observed.get(n, math.nan)
-            if not math.isfinite(obs):
-                continue
-            ins = [x for x in inputs.get(n, []) if math.isfinite(observed[x])]
-            if n not in columns or not ins or columns[n].get(CAUSE):
-                continue
-            worst = max(ins, key=lambda x: observed[x])
-            if observed[worst] >= 0.5 * obs and observed[worst] > local.get(n, 0.0):
-                root[n] = root.get(worst, worst)  # follow the chain to where it started
-                columns[n][CAUSE] = f"inherited from {root[n]}"
+    if divergence:  # a full run's inputs carry upstream error: a note, not a verdict
+        for _, n, cause in _diverging(evidence, divergence, set()):
+            col = columns.setdefault(n, {})
+            col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
     candidates.sort(key=lambda c: -c[0])
     culprits = []
     for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):
         columns.setdefault(n, {})[RANK] = r
         columns[n][CAUSE] = cause
         culprits.append(Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan)))
-    return Ranking(culprits, floor, spread, _findings(culprits, floor, spread, outputs), columns)
+    findings = _findings(culprits, floor, spread, outputs)
+    if divergence and math.isfinite(backend_share):
+        findings.insert(
+            -1,
+            f"QNN's kernels account for {100 * min(backend_share, 1):.0f}% of the outputs' error "
+            "(QNN against onnxruntime's CPU fake-quant of the same QDQ model)",
+        )
+    return Ranking(culprits, floor, spread, findings, columns)
+
+
+def _outlier_source(
+    n: str, evidence: Mapping[str, Evidence], standouts: set[str], hops: int = OUTLIER_HOPS
+) -> str | None:
+    """The earlier standout an activation-range problem is carried in from, if any.
+
+    A large activation channel travels: every layer after the one that made it (within a few
+    layers, through convolutions, residual adds and activations) sees a blown range too. Only a
+    layer whose loss is its output's range (not its weights, not clipping, not a Concat) is
+    taken for a carrier."""
+    ev = evidence[n]
+    if ev.owner != "output" or (
+        not math.isnan(ev.clip_nsr) and ev.clip_nsr >= 0.5 * ev.output_nsr_tensor
+    ):
+        return None
+    frontier, seen = list(ev.inputs), {n}
+    for _ in range(hops):
+        nxt = []
+        for x in frontier:
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in standouts:
+                return x
+            nxt.extend(evidence[x].inputs if x in evidence else ())
+        frontier = nxt
+    return None
 
 
 def _backend(
@@ -242,7 +307,7 @@ def _backend(
         if (
             n not in taken
             and ratio_db >= BACKEND_DB
-            and ratio_db >= floor + max(Z_MIN * spread, GAP_DB)
+            and ratio_db >= floor + standout_gap(spread)
             and nsr_db(obs) < ABS_DB
         ):
             out.append(
@@ -251,6 +316,40 @@ def _backend(
                     n,
                     f"backend: run alone on the backend it keeps {nsr_db(obs):.1f} dB where its "
                     f"quantization explains {nsr_db(expected):.1f} dB ({ratio_db:.1f} dB worse)",
+                )
+            )
+    return out
+
+
+def _diverging(
+    evidence: Mapping[str, Evidence], div: Mapping[str, float], taken: set[str]
+) -> list[tuple[float, str, str]]:
+    """Layers where QNN parts from the CPU fake-quant far more than at their inputs."""
+    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(div))
+    jump: dict[str, tuple[float, float]] = {}
+    for n, d in div.items():
+        if not math.isfinite(d) or d <= 0:
+            continue
+        before = max((div[x] for x in inputs.get(n, []) if math.isfinite(div[x])), default=0.0)
+        if before <= 0:  # no compared input to part from: no verdict (a graph input is exact)
+            continue
+        jump[n] = (10 * math.log10(d / before), d)
+    floor, spread = robust_floor([j for j, _ in jump.values()])
+    out = []
+    for n, (j, d) in jump.items():
+        if (
+            n not in taken
+            and nsr_db(d) < ABS_DB
+            and j >= BACKEND_DB
+            and (not math.isfinite(floor) or j >= floor + standout_gap(spread))
+        ):
+            out.append(
+                (
+                    d,
+                    n,
+                    f"backend: the QNN result parts from onnxruntime's CPU fake-quant of the same "
+                    f"QDQ model here ({nsr_db(d):.1f} dB between them, {j:.1f} dB more than at "
+                    f"its inputs)",
                 )
             )
     return out

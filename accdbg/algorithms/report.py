@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from accdbg.algorithms.attribution import Attribution, ideal_score
+from accdbg.algorithms.attribution import Attribution
 from accdbg.algorithms.judging import Judge
 from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import ERRORS, PART
@@ -63,7 +63,7 @@ def marks(rows: Sequence[dict[str, Any]], judge: Judge, cumulative: bool) -> lis
             for r in ordered
             if r.get("_passed", {}).get(label) is False and (not cumulative or r["Status"] == PART)
         ]
-        ideal = ideal_score(v)
+        ideal = v.ideal
         drops: list[tuple[str, float]] = []
         if ideal is not None:
             for r in ordered:
@@ -90,7 +90,7 @@ def write_reports(
     ranking: Ranking | None = None,
 ) -> tuple[pd.DataFrame, Path, Path]:
     """``<stem>.csv`` and (if ``html``) ``<stem>.html``, each replaced atomically; with the
-    culprit ranking's columns and verdict when given (the final write)."""
+    culprit ranking's columns and verdict (heading the HTML page) when given (the final write)."""
     from accdbg.reports.html_report import write_report
 
     df = frame(rows, judge.labels, cumulative)

@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 
 from accdbg.core import onnx_model as om
 from accdbg.engines.exposure import Exposed
+from accdbg.verifiers.base import dot
 
 log = logging.getLogger("accdbg.sensitivity")
 
@@ -39,7 +40,7 @@ def output_noise(golden: Sequence[np.ndarray], target: Sequence[np.ndarray]) -> 
     out = []
     for g, t in zip(golden, target, strict=True):
         d = np.asarray(g, np.float64).ravel() - np.asarray(t, np.float64).ravel()
-        out.append(float(d @ d))
+        out.append(dot(d, d))
     return np.asarray(out)
 
 
@@ -107,7 +108,17 @@ class Sensitivity:
                 continue
             inits[name].CopyFrom(numpy_helper.from_array(self._dequantized(dq), name))
         if layer.quantized:
-            self._insert_qdq(model, layer)
+            produced = {o for n in model.graph.node for o in n.output}
+            # the quantizer may rename a tensor (a graph output's producer gets "_QuantizeLinear_Input")
+            names = (
+                layer.qdq_tensor,
+                layer.qdq_tensor.removesuffix("_QuantizeLinear_Input"),
+                layer.name,
+            )
+            tensor = next((t for t in names if t in produced), None)
+            if tensor is None:
+                raise KeyError(f"{layer.qdq_tensor} is not a tensor of the float model")
+            self._insert_qdq(model, layer, tensor)
         out = _session(model).run(self.outputs, self.feeds)
         return output_noise(self.golden, out)
 
@@ -127,8 +138,7 @@ class Sensitivity:
         return ((q - zp) * scale).astype(np.float32)
 
     @staticmethod
-    def _insert_qdq(model: onnx.ModelProto, layer: Exposed) -> None:
-        t = layer.qdq_tensor
+    def _insert_qdq(model: onnx.ModelProto, layer: Exposed, t: str) -> None:
         g = model.graph
         scale = numpy_helper.from_array(np.array(layer.scale, np.float32), f"{t}__sens_scale")
         zp = numpy_helper.from_array(

@@ -35,9 +35,13 @@ from accdbg.algorithms.judging import Judge, base_row, finalize_row, restore_row
 from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import SKIP
 from accdbg.core import onnx_model as om
-from accdbg.core.inputs import InputTensor
+from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.run_dir import FINISHED, check_run_folder, check_writable, component_root
 from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.base import EngineOptions, get_engine
+from accdbg.engines.quantize import check_quantizer_options
+from accdbg.engines.run import check_overrides
+from accdbg.engines.source import Feeds, build_feeds
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.snooping")
@@ -54,7 +58,7 @@ BACKEND_KEYS = tuple(
 FILTER_KEYS = tuple("add_layer_outputs add_layer_types skip_layer_types skip_layer_outputs".split())
 IGNORED_KEYS = tuple(
     "debug output_data_type profiling_level golden_dir_for_mapping stage framework_model_path "
-    "input_list memory_budget_mb options_record".split()
+    "memory_budget_mb options_record".split()
 )
 
 
@@ -77,6 +81,11 @@ class SnoopingResult:
 
 def check_engine_kwargs(kwargs: dict | None) -> dict:
     kwargs = dict(kwargs or {})
+    if "input_list" in kwargs:
+        raise AccdbgError(
+            "engine option 'input_list' is an argument of its own: pass input_list=... "
+            "(the calibration data), not in engine_kwargs"
+        )
     known = set(QUANT_KEYS) | set(BACKEND_KEYS) | set(FILTER_KEYS) | set(IGNORED_KEYS)
     unknown = sorted(k for k in kwargs if k not in known)
     if unknown:
@@ -109,64 +118,34 @@ def is_qdq(model: onnx.ModelProto) -> bool:
     return any(n.op_type == "QuantizeLinear" for n in model.graph.node)
 
 
-def quantize(
-    model_path: Path,
-    model: onnx.ModelProto,
-    inputs: Sequence[InputTensor],
-    kwargs: dict,
-    out_dir: Path,
-) -> Path:
-    """The QDQ model exactly as the inference engine's source stage makes it (same
-    pre-processing, same quantizer and options), without running it."""
-    from accdbg.engines.prepare import prepare_float_model
-    from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
+def quantize(req: Request, out_dir: Path) -> Path:
+    """The QDQ model exactly as the inference engine's source stage makes it: the engine's own
+    function, with the same feeds (every ``-l`` line, else the ``-i`` files), pre-processing,
+    quantizer and options; written into ``out_dir``, not run."""
+    from accdbg.engines.source import source_model
 
-    dims = {t.name: tuple(t.dims) for t in inputs}
-    dtypes = {t.name: t.dtype for t in inputs}
-    missing = [vi.name for vi in om.real_inputs(model) if vi.name not in dims]
-    if missing:
-        raise AccdbgError(f"model input {missing[0]!r} has no -i/--input_tensor")
+    assert req.feeds is not None
+    options = {
+        k: req.kwargs[k] for k in (*QUANT_KEYS, "precision") if req.kwargs.get(k) is not None
+    }
     work = out_dir / ".quantize"
-    work.mkdir(parents=True, exist_ok=True)
-    prepared, steps = prepare_float_model(model, dims, work)
-    for s in steps:
-        log.info("pre-processing: %s", s)
-    stem = model_path.name.removesuffix(".onnx")
-    # kept: the float weights the QDQ model is quantized from (quantization evidence)
-    shutil.copyfile(prepared, out_dir / f"{stem}.prepared.onnx")
-    if kwargs.get("precision") == "fp16":
-        target = out_dir / f"{stem}.fp16.onnx"
-        shutil.copyfile(prepared, target)
-        shutil.rmtree(work, ignore_errors=True)
-        return target
-    overrides = None
-    qo = kwargs.get("quantization_overrides")
-    if qo and not kwargs.get("ignore_encodings"):
-        from accdbg.encodings.aimet import read_aimet
-        from accdbg.encodings.overrides import aimet_to_tensor_quant_overrides
-
-        if not Path(qo).is_file():
-            raise AccdbgError(f"-qo/--quantization_overrides {str(qo)!r} does not exist")
-        overrides = aimet_to_tensor_quant_overrides(
-            read_aimet(Path(qo)), onnx.load(str(prepared), load_external_data=False)
-        )
-    target = out_dir / f"{stem}.qdq.onnx"
     t = time.perf_counter()
-    quantize_for_qnn(
-        prepared,
-        target,
-        FeedsReader([{t_.name: t_.path for t_ in inputs}], dims, dtypes),
-        int(kwargs.get("act_bitwidth") or 8),
-        int(kwargs.get("weights_bitwidth") or 8),
-        int(kwargs.get("bias_bitwidth") or 32),
-        kwargs.get("act_quantizer") or "tf",
-        kwargs.get("param_quantizer") or "tf",
-        bool(kwargs.get("per_channel")),
-        overrides,
+    target, steps = source_model(
+        req.model,
+        req.model_path.name.removesuffix(".onnx"),
+        req.feeds,
+        req.dims,
+        req.dtypes,
+        out_dir,
+        work,
+        **options,
     )
+    for step in steps:
+        log.info("pre-processing: %s", step)
     log.info(
-        "quantized %s for QNN in %.1f s -> %s",
-        model_path.name,
+        "%s %s for QNN in %.1f s, pre-processing included -> %s",
+        "prepared" if options.get("precision") == "fp16" else "quantized",
+        req.model_path.name,
         time.perf_counter() - t,
         target.name,
     )
@@ -229,7 +208,10 @@ def select_span(
 
 HTML_EVERY = 30.0  # seconds between HTML rewrites while running (the CSV follows every unit)
 # options that shape the results: a resumed run must have the same
-OPTION_KEYS = "algorithm model_path qdq_model golden_dir input_tensor verifiers start_layer end_layer engine_kwargs"
+OPTION_KEYS = (
+    "algorithm model_path qdq_model golden_dir input_tensor input_list verifiers start_layer "
+    "end_layer engine_kwargs"
+)
 
 
 @dataclass
@@ -239,6 +221,7 @@ class SnoopArgs:
 
     model_path: str | os.PathLike
     input_tensors: Sequence[InputTensor]
+    input_list: str | os.PathLike | None
     golden_dir: str | os.PathLike | None
     qdq_model: str | os.PathLike | None
     verifiers: Sequence[Any]
@@ -250,6 +233,7 @@ class SnoopArgs:
     memory_budget_mb: float
     workers: int | None
     dump_qnn_json: bool
+    allow_nonfinite_inputs: bool = False
 
 
 @dataclass
@@ -269,6 +253,11 @@ class Request:
     start_layer: str | None
     end_layer: str | None
     record: dict  # the options JSON
+    # calibration feeds, as the inference engine builds them; None when nothing is quantized
+    feeds: Feeds | None = None
+    dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    allow_nonfinite_inputs: bool = False
 
     @property
     def cumulative(self) -> bool:
@@ -289,7 +278,7 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
                 f"--input_tensor {t.name!r} is not an input of the model; its inputs are: "
                 f"{om.describe_inputs(model)}"
             )
-        t.load()  # size checked now, not in the middle of the run
+        t.check(args.allow_nonfinite_inputs)  # size, NaN/Inf: now, not in the middle of the run
     if not args.input_tensors and args.golden_dir is None:
         raise AccdbgError(
             "give -i/--input_tensor (framework diagnosis needs them) or "
@@ -305,6 +294,14 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
         qdq = model_path
     if qdq is not None and not qdq.is_file():
         raise AccdbgError(f"QDQ model {str(args.qdq_model)!r} does not exist")
+    if qdq is None and kwargs.get("precision") != "fp16":
+        check_quantizer_options(
+            **{k: kwargs[k] for k in QUANT_KEYS[:5] if kwargs.get(k) is not None}
+        )
+        check_overrides(kwargs.get("quantization_overrides"), bool(kwargs.get("ignore_encodings")))
+    check_run_folder(args.working_dir, f"{algorithm}_snooping", args.output_dirname, resume=True)
+    if golden is None:
+        check_writable(component_root(args.working_dir, "framework_diagnosis"))
     if qdq is not None:  # layer names are checked before anything is written
         select_span(QdqModel.load(qdq), args.start_layer, args.end_layer, kwargs)
     elif args.start_layer or args.end_layer:
@@ -313,6 +310,14 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
             [n for n in (args.start_layer, args.end_layer) if n],
             "--start_layer/--end_layer",
         )
+    input_list = Path(args.input_list).expanduser().absolute() if args.input_list else None
+    feeds, dims, dtypes = None, {}, {}
+    if qdq is None:  # quantized here: calibrated on the same feeds as the engine's
+        feeds, dims, dtypes = build_feeds(
+            model, parse_input_list(input_list) if input_list else None, args.input_tensors
+        )
+    elif input_list is not None:
+        log.info("-l/--input_list %s not used: the QDQ model is given", input_list)
     record = {
         "algorithm": algorithm.replace("_", "-"),
         "model_path": str(model_path),
@@ -322,6 +327,7 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
             [t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name]
             for t in args.input_tensors
         ],
+        "input_list": str(input_list) if input_list else None,
         "verifiers": [v.label for v in judge.verifiers.values()],
         "start_layer": args.start_layer,
         "end_layer": args.end_layer,
@@ -344,6 +350,10 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
         args.start_layer,
         args.end_layer,
         json.loads(json.dumps(record, default=str)),
+        feeds,
+        dims,
+        dtypes,
+        args.allow_nonfinite_inputs,
     )
 
 
@@ -359,7 +369,6 @@ def set_up(req: Request, run_path: Path, journal: Journal, working_dir) -> tuple
         for what, p in (("golden folder", golden), ("QDQ model", qdq)):
             if not p.exists():
                 raise AccdbgError(f"cannot resume {str(run_path)!r}: its {what} {str(p)!r} is gone")
-        log.info("resuming the run in %s", run_path)
         return golden, qdq
     golden = req.golden_dir
     if golden is None:
@@ -369,9 +378,13 @@ def set_up(req: Request, run_path: Path, journal: Journal, working_dir) -> tuple
                 "values are a CPU simulation of the same quantization"
             )
         golden = run_framework_diagnosis(
-            "onnx", req.model_path, req.inputs, working_dir=working_dir
+            "onnx",
+            req.model_path,
+            req.inputs,
+            working_dir=working_dir,
+            allow_nonfinite_inputs=req.allow_nonfinite_inputs,
         ).run_dir
-    qdq = req.qdq_model or quantize(req.model_path, req.model, req.inputs, req.kwargs, run_path)
+    qdq = req.qdq_model or quantize(req, run_path)
     inside = (
         qdq.parent == run_path
     )  # paths inside the run folder are kept relative: it is renamed at the end
@@ -462,6 +475,7 @@ class Context:
             feeds,
             float_model=prepared_model(self.qdq_path),
             local_observed=not self.req.cumulative,
+            full_run=False,
         )
 
     def record(self, kind: str, rows: list[dict[str, Any]], sessions: int, **extra: Any) -> None:
@@ -500,63 +514,63 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
     start_layer, end_layer = args.start_layer, args.end_layer
     component = f"{algorithm}_snooping"
     with checkpoint.open_run(args.working_dir, component, args.output_dirname) as run:
-        lock = checkpoint.RunLock(run.path)
-        lock.acquire()
-        try:
-            options = run.path / f"{component}_options.json"
-            checkpoint.check_options(options, req.record, OPTION_KEYS.split())
-            if not options.exists():
-                run.write_options(req.record)
-            journal = Journal(run.path / checkpoint.JOURNAL)
-            golden_root, qdq_path = set_up(req, run.path, journal, args.working_dir)
-            scratch = run.path / ".scratch"
-            golden = Golden(golden_root, req.inputs, scratch)
-            qdq = QdqModel.load(qdq_path, set(golden.folder.names()))
-            if not qdq.layers:
-                raise AccdbgError(f"{qdq_path.name} has no layer to debug")
-            span, skipped = select_span(qdq, start_layer, end_layer, req.kwargs)
-            backend = Backend(req.engine, req.options, scratch, run.path / "backend_logs")
-            workers = args.workers
-            if workers is None:
-                workers = min(2, os.cpu_count() or 1) if backend.concurrent else 1
-            ctx = Context(
-                req,
-                run.path,
-                journal,
-                qdq,
-                golden,
-                span,
-                skipped,
-                backend,
-                int(args.memory_budget_mb * 2**20),
-                max(1, workers),
-                args.dump_qnn_json,
-                start_layer=find_layer(qdq, start_layer, "--start_layer") if start_layer else None,
-                end_layer=find_layer(qdq, end_layer, "--end_layer") if end_layer else None,
-                meta=f"{backend.engine.label} -r {req.options.runtime}; QDQ model {qdq_path.name}; "
-                f"golden {golden_root}",
-                qdq_path=qdq_path,
-            )
-            for rec in journal.records:  # what a killed run finished
-                for r in rec.get("rows", []):
-                    ctx.rows[r["_position"]] = restore_row(r, req.judge.labels)
-            todo = [layer for layer in span if layer.position not in ctx.rows]
-            log.info(
-                "%s: %d layers, %d to debug, %d already done, %d skipped",
-                algorithm,
-                len(qdq.layers),
-                len(todo),
-                len(span) - len(todo),
-                len(skipped),
-            )
-            if todo and not journal.of_kind("done"):
-                loop(ctx)
-            if not journal.of_kind("done"):
-                journal.append({"kind": "done", "sessions": backend.sessions})
-            df, csv_path, html_path = ctx.write(final=True)
-            shutil.rmtree(scratch, ignore_errors=True)
-        finally:
-            lock.release()
+        options = run.path / f"{component}_options.json"
+        checkpoint.check_options(options, req.record, OPTION_KEYS.split())
+        if not options.exists():
+            run.write_options(req.record)
+        journal = Journal(run.path / checkpoint.JOURNAL)
+        resuming = bool(journal.of_kind("setup"))
+        golden_root, qdq_path = set_up(req, run.path, journal, args.working_dir)
+        scratch = run.path / ".scratch"
+        golden = Golden(golden_root, req.inputs, scratch)
+        qdq = QdqModel.load(qdq_path, set(golden.folder.names()))
+        if not qdq.layers:
+            raise AccdbgError(f"{qdq_path.name} has no layer to debug")
+        span, skipped = select_span(qdq, start_layer, end_layer, req.kwargs)
+        backend = Backend(req.engine, req.options, scratch, run.path / "backend_logs")
+        workers = args.workers
+        if workers is None:
+            workers = min(2, os.cpu_count() or 1) if backend.concurrent else 1
+        ctx = Context(
+            req,
+            run.path,
+            journal,
+            qdq,
+            golden,
+            span,
+            skipped,
+            backend,
+            int(args.memory_budget_mb * 2**20),
+            max(1, workers),
+            args.dump_qnn_json,
+            start_layer=find_layer(qdq, start_layer, "--start_layer") if start_layer else None,
+            end_layer=find_layer(qdq, end_layer, "--end_layer") if end_layer else None,
+            meta=f"{backend.engine.label} -r {req.options.runtime}; QDQ model {qdq_path.name}; "
+            f"golden {golden_root}",
+            qdq_path=qdq_path,
+        )
+        for rec in journal.records:  # what a killed run finished
+            for r in rec.get("rows", []):
+                ctx.rows[r["_position"]] = restore_row(r, req.judge.labels)
+        todo = [layer for layer in span if layer.position not in ctx.rows]
+        log.info(
+            "%s%s: %d layers, %d to debug, %d already done, %d skipped",
+            f"resuming the {'finished' if run.resumed == FINISHED else 'interrupted'} run "
+            f"{run.final_path}: "
+            if resuming
+            else "",
+            algorithm,
+            len(qdq.layers),
+            len(todo),
+            len(span) - len(todo),
+            len(skipped),
+        )
+        if todo and not journal.of_kind("done"):
+            loop(ctx)
+        if not journal.of_kind("done"):
+            journal.append({"kind": "done", "sessions": backend.sessions})
+        df, csv_path, html_path = ctx.write(final=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.perf_counter() - t0
     findings = ctx.ranking.findings if ctx.ranking is not None else []
     for line in findings:

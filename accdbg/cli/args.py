@@ -60,6 +60,17 @@ def add_model(parser: argparse.ArgumentParser, required: bool = True) -> None:
         default=[],
         help="name of a graph output tensor that must be produced; repeatable",
     )
+    add_allow_nonfinite(g)
+
+
+def add_allow_nonfinite(group) -> None:
+    """``--allow_nonfinite_inputs``: run even when an input file holds NaN or Inf."""
+    group.add_argument(
+        "--allow_nonfinite_inputs",
+        action="store_true",
+        help="run even when an input raw file (-i, -l) holds NaN or Inf values "
+        "(refused by default: one line names the file, the count and the first element)",
+    )
 
 
 def add_framework_runtime(parser: argparse.ArgumentParser) -> None:

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         include_constants=args.include_constants,
         options_record=A.options_dict(args),
         input_list=args.input_list,
+        allow_nonfinite_inputs=args.allow_nonfinite_inputs,
     )
     log.info(
         "framework diagnosis: %d tensors, %.1f MB in %.1f s -> %s",

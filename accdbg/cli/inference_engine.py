@@ -62,7 +62,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, required: bool = True)
         default="x86_64-linux-clang",
         help="host/device architecture (default x86_64-linux-clang: HTP emulation on this host)",
     )
-    core.add_argument("-l", "--input_list", help="qnn-net-run input list: one inference per line")
+    core.add_argument(
+        "-l",
+        "--input_list",
+        help="qnn-net-run input list: one inference per line; every line also calibrates the "
+        "quantization (source stage, and layerwise/cumulative-layerwise)",
+    )
     core.add_argument(
         "--stage",
         choices=STAGES,
@@ -189,6 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="graph output name (informational)",
     )
+    A.add_allow_nonfinite(g)
     add_engine_arguments(parser)
     g.add_argument(
         "--memory_budget_mb",
@@ -262,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         output_dirname=args.output_dirname,
         memory_budget_mb=args.memory_budget_mb,
         options_record=A.options_dict(args),
+        allow_nonfinite_inputs=args.allow_nonfinite_inputs,
         **engine_kwargs(args),
     )
     log.info("results: %s", ", ".join(str(p) for p in result.results))

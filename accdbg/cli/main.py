@@ -11,15 +11,20 @@ import argparse
 import importlib
 import json
 import logging
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
 from accdbg.cli.args import Parser
-from accdbg.errors import AccdbgError
+from accdbg.core import run_dir
+from accdbg.errors import AccdbgError, Interrupted, describe
 
 PROG = "qnn-accuracy-debugger"
 
@@ -46,6 +51,14 @@ class StderrHandler(logging.StreamHandler):
         pass
 
 
+# loggers whose records go to the run's log.txt but reach the console only with -v
+LOG_ONLY = ("accdbg.native", "accdbg.warnings")
+
+
+def _console_worthy(record: logging.LogRecord) -> bool:
+    return not record.name.startswith(LOG_ONLY)
+
+
 def setup_logging(verbose: bool) -> None:
     logger = logging.getLogger("accdbg")
     logger.setLevel(logging.DEBUG)
@@ -55,9 +68,49 @@ def setup_logging(verbose: bool) -> None:
     console = StderrHandler()
     console.setLevel(logging.DEBUG if verbose else logging.INFO)
     console.setFormatter(logging.Formatter("%(message)s"))
+    if not verbose:
+        console.addFilter(_console_worthy)
     console._accdbg_console = True  # type: ignore[attr-defined]
     logger.addHandler(console)
     logger.propagate = False
+    run_dir.LOG_TRACEBACKS = verbose
+
+
+def _log_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
+    logging.getLogger("accdbg.warnings").warning("%s", text)
+
+
+def _raise_interrupted(signum: int, frame) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+@contextmanager
+def stop_signals_and_warnings() -> Iterator[None]:
+    """SIGINT and SIGTERM stop the run cleanly; Python warnings go to the run's log.
+
+    Both signals raise :class:`~accdbg.errors.Interrupted`: the run closes as ``NAME.failed``
+    with the signal as the last line of its log, child processes are stopped, and the exit
+    code is 128 + the signal number. A signal the tool inherited as *ignored* stays ignored:
+    that is how a POSIX shell starts background jobs (``cmd &`` in a script, where Ctrl-C
+    must stop the script but not them). ``nohup`` ignores only SIGHUP, so Ctrl-C still works
+    under it; a background run is stopped cleanly with ``kill PID`` (SIGTERM).
+    """
+    saved = {}
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    for sig in (signal.SIGINT, signal.SIGTERM) if in_main_thread else ():
+        current = signal.getsignal(sig)
+        if current is not signal.SIG_IGN:
+            saved[sig] = current
+            signal.signal(sig, _raise_interrupted)
+    shown = warnings.showwarning
+    warnings.showwarning = _log_warning
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def top_level_help() -> str:
@@ -167,56 +220,62 @@ def build_parser(component: str, module) -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in argv or "--verbose" in argv
+    traces = run_dir.LOG_TRACEBACKS
     setup_logging(verbose)
     try:
-        component, rest = split_component(argv)
-        if component is None:
-            if not rest or any(a in ("-h", "--help") for a in rest):
-                print(top_level_help())
-                if WRAPPER is not None:
-                    wrapper = importlib.import_module(WRAPPER)
-                    print("\nWithout a component flag (" + wrapper.HELP + "):\n")
-                    print(build_parser(wrapper.NAME, wrapper).format_help())
-                return 0
-            if WRAPPER is None:
-                raise AccdbgError(
-                    "the end-to-end wrapper (no component flag) is not implemented yet; "
-                    "choose a component, e.g. --framework_diagnosis"
-                )
-            module = importlib.import_module(WRAPPER)
-            component = module.NAME
-        else:
-            module_name = COMPONENTS[component]
-            if module_name is None:
-                raise AccdbgError(f"--{component} is not implemented yet")
-            module = importlib.import_module(module_name)
-        parser = build_parser(component, module)
-        rest, config = take_config(rest)
-        appended = apply_config(parser, config) if config else {}
-        try:
-            args = parser.parse_args(rest)
-        except SystemExit as exc:  # --help
-            return int(exc.code or 0)
-        for dest, value in appended.items():  # list options: the command line replaces the file's
-            if not getattr(args, dest):
-                setattr(args, dest, value)
-        return int(module.run(args) or 0)
+        with stop_signals_and_warnings():
+            return _main(argv)
     except AccdbgError as exc:
         if verbose:
             traceback.print_exc()
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: {describe(exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"{PROG}: {describe(exc)}", file=sys.stderr)
+        name = exc.signal_name if isinstance(exc, Interrupted) else "SIGINT"
+        return 128 + int(signal.Signals[name])
     except Exception as exc:  # a bug: say so in one line, keep the traceback for -v
         if verbose:
             traceback.print_exc()
-        print(
-            f"{PROG}: internal error: {type(exc).__name__}: {exc} (rerun with -v for the traceback)",
-            file=sys.stderr,
-        )
+        print(f"{PROG}: {describe(exc)} (rerun with -v for the traceback)", file=sys.stderr)
         return 1
+    finally:  # a notebook calling main(["-v", ...]) once must not log tracebacks ever after
+        run_dir.LOG_TRACEBACKS = traces
+
+
+def _main(argv: list[str]) -> int:
+    component, rest = split_component(argv)
+    if component is None:
+        if not rest or any(a in ("-h", "--help") for a in rest):
+            print(top_level_help())
+            if WRAPPER is not None:
+                wrapper = importlib.import_module(WRAPPER)
+                print("\nWithout a component flag (" + wrapper.HELP + "):\n")
+                print(build_parser(wrapper.NAME, wrapper).format_help())
+            return 0
+        if WRAPPER is None:
+            raise AccdbgError(
+                "the end-to-end wrapper (no component flag) is not implemented yet; "
+                "choose a component, e.g. --framework_diagnosis"
+            )
+        module = importlib.import_module(WRAPPER)
+        component = module.NAME
+    else:
+        module_name = COMPONENTS[component]
+        if module_name is None:
+            raise AccdbgError(f"--{component} is not implemented yet")
+        module = importlib.import_module(module_name)
+    parser = build_parser(component, module)
+    rest, config = take_config(rest)
+    appended = apply_config(parser, config) if config else {}
+    try:
+        args = parser.parse_args(rest)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    for dest, value in appended.items():  # list options: the command line replaces the file's
+        if not getattr(args, dest):
+            setattr(args, dest, value)
+    return int(module.run(args) or 0)
 
 
 if __name__ == "__main__":

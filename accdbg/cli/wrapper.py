@@ -8,7 +8,7 @@ import logging
 from accdbg.cli import args as A
 from accdbg.cli.inference_engine import add_engine_arguments, engine_kwargs
 from accdbg.core.inputs import parse_input_tensor
-from accdbg.core.run_dir import RunDir
+from accdbg.core.run_dir import RunDir, check_run_folder
 from accdbg.errors import AccdbgError
 
 NAME = "wrapper"
@@ -70,17 +70,64 @@ def run(args: argparse.Namespace) -> int:
         memory_budget_mb=args.memory_budget_mb,
         include_constants=args.include_constants,
     )
-    with RunDir(
-        args.working_dir,
-        NAME,
-        args.output_dirname,
-        resume=args.debugging_algorithm != "oneshot-layerwise",
-    ) as run:
-        run.write_options(A.options_dict(args))
-        if args.debugging_algorithm == "oneshot-layerwise":
-            from accdbg.algorithms.oneshot import run_oneshot
+    oneshot = args.debugging_algorithm == "oneshot-layerwise"
+    allow = args.allow_nonfinite_inputs
+    # Everything is checked before the first component starts: a refused command writes
+    # nothing and moves no `latest`.
+    check_run_folder(args.working_dir, NAME, args.output_dirname, resume=not oneshot)
+    if oneshot:
+        from accdbg.algorithms.oneshot import check_oneshot, run_oneshot
 
-            result = run_oneshot(
+        check_oneshot(
+            framework,
+            args.model_path,
+            inputs,
+            args.input_list,
+            verifiers,
+            args.verifier_config,
+            args.golden_output_reference_directory,
+            kwargs,
+            args.working_dir,
+            args.output_dirname,
+            allow,
+        )
+    else:
+        from accdbg.algorithms import run_cumulative_layerwise, run_layerwise
+        from accdbg.algorithms.snooping import SnoopArgs, check_request
+
+        if framework != "onnx":
+            raise AccdbgError(
+                f"--debugging_algorithm {args.debugging_algorithm} runs ONNX models; -f {framework} "
+                "works with oneshot-layerwise"
+            )
+        layerwise = args.debugging_algorithm == "layerwise"
+        snoop_kwargs = dict(
+            input_list=args.input_list,
+            golden_dir=args.golden_output_reference_directory,
+            verifiers=verifiers,
+            start_layer=args.start_layer,
+            end_layer=args.end_layer,
+            engine_kwargs=kwargs,
+            working_dir=args.working_dir,
+            output_dirname=args.output_dirname,
+            allow_nonfinite_inputs=allow,
+        )
+        check_request(
+            "layerwise" if layerwise else "cumulative_layerwise",
+            SnoopArgs(
+                args.model_path,
+                inputs,
+                qdq_model=None,
+                memory_budget_mb=args.memory_budget_mb,
+                workers=None,
+                dump_qnn_json=False,
+                **snoop_kwargs,
+            ),
+        )
+    with RunDir(args.working_dir, NAME, args.output_dirname, resume=not oneshot) as run:
+        run.write_options(A.options_dict(args))
+        if oneshot:
+            run_oneshot(
                 framework,
                 args.model_path,
                 inputs,
@@ -94,25 +141,10 @@ def run(args: argparse.Namespace) -> int:
                 framework_kwargs=fw_kwargs,
                 working_dir=args.working_dir,
                 output_dirname=args.output_dirname,
+                allow_nonfinite_inputs=allow,
             )
         else:
-            from accdbg.algorithms import run_cumulative_layerwise, run_layerwise
-
-            fn = (
-                run_layerwise
-                if args.debugging_algorithm == "layerwise"
-                else run_cumulative_layerwise
-            )
-            result = fn(
-                args.model_path,
-                inputs,
-                golden_dir=args.golden_output_reference_directory,
-                verifiers=verifiers,
-                start_layer=args.start_layer,
-                end_layer=args.end_layer,
-                engine_kwargs=kwargs,
-                working_dir=args.working_dir,
-                output_dirname=args.output_dirname,
-            )
+            fn = run_layerwise if layerwise else run_cumulative_layerwise
+            result = fn(args.model_path, inputs, **snoop_kwargs)
             log.info("report: %s", result.html)
     return 0

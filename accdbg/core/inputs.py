@@ -31,6 +31,12 @@ class InputTensor:
         check_raw_size(self.path, self.dims, self.dtype, f"--input_tensor {self.name!r}")
         return np.fromfile(self.path, dtype=self.dtype).reshape(self.dims)
 
+    def check(self, allow_nonfinite: bool = False) -> None:
+        """Size, then NaN/Inf (:func:`check_finite`), without loading the tensor."""
+        what = f"--input_tensor {self.name!r}"
+        check_raw_size(self.path, self.dims, self.dtype, what)
+        check_finite(self.path, self.dtype, what, allow_nonfinite, self.dims)
+
 
 def parse_dims(text: str, what: str) -> tuple[int, ...]:
     try:
@@ -72,6 +78,60 @@ def check_raw_size(path: Path, dims, dtype: np.dtype, what: str) -> None:
             f"{what}: raw file {str(path)!r} has {actual} bytes, expected {expected} "
             f"({'x'.join(map(str, dims))} x {np.dtype(dtype).name})"
         )
+
+
+ALLOW_NONFINITE_FLAG = "--allow_nonfinite_inputs"
+_SCAN_CHUNK = 1 << 22  # elements per read: memory stays bounded whatever the file's size
+_scanned: dict[tuple, tuple[int, int, int]] = {}
+
+
+def count_nonfinite(path: Path, dtype: np.dtype) -> tuple[int, int, int]:
+    """``(NaN count, Inf count, flat index of the first of them or -1)`` of a raw file.
+
+    Read in chunks through a memory map; remembered per (file, size, mtime), so the several
+    components of one run scan each input once.
+    """
+    dtype = np.dtype(dtype)
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, dtype.str)
+    if key in _scanned:
+        return _scanned[key]
+    nan = inf = 0
+    first = -1
+    count = st.st_size // dtype.itemsize
+    if dtype.kind in "fc" and count:
+        data = np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+        for start in range(0, count, _SCAN_CHUNK):
+            chunk = data[start : start + _SCAN_CHUNK]
+            bad = ~np.isfinite(chunk)
+            if bad.any():
+                n = int(np.isnan(chunk).sum())
+                nan, inf = nan + n, inf + int(bad.sum()) - n
+                if first < 0:
+                    first = start + int(np.argmax(bad))
+        del data
+    _scanned[key] = (nan, inf, first)
+    return nan, inf, first
+
+
+def check_finite(
+    path: Path, dtype: np.dtype, what: str, allow: bool = False, dims: tuple[int, ...] | None = None
+) -> None:
+    """Refuse a float input holding NaN or Inf (one line: the file, the counts, the first
+    element), unless ``allow`` (``--allow_nonfinite_inputs``): a NaN image yields an all-NaN
+    golden and a quantizer failing far from its cause."""
+    if allow or np.dtype(dtype).kind not in "fc":
+        return
+    nan, inf, first = count_nonfinite(path, dtype)
+    if not nan and not inf:
+        return
+    where = f"element {first}"
+    if dims is not None and int(np.prod(dims)) > first:
+        where += f", index [{', '.join(str(int(i)) for i in np.unravel_index(first, dims))}]"
+    raise AccdbgError(
+        f"{what}: raw file {str(path)!r} holds {nan} NaN and {inf} Inf value(s) (first at "
+        f"{where}); fix the input, or pass {ALLOW_NONFINITE_FLAG} to run with them"
+    )
 
 
 @dataclass(frozen=True)

@@ -4,17 +4,27 @@ The QNN backend is native code; a segfault in it would otherwise take the whole 
 notebook kernel) down. The child is a fresh ``python -m accdbg.core.isolate`` (no inherited
 threads, no dependence on how the parent was started); the job and its result travel as
 pickle files, and a signal death becomes an :class:`AccdbgError` naming the signal.
+
+The parent owns its children: they ignore SIGINT and SIGTERM (a Ctrl-C or a ``kill`` of the
+process group reaches the parent, which stops them), and the kernel kills them the moment the
+parent dies, whatever killed it (``PR_SET_PDEATHSIG``). What native code prints to the
+child's stdout/stderr goes to a file and then to the run's log (logger ``accdbg.native``),
+never to the console.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
+import logging
 import os
 import pickle
 import shutil
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import traceback
@@ -22,8 +32,47 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from accdbg.core.folder_lock import LOCK_NAME, FolderLock, holder
 from accdbg.core.run_dir import write_bytes_atomic
 from accdbg.errors import AccdbgError
+
+native_log = logging.getLogger("accdbg.native")
+PR_SET_PDEATHSIG = 1
+JOB_PREFIX = "accdbg-job-"
+MAX_NATIVE_LINES = 400  # per child; the rest is summarised in one line
+_swept = False  # the job folders of dead parents are swept once per process
+
+
+def _site_dirs() -> set[Path]:
+    """Where this interpreter imports installed packages from."""
+    paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    paths.update(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        paths.add(site.getusersitepackages())
+    return {Path(p).resolve() for p in paths}
+
+
+def source_tree() -> Path | None:
+    """The folder holding the ``accdbg`` package when it is not an installed one, else None.
+
+    An installed accdbg (wheel, or pip install .) is found by the child on its own; a source
+    tree (PYTHONPATH, sys.path.insert, pytest's rootdir) must be handed to it, or the child
+    would import another accdbg than its parent - or none.
+    """
+    root = Path(__file__).resolve().parents[2]
+    installed = root.name in ("site-packages", "dist-packages") or root in _site_dirs()
+    return None if installed else root
+
+
+def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment (the parent's, or ``base``) of a child Python that imports this very
+    ``accdbg``: the source tree first on PYTHONPATH when there is one."""
+    env = dict(os.environ if base is None else base)
+    tree = source_tree()
+    if tree is not None:
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(tree)]
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), *rest])
+    return env
 
 
 class Isolated:
@@ -44,16 +93,17 @@ class Isolated:
         who: str = "the QNN backend",
     ):
         self.what, self.log_hint, self.who = what, log_hint, who
-        self._tmp = tempfile.TemporaryDirectory(prefix="accdbg-job-")
+        self._tmp = tempfile.TemporaryDirectory(prefix=JOB_PREFIX)
+        # held while this parent lives: a job folder whose holder died is swept by later runs
+        self._owner = FolderLock.take(Path(self._tmp.name), create=True)
+        _sweep_dead_jobs()
         self._job = Path(self._tmp.name) / "job.pkl"
         self._result = Path(self._tmp.name) / "result.pkl"
+        self._output = Path(self._tmp.name) / "output.txt"
         self._submitted = False
         if fn is not None:
             self.submit(fn, *args)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]
-        )
+        env = child_env()
         cmd = [
             sys.executable,
             "-W",
@@ -65,7 +115,10 @@ class Isolated:
             warm,
             str(os.getpid()),
         ]
-        self._proc = subprocess.Popen(cmd, env=env)
+        with open(self._output, "wb") as out:
+            self._proc = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            )
 
     @classmethod
     def prestart(
@@ -82,17 +135,44 @@ class Isolated:
         self._submitted = True
         return self
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def kill(self) -> None:
         if self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        self._log_output()
         self._tmp.cleanup()
+        self._owner.release()
+
+    def _log_output(self) -> None:
+        """What the child printed (native libraries' chatter, crash messages) into the log."""
+        try:
+            lines = self._output.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return
+        lines = [line.rstrip() for line in lines if line.strip()]
+        for line in lines[:MAX_NATIVE_LINES]:
+            native_log.info("[%s] %s", self.what, line)
+        if len(lines) > MAX_NATIVE_LINES:
+            native_log.info(
+                "[%s] ... %d more lines not kept", self.what, len(lines) - MAX_NATIVE_LINES
+            )
 
     def result(self) -> Any:
         if not self._submitted:
             raise RuntimeError(f"no work was submitted to this child ({self.what})")
         try:
             code = self._proc.wait()
+        except BaseException:  # interrupted while waiting: the child must not outlive this
+            self.kill()
+            raise
+        try:
             hint = f" - see {self.log_hint}" if self.log_hint else ""
             if code < 0:
                 try:
@@ -106,7 +186,7 @@ class Isolated:
                 raise AccdbgError(f"{self.who} exited with code {code} while {self.what}{hint}")
             kind, *payload = pickle.loads(self._result.read_bytes())
         finally:
-            self._tmp.cleanup()
+            self._cleanup()
         if kind == "ok":
             return payload[0]
         if kind == "user":
@@ -114,14 +194,62 @@ class Isolated:
         raise RuntimeError(f"{payload[0]} (in the backend process)\n{payload[1]}")
 
 
+def guarded_module_command(module: str, *args: str) -> list[str]:
+    """``python -m module args`` that dies with this process (run it with :func:`child_env`)."""
+    launcher = (
+        "import runpy, sys; from accdbg.core.isolate import _die_with_parent; "
+        f"_die_with_parent({os.getpid()}); sys.argv[0] = {module!r}; "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
+    return [sys.executable, "-c", launcher, *args]
+
+
+def _sweep_dead_jobs() -> None:
+    """Remove the job folders of parents that died without cleaning up (SIGKILL): their
+    children were killed with them (``PR_SET_PDEATHSIG``) before they could. A folder younger
+    than a minute is left alone: its parent may be between creating its lock and taking it."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    now = time.time()
+    for folder in Path(tempfile.gettempdir()).glob(f"{JOB_PREFIX}*"):
+        try:
+            young = now - (folder / LOCK_NAME).stat().st_mtime < 60
+        except OSError:
+            continue
+        if not young and holder(folder) is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def run_isolated(fn: Callable[..., Any], *args: Any, what: str, log_hint: str = "") -> Any:
     """``fn(*args)`` in a child Python; ``fn`` must be a module-level function, args picklable."""
     return Isolated(fn, *args, what=what, log_hint=log_hint).result()
 
 
+def _die_with_parent(parent: int | None = None) -> None:
+    """Let the kernel SIGKILL this process when its parent dies (Linux), and leave SIGINT and
+    SIGTERM to the parent, which stops its children itself. With ``parent``, leave at once
+    if that parent already died (before the kernel was told)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
 def _main(job: str, result: str, warm: str = "", parent_pid: str = "") -> int:
     # The parent's pid comes from the parent: it may be gone before this line runs.
     parent, job_path = int(parent_pid or os.getppid()), Path(job)
+    _die_with_parent()
+    if os.getppid() != parent:  # died before the kernel was told to kill us with it
+        shutil.rmtree(job_path.parent, ignore_errors=True)
+        return 0
     try:
         if warm:
             module, _, name = warm.partition(":")

@@ -7,21 +7,25 @@ name is never touched.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import shutil
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from accdbg.errors import AccdbgError
+from accdbg.core.folder_lock import LOCK_NAME, FolderLock, LockBusy, holder
+from accdbg.errors import AccdbgError, describe
 
 TIMESTAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
 LOG_NAME = "log.txt"
+log = logging.getLogger("accdbg.run")
 
 
 def _check_dirname(name: str) -> str:
@@ -32,17 +36,69 @@ def _check_dirname(name: str) -> str:
     return name
 
 
-def make_component_root(working_dir: str | os.PathLike, component: str) -> Path:
-    """Create ``<working_dir>/<component>`` or explain in one line why it cannot be."""
-    root = Path(working_dir).expanduser().absolute() / component
+def component_root(working_dir: str | os.PathLike, component: str) -> Path:
+    """``<working_dir>/<component>``, absolute; nothing is created."""
+    return Path(working_dir).expanduser().absolute() / component
+
+
+def check_writable(folder: Path) -> None:
+    """Raise, naming the folder at fault, unless ``folder`` can be written (or created).
+
+    The nearest existing folder on the way is probed with a temporary file that is removed at
+    once, so a check that fails leaves nothing behind and one that passes leaves no trace.
+    """
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
+        existing = existing.parent
+    needed = "" if existing == folder else f" (to create {str(folder)!r})"
+    if not existing.is_dir():
+        raise AccdbgError(f"{str(existing)!r} is not a folder, so it is not writable{needed}")
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=root, prefix=".write-probe-"):
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-probe-"):
             pass
     except OSError as exc:
         raise AccdbgError(
-            f"working dir {str(Path(working_dir))!r} is not writable: {exc.strerror or exc}"
+            f"folder {str(existing)!r} is not writable: {exc.strerror or exc}{needed}"
         ) from None
+
+
+def make_component_root(working_dir: str | os.PathLike, component: str) -> Path:
+    """Create ``<working_dir>/<component>`` or explain in one line which folder prevents it."""
+    root = component_root(working_dir, component)
+    check_writable(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AccdbgError(f"cannot create {str(root)!r}: {exc.strerror or exc}") from None
+    check_writable(root)
+    return root
+
+
+def check_run_folder(
+    working_dir: str | os.PathLike,
+    component: str,
+    output_dirname: str | None = None,
+    resume: bool = False,
+) -> Path:
+    """Everything :class:`RunDir` will need, checked without writing anything: the name, the
+    folder's writability, and (for an explicit name) that no finished or live run holds it."""
+    name = _check_dirname(output_dirname) if output_dirname is not None else None
+    root = component_root(working_dir, component)
+    check_writable(root)
+    if name is not None:
+        final = root / name
+        if final.exists() and not resume:
+            raise AccdbgError(
+                f"output folder {str(final)!r} already exists; pick another --output_dirname or remove it"
+            )
+        for folder in (root / f".{name}.partial", final):
+            owner = holder(folder)
+            if owner is not None:
+                raise AccdbgError(
+                    f"output folder {str(final)!r} is being written by another run ({owner}); "
+                    "wait for it to end or pick another --output_dirname"
+                )
     return root
 
 
@@ -53,12 +109,26 @@ def update_latest(root: Path, target: Path) -> None:
     os.replace(tmp, root / "latest")
 
 
+# how a run continues what an earlier run of the same name left (RunDir.resumed)
+KILLED, FAILED, FINISHED = "killed", "failed", "finished"
+KILLED_NOTE = (
+    "this run stopped without closing (killed by SIGKILL, or the machine stopped); "
+    "a later run of the same name took its folder"
+)
+
+
 class RunDir:
     """One run of one component.
 
-    Use as a context manager: the run lives in a staging folder until the ``with`` block exits
-    cleanly, then it is renamed to its final name and ``latest`` is pointed at it. On failure
-    the staging folder is renamed ``<name>.failed`` so its ``log.txt`` stays readable.
+    Use as a context manager: the run lives in a staging folder ``.<name>.partial`` until the
+    ``with`` block exits cleanly, then it is renamed to its final name and ``latest`` is
+    pointed at it. On failure the staging folder is renamed ``<name>.failed`` with the error
+    (or the signal) as the last line of its ``log.txt``.
+
+    The staging folder is locked (:mod:`accdbg.core.folder_lock`) for the run's lifetime, so
+    a folder whose run died without closing (SIGKILL) is told apart from a live one: with an
+    explicit ``output_dirname`` the dead run's folder is taken over (``resume``: continued,
+    see :attr:`resumed`; otherwise kept as ``<name>.failed``), a live one is refused.
     """
 
     def __init__(
@@ -68,19 +138,17 @@ class RunDir:
         output_dirname: str | None = None,
         resume: bool = False,
     ):
-        self.root = make_component_root(working_dir, component)
+        self.root = check_run_folder(working_dir, component, output_dirname, resume)
         self.component = component
         self.resume = resume
         self._explicit = output_dirname is not None
-        self.name = _check_dirname(output_dirname) if output_dirname else self._free_timestamp()
-        final = self.root / self.name
-        # A timestamp name taken meanwhile by a concurrent run is replaced in __enter__.
-        if self._explicit and final.exists() and not resume:
-            raise AccdbgError(
-                f"output folder {str(final)!r} already exists; pick another --output_dirname or remove it"
-            )
-        self.final_path = final
-        self.path = final if (resume and final.exists()) else self.root / f".{self.name}.partial"
+        self.name = output_dirname if output_dirname else self._free_timestamp()
+        self.final_path = self.root / self.name
+        self.path = self.root / f".{self.name}.partial"
+        # what an earlier run of this name left and this one continues: KILLED (a staging
+        # folder whose run died), FAILED (a NAME.failed), FINISHED (the final folder), or None
+        self.resumed: str | None = None
+        self._lock: FolderLock | None = None
         self._log_handler: logging.Handler | None = None
 
     def _free_timestamp(self) -> str:
@@ -91,63 +159,190 @@ class RunDir:
             name = f"{base}_{n}"
         return name
 
-    def _take_free_name(self) -> None:
-        self.name = self._free_timestamp()
-        self.final_path = self.root / self.name
-        self.path = self.root / f".{self.name}.partial"
+    def _staging(self, name: str) -> Path:
+        return self.root / f".{name}.partial"
 
     def __enter__(self) -> RunDir:
-        if self.path != self.final_path:
-            while True:
-                try:
-                    self.path.mkdir()
-                except FileExistsError:  # another run took this name this very second
-                    if self._explicit:
-                        raise AccdbgError(
-                            f"output folder {str(self.final_path)!r} is being written by another run (or a killed run left "
-                            f"{str(self.path)!r}: remove it)"
-                        ) from None
-                    self._take_free_name()
-                    continue
-                if self._explicit or not self.final_path.exists():
-                    break
-                self.path.rmdir()  # another run finished under this name meanwhile
-                self._take_free_name()
+        make_component_root(self.root.parent, self.component)
+        if self._explicit:
+            self._claim_name()
+        else:
+            self._claim_timestamp()
         self._log_handler = attach_log_file(self.path / LOG_NAME)
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        detach_log_file(self._log_handler)
-        if self.path == self.final_path:
-            if exc_type is None:
-                update_latest(self.root, self.final_path)
-            return
-        if exc_type is None:
-            while True:
+    def _claim_timestamp(self) -> None:
+        while True:
+            staging = self._staging(self.name)
+            self._lock = _create_staging(self.root, staging)
+            if self._lock is not None and not self.final_path.exists():
+                self.path = staging
+                return
+            if self._lock is not None:  # another run finished under this name meanwhile
+                self._lock.release()
+                shutil.rmtree(staging, ignore_errors=True)
+            self.name = self._free_timestamp()
+            self.final_path = self.root / self.name
+
+    def _claim_name(self) -> None:
+        final, staging = self.final_path, self._staging(self.name)
+        failed = self.root / f"{self.name}.failed"
+        for _ in range(100):  # each pass either claims a folder or sees another run move one
+            if staging.exists():
+                lock = self._take(staging, create=False)
+                if lock is None:
+                    continue
+                if self.resume:
+                    self._lock, self.path, self.resumed = lock, staging, KILLED
+                    return
+                _note(staging, KILLED_NOTE)
+                _retire(staging, failed, lock)
+                log.warning(
+                    "a killed run left %s; kept as %s, its log explains", staging, failed.name
+                )
+                continue
+            if self.resume and failed.is_dir():
+                lock = self._take(failed, create=True)
+                if lock is None:
+                    continue
                 try:
-                    # rename(2) never replaces a non-empty folder: a name another run
-                    # finished under since __enter__ fails here instead of being clobbered
-                    os.rename(self.path, self.final_path)
-                    break
-                except OSError:
-                    if self._explicit or not self.final_path.exists():
-                        raise
-                    self.name = self._free_timestamp()
-                    self.final_path = self.root / self.name
-            self.path = self.final_path
+                    os.rename(failed, staging)
+                except OSError:  # another run created the staging folder meanwhile
+                    lock.release(failed)
+                    continue
+                self._lock, self.path, self.resumed = lock, staging, FAILED
+                return
+            if final.exists():
+                if not self.resume:
+                    raise AccdbgError(
+                        f"output folder {str(final)!r} already exists; pick another --output_dirname or remove it"
+                    )
+                lock = self._take(final, create=True)
+                if lock is None:
+                    continue
+                self._lock, self.path, self.resumed = lock, final, FINISHED
+                return
+            lock = _create_staging(self.root, staging)
+            if lock is None:
+                continue
+            self._lock, self.path = lock, staging
+            return
+        raise AccdbgError(
+            f"could not claim output folder {str(final)!r}: other runs keep moving it"
+        )
+
+    def _take(self, folder: Path, create: bool) -> FolderLock | None:
+        """Hold ``folder``; None when it moved meanwhile (look again); refuse a live owner."""
+        try:
+            return FolderLock.take(folder, create=create)
+        except LockBusy as busy:
+            raise AccdbgError(
+                f"output folder {str(self.final_path)!r} is being written by another run "
+                f"({busy.owner}); wait for it to end or pick another --output_dirname"
+            ) from None
+        except FileNotFoundError:
+            if folder.exists() and not create and not (folder / LOCK_NAME).exists():
+                raise AccdbgError(
+                    f"{str(folder)!r} was left by an older accdbg, which recorded no owner to ask "
+                    "whether it still runs; remove it if no run is writing it"
+                ) from None
+            return None
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc is not None:
+                self._log_failure(exc)
+        finally:
+            detach_log_file(self._log_handler)
+        lock, self._lock = self._lock, None
+        try:
+            if exc_type is not None:
+                if self.path != self.final_path:
+                    failed = self.root / f"{self.name}.failed"
+                    _retire(self.path, failed, None)
+                    self.path = failed
+                return
+            if self.path != self.final_path:
+                while True:
+                    try:
+                        # rename(2) never replaces a non-empty folder: a name another run
+                        # finished under since __enter__ fails here instead of being clobbered
+                        os.rename(self.path, self.final_path)
+                        break
+                    except OSError:
+                        if self._explicit or not self.final_path.exists():
+                            raise
+                        self.name = self._free_timestamp()
+                        self.final_path = self.root / self.name
+                self.path = self.final_path
             update_latest(self.root, self.final_path)
-        else:
-            failed = self.root / f"{self.name}.failed"
-            if failed.exists():
-                shutil.rmtree(failed, ignore_errors=True)
-            os.replace(self.path, failed)
-            self.path = failed
+        finally:
+            if lock is not None:
+                lock.release(self.path)
+
+    def _log_failure(self, exc: BaseException) -> None:
+        """End this run's ``log.txt`` with the error or the signal; the traceback before it
+        with -v (:data:`LOG_TRACEBACKS`) or when the failure is a bug."""
+        handler = self._log_handler
+        if handler is None:
+            return
+        expected = isinstance(exc, AccdbgError | KeyboardInterrupt)
+        trace = None
+        if LOG_TRACEBACKS or not expected:
+            trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        for level, text in ((logging.DEBUG, trace), (logging.ERROR, describe(exc))):
+            if text:
+                handler.handle(
+                    logging.LogRecord(
+                        "accdbg.run", level, __file__, 0, "%s", (text.rstrip(),), None
+                    )
+                )
 
     def write_options(self, options: dict[str, Any]) -> Path:
         """Write ``<component>_options.json`` with every option of this run."""
         path = self.path / f"{self.component}_options.json"
         write_json_atomic(path, options)
         return path
+
+
+# set by the command line with -v: failed runs' logs then carry the traceback of any error
+LOG_TRACEBACKS = False
+
+
+def _create_staging(root: Path, staging: Path) -> FolderLock | None:
+    """A new staging folder, created already locked (built under a temporary name, then
+    renamed), so no other run ever sees it unowned; None when ``staging`` is taken."""
+    tmp = root / f"{staging.name}.new-{os.getpid()}-{time.monotonic_ns()}"
+    tmp.mkdir()  # not mkdtemp: the run folder gets the user's usual permissions (umask)
+    lock = FolderLock.take(tmp, create=True)
+    try:
+        os.rename(tmp, staging)  # fails on an existing (non-empty) folder
+    except OSError as exc:
+        lock.release()
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return None
+        raise
+    return lock
+
+
+def _retire(folder: Path, failed: Path, lock: FolderLock | None) -> None:
+    """Keep ``folder`` as ``NAME.failed`` (replacing an older one), its log readable."""
+    if failed.exists():
+        shutil.rmtree(failed, ignore_errors=True)
+    os.replace(folder, failed)
+    if lock is not None:
+        lock.release(failed)
+
+
+def _note(folder: Path, text: str) -> None:
+    """Append one line to a run folder's log (a run that could not write it itself)."""
+    try:
+        with open(folder / LOG_NAME, "a", encoding="utf-8") as fh:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            fh.write(f"{stamp},000 ERROR   accdbg.run: {text}\n")
+    except OSError:
+        pass
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

@@ -12,12 +12,42 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
-_UNSUPPORTED = re.compile(
-    r"REASON\s*:\s*(?P<reason>.*?)\b(?P<type>[A-Za-z0-9_]+) node `(?P<name>[^`]*)` will not be assigned to QNN EP"
+# The QNN EP's verdict per node unit (verbose), e.g.
+#   ... LogNodeSupport] Validation FAILED for 1 nodes in OrtNodeUnit (NonMaxSuppression) :
+#   \tOperator type: NonMaxSuppression Node name: nms Node index: 10
+#   \tREASON : NonMaxSuppression: optional scalar inputs (...) must be constant initializers.
+# The reason applies to every node of the unit (a DQ -> op -> Q group lists three).
+_VALIDATION = re.compile(r"Validation (?P<verdict>PASSED|FAILED)\b")
+_UNIT_NODE = re.compile(
+    r"^\s+Operator type: (?P<type>\S+) Node name: (?P<name>.*?) Node index: \d+\s*$"
 )
+_REASON = re.compile(r"^\s*REASON\s*:\s*(?P<reason>.*)$")
+# Some reasons end by repeating the verdict: "... by QNN EP.Unique node `u` will not be assigned to QNN EP."
+_WILL_NOT = re.compile(
+    r"\.?\s*(?P<type>[A-Za-z0-9_]+) node `(?P<name>[^`]*)` will not be assigned to QNN EP\.?"
+)
+# With CPU fallback disabled the EP lists what it refused, without reasons:
+#   Unsupported nodes in QNN EP: { name: u, type: Unique }{ name: q, type: QuantizeLinear },
 _UNSUPPORTED_LIST = re.compile(r"\{ name: (?P<name>[^,]*), type: (?P<type>[^ }]*) \}")
+# The backend's own refusal, logged by the EP just before a "Failed to add node." verdict:
+#   QNN.backendValidateOpConfig() failed for node `op` of type `OneHot` with error code 3110
+_OP_CONFIG = re.compile(
+    r"QNN\.backendValidateOpConfig\(\) failed for node `[^`]*` of type `(?P<type>[^`]*)`"
+    r" with error code \d+"
+)
+_REFUSAL_WORDS = (
+    "not supported",
+    "unsupported",
+    "not assigned",
+    "must be",
+    "cannot",
+    "can't",
+    "failed",
+    "invalid",
+)
 _PLACED = re.compile(
     r"(?:Node\(s\)|All nodes) placed on \[(?P<ep>[A-Za-z]+)\]\. Number of nodes: (?P<n>\d+)"
 )
@@ -48,34 +78,132 @@ class Placement:
 
 
 @dataclass
+class Refusal:
+    """QNN's refusal of one node: its reason(s) and where the log says so (1-based line)."""
+
+    name: str
+    type: str
+    reasons: list[str] = field(default_factory=list)
+    line: int = 0
+    raw: str = ""
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "type": self.type, "reason": self.reason}
+
+
+def _clean_reason(text: str) -> str:
+    text = _WILL_NOT.sub("", text).strip()
+    return text.rstrip(". ").strip()
+
+
+@dataclass
 class NativeLog:
     text: str
 
-    def unsupported(self) -> list[dict[str, str]]:
-        """Nodes the QNN EP refused: name, type and its reason, each once."""
-        seen: dict[str, dict[str, str]] = {}
-        for m in _UNSUPPORTED.finditer(self.text):
-            reason = m.group("reason").strip().rstrip(".")
-            reason = (
-                reason[: -len(m.group("type"))].rstrip(". ")
-                if reason.endswith(m.group("type"))
-                else reason
-            )
-            seen.setdefault(
-                m.group("name"),
-                {"name": m.group("name"), "type": m.group("type"), "reason": reason},
-            )
-        for m in _UNSUPPORTED_LIST.finditer(self.text):
-            seen.setdefault(
-                m.group("name"), {"name": m.group("name"), "type": m.group("type"), "reason": ""}
-            )
-        return list(seen.values())
+    @cached_property
+    def lines(self) -> list[str]:
+        return self.text.splitlines()
+
+    def refusals(self) -> dict[str, Refusal]:
+        """Every node QNN's validation refused, with its reason(s), by node name."""
+        out: dict[str, Refusal] = {}
+        lines = self.lines
+        i = 0
+        backend: dict[str, str] = {}  # op type -> the QNN backend's refusal just before a verdict
+        while i < len(lines):
+            # substring guards first: logs run to megabytes of tensor dumps
+            c = _OP_CONFIG.search(lines[i]) if "backendValidateOpConfig" in lines[i] else None
+            if c:
+                backend[c.group("type")] = c.group(0).strip()
+            m = _VALIDATION.search(lines[i]) if "Validation " in lines[i] else None
+            if not m or m.group("verdict") != "FAILED":
+                if m:
+                    backend.clear()
+                i += 1
+                continue
+            header, i = i, i + 1
+            nodes: list[tuple[str, str]] = []
+            reason: list[str] = []
+            while i < len(lines) and lines[i].startswith("\t"):  # the block's own lines
+                n, r = _UNIT_NODE.match(lines[i]), _REASON.match(lines[i])
+                if n:
+                    nodes.append((n.group("type"), n.group("name")))
+                elif r:
+                    reason.append(r.group("reason").strip())
+                i += 1
+            text = _clean_reason(" ".join(reason))
+            extra = [backend[t] for t in dict.fromkeys(t for t, _ in nodes) if t in backend]
+            text = "; ".join(x for x in [text, *extra] if x)
+            backend.clear()
+            raw = lines[header].strip()
+            for op_type, name in nodes:
+                ref = out.setdefault(name, Refusal(name, op_type, line=header + 1, raw=raw))
+                if text and text not in ref.reasons:
+                    ref.reasons.append(text)
+        for no, line in enumerate(lines, 1):
+            if "will not be assigned" not in line and "{ name: " not in line:
+                continue
+            for m in _WILL_NOT.finditer(line):  # the verdict alone on a line, no block around it
+                if m.group("name") not in out:
+                    before = _REASON.match(line[: m.start()])
+                    text = _clean_reason(before.group("reason")) if before else ""
+                    out[m.group("name")] = Refusal(
+                        m.group("name"), m.group("type"), [text] if text else [], no, line.strip()
+                    )
+            for m in _UNSUPPORTED_LIST.finditer(line):
+                if m.group("name") not in out:
+                    out[m.group("name")] = Refusal(
+                        m.group("name"), m.group("type"), [], no, line.strip()
+                    )
+        return out
+
+    def unsupported(self) -> list[dict]:
+        """Nodes the QNN EP refused: name, type and its reason (empty when the log gives none)."""
+        return [r.as_dict() for r in self.refusals().values()]
+
+    def validated(self) -> set[str]:
+        """Nodes QNN's validation passed at least once."""
+        names: set[str] = set()
+        in_block = False
+        for line in self.lines:
+            m = _VALIDATION.search(line) if "Validation " in line else None
+            if m:
+                in_block = m.group("verdict") == "PASSED"
+                continue
+            n = _UNIT_NODE.match(line) if in_block else None
+            if n:
+                names.add(n.group("name"))
+            else:
+                in_block = False
+        return names
+
+    def mentions(self, names: set[str]) -> dict[str, tuple[int, str]]:
+        """For each name, the first log line naming it in words of refusal - for formats this
+        parser does not know - as (1-based line number, line)."""
+        wanted = sorted((n for n in names if n), key=len, reverse=True)
+        if not wanted:
+            return {}
+        pattern = re.compile(
+            r"(?<![\w/.])(" + "|".join(re.escape(n) for n in wanted) + r")(?![\w/.])"
+        )
+        found: dict[str, tuple[int, str]] = {}
+        for no, line in enumerate(self.lines, 1):
+            low = line.lower()
+            if not any(w in low for w in _REFUSAL_WORDS) or "validation " in low:
+                continue
+            for m in pattern.finditer(line):
+                found.setdefault(m.group(1), (no, line.strip()))
+        return found
 
     def placement(self) -> Placement:
         p = Placement()
         current: str | None = None
-        for line in self.text.splitlines():
-            m = _PLACED.search(line)
+        for line in self.lines:
+            m = _PLACED.search(line) if "placed on [" in line else None
             if m:
                 current = m.group("ep")
                 p.counts[current] = int(m.group("n"))

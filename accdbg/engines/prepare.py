@@ -17,6 +17,7 @@ import onnx
 import onnxruntime as ort
 
 from accdbg.core import onnx_model as om
+from accdbg.engines.quantize import quiet_root_warnings
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.inference_engine")
@@ -69,8 +70,6 @@ def prepare_float_model(
     model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], work_dir: Path
 ) -> tuple[Path, list[str]]:
     """Shape-fix, fold and pre-process a float model for QNN; returns its path and the steps."""
-    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
     steps: list[str] = []
     model = fix_shapes(model, shapes, steps)
     model = upgrade_opset(model, steps)
@@ -96,7 +95,40 @@ def prepare_float_model(
             + ", ".join(f"{n} {k}" for k, n in sorted(removed.items()))
         )
     pre = work_dir / "model.qnn_pre.onnx"
-    if qnn_preprocess_model(str(folded), str(pre)):
-        steps.append("onnxruntime QNN pre-processing fused ops (e.g. LayerNorm, GELU)")
+    if qnn_preprocess(folded, pre, steps):
         return pre, steps
     return folded, steps
+
+
+def qnn_preprocess(src: Path, dst: Path, steps: list[str]) -> bool:
+    """onnxruntime's QNN pre-processing of ``src`` into ``dst``; True when it changed the model.
+
+    onnxruntime-qnn's ``save_and_reload_optimize_model`` does ``dict.update(model.metadata_props)``
+    on the protobuf entries, a TypeError for any model with metadata (e.g. PP-OCR's
+    ``character`` table). So the pre-processing gets the model without its metadata and the
+    metadata is put back into its result. The fusions it makes are optional: if it still
+    fails, the model goes on without them and the step says so.
+    """
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    model = onnx.load(str(src))
+    props = {p.key: p.value for p in model.metadata_props}
+    del model.metadata_props[:]
+    try:
+        # it names unnamed nodes, with a root-logger warning for each: noise for the user
+        with quiet_root_warnings("does not have a name"):
+            changed = qnn_preprocess_model(model, str(dst))
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        log.warning("onnxruntime QNN pre-processing failed, its fusions are skipped (%s)", reason)
+        steps.append(f"onnxruntime QNN pre-processing skipped: it failed ({reason})")
+        return False
+    if not changed:
+        return False
+    if props:
+        out = onnx.load(str(dst))
+        merged = {p.key: p.value for p in out.metadata_props} | props
+        onnx.helper.set_model_props(out, merged)
+        onnx.save(out, str(dst))
+    steps.append("onnxruntime QNN pre-processing fused ops (e.g. LayerNorm, GELU)")
+    return True

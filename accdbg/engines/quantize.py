@@ -29,8 +29,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize
 
+from accdbg.core.inputs import count_nonfinite
+from accdbg.engines.static_inputs import (
+    constant_inputs_to_keep,
+    name_unnamed_nodes,
+    restore_constants,
+)
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.inference_engine")
@@ -65,6 +72,15 @@ class FeedsReader(CalibrationDataReader):
     def rewind(self):
         self._it = iter(self.feeds)
 
+    def nonfinite_note(self) -> str:
+        """Why calibration may have failed: the first input file holding NaN or Inf."""
+        for item in self.feeds:
+            for n, p in item.items():
+                nan, inf, _ = count_nonfinite(p, self.dtypes[n])
+                if nan or inf:
+                    return f" (calibration input {str(p)!r} holds {nan} NaN and {inf} Inf value(s))"
+        return ""
+
 
 class _DropMessages(logging.Filter):
     def __init__(self, text: str):
@@ -76,8 +92,9 @@ class _DropMessages(logging.Filter):
 
 
 @contextmanager
-def _quiet_root_warnings(text: str):
-    """onnxruntime's quantizer warns on the root logger to pre-process; we already did."""
+def quiet_root_warnings(text: str):
+    """Drop onnxruntime's root-logger warnings containing ``text`` (e.g. the quantizer's advice
+    to pre-process, which we already did)."""
     f = _DropMessages(text)
     root = logging.getLogger()
     root.addFilter(f)
@@ -99,22 +116,15 @@ def quant_type(bits: int, symmetric: bool, what: str) -> QuantType:
     return table[(bits, symmetric)]
 
 
-def quantize_for_qnn(
-    float_model: Path,
-    out_path: Path,
-    reader: FeedsReader,
+def check_quantizer_options(
     act_bitwidth: int = 8,
     weights_bitwidth: int = 8,
     bias_bitwidth: int = 32,
     act_quantizer: str = "tf",
     param_quantizer: str = "tf",
-    per_channel: bool = False,
-    overrides: dict | None = None,
-) -> Path:
-    """Write the QDQ model for QNN; returns its path."""
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
-    if bias_bitwidth != 32:
+) -> None:
+    """The quantizer flags, checked before any run starts."""
+    if int(bias_bitwidth) != 32:
         raise AccdbgError(
             f"-bbw/--bias_bitwidth {bias_bitwidth}: onnxruntime-qnn quantizes biases to int32, the only bias "
             "form QNN's QDQ path accepts; use -bbw 32"
@@ -127,6 +137,30 @@ def quantize_for_qnn(
             raise AccdbgError(
                 f"{flag} {value!r} is not known; expected one of: {', '.join(QUANTIZERS)}"
             )
+    quant_type(int(act_bitwidth), False, "-abw/--act_bitwidth")
+    quant_type(int(weights_bitwidth), param_quantizer == "symmetric", "-wbw/--weights_bitwidth")
+
+
+def quantize_for_qnn(
+    float_model: Path,
+    out_path: Path,
+    reader: FeedsReader,
+    act_bitwidth: int = 8,
+    weights_bitwidth: int = 8,
+    bias_bitwidth: int = 32,
+    act_quantizer: str = "tf",
+    param_quantizer: str = "tf",
+    per_channel: bool = False,
+    overrides: dict | None = None,
+    notes: list[str] | None = None,
+) -> Path:
+    """Write the QDQ model for QNN; returns its path. Constants kept float because QNN takes
+    them only as initializers are described in ``notes`` (logged when there is no ``notes``)."""
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    check_quantizer_options(
+        act_bitwidth, weights_bitwidth, bias_bitwidth, act_quantizer, param_quantizer
+    )
     if param_quantizer in ("enhanced", "adjusted"):
         log.info(
             "param quantizer %r: onnxruntime takes weight ranges from min/max", param_quantizer
@@ -135,6 +169,7 @@ def quantize_for_qnn(
     a_sym = act_quantizer == "symmetric"
     extra = {}
     calib = ACT_CALIBRATION[act_quantizer]
+    float_model, float_proto = _named(float_model)
     config = get_qnn_qdq_config(
         str(float_model),
         reader,
@@ -154,12 +189,45 @@ def quantize_for_qnn(
     config.extra_options.update(extra)
     reader.rewind()
     try:
-        with _quiet_root_warnings("pre-process"):
+        with quiet_root_warnings("pre-process"):
             quantize(str(float_model), str(out_path), config)
     except AccdbgError:
         raise
     except Exception as exc:
         raise AccdbgError(
             f"quantization of {float_model.name} failed: {type(exc).__name__}: {exc}"
+            f"{reader.nonfinite_note()}"
         ) from None
+    _restore_qnn_constants(out_path, float_proto, float_model.parent, notes)
     return out_path
+
+
+def _named(float_model: Path) -> tuple[Path, onnx.ModelProto]:
+    """The float model, rewritten beside the original only when a node whose constants QNN
+    needs has no name to find it again by after quantization."""
+    model = onnx.load(str(float_model), load_external_data=False)
+    if any(not k.node for k in constant_inputs_to_keep(model)) and name_unnamed_nodes(model):
+        named = float_model.with_name(float_model.stem + ".named.onnx")
+        onnx.save(model, str(named))
+        return named, model
+    return float_model, model
+
+
+def _restore_qnn_constants(
+    qdq_path: Path, float_model: onnx.ModelProto, base_dir: Path, notes: list[str] | None
+) -> None:
+    """Give QNN back, as initializers, the constants it takes only as such (see
+    :mod:`accdbg.engines.static_inputs`), and say so."""
+    kept = constant_inputs_to_keep(float_model)
+    if not kept:
+        return
+    qdq = onnx.load(str(qdq_path), load_external_data=False)
+    changed = restore_constants(qdq, float_model, kept, str(base_dir))
+    if not changed:
+        return
+    onnx.save(qdq, str(qdq_path))
+    for k in changed:
+        if notes is None:
+            log.info("quantization: %s", k.note())
+        else:
+            notes.append(f"quantization: {k.note()}")

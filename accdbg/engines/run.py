@@ -24,15 +24,16 @@ import onnx
 import pandas as pd
 
 from accdbg.core import onnx_model as om
-from accdbg.core.inputs import InputList, InputTensor, check_raw_size, parse_input_list
+from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.isolate import Isolated
 from accdbg.core.provenance import inputs_record
-from accdbg.core.run_dir import RunDir, write_json_atomic
+from accdbg.core.run_dir import RunDir, check_run_folder, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, records_table
-from accdbg.engines import artifacts, exposure
+from accdbg.engines import artifacts, exposure, partitioning
 from accdbg.engines.base import EngineOptions, get_engine
-from accdbg.engines.prepare import fix_shapes, prepare_float_model
-from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
+from accdbg.engines.prepare import fix_shapes
+from accdbg.engines.quantize import check_quantizer_options
+from accdbg.engines.source import build_feeds, source_model
 from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
 from accdbg.errors import AccdbgError
 
@@ -60,94 +61,122 @@ class EngineResult:
     seconds: float
 
 
-def build_feeds(
-    model: onnx.ModelProto, input_list: InputList | None, input_tensors: Sequence[InputTensor]
-) -> tuple[
-    list[dict[str, tuple[str, tuple[int, ...], str]]],
-    dict[str, tuple[int, ...]],
-    dict[str, np.dtype],
-]:
-    """Per-inference feeds, with every file checked against its input's dims and dtype."""
-    inputs = om.real_inputs(model)
-    names = [vi.name for vi in inputs]
-    given = {t.name: t for t in input_tensors}
-    for name in given:
-        if name not in names:
-            raise AccdbgError(
-                f"--input_tensor {name!r} is not an input of the model; its inputs are: {om.describe_inputs(model)}"
-            )
-    dims: dict[str, tuple[int, ...]] = {}
-    dtypes: dict[str, np.dtype] = {}
-    for vi in inputs:
-        static = om.dims_of(vi)
-        if vi.name in given:
-            dims[vi.name] = given[vi.name].dims
-            dtypes[vi.name] = given[vi.name].dtype
-        else:
-            if not static or not all(isinstance(d, int) and d > 0 for d in static):
-                raise AccdbgError(
-                    f"model input {vi.name!r} has dynamic dims [{','.join('?' if not isinstance(d, int) else str(d) for d in static)}]; "
-                    f"give them with -i/--input_tensor {vi.name!r} <dims> <file>"
-                )
-            dims[vi.name] = tuple(int(d) for d in static)
-            dtypes[vi.name] = om.elem_dtype(vi) or np.dtype("float32")
-    feeds: list[dict[str, tuple[str, tuple[int, ...], str]]] = []
-    if input_list is not None:
-        for entry in input_list.entries:
-            where = f"{input_list.path}:{entry.line_no}"
-            named = entry.items[0][0] is not None
-            if named:
-                files = {}
-                for n, p in entry.items:
-                    if n not in names:
-                        raise AccdbgError(
-                            f"{where}: {n!r} is not an input of the model; its inputs are: {om.describe_inputs(model)}"
-                        )
-                    files[n] = p
-                missing = [n for n in names if n not in files]
-                if missing:
-                    raise AccdbgError(f"{where}: no file for model input {missing[0]!r}")
-            else:
-                if len(entry.items) != len(names):
-                    raise AccdbgError(
-                        f"{where}: {len(entry.items)} file(s) for {len(names)} model input(s) ({', '.join(names)})"
-                    )
-                files = {n: p for n, (_, p) in zip(names, entry.items, strict=True)}
-            for n, p in files.items():
-                check_raw_size(p, dims[n], dtypes[n], f"{where}: input {n!r}")
-            feeds.append({n: (str(p), dims[n], dtypes[n].name) for n, p in files.items()})
-    elif given:
-        missing = [n for n in names if n not in given]
-        if missing:
-            raise AccdbgError(
-                f"model input {missing[0]!r} has no --input_tensor and there is no --input_list"
-            )
-        for t in given.values():
-            check_raw_size(t.path, t.dims, t.dtype, f"--input_tensor {t.name!r}")
-        feeds.append({n: (str(given[n].path), dims[n], dtypes[n].name) for n in names})
-    else:
-        raise AccdbgError("give the inputs with -l/--input_list or -i/--input_tensor")
-    return feeds, dims, dtypes
-
-
-def _overrides(path: str | Path | None, ignore: bool, model_path: Path) -> dict | None:
+def check_overrides(path: str | Path | None, ignore: bool) -> None:
+    """``-qo``: the file exists and is AIMET encodings (checked before any run starts)."""
     if path is None or ignore:
-        if path is not None:
-            log.info("--ignore_encodings: not applying %s", path)
-        return None
-    p = Path(path)
-    if not p.is_file():
+        return
+    if not Path(path).is_file():
         raise AccdbgError(f"-qo/--quantization_overrides {str(path)!r} does not exist")
-    try:
-        from accdbg.encodings.aimet import read_aimet
-        from accdbg.encodings.overrides import aimet_to_tensor_quant_overrides
-    except ImportError:
+    from accdbg.encodings.aimet import read_aimet
+
+    read_aimet(Path(path))
+
+
+def check_engine_options(
+    stage: str = "source",
+    engine: str = "qnn",
+    runtime: str = "htp",
+    architecture: str = "x86_64-linux-clang",
+    precision: str = "int8",
+    output_data_type: str = "float_only",
+    soc_model: str | None = None,
+    profiling_level: str | None = None,
+    disable_cpu_fallback: bool = False,
+    perf_profile: str | None = None,
+    quantization_overrides: str | Path | None = None,
+    ignore_encodings: bool = False,
+    act_bitwidth: int = 8,
+    weights_bitwidth: int = 8,
+    bias_bitwidth: int = 32,
+    act_quantizer: str = "tf",
+    param_quantizer: str = "tf",
+    **_: object,
+) -> tuple:
+    """The options that do not depend on the model, checked: ``(engine, EngineOptions)``."""
+    if stage not in STAGES:
+        raise AccdbgError(f"--stage {stage!r} is not known; expected one of: {', '.join(STAGES)}")
+    if output_data_type not in OUTPUT_DATA_TYPES:
         raise AccdbgError(
-            "-qo/--quantization_overrides needs accdbg.encodings, which this build lacks"
-        ) from None
-    return aimet_to_tensor_quant_overrides(
-        read_aimet(p), onnx.load(str(model_path), load_external_data=False)
+            f"-odt {output_data_type!r} is not known; expected one of: {', '.join(OUTPUT_DATA_TYPES)}"
+        )
+    if precision not in ("int8", "fp16"):
+        raise AccdbgError(f"--precision {precision!r} is not known; expected int8 or fp16")
+    eng = get_engine(engine)
+    options = EngineOptions(
+        runtime=runtime,
+        architecture=architecture,
+        precision=precision,
+        soc_model=soc_model,
+        profiling_level=profiling_level,
+        disable_cpu_fallback=disable_cpu_fallback,
+        perf_profile=perf_profile,
     )
+    eng.check_host(options)
+    if stage == "source" and precision == "int8":
+        check_quantizer_options(
+            act_bitwidth, weights_bitwidth, bias_bitwidth, act_quantizer, param_quantizer
+        )
+        check_overrides(quantization_overrides, ignore_encodings)
+    return eng, options
+
+
+@dataclass
+class EngineRequest:
+    """A checked inference-engine request: everything a run needs before it writes."""
+
+    eng: object
+    options: EngineOptions
+    model_path: Path
+    model: onnx.ModelProto
+    feeds: list
+    dims: dict
+    dtypes: dict
+    fw_names: set[str] | None
+
+
+def check_inference_engine(
+    model_path: str | Path | None,
+    input_list: str | Path | None = None,
+    input_tensors: Sequence[InputTensor] = (),
+    stage: str = "source",
+    precision: str = "int8",
+    framework_model_path: str | Path | None = None,
+    working_dir: str | Path = "working_directory",
+    output_dirname: str | None = None,
+    allow_nonfinite_inputs: bool = False,
+    **options: object,
+) -> EngineRequest:
+    """Every input of an engine run checked - options, run folder, model, each input file's
+    size and NaN/Inf, ``-qo`` - without writing anything."""
+    eng, engine_options = check_engine_options(stage=stage, precision=precision, **options)
+    check_run_folder(working_dir, "inference_engine", output_dirname)
+    if model_path is None:
+        raise AccdbgError(f"-m/--model_path is required for --stage {stage}")
+    model_path = Path(model_path).expanduser().absolute()
+    model = om.load_model(model_path)
+    if stage == "compiled" and not any(n.op_type == "EPContext" for n in model.graph.node):
+        raise AccdbgError(
+            f"--stage compiled: {str(model_path)!r} has no EPContext node (not a QNN context model)"
+        )
+    has_qdq = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    if stage == "source" and has_qdq and precision == "int8":
+        raise AccdbgError(
+            f"{str(model_path)!r} is already quantized (QDQ); run it with --stage converted"
+        )
+    parsed_list = parse_input_list(input_list) if input_list else None
+    feeds, dims, dtypes = build_feeds(model, parsed_list, input_tensors, allow_nonfinite_inputs)
+    fw_path = (
+        Path(framework_model_path)
+        if framework_model_path
+        else (model_path if stage == "source" else None)
+    )
+    if fw_path is None:
+        fw_names = None
+    elif fw_path == model_path:  # the source model, already loaded
+        fw_names = set(om.all_tensor_names(model))
+    else:
+        fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
+    return EngineRequest(eng, engine_options, model_path, model, feeds, dims, dtypes, fw_names)
 
 
 def run_inference_engine(
@@ -183,54 +212,38 @@ def run_inference_engine(
     output_dirname: str | None = None,
     memory_budget_mb: float = 4096,
     options_record: dict | None = None,
+    allow_nonfinite_inputs: bool = False,
 ) -> EngineResult:
     """Run the model on the chosen engine and dump its intermediate tensors."""
     start = time.perf_counter()
-    if stage not in STAGES:
-        raise AccdbgError(f"--stage {stage!r} is not known; expected one of: {', '.join(STAGES)}")
-    if output_data_type not in OUTPUT_DATA_TYPES:
-        raise AccdbgError(
-            f"-odt {output_data_type!r} is not known; expected one of: {', '.join(OUTPUT_DATA_TYPES)}"
-        )
-    if precision not in ("int8", "fp16"):
-        raise AccdbgError(f"--precision {precision!r} is not known; expected int8 or fp16")
-    if model_path is None:
-        raise AccdbgError(f"-m/--model_path is required for --stage {stage}")
-    eng = get_engine(engine)
-    options = EngineOptions(
+    req = check_inference_engine(
+        model_path,
+        input_list,
+        input_tensors,
+        stage=stage,
+        precision=precision,
+        framework_model_path=framework_model_path,
+        working_dir=working_dir,
+        output_dirname=output_dirname,
+        allow_nonfinite_inputs=allow_nonfinite_inputs,
+        engine=engine,
         runtime=runtime,
         architecture=architecture,
-        precision=precision,
+        output_data_type=output_data_type,
         soc_model=soc_model,
         profiling_level=profiling_level,
         disable_cpu_fallback=disable_cpu_fallback,
         perf_profile=perf_profile,
+        quantization_overrides=quantization_overrides,
+        ignore_encodings=ignore_encodings,
+        act_bitwidth=act_bitwidth,
+        weights_bitwidth=weights_bitwidth,
+        bias_bitwidth=bias_bitwidth,
+        act_quantizer=act_quantizer,
+        param_quantizer=param_quantizer,
     )
-    eng.check_host(options)
-    model_path = Path(model_path).expanduser().absolute()
-    model = om.load_model(model_path)
-    if stage == "compiled" and not any(n.op_type == "EPContext" for n in model.graph.node):
-        raise AccdbgError(
-            f"--stage compiled: {str(model_path)!r} has no EPContext node (not a QNN context model)"
-        )
-    has_qdq = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
-    if stage == "source" and has_qdq and precision == "int8":
-        raise AccdbgError(
-            f"{str(model_path)!r} is already quantized (QDQ); run it with --stage converted"
-        )
-    parsed_list = parse_input_list(input_list) if input_list else None
-    feeds, dims, dtypes = build_feeds(model, parsed_list, input_tensors)
-    fw_path = (
-        Path(framework_model_path)
-        if framework_model_path
-        else (model_path if stage == "source" else None)
-    )
-    if fw_path is None:
-        fw_names = None
-    elif fw_path == model_path:  # the source model, already loaded
-        fw_names = set(om.all_tensor_names(model))
-    else:
-        fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
+    eng, options, model_path, model = req.eng, req.options, req.model_path, req.model
+    feeds, dims, dtypes, fw_names = req.feeds, req.dims, req.dtypes, req.fw_names
     gold = artifacts.golden_names(Path(golden_dir_for_mapping)) if golden_dir_for_mapping else None
 
     with (
@@ -264,37 +277,24 @@ def run_inference_engine(
         stem = model_path.name.removesuffix(".onnx")
         log.info("engine: %s, runtime %s, stage %s", eng.label, runtime, stage)
         if stage == "source":
-            prepared, steps = prepare_float_model(model, dims, work)
-            # kept: the float weights the QDQ model was quantized from (quantization evidence)
-            shutil.copyfile(prepared, run.path / f"{stem}.prepared.onnx")
-            if precision == "fp16":
-                target = run.path / f"{stem}.fp16.onnx"
-                shutil.copyfile(prepared, target)
-                steps.append("no quantization: float model on HTP in fp16")
-            else:
-                target = run.path / f"{stem}.qdq.onnx"
-                t = time.perf_counter()
-                quantize_for_qnn(
-                    prepared,
-                    target,
-                    FeedsReader(
-                        [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds],
-                        dims,
-                        dtypes,
-                    ),
-                    act_bitwidth,
-                    weights_bitwidth,
-                    bias_bitwidth,
-                    act_quantizer,
-                    param_quantizer,
-                    per_channel,
-                    _overrides(quantization_overrides, ignore_encodings, prepared),
-                )
-                steps.append(
-                    f"quantized for QNN (A{act_bitwidth}W{weights_bitwidth}, {act_quantizer}/{param_quantizer}"
-                    f"{', per-channel' if per_channel else ''}) with {len(feeds)} calibration input(s) "
-                    f"in {time.perf_counter() - t:.1f} s"
-                )
+            target, steps = source_model(
+                model,
+                stem,
+                feeds,
+                dims,
+                dtypes,
+                run.path,
+                work,
+                act_bitwidth=act_bitwidth,
+                weights_bitwidth=weights_bitwidth,
+                bias_bitwidth=bias_bitwidth,
+                act_quantizer=act_quantizer,
+                param_quantizer=param_quantizer,
+                per_channel=per_channel,
+                quantization_overrides=quantization_overrides,
+                ignore_encodings=ignore_encodings,
+                precision=precision,
+            )
         elif stage == "converted":
             target = run.path / f"{stem}.onnx"
             onnx.save(fix_shapes(model, dims, steps), str(target))
@@ -356,7 +356,9 @@ def run_inference_engine(
         write_json_atomic(mapping_path, mapping)
         struct_path = run.path / f"{stem}_graph_struct.json"
         write_json_atomic(struct_path, artifacts.graph_struct(stem, selected, report.shapes))
-        _report_partitioning(run.path, plain, eng.label)
+        _report_partitioning(
+            run.path, plain, eng.label, target_model, stage == "source" and precision != "fp16"
+        )
         _report_fusion(diffs)
         write_json_atomic(run.path / "preprocessing.json", steps)
         shutil.rmtree(work, ignore_errors=True)
@@ -404,32 +406,15 @@ def _annotate_manifests(
         write_json_atomic(path, data)
 
 
-def _report_partitioning(run_path: Path, report: JobReport, label: str) -> None:
-    info = {
-        "engine": label,
-        "placement_counts": report.placement_counts,
-        "cpu_nodes": [{"type": t, "name": n} for t, n in report.cpu_nodes],
-        "unsupported_by_qnn": report.unsupported,
-    }
+def _report_partitioning(
+    run_path: Path, report: JobReport, label: str, model: onnx.ModelProto, ours: bool
+) -> None:
+    info = partitioning.partitioning_info(
+        label, report.placement_counts, report.cpu_reasons, report.unsupported, model, ours
+    )
     write_json_atomic(run_path / "partitioning.json", info)
-    qnn = report.placement_counts.get("QNNExecutionProvider")
-    cpu = report.cpu_nodes
-    if qnn is not None:
-        log.info(
-            "partitioning: %d QNN partition(s); %d node(s) on CPU%s",
-            qnn,
-            len(cpu),
-            (": " + ", ".join(f"{n} ({t})" for t, n in cpu[:8]) + (" ..." if len(cpu) > 8 else ""))
-            if cpu
-            else "",
-        )
-    for u in report.unsupported:
-        log.warning(
-            "QNN does not support node %s (%s)%s",
-            u["name"],
-            u["type"],
-            f": {u['reason']}" if u["reason"] else "",
-        )
+    if "QNNExecutionProvider" in report.placement_counts:
+        partitioning.report(info)
 
 
 class _Workers:

@@ -27,9 +27,12 @@ from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.base import EngineOptions, get_engine
 from accdbg.engines.exposure import Exposed
 from accdbg.engines.native_log import capture_fd2, read_log
+from accdbg.engines.partitioning import explain_cpu_nodes
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.inference_engine")
+
+SIMULATION_PLACEMENT = "the simulation engine runs every node on onnxruntime's CPU (not QNN)"
 
 
 @dataclass
@@ -60,6 +63,7 @@ class JobReport:
     sessions: int = 0
     placement_counts: dict = field(default_factory=dict)
     cpu_nodes: list = field(default_factory=list)
+    cpu_reasons: list = field(default_factory=list)  # per CPU node: type, name, reason, source
     unsupported: list = field(default_factory=list)
     finals: list = field(default_factory=list)  # per inference: .npz with the graph outputs
     results: list = field(default_factory=list)
@@ -75,13 +79,15 @@ def _load_feeds(feed: dict[str, tuple[str, tuple[int, ...], str]]) -> dict[str, 
 def _explain_failure(exc: Exception, log_path: Path, what: str) -> AccdbgError:
     native = read_log(log_path)
     detail = native.first_qnn_error()
-    unsupported = native.unsupported()
+    refused = list(native.refusals().values())
     msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if "fallback to CPU EP has been explicitly disabled" in msg and unsupported:
-        listed = ", ".join(f"{u['name']} ({u['type']})" for u in unsupported[:10])
-        more = f" and {len(unsupported) - 10} more" if len(unsupported) > 10 else ""
+    if "fallback to CPU EP has been explicitly disabled" in msg and refused:
+        listed = ", ".join(
+            f"{r.name} ({r.type})" + (f": {r.reason}" if r.reasons else "") for r in refused[:10]
+        )
+        more = f" and {len(refused) - 10} more" if len(refused) > 10 else ""
         return AccdbgError(
-            f"QNN does not support {len(unsupported)} node(s): {listed}{more}; CPU fallback is disabled"
+            f"QNN does not support {len(refused)} node(s): {listed}{more}; CPU fallback is disabled"
         )
     if detail and detail not in msg:
         msg = f"{msg} - QNN: {detail}"
@@ -107,6 +113,14 @@ def checked_session(job: Job, model, options: EngineOptions, what: str, report: 
     report.placement_counts = placement.counts
     report.cpu_nodes = placement.cpu_nodes
     report.unsupported = native.unsupported()
+    report.cpu_reasons = (
+        [
+            {"type": t, "name": n, "reason": SIMULATION_PLACEMENT, "source": "engine"}
+            for t, n in placement.cpu_nodes
+        ]
+        if engine.simulation
+        else explain_cpu_nodes(placement.cpu_nodes, native)
+    )
     failed = native.backend_failed()
     if not engine.simulation and (failed or (placement.counts and not placement.qnn_partitions)):
         detail = failed or native.first_qnn_error() or "QNN took no node of the model"

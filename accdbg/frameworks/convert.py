@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import subprocess
-import sys
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ import onnx
 
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputTensor
+from accdbg.core.isolate import child_env, guarded_module_command
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.base import FrameworkRunner, RunnerOptions, get_runner_class
@@ -167,8 +167,8 @@ def _require_tf2onnx(framework: str) -> str:
 def _run_tf2onnx(args: list[str], model_path: Path) -> None:
     """tf2onnx's command line in a child process: its documented interface (``--dequantize``
     exists only there), and TensorFlow's logging and memory stay out of this process."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "tf2onnx.convert", *args]
+    env = child_env(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONWARNINGS="ignore"))
+    cmd = guarded_module_command("tf2onnx.convert", *args)
     log.debug("running %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     log.debug("tf2onnx output:\n%s", proc.stderr[-20000:])

@@ -24,8 +24,9 @@ from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor, inputs_per_line, parse_input_list
 from accdbg.core.progress import progress
 from accdbg.core.provenance import inputs_record
-from accdbg.core.run_dir import RunDir
+from accdbg.core.run_dir import RunDir, check_run_folder
 from accdbg.core.tensor_store import TensorWriter, records_table
+from accdbg.errors import AccdbgError
 from accdbg.frameworks.base import RunnerOptions, get_runner_class
 
 log = logging.getLogger("accdbg.framework_diagnosis")
@@ -47,6 +48,37 @@ class DiagnosisResult:
     results: list[Path] = field(default_factory=list)
 
 
+def check_model_path(model_path: str | Path, framework: str = "onnx") -> None:
+    """The model file exists (``file.py:factory`` names a file too)."""
+    text = str(model_path)
+    path = Path(text).expanduser()
+    if path.exists():
+        return
+    file, sep, factory = text.rpartition(":")
+    if sep and file and factory.isidentifier() and Path(file).expanduser().is_file():
+        return
+    hint = ""
+    if framework.strip().lower() == "pytorch" and not text.endswith(".pt2"):
+        hint = " (give model.py:factory or an ExportedProgram .pt2)"
+    raise AccdbgError(f"-m/--model_path {text!r} does not exist{hint}")
+
+
+def check_framework_diagnosis(
+    framework: str,
+    model_path: str | Path,
+    inputs: Sequence[InputTensor],
+    working_dir: str | Path = "working_directory",
+    output_dirname: str | None = None,
+    allow_nonfinite_inputs: bool = False,
+) -> None:
+    """What a run needs, checked without writing: framework, model, inputs, run folder."""
+    get_runner_class(framework)
+    check_model_path(model_path, framework)
+    for t in inputs:
+        t.check(allow_nonfinite_inputs)
+    check_run_folder(working_dir, "framework_diagnosis", output_dirname)
+
+
 def run_framework_diagnosis(
     framework: str,
     model_path: str | Path,
@@ -60,6 +92,7 @@ def run_framework_diagnosis(
     include_constants: bool = False,
     options_record: dict | None = None,
     input_list: str | Path | None = None,
+    allow_nonfinite_inputs: bool = False,
 ) -> DiagnosisResult:
     """Run the float model and dump every intermediate tensor; returns the manifest table.
 
@@ -67,6 +100,9 @@ def run_framework_diagnosis(
     line is run instead (its files, the names/dims/dtypes of ``inputs``), each into
     ``Result_N/``."""
     start = time.perf_counter()
+    check_framework_diagnosis(
+        framework, model_path, inputs, working_dir, output_dirname, allow_nonfinite_inputs
+    )
     options = RunnerOptions(
         disable_graph_optimization=disable_graph_optimization,
         custom_op_lib=Path(onnx_custom_op_lib).expanduser().absolute()

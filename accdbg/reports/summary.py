@@ -57,7 +57,7 @@ def json_value(value: Any) -> Any:
 
 def format_value(value: Any) -> str:
     """How a cell reads on screen: 6 significant digits, inf spelled out, blank for NaN."""
-    if value is None:
+    if value is None or value is pd.NA or value is pd.NaT:
         return ""
     if isinstance(value, bool | np.bool_):
         return str(bool(value))
@@ -234,7 +234,9 @@ def write_summary(
             cell_class=verdict_classes(passed or {}),
             row_class=(
                 lambda i: (
-                    "problem" if "Status" in df.columns and df["Status"].iloc[i] != "ok" else None
+                    "problem"
+                    if "Status" in df.columns and df["Status"].iloc[i] not in ("ok", FAIL)
+                    else None
                 )
             ),
             before=before,

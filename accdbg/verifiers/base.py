@@ -290,15 +290,22 @@ class Verifier:
             return (self.ideal - value) if self.ideal is not None else -value
         return value
 
+    def noise_to_signal(self, value: float) -> float | None:
+        """The score as a noise-to-signal power ratio when the metric is one (SQNR) or
+        approximates one (cosine); None otherwise. ``nsr_exact`` says which."""
+        return None
+
+    nsr_exact: ClassVar[bool] = False
+
     def threshold_text(self) -> str:
         """How the pass mark is judged, e.g. ``pass >= 20``."""
         if self.pass_mark is None:
             return "no threshold"
         return f"pass {'>=' if self.higher_is_better else '<='} {self.pass_mark:g}"
 
-    def per_channel(self, golden: np.ndarray, target: np.ndarray) -> np.ndarray | None:
-        """The score of each channel, from ``[channels, elements]`` arrays; None when the
-        metric has no per-channel form (see :mod:`accdbg.verifiers.channels`)."""
+    def per_channel(self, pair: Any) -> np.ndarray | None:
+        """The score of each channel of a :class:`~accdbg.verifiers.channels.ChannelPair`;
+        None when the metric has no per-channel form."""
         return None
 
     def judge(self, value: float) -> bool | None:

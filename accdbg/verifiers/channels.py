@@ -13,6 +13,7 @@ ONNX activations are NCHW, 2-D ones ``[batch, features]``; 3-D tensors are chann
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 
 import numpy as np
 
@@ -57,6 +58,44 @@ def by_channel(arr: np.ndarray, axis: int) -> np.ndarray:
     """``[channels, everything else]`` as float64 (one copy)."""
     a = np.moveaxis(np.asarray(arr), axis, 0)
     return np.ascontiguousarray(a, dtype=np.float64).reshape(a.shape[0], -1)
+
+
+class ChannelPair:
+    """Golden and target as ``[channels, elements]``, with the per-channel sums every metric
+    shares computed once (views of the flat pair when channels lead, as in NCHW batch 1)."""
+
+    def __init__(self, golden: np.ndarray, target: np.ndarray, diff: np.ndarray | None = None):
+        self.golden, self.target = golden, target
+        self._diff = diff
+
+    @cached_property
+    def diff(self) -> np.ndarray:
+        return self._diff if self._diff is not None else self.golden - self.target
+
+    @cached_property
+    def gg(self) -> np.ndarray:
+        return channel_power(self.golden)
+
+    @cached_property
+    def tt(self) -> np.ndarray:
+        return channel_power(self.target)
+
+    @cached_property
+    def gt(self) -> np.ndarray:
+        return np.einsum("ij,ij->i", self.golden, self.target)
+
+    @cached_property
+    def dd(self) -> np.ndarray:
+        return channel_power(self.diff)
+
+    @classmethod
+    def of(cls, golden: np.ndarray, target: np.ndarray, axis: int, diff_flat=None) -> ChannelPair:
+        """From arrays of one shape; reuses the flat difference when channels lead."""
+        if int(np.prod(golden.shape[:axis])) == 1:  # channel-major: plain reshapes, no copy
+            c = golden.shape[axis]
+            d = None if diff_flat is None else diff_flat.reshape(c, -1)
+            return cls(golden.reshape(c, -1), target.reshape(c, -1), d)
+        return cls(by_channel(golden, axis), by_channel(target, axis))
 
 
 def channel_power(g2: np.ndarray) -> np.ndarray:

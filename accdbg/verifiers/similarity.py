@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from accdbg.verifiers.base import Param, TensorPair, Verifier, dot, register
-from accdbg.verifiers.channels import channel_power, sqnr_db
+from accdbg.verifiers.channels import ChannelPair, sqnr_db
 
 
 @register
@@ -25,9 +25,12 @@ class CosineSimilarity(Verifier):
     perfect = 1.0
     unit = "cosine, -1..1"
 
-    def per_channel(self, golden, target):
-        gg, tt = channel_power(golden), channel_power(target)
-        gt = np.einsum("ij,ij->i", golden, target)
+    def noise_to_signal(self, value: float) -> float | None:
+        """2 (1 - cos): the noise-to-signal power of a small error at equal norms."""
+        return 2.0 * (1.0 - value)
+
+    def per_channel(self, pair: ChannelPair):
+        gg, tt, gt = pair.gg, pair.tt, pair.gt
         with np.errstate(divide="ignore", invalid="ignore"):
             cos = np.clip(gt / (np.sqrt(gg) * np.sqrt(tt)), -1.0, 1.0)
         cos = np.where((gg == 0) & (tt == 0), 1.0, cos)
@@ -82,10 +85,14 @@ class SQNR(Verifier):
             return 0.0 if value > 0 else math.inf
         return 10.0 ** (-value / 10.0)
 
-    def per_channel(self, golden, target):
-        d = golden - target
-        signal = channel_power(golden if self.values["signal"] == "golden" else target)
-        return sqnr_db(signal, channel_power(d))
+    nsr_exact = True
+
+    def noise_to_signal(self, value: float) -> float | None:
+        return self.linear_error(value)
+
+    def per_channel(self, pair: ChannelPair):
+        signal = pair.gg if self.values["signal"] == "golden" else pair.tt
+        return sqnr_db(signal, pair.dd)
 
     def compute(self, pair: TensorPair):
         signal = pair.golden_sq_sum if self.values["signal"] == "golden" else pair.target_sq_sum

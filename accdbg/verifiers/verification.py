@@ -46,15 +46,9 @@ from accdbg.reports.summary import (
     write_summary,
 )
 from accdbg.verifiers import get_verifier, make_verifier
+from accdbg.verifiers import status as row_status
 from accdbg.verifiers.base import TensorPair, Verifier, VerifierResult, finite_range
-from accdbg.verifiers.channels import (
-    STATS,
-    by_channel,
-    channel_axis,
-    channel_power,
-    live,
-    summarize,
-)
+from accdbg.verifiers.channels import STATS, ChannelPair, channel_axis, live, summarize
 
 log = logging.getLogger("accdbg.verification")
 
@@ -434,7 +428,11 @@ def _verify_pair(
     verifiers: list[ConfiguredVerifier],
     plan: Plan,
 ) -> tuple[dict[str, Any], dict[str, VerifierResult]]:
-    """One summary row and each verifier's result; reads the pair once, keeps nothing."""
+    """One summary row and each verifier's result; reads the pair once, keeps nothing.
+
+    The row's Status holds only its notes here (why a comparison is incomplete or
+    abnormal); :func:`_verify_rows` adds the verdict once every verifier has run.
+    """
     g_rec = golden.records.get(g_name) if g_name else None
     t_rec = target.records.get(t_name) if t_name else None
     qnn = (
@@ -451,7 +449,7 @@ def _verify_pair(
         "golden_max": math.nan,
         "target_min": math.nan,
         "target_max": math.nan,
-        "Status": "ok",
+        "Status": "",
         "Golden_name": g_name,
         "Layout": "",
     }
@@ -490,7 +488,7 @@ def _verify_pair(
     pair = TensorPair(g_arr, t_arr, _scale_for(encoding, t_shape, alignment))
     results = {cv.label: cv.verifier.verify(pair) for cv in verifiers}
     if not pair.notes and not pair.problem:
-        row.update(_per_channel(g_arr, t_arr, g_layout, row["LayerType"], verifiers))
+        row.update(_per_channel(pair, g_arr.shape, g_layout, row["LayerType"], verifiers))
     pair_note = "; ".join(pair.notes)
     notes = list(pair.notes)
     notes += [
@@ -504,18 +502,19 @@ def _verify_pair(
 
 
 def _per_channel(
-    g_arr: np.ndarray, t_arr: np.ndarray, layout, op_type, verifiers: list[ConfiguredVerifier]
+    pair: TensorPair, shape, layout, op_type, verifiers: list[ConfiguredVerifier]
 ) -> dict[str, float]:
     """``<label> ch_median`` / ``ch_worst`` of every verifier that has a per-channel form."""
-    axis = channel_axis(g_arr.shape, layout, op_type)
+    axis = channel_axis(shape, layout, op_type)
     if axis is None:
         return {}
-    g2, t2 = by_channel(g_arr, axis), by_channel(t_arr, axis)
-    alive = live(channel_power(g2))
+    g, t = pair.golden.reshape(shape), pair.target.reshape(shape)
+    cp = ChannelPair.of(g, t, axis, pair.__dict__.get("diff"))
+    alive = live(cp.gg)
     out: dict[str, float] = {}
     for cv in verifiers:
         with np.errstate(all="ignore"):
-            values = cv.verifier.per_channel(g2, t2)
+            values = cv.verifier.per_channel(cp)
         if values is not None:
             stats = summarize(values, alive, cv.verifier.higher_is_better)
             out.update({f"{cv.label} {k}": v for k, v in stats.items()})
@@ -524,11 +523,11 @@ def _per_channel(
 
 def channel_columns(verifiers: Sequence[ConfiguredVerifier]) -> list[str]:
     """The per-channel columns of the verifiers that have a per-channel form."""
-    probe = np.ones((2, 1))
+    probe = ChannelPair(np.ones((2, 1)), np.ones((2, 1)))
     return [
         f"{cv.label} {k}"
         for cv in verifiers
-        if cv.tensors is None and cv.verifier.per_channel(probe, probe) is not None
+        if cv.tensors is None and cv.verifier.per_channel(probe) is not None
         for k in STATS
     ]
 
@@ -683,9 +682,11 @@ def _verify_rows(golden, target, plan, pairs, by_name, writer, everywhere, singl
             passed[label].append(res.passed if res else None)
             if res is not None:
                 writer.write(label, row["Name"], _detail_record(row, res))
-        row["Failed"] = ", ".join(
+        failed = [
             label for label in labels if results.get(label) and results[label].passed is False
-        )
+        ]
+        row["Failed"] = ", ".join(failed)
+        row["Status"] = row_status.compose(failed, [row["Status"]])
         row["Order"] = len(rows)
         for n in (g_name, t_name):
             if n:
@@ -713,11 +714,12 @@ def _verify_group(golden, target, cv, group, by_name, rows, row_of, passed, writ
     i = row_of[group[0]]
     row[cv.label] = res.value
     passed[cv.label][i] = res.passed
-    if res.passed is False:
-        row["Failed"] = ", ".join(x for x in (row["Failed"], cv.label) if x)
-    if res.status != "ok":
-        note = f"{cv.label}: {res.status}"
-        row["Status"] = note if row["Status"] == "ok" else f"{row['Status']}; {note}"
+    failed = row_status.split_failed(row["Failed"]) + ([cv.label] if res.passed is False else [])
+    notes = [row_status.note(row["Status"])] + (
+        [f"{cv.label}: {res.status}"] if res.status != "ok" else []
+    )
+    row["Failed"] = ", ".join(failed)
+    row["Status"] = row_status.compose(failed, notes)
     writer.write(
         cv.label,
         "+".join(group),
@@ -737,9 +739,12 @@ def _notes(plan: Plan, df: pd.DataFrame, passed: dict[str, list[bool | None]]) -
         fails = [i for i, p in enumerate(passed[cv.label]) if p is False]
         first = f"; first failing: {df['Name'].iloc[fails[0]]}" if fails else ""
         notes.append(f"{cv.label} ({v.unit}, {mark}): {len(fails)} of {len(df)} rows fail{first}")
-    problems = int((df["Status"] != "ok").sum())
+    problems = int((df["Status"].map(row_status.note) != "").sum())
     if problems:
-        notes.append(f"{problems} rows have a status other than ok (see the Status column)")
+        notes.append(
+            f"{problems} rows could not be compared fully or hold abnormal values "
+            "(see the note in the Status column)"
+        )
     notes.append(
         "Rows are in execution order; read top to bottom: the first failing layer is the one to fix."
     )
@@ -754,7 +759,7 @@ def aggregate_inputs(
     verifiers: list[ConfiguredVerifier],
 ) -> tuple[pd.DataFrame, dict[str, list[bool | None]]]:
     """One row per layer over all inputs: each verifier's worst value (and which input), its
-    median and mean, the value ranges over all inputs, and the first non-ok status."""
+    median and mean, the value ranges over all inputs, and the first input's note in Status."""
     keys: list[tuple[str, Any]] = []
     stacked = []
     for name, df in per_input.items():
@@ -772,6 +777,7 @@ def aggregate_inputs(
         first = grp.iloc[0]
         row = {c: first[c] for c in LEADING_COLUMNS}
         failed = []
+        failed_somewhere = {f for cell in grp["Failed"] for f in row_status.split_failed(cell)}
         for cv in verifiers:
             vals = grp[cv.label].astype(float)
             finite = vals.dropna()
@@ -792,6 +798,8 @@ def aggregate_inputs(
             row[f"{cv.label}_mean"] = mean
             row[f"{cv.label}_worst_input"] = worst_in
             verdict = cv.verifier.judge(worst) if not math.isnan(worst) else None
+            if cv.label in failed_somewhere:  # e.g. NaN on one input fails it whatever the values
+                verdict = False
             passed[cv.label].append(verdict)
             if verdict is False:
                 failed.append(cv.label)
@@ -799,8 +807,11 @@ def aggregate_inputs(
         row["golden_max"] = grp["golden_max"].max()
         row["target_min"] = grp["target_min"].min()
         row["target_max"] = grp["target_max"].max()
-        bad = grp[grp["Status"] != "ok"]
-        row["Status"] = "ok" if bad.empty else f"{bad.iloc[0]['_input']}: {bad.iloc[0]['Status']}"
+        noted = [
+            (i, row_status.note(st)) for i, st in zip(grp["_input"], grp["Status"], strict=True)
+        ]
+        first_note = next((f"{i}: {n}" for i, n in noted if n), "")
+        row["Status"] = row_status.compose(failed, [first_note])
         row["Failed"] = ", ".join(failed)
         row["Golden_name"] = first["Golden_name"]
         row["Layout"] = first["Layout"]
@@ -903,6 +914,13 @@ def _resolve_verifiers(
             "no verifier: give --default_verifier (e.g. CosineSimilarity) or --verifier_config"
         )
     return _label_verifiers(items)
+
+
+def check_verifiers(
+    default_verifiers: Sequence[Any], verifier_config: str | os.PathLike | None = None
+) -> None:
+    """The verifier specs and ``--verifier_config``, checked before any run starts."""
+    _resolve_verifiers(default_verifiers, verifier_config)
 
 
 def run_verification(

@@ -1,4 +1,4 @@
-// Sort by clicking a header (numbers as numbers), filter by text, show only failing rows.
+// Sort by clicking a header (numbers as numbers, empty cells last), filter by text, show only failing rows.
 (function () {
   const table = document.querySelector("table.summary");
   if (!table) return;
@@ -10,6 +10,7 @@
   function value(row, i) {
     const cell = row.cells[i];
     const raw = cell.dataset.value !== undefined ? cell.dataset.value : cell.textContent;
+    if (raw.trim() === "") return null;
     const num = parseFloat(raw);
     return isNaN(num) && !/^[-+]?inf/i.test(raw) ? raw.toLowerCase() : (/^-inf/i.test(raw) ? -Infinity : (/^\+?inf/i.test(raw) ? Infinity : num));
   }
@@ -21,6 +22,8 @@
       rows.sort(function (a, b) {
         const x = value(a, i), y = value(b, i);
         if (x === y) return 0;
+        if (x === null) return 1;
+        if (y === null) return -1;
         return (x > y ? 1 : -1) * (asc ? 1 : -1);
       });
       rows.forEach(r => body.appendChild(r));

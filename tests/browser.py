@@ -1,0 +1,131 @@
+"""Headless Chromium for report tests: what a 1400 px wide window shows, measured in the DOM.
+
+The report is copied beside a probe: a script run on ``load`` that records, before anything
+scrolls, the page's width against the window's, the boxes of the table's header cells, of
+the row named ``name`` and of the findings. A second run takes a screenshot of the same page,
+1400 px wide and tall enough for all of it, with that row scrolled into the table's box
+(vertically only: the table stays at its left edge), for a human to look at and for a
+pixel check.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+WIDTH, HEIGHT = 1400, 900
+TALL = 3000  # the screenshot's height: the whole page, table included
+
+PROBE = """
+<script type="application/json" id="probe-want">%s</script>
+<script>
+window.addEventListener("load", function () {
+  function box(el) {
+    if (!el) return null;
+    const r = el.getBoundingClientRect();
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, text: el.textContent};
+  }
+  const want = JSON.parse(document.getElementById("probe-want").textContent);
+  const heads = {};
+  document.querySelectorAll("table.summary thead th").forEach(function (th) {
+    heads[th.textContent.trim()] = box(th);
+  });
+  let cell = null;
+  document.querySelectorAll("table.summary tbody th.name").forEach(function (th) {
+    if (th.textContent === want.name) cell = th;
+  });
+  const wrap = document.querySelector(".table-wrap");
+  const out = {
+    viewport: document.documentElement.clientWidth,
+    page: document.documentElement.scrollWidth,
+    wrap: box(wrap),
+    heads: heads,
+    name: box(cell),
+    row_class: cell ? cell.parentNode.className : null,
+    findings: box(document.querySelector(".findings")),
+    legend: Array.from(document.querySelectorAll(".legend .traces")).map(t => t.textContent),
+  };
+  const pre = document.createElement("pre");
+  pre.id = "probe-result";
+  pre.style.display = "none";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+  if (cell && want.scroll) {
+    wrap.scrollTop += cell.getBoundingClientRect().top - wrap.getBoundingClientRect().top - 120;
+  }
+});
+</script>
+"""
+
+
+def chromium() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.fail(
+            "Debian's chromium is needed (apt-get install chromium); the test command installs it"
+        )
+    return exe
+
+
+def _run(page: Path, tmp: Path, *mode: str, height: int = HEIGHT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--window-size={WIDTH},{height}",
+            "--virtual-time-budget=5000",
+            *mode,
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def probe_page(report: Path, tmp: Path, name: str, scroll: bool = False) -> Path:
+    want = json.dumps({"name": name, "scroll": scroll}).replace("</", "<\\/")
+    text = report.read_text(encoding="utf-8")
+    page = tmp / f"probe_{'scrolled' if scroll else 'top'}_{report.name}"
+    page.write_text(text.replace("</body>", PROBE % want + "</body>", 1), encoding="utf-8")
+    return page
+
+
+def layout(report: Path, tmp: Path, name: str) -> tuple[dict, list[str]]:
+    """What the page looks like at 1400 px (see the module doc), and the console errors."""
+    proc = _run(probe_page(report, tmp, name), tmp, "--dump-dom")
+    found = re.search(r'<pre id="probe-result"[^>]*>(.*?)</pre>', proc.stdout, re.S)
+    assert found, proc.stderr[-2000:]
+    errors = [
+        line
+        for line in proc.stderr.splitlines()
+        if "CONSOLE" in line and ("Error" in line or "Uncaught" in line)
+    ]
+    return json.loads(html.unescape(found.group(1))), errors
+
+
+def screenshot(report: Path, tmp: Path, name: str) -> Path:
+    """A 1400 px wide screenshot of the whole page, the row ``name`` scrolled into the table's
+    box (the box scrolls, the page does not)."""
+    png = tmp / f"{report.stem}_{WIDTH}.png"
+    page = probe_page(report, tmp, name, scroll=True)
+    proc = _run(page, tmp, f"--screenshot={png}", height=TALL)
+    assert png.is_file(), proc.stderr[-2000:]
+    return png

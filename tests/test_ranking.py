@@ -1,0 +1,229 @@
+"""The culprit ranking: per-channel scores, quantization evidence, noise floor, verdict.
+
+Unit tests check the numbers against numpy formulas written here; the end-to-end tests run
+the real QNN backend on synthetic models whose culprit is known by construction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from accdbg.algorithms.evidence import Evidence, qdq
+from accdbg.algorithms.oneshot import run_oneshot
+from accdbg.algorithms.ranking import rank
+from accdbg.core.inputs import parse_input_tensor
+from accdbg.verifiers import get_verifier
+from accdbg.verifiers.channels import ChannelPair, channel_axis, live, summarize
+from tests import models
+
+
+def _db(nsr: float) -> float:
+    return -10 * math.log10(nsr)
+
+
+def test_one_loud_channel_hides_in_the_tensor_score_not_in_the_channel_median():
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((1, 8, 6, 6))
+    g[0, 0] *= 100.0  # one channel carries almost all the power
+    t = g + rng.standard_normal(g.shape) * 0.3  # the same absolute noise everywhere
+    sqnr = get_verifier("SQNR")
+    per_tensor = sqnr(g, t).value
+    pair = ChannelPair.of(g, t, channel_axis(g.shape, "NCHW"))
+    per_ch = sqnr.per_channel(pair)
+    stats = summarize(per_ch, live(pair.gg), True)
+    expected = [
+        10 * np.log10((g[0, c] ** 2).sum() / ((g[0, c] - t[0, c]) ** 2).sum()) for c in range(8)
+    ]
+    assert per_ch == pytest.approx(expected)
+    assert stats["ch_median"] == pytest.approx(np.median(expected))
+    assert stats["ch_worst"] == pytest.approx(min(expected))
+    assert per_tensor > stats["ch_median"] + 25  # the tensor score hides the crushed channels
+
+
+def test_channel_axis_from_layout_and_rank():
+    assert channel_axis((1, 16, 8, 8), "NCHW") == 1
+    assert channel_axis((1, 8, 8, 16), "NHWC") == 3
+    assert channel_axis((1, 16, 8, 8)) == 1
+    assert channel_axis((1, 40, 120), None, "MatMul") == 2  # [batch, sequence, features]
+    assert channel_axis((1, 40, 120), None, "Conv") == 1
+    assert channel_axis((1, 16, 1, 1)) is None  # one value per channel: nothing to score
+    assert channel_axis((1, 10)) is None
+
+
+def test_qdq_matches_onnx_quantize_dequantize():
+    from onnx import TensorProto, helper
+
+    x = np.linspace(-3, 9, 101, dtype=np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+        ],
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [101])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [101])],
+        [
+            helper.make_tensor("s", TensorProto.FLOAT, [], [0.03]),
+            helper.make_tensor("z", TensorProto.UINT8, [], [17]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, {"x": x})
+    ours = qdq(x.astype(np.float64), np.float32(0.03), 17, np.dtype(np.uint8))
+    assert ours == pytest.approx(y.astype(np.float64), abs=1e-6)
+
+
+def _ev(name: str, db: float, inputs=()) -> Evidence:
+    return Evidence(name, "Conv", list(inputs), weight_nsr=10 ** (-db / 10), weight_note="w")
+
+
+class _Impact:
+    def __init__(self, shares):
+        self.shares = shares
+
+    def __call__(self, name):
+        return self.shares.get(name, 0.01)
+
+
+def test_clean_model_names_no_layer():
+    rng = np.random.default_rng(1)
+    names = [f"l{i}" for i in range(40)]
+    ev = {n: _ev(n, 35 + rng.normal(0, 3)) for n in names}
+    r = rank(ev, names, impact=_Impact({}))
+    assert r.culprits == []
+    assert r.findings[0].startswith("no single layer stands out")
+    assert all(r.columns[n].get("culprit_rank") is None for n in names)
+
+
+def test_a_standout_is_named_only_when_it_reaches_the_outputs():
+    rng = np.random.default_rng(2)
+    names = [f"l{i}" for i in range(40)]
+    ev = {n: _ev(n, 36 + rng.normal(0, 2)) for n in names}
+    ev["l10"] = _ev("l10", 1.0)  # destroyed, reaches the outputs a little
+    ev["l20"] = _ev("l20", 14.0)  # bad locally, drowned by the rest
+    ev["l30"] = _ev("l30", 15.0)  # bad locally, most of the output error
+    r = rank(ev, names, impact=_Impact({"l10": 0.08, "l20": 0.1, "l30": 0.7}))
+    assert [c.name for c in r.culprits] == ["l30", "l10"]  # ranked by share of output error
+    assert r.columns["l20"].get("culprit_rank") is None
+    assert "alone costs the outputs only 10%" in r.columns["l20"]["cause"]
+    assert r.findings[0].startswith("culprit #1: l30 (Conv) - weight range")
+
+
+def test_floor_and_spread_are_the_median_and_scaled_mad():
+    names = ["a", "b", "c", "d", "e"]
+    dbs = [30.0, 32.0, 34.0, 36.0, 50.0]
+    ev = {n: _ev(n, d) for n, d in zip(names, dbs, strict=True)}
+    r = rank(ev, names)
+    med = np.median(dbs)
+    assert r.floor_db == pytest.approx(med)
+    assert r.spread_db == pytest.approx(1.4826 * np.median(np.abs(np.array(dbs) - med)))
+
+
+@pytest.fixture(scope="module")
+def outlier_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("outlier")
+    out = {}
+    for scale in (0.0, 60.0):
+        built = models.outlier_chain(tmp, scale=scale)
+        inp = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
+        out[scale] = (built, run_oneshot("onnx", built.path, inp, working_dir=tmp / f"w{scale:g}"))
+    return out
+
+
+def test_compensated_outlier_leaves_the_float_function_unchanged(outlier_runs):
+    clean, planted = outlier_runs[0.0][0], outlier_runs[60.0][0]
+    x = np.fromfile(clean.input_path, np.float32).reshape(clean.dims)
+    outs = [
+        ort.InferenceSession(str(b.path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        for b in (clean, planted)
+    ]
+    assert outs[1] == pytest.approx(outs[0], rel=1e-4, abs=1e-4)
+
+
+def test_activation_outlier_blames_the_producer_not_the_consumer(outlier_runs):
+    built, res = outlier_runs[60.0]
+    planted = built.expected["planted"]
+    s = res.summary.set_index("Name")
+    # per tensor the carrier looks healthy; per channel it is not
+    assert s.loc[planted, "SQNR"] > s.loc[planted, "SQNR ch_median"] + 10
+    ranked = res.summary.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
+    assert list(ranked["Name"])[:1] == [planted], ranked[["Name", "cause"]]
+    cause = s.loc[planted, "cause"]
+    assert "activation range" in cause and "channel 0" in cause, cause
+    consumer = f"layer{int(planted[-1]) + 1}"
+    assert pd_isna(s.loc[consumer, "culprit_rank"])
+
+
+def test_clean_chain_names_nothing(outlier_runs):
+    _, res = outlier_runs[0.0]
+    assert res.summary["culprit_rank"].isna().all(), res.findings
+    assert any(f.startswith("no single layer stands out") for f in res.findings) or any(
+        f.startswith("the outputs meet") for f in res.findings
+    )
+
+
+def pd_isna(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or str(v) in ("<NA>", "nan")
+
+
+@pytest.mark.parametrize("algorithm", ["layerwise", "cumulative"])
+def test_snooping_blames_the_producer_and_says_so(outlier_runs, tmp_path, algorithm):
+    from accdbg.algorithms.cumulative import run_cumulative_layerwise
+    from accdbg.algorithms.layerwise import run_layerwise
+
+    built, oneshot = outlier_runs[60.0]
+    run = run_layerwise if algorithm == "layerwise" else run_cumulative_layerwise
+    inp = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
+    res = run(
+        built.path,
+        inp,
+        golden_dir=oneshot.golden_dir,
+        verifiers=["SQNR", "CosineSimilarity"],
+        working_dir=tmp_path / "w",
+    )
+    ranked = res.report.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
+    assert list(ranked["O/P Name"])[:1] == [built.expected["planted"]], ranked
+    assert res.findings and res.findings[0].startswith(f"culprit #1: {built.expected['planted']}")
+    csv = (res.csv).read_text()
+    assert "culprit_rank" in csv.splitlines()[0]
+
+
+def test_a_layer_wrong_only_on_the_backend_is_a_backend_culprit(outlier_runs, tmp_path):
+    """A QNN dump made wrong at one layer (as a faulty kernel would) parts from the CPU
+    fake-quant there and not before: named 'backend' when the backend matters at the outputs."""
+    import shutil
+
+    import onnx
+
+    from accdbg.algorithms.divergence import divergence
+    from accdbg.algorithms.evidence import EvidenceBuilder
+    from accdbg.core.tensor_store import TensorFolder
+
+    built, res = outlier_runs[0.0]
+    result = tmp_path / "Result_0"
+    shutil.copytree(res.engine_run / "output" / "Result_0", result)
+    target = TensorFolder(result)
+    rec = target.records["layer3"]
+    raw = result / rec.file
+    values = np.fromfile(raw, np.float32)
+    (values * 0.6).astype(np.float32).tofile(raw)  # a kernel off by 40 %
+    qdq = onnx.load(str(next(res.engine_run.glob("*.qdq.onnx"))))
+    builder = EvidenceBuilder(qdq, TensorFolder(res.golden_dir), lambda n: n)
+    x = {"x": np.fromfile(built.input_path, np.float32).reshape(built.dims)}
+    div = divergence(qdq, builder.layers, x, TensorFolder(result))
+    # numpy: the corrupted layer against the CPU run is 0.4 of the signal in amplitude
+    assert _db(div["layer3"]) == pytest.approx(-20 * math.log10(0.4 / 1.0), abs=1.5)
+    assert _db(div["layer2"]) > _db(div["layer3"]) + 20
+    ev = builder.build()
+    names = [e.name for e in builder.layers]
+    named = rank(ev, names, divergence=div, backend_share=0.9)
+    assert [c.name for c in named.culprits] == ["layer3"]
+    assert named.culprits[0].cause.startswith("backend")
+    quiet = rank(ev, names, divergence=div, backend_share=0.1)
+    assert quiet.culprits == [] and "10% of the outputs' error" in quiet.columns["layer3"]["cause"]

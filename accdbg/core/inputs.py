@@ -203,6 +203,33 @@ def _same_input(listed: str, given: str) -> bool:
     return listed == given or listed.removesuffix(":0") == given.removesuffix(":0")
 
 
+def line_files(
+    entry,
+    names: Sequence[str],
+    where: str,
+    known: str,
+    same=lambda listed, name: listed == name,
+) -> dict[str, Path]:
+    """The files of one input-list line by input name: ``name:=path`` items matched with
+    ``same``, plain paths in the order of ``names``; ``known`` says what a name must be."""
+    if entry.items[0][0] is None:
+        if len(entry.items) != len(names):
+            raise AccdbgError(
+                f"{where}: {len(entry.items)} file(s) for {len(names)} input(s) ({', '.join(names)})"
+            )
+        return {n: p for n, (_, p) in zip(names, entry.items, strict=True)}
+    files: dict[str, Path] = {}
+    for listed, path in entry.items:
+        name = next((n for n in names if same(str(listed), n)), None)
+        if name is None:
+            raise AccdbgError(f"{where}: {listed!r} is not {known}")
+        files[name] = path
+    missing = [n for n in names if n not in files]
+    if missing:
+        raise AccdbgError(f"{where}: no file for input {missing[0]!r}")
+    return files
+
+
 def inputs_per_line(
     input_list: InputList, tensors: Sequence[InputTensor], order: Sequence[str] | None = None
 ) -> list[list[InputTensor]]:
@@ -215,24 +242,13 @@ def inputs_per_line(
     out: list[list[InputTensor]] = []
     for entry in input_list.entries:
         where = f"{input_list.path}:{entry.line_no}"
-        files: dict[str, Path] = {}
-        if entry.items[0][0] is not None:
-            for listed, path in entry.items:
-                name = next((n for n in names if _same_input(str(listed), n)), None)
-                if name is None:
-                    raise AccdbgError(
-                        f"{where}: {listed!r} is not one of the -i/--input_tensor names ({', '.join(names)})"
-                    )
-                files[name] = path
-            missing = [n for n in names if n not in files]
-            if missing:
-                raise AccdbgError(f"{where}: no file for input {missing[0]!r}")
-        else:
-            if len(entry.items) != len(names):
-                raise AccdbgError(
-                    f"{where}: {len(entry.items)} file(s) for {len(names)} input(s) ({', '.join(names)})"
-                )
-            files = {n: p for n, (_, p) in zip(names, entry.items, strict=True)}
+        files = line_files(
+            entry,
+            names,
+            where,
+            f"one of the -i/--input_tensor names ({', '.join(names)})",
+            same=_same_input,
+        )
         line = [replace(given[n], path=files[n]) for n in given]
         for t in line:
             check_raw_size(t.path, t.dims, t.dtype, f"{where}: input {t.name!r}")

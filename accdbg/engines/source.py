@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from accdbg.core import onnx_model as om
-from accdbg.core.inputs import InputList, InputTensor, check_finite, check_raw_size
+from accdbg.core.inputs import InputList, InputTensor, check_finite, check_raw_size, line_files
 from accdbg.engines.prepare import prepare_float_model
 from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
 from accdbg.errors import AccdbgError
@@ -68,24 +68,8 @@ def build_feeds(
     if input_list is not None:
         for entry in input_list.entries:
             where = f"{input_list.path}:{entry.line_no}"
-            named = entry.items[0][0] is not None
-            if named:
-                files = {}
-                for n, p in entry.items:
-                    if n not in names:
-                        raise AccdbgError(
-                            f"{where}: {n!r} is not an input of the model; its inputs are: {om.describe_inputs(model)}"
-                        )
-                    files[n] = p
-                missing = [n for n in names if n not in files]
-                if missing:
-                    raise AccdbgError(f"{where}: no file for model input {missing[0]!r}")
-            else:
-                if len(entry.items) != len(names):
-                    raise AccdbgError(
-                        f"{where}: {len(entry.items)} file(s) for {len(names)} model input(s) ({', '.join(names)})"
-                    )
-                files = {n: p for n, (_, p) in zip(names, entry.items, strict=True)}
+            known = f"an input of the model; its inputs are: {om.describe_inputs(model)}"
+            files = line_files(entry, names, where, known)
             for n, p in files.items():
                 check_raw_size(p, dims[n], dtypes[n], f"{where}: input {n!r}")
                 check_finite(p, dtypes[n], f"{where}: input {n!r}", allow_nonfinite, dims[n])

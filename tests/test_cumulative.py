@@ -16,6 +16,7 @@ from onnx import numpy_helper
 from accdbg.algorithms import backend as backend_module
 from accdbg.algorithms import run_cumulative_layerwise, run_layerwise
 from accdbg.algorithms.backend import run_part
+from accdbg.algorithms.ranking import COLUMNS as RANKING_COLUMNS  # noqa: E402
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines import exposure, run_inference_engine
@@ -59,7 +60,7 @@ def _orig(cell: str) -> dict:
 def test_partitions_exactly_at_the_two_faults(two_fault):
     m = two_fault
     df = m.cumulative.report
-    assert list(df.columns) == COLUMNS
+    assert list(df.columns) == COLUMNS + list(RANKING_COLUMNS)
     oneshot = oneshot_cosines(m.golden, m.engine.results[0])
     assert list(df["O/P Name"]) == list(oneshot)
     assert set(df.loc[df["Status"] == "part", "O/P Name"]) == {A, B}

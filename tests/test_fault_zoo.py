@@ -220,7 +220,7 @@ def quick_zoo(tmp_path_factory):
 
 def _oneshot_dirs(case) -> tuple[Path, Path, pd.DataFrame]:
     w = case.folder / "w"
-    golden = w / "framework_diagnosis" / "oneshot"
+    golden = runner._line0(w / "framework_diagnosis" / "oneshot")
     result = w / "inference_engine" / "oneshot" / "output" / "Result_0"
     summary = pd.read_csv(w / "verification" / "oneshot" / "summary.csv", keep_default_na=False)
     return golden, result, summary

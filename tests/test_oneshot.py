@@ -558,11 +558,14 @@ def test_real_rec_model_with_metadata_runs_as_shipped(ppocr_rec_oneshot, ppocr_r
     assert [r.shape for r in references] == [(1, 40, 6625)] * 2 and len(characters) == 6625
     texts = [ctc_decode(r, characters) for r in references]
     assert texts == ["HELLO 2024", "QNN 48x320"]  # the inputs are what they claim
-    # framework diagnosis: every non-Constant node output, the final one the float model's
-    golden = TensorFolder(res.golden_dir)
+    # framework diagnosis: one golden per list line, every non-Constant node output, the final
+    # one the float model's
     outputs = [o for n in model.graph.node if n.op_type != "Constant" for o in n.output]
-    assert set(golden.names()) == set(outputs)
-    np.testing.assert_allclose(golden.load("softmax_11.tmp_0"), references[0], atol=1e-5)
+    for i, reference in enumerate(references):
+        line = TensorFolder(res.golden_dir / f"Result_{i}")
+        assert set(line.names()) == set(outputs)
+        np.testing.assert_allclose(line.load("softmax_11.tmp_0"), reference, atol=1e-5)
+    golden = TensorFolder(res.golden_dir / "Result_0")
     # the engine: every quantized activation of its QDQ model dumped, for both list lines
     qdq = onnx.load(str(next(res.engine_run.glob("*.qdq.onnx"))))
     inputs = {i.name for i in qdq.graph.input}

@@ -357,6 +357,26 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
     )
 
 
+def one_input_golden(folder: Path, inputs: Sequence[InputTensor]) -> Path:
+    """The golden tensors of one input: a framework-diagnosis run over an input list holds one
+    ``Result_N`` per line; the one computed from the ``-i`` files is taken, else the first."""
+    from accdbg.core.provenance import recorded_inputs
+    from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder
+
+    lines = sorted(folder.glob(f"Result_*/{MANIFEST_NAME}"), key=lambda p: p.parent.name)
+    if (folder / MANIFEST_NAME).exists() or not lines:
+        return folder
+    wanted = {t.name: str(Path(t.path).resolve()) for t in inputs}
+    for manifest in lines:
+        rec = recorded_inputs(TensorFolder(manifest.parent).meta) or {}
+        if wanted and {k: str(Path(v["path"]).resolve()) for k, v in rec.items()} == wanted:
+            return manifest.parent
+    log.info(
+        "golden %s: using %s (no line was computed from the -i files)", folder, lines[0].parent.name
+    )
+    return lines[0].parent
+
+
 def set_up(req: Request, run_path: Path, journal: Journal, working_dir) -> tuple[Path, Path]:
     """The golden folder and the QDQ model: from the journal when resuming, else made now."""
     from accdbg.frameworks.diagnosis import run_framework_diagnosis
@@ -370,7 +390,7 @@ def set_up(req: Request, run_path: Path, journal: Journal, working_dir) -> tuple
             if not p.exists():
                 raise AccdbgError(f"cannot resume {str(run_path)!r}: its {what} {str(p)!r} is gone")
         return golden, qdq
-    golden = req.golden_dir
+    golden = one_input_golden(req.golden_dir, req.inputs) if req.golden_dir else None
     if golden is None:
         if req.qdq_model == req.model_path:
             log.warning(

@@ -47,7 +47,8 @@ def asset(rel: str) -> str:
 
 
 def column_order(columns: Sequence[str], labels: Sequence[str]) -> list[str]:
-    """Name, culprit rank and cause, layer type; each score with its own columns; marks;
+    """Name, culprit rank and cause, layer type; the scores and their drops; each score's own
+    columns; marks;
     Status/Failed; then everything else in its original order."""
     cols = [str(c) for c in columns]
     scores = [lab for lab in labels if lab in cols]
@@ -58,7 +59,8 @@ def column_order(columns: Sequence[str], labels: Sequence[str]) -> list[str]:
         for c in cols
         if c not in scores and (c.startswith(f"{lab} ") or c.startswith(f"{lab}_"))
     ]
-    front = lead + scores + list(dict.fromkeys(per_score))
+    drops = [f"{lab} drop" for lab in scores if f"{lab} drop" in cols]  # next to the scores
+    front = lead + scores + drops + [c for c in dict.fromkeys(per_score) if c not in drops]
     front += [c for c in MARK_COLUMNS + VERDICT_COLUMNS if c in cols and c not in front]
     return front + [c for c in cols if c not in front]
 

@@ -152,9 +152,14 @@ def oneshot_dumps(case_folder: Path) -> tuple[Path, Path]:
     """Golden and QNN (Result_0) tensor folders of a case's oneshot run."""
     w = case_folder / "w"
     return (
-        w / "framework_diagnosis" / "oneshot",
+        _line0(w / "framework_diagnosis" / "oneshot"),
         w / "inference_engine" / "oneshot" / "output" / "Result_0",
     )
+
+
+def _line0(golden: Path) -> Path:
+    """The first input's golden: a run over an input list keeps one Result_N per line."""
+    return golden / "Result_0" if (golden / "Result_0").is_dir() else golden
 
 
 def channel_sqnr(golden: np.ndarray, target: np.ndarray) -> float:

@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     df = runner.to_frame(results)
     df = runner.with_harm(df)
     df.to_csv(out / "cases.csv", index=False)
-    table = scoring.summary_table(df)
+    table = scoring.summary_table(df, zoo_plant.KINDS)
     total = time.perf_counter() - t0
     md = report_markdown(table, df, dropped, algorithms, total)
     (out / "summary.md").write_text(md)
@@ -174,7 +174,8 @@ def report_markdown(table, df, dropped, algorithms, seconds: float) -> str:
         "# accdbg fault zoo",
         "",
         f"Ranking: {', '.join(ranking) or '-'}; algorithms: {', '.join(algorithms)}; "
-        f"{df['case'].nunique()} cases; {seconds / 60:.1f} min.",
+        f"{df['case'].nunique()} cases; runs took {df['seconds'].sum() / 60:.1f} min in all "
+        f"(this invocation {seconds / 60:.1f} min; results cached in --out are reused).",
         "",
         markdown(table),
         "",

@@ -91,56 +91,38 @@ def sqnr_db(golden: np.ndarray, target: np.ndarray) -> float:
     return math.inf if noise == 0 else 10.0 * math.log10(max(float(np.sum(g**2)), 1e-30) / noise)
 
 
-def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per algorithm and fault kind: cases, hit@1, hit@3; clean: false alarms."""
+ALGORITHM_ORDER = ("oneshot", "layerwise", "cumulative")
+
+
+def summary_table(rows: pd.DataFrame, kinds: Sequence[str]) -> pd.DataFrame:
+    """Per algorithm and fault kind: cases, hit@1, hit@3, how many faults hurt QNN's result and
+    hit@3 among those; clean: false alarms (a clean case where some layer is ranked)."""
     out = []
-    for (algo, kind), grp in rows.groupby(["algorithm", "kind"], sort=False):
-        done = grp[grp["status"] == "ok"]
-        n = len(done)
-        if kind == "clean":
-            alarms = int((done["n_named"] > 0).sum())
-            out.append(
-                {
-                    "algorithm": algo,
-                    "fault kind": kind,
-                    "cases": n,
-                    "hit@1": "",
-                    "hit@3": "",
-                    "false alarms": f"{alarms}/{n}",
-                    "QNN hurt": "",
-                    "failed runs": len(grp) - n,
-                }
-            )
-            continue
-        h1, h3 = int(done["hit1"].sum()), int(done["hit3"].sum())
-        hurt = int(done["hurts"].sum()) if "hurts" in done else 0
-        out.append(
-            {
-                "algorithm": algo,
-                "fault kind": kind,
-                "cases": n,
-                "hit@1": _pct(h1, n),
-                "hit@3": _pct(h3, n),
-                "false alarms": "",
-                "QNN hurt": f"{hurt}/{n}",
-                "failed runs": len(grp) - n,
-            }
-        )
-    for algo, grp in rows.groupby("algorithm", sort=False):
-        done = grp[(grp["status"] == "ok") & (grp["kind"] != "clean")]
-        n = len(done)
-        out.append(
-            {
-                "algorithm": algo,
-                "fault kind": "**all faults**",
-                "cases": n,
-                "hit@1": _pct(int(done["hit1"].sum()), n),
-                "hit@3": _pct(int(done["hit3"].sum()), n),
-                "false alarms": "",
-                "QNN hurt": f"{int(done['hurts'].sum())}/{n}" if "hurts" in done else "",
-                "failed runs": int((grp["status"] != "ok").sum()),
-            }
-        )
+    algos = [a for a in ALGORITHM_ORDER if a in set(rows["algorithm"])]
+    for algo in algos:
+        mine = rows[rows["algorithm"] == algo]
+        groups = [(k, mine[mine["kind"] == k]) for k in kinds if k != "clean"]
+        groups.append(("**all faults**", mine[mine["kind"] != "clean"]))
+        groups.append(("clean", mine[mine["kind"] == "clean"]))
+        for kind, grp in groups:
+            if grp.empty:
+                continue
+            done = grp[grp["status"] == "ok"]
+            n = len(done)
+            row = {"algorithm": algo, "fault kind": kind, "cases": n}
+            if kind == "clean":
+                alarms = int((done["n_named"] > 0).sum())
+                row |= {"hit@1": "", "hit@3": "", "QNN hurt": "", "hit@3 where hurt": ""}
+                row["false alarms"] = f"{alarms}/{n}"
+            else:
+                hurt = done[done["hurts"].fillna(False).astype(bool)]
+                row["hit@1"] = _pct(int(done["hit1"].sum()), n)
+                row["hit@3"] = _pct(int(done["hit3"].sum()), n)
+                row["QNN hurt"] = f"{len(hurt)}/{n}"
+                row["hit@3 where hurt"] = _pct(int(hurt["hit3"].sum()), len(hurt))
+                row["false alarms"] = ""
+            row["failed runs"] = len(grp) - n
+            out.append(row)
     return pd.DataFrame(out)
 
 

@@ -92,26 +92,28 @@ def conv_net(tmp: Path, channels: int = 8, size: int = 16, layers: int = 3, seed
     return Built(path, x_path, "x", (1, 3, size, size), {})
 
 
-def planted_chain(
-    tmp: Path, layers: int = 6, bad: int = 3, size: int = 16, channels: int = 16
-) -> Built:
-    """Conv+Relu chain whose layer ``bad`` has a dead channel with 40x weights.
-
-    ReLU always zeroes that channel (bias -1000), so it does not dominate the activation, but
-    per-tensor 8-bit weight quantization spends its whole range on it: every other channel of
-    that layer loses its precision. ``expected`` holds the planted layer's output name.
-    """
-    rng = np.random.default_rng(11)
+def _relu_chain(
+    path: Path,
+    x_path: Path,
+    layers: int,
+    size: int,
+    channels: int,
+    seed: int,
+    bias_shift: float,
+    edit,
+    x_offset: float = 0.0,
+) -> None:
+    """A Conv(3x3)+Relu chain with He-initialised weights; ``edit(i, w, b)`` plants a fault in
+    layer ``i`` in place. Writes the model and a smooth 1x3xSxS input."""
+    rng = np.random.default_rng(seed)
     nodes, inits = [], []
     prev, cin = "x", 3
     for i in range(layers):
         w = (rng.standard_normal((channels, cin, 3, 3)) * np.sqrt(2.0 / (cin * 9))).astype(
             np.float32
         )
-        b = (rng.standard_normal(channels) * 0.05).astype(np.float32)
-        if i == bad:
-            w[0] *= 40.0
-            b[0] = -1000.0
+        b = (rng.standard_normal(channels) * 0.05 + bias_shift).astype(np.float32)
+        edit(i, w, b)
         inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
         nodes.append(
             helper.make_node(
@@ -122,16 +124,34 @@ def planted_chain(
         prev, cin = f"layer{i}", channels
     graph = helper.make_graph(
         nodes,
-        "planted",
+        path.stem,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
         [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, channels, size, size])],
         inits,
     )
-    path = save(graph, tmp / "planted.onnx")
+    save(graph, path)
     yy, xx = np.mgrid[0:size, 0:size] / size
-    x = np.stack([np.sin(5 * xx), np.cos(4 * yy), xx * yy]).astype(np.float32)[None]
-    x_path = tmp / "planted_x.raw"
+    x = np.stack([np.sin(5 * xx) + x_offset, np.cos(4 * yy), xx * yy]).astype(np.float32)[None]
     x.tofile(x_path)
+
+
+def planted_chain(
+    tmp: Path, layers: int = 6, bad: int = 3, size: int = 16, channels: int = 16
+) -> Built:
+    """Conv+Relu chain whose layer ``bad`` has a dead channel with 40x weights.
+
+    ReLU always zeroes that channel (bias -1000), so it does not dominate the activation, but
+    per-tensor 8-bit weight quantization spends its whole range on it: every other channel of
+    that layer loses its precision. ``expected`` holds the planted layer's output name.
+    """
+
+    def edit(i, w, b):
+        if i == bad:
+            w[0] *= 40.0
+            b[0] = -1000.0
+
+    path, x_path = tmp / "planted.onnx", tmp / "planted_x.raw"
+    _relu_chain(path, x_path, layers, size, channels, 11, 0.0, edit)
     return Built(path, x_path, "x", (1, 3, size, size), {"planted": f"layer{bad}"})
 
 
@@ -146,37 +166,14 @@ def outlier_chain(
     spent on one channel and the other channels keep a few levels. The culprit is layer ``at``
     (the producer), not the consumer that receives the crushed tensor.
     """
-    rng = np.random.default_rng(5)
-    nodes, inits = [], []
-    prev, cin = "x", 3
-    for i in range(layers):
-        w = (rng.standard_normal((channels, cin, 3, 3)) * np.sqrt(2.0 / (cin * 9))).astype(
-            np.float32
-        )
-        b = (rng.standard_normal(channels) * 0.05 + 0.05).astype(np.float32)
+
+    def edit(i, w, b):
         if scale and i == at:
             w[0] *= scale
             b[0] *= scale
         if scale and i == at + 1:
             w[:, 0] /= scale
-        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
-        nodes.append(
-            helper.make_node(
-                "Conv", [prev, f"w{i}", f"b{i}"], [f"conv{i}"], pads=[1] * 4, name=f"Conv_{i}"
-            )
-        )
-        nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"layer{i}"], name=f"Relu_{i}"))
-        prev, cin = f"layer{i}", channels
-    graph = helper.make_graph(
-        nodes,
-        "outlier",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, channels, size, size])],
-        inits,
-    )
-    path = save(graph, tmp / f"outlier_{scale:g}.onnx")
-    yy, xx = np.mgrid[0:size, 0:size] / size
-    x = np.stack([np.sin(5 * xx) + 0.5, np.cos(4 * yy), xx * yy]).astype(np.float32)[None]
-    x_path = tmp / "outlier_x.raw"
-    x.tofile(x_path)
+
+    path, x_path = tmp / f"outlier_{scale:g}.onnx", tmp / "outlier_x.raw"
+    _relu_chain(path, x_path, layers, size, channels, 5, 0.05, edit, x_offset=0.5)
     return Built(path, x_path, "x", (1, 3, size, size), {"planted": f"layer{at}"})

@@ -21,40 +21,27 @@ import logging
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from accdbg.core.run_dir import RunDir, write_json_atomic
 from accdbg.encodings.aimet import AimetEncodings, aimet_dict, load_aimet
 from accdbg.encodings.matching import RULES, loose, match_names
 from accdbg.encodings.model import ACTIVATION, PARAM, Encoding
+from accdbg.encodings.pairs import FIELDS, VALUE_FIELDS, PairResult, compare_pair, symmetric_offset
 from accdbg.encodings.qnn_json import QnnGraph, load_qnn_graph, qnn_encodings
+from accdbg.encodings.report import write_encodings_workbook
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.compare_encodings")
 
 COMPONENT = "compare_encodings"
 DEFAULT_PRECISION = 17
-FIELDS = ("dtype", "bitwidth", "symmetry", "channels", "scale", "offset", "min", "max")
-VALUE_FIELDS = ("scale", "offset", "min", "max")
 WORKBOOK = "encodings_diff.xlsx"
 EXTRACTED = "extracted_encodings.json"
-
-
-@dataclass
-class PairResult:
-    """One compared pair; ``diffs`` maps a mismatching field to the channels that differ."""
-
-    kind: str
-    aimet: Encoding
-    qnn: Encoding
-    matched_by: str
-    diffs: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    note: str = ""
 
 
 @dataclass
@@ -67,54 +54,6 @@ class CompareResult:
     pairs: list[PairResult]
     node_report: str | None
     seconds: float
-
-
-def _f32(x: float) -> float:
-    return float(np.float32(x))
-
-
-def same(a: float, b: float, precision: int, as_float32: bool) -> bool:
-    if as_float32:
-        a, b = _f32(a), _f32(b)
-    return round(float(a), precision) == round(float(b), precision)
-
-
-def symmetric_offset(e: Encoding) -> bool:
-    return bool(e.offset) and all(o == -(2 ** (e.bitwidth - 1)) for o in e.offset)
-
-
-def compare_pair(a: Encoding, q: Encoding, matched_by: str, precision: int) -> PairResult:
-    """Compare an AIMET encoding with a QNN one, field by field and channel by channel."""
-    r = PairResult(a.kind, a, q, matched_by)
-    if q.source.get("filled_from"):
-        r.note = f"QNN values filled from the {q.source['filled_from'].replace('_', ' ')}"
-    if a.dtype != q.dtype:
-        r.diffs["dtype"] = ()
-        return r
-    if a.bitwidth != q.bitwidth:
-        r.diffs["bitwidth"] = ()
-    if a.is_float:
-        return r
-    if not q.values_known:
-        r.note = q.source.get("unreadable", "QNN values unknown")
-        if "channels" in q.source and q.source["channels"] != a.channels:
-            r.diffs["channels"] = ()
-        return r
-    if a.channels != q.channels:
-        r.diffs["channels"] = ()
-        return r
-    if a.is_symmetric and not symmetric_offset(q):
-        r.diffs["symmetry"] = ()
-    for name in VALUE_FIELDS:
-        av, qv = getattr(a, name), getattr(q, name)
-        bad = tuple(
-            i
-            for i, (x, y) in enumerate(zip(av, qv, strict=True))
-            if not same(x, y, precision, name != "offset")
-        )
-        if bad:
-            r.diffs[name] = bad
-    return r
 
 
 def _value(values: tuple, known: bool = True) -> Any:
@@ -464,8 +403,6 @@ def compare_encodings(
         )
         if node_report:
             log.debug("--specific_node report:\n%s", node_report)
-        from accdbg.encodings.report import write_encodings_workbook  # report imports this module
-
         write_encodings_workbook(
             run.path / WORKBOOK,
             pairs,

@@ -15,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from accdbg.encodings.compare import FIELDS, VALUE_FIELDS, PairResult, symmetric_offset
 from accdbg.encodings.model import ACTIVATION, PARAM
+from accdbg.encodings.pairs import FIELDS, VALUE_FIELDS, PairResult, symmetric_offset
 from accdbg.reports.excel import Sheet, write_workbook
 
 LABEL = {

@@ -16,7 +16,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from accdbg.reports.cells import escape
-from accdbg.verifiers.base import Verifier
 
 MAX_TICKS = 48
 NAME_CHARS = 20
@@ -30,6 +29,14 @@ COLORS = {
     "largest drops": "#e07b00",
     "culprit": "#6a1b9a",
 }
+
+
+class Metric(Protocol):
+    """What a chart panel needs of a verifier: its unit and its pass mark (reports take plain
+    data; any :class:`~accdbg.verifiers.base.Verifier` is one)."""
+
+    unit: str
+    pass_mark: float | None
 
 
 class Marks(Protocol):
@@ -91,7 +98,7 @@ class _Legend:
 
 
 def figure(
-    df: pd.DataFrame, verifiers: Mapping[str, Verifier], marks: Sequence[Marks] = ()
+    df: pd.DataFrame, verifiers: Mapping[str, Metric], marks: Sequence[Marks] = ()
 ) -> go.Figure:
     """One panel per verifier: score, drop, threshold, first crossing, largest drops, culprits."""
     labels = [lab for lab in verifiers if lab in df.columns]

@@ -25,9 +25,8 @@ from plotly.offline import get_plotlyjs
 from accdbg.core.run_dir import write_bytes_atomic
 from accdbg.errors import AccdbgError
 from accdbg.reports.cells import escape
-from accdbg.reports.chart import CAUSE, RANK, Marks, culprits, figure
+from accdbg.reports.chart import CAUSE, RANK, Marks, Metric, culprits, figure
 from accdbg.reports.summary import format_value, inputs_html
-from accdbg.verifiers.base import Verifier
 
 MARK_COLUMNS = ["first_crossing", "largest_drop"]
 VERDICT_COLUMNS = ["Status", "Failed"]
@@ -173,7 +172,7 @@ def table_html(
 def write_report(
     path: str | Path,
     df: pd.DataFrame,
-    verifiers: Mapping[str, Verifier],
+    verifiers: Mapping[str, Metric],
     marks: Sequence[Marks],
     title: str,
     meta: str = "",

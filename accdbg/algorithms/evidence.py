@@ -195,12 +195,17 @@ class EvidenceBuilder:
         known = {r.name for r in golden}
         self.layers = layers if layers is not None else select(qdq_model, known)
         self.row_of = {e.qdq_tensor: e.name for e in self.layers}
+        self._powers: dict[str, dict[tuple[int, int], np.ndarray]] = {}  # row -> channel powers
+        self._read_as: dict[str, set[int]] = {}  # row -> how weighted layers read it (1, -1)
+        for n in self.nodes:
+            if n.op_type in WEIGHT_OUT_AXIS and n.input:
+                row = self.row_of.get(self._activation(n.input[0]))
+                if row is not None:
+                    self._read_as.setdefault(row, set()).add(
+                        1 if n.op_type.startswith("Conv") else -1
+                    )
 
     # ------------------------------------------------------------ tensors
-    def _array(self, name: str) -> np.ndarray | None:
-        init = self.inits.get(name)
-        return None if init is None else numpy_helper.to_array(init)
-
     def _golden(self, row: str) -> tuple[np.ndarray, str | None] | None:
         g = self.golden_name(row)
         if g is None or g not in self.golden:
@@ -223,6 +228,9 @@ class EvidenceBuilder:
             try:
                 self._weights(node, ev)
                 gold = self._golden(e.name)
+                kinds = self._read_as.get(e.name)
+                if gold is not None and kinds:  # its consumers weigh their weights by these
+                    self._powers[e.name] = channel_powers(*gold, tuple(kinds))
                 if gold is not None and e.quantized:
                     self._output(e, gold, ev)
                     if e.op_type == "Concat":
@@ -239,18 +247,11 @@ class EvidenceBuilder:
         dq = self.producer.get(node.input[1]) if len(node.input) > 1 else None
         if dq is None or dq.op_type != "DequantizeLinear":
             return
-        wq = self._array(dq.input[0])
-        if wq is None or wq.ndim < 2:
+        if dq.input[0] not in self.inits:
             return
-        scale = self._array(dq.input[1])
-        zp = self._array(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
-        zp = np.zeros_like(scale, dtype=np.int64) if zp is None else zp.astype(np.int64)
-        q_axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
-        if scale.size > 1:  # per-axis: broadcast scale/zp along their axis
-            shape = [1] * wq.ndim
-            shape[q_axis] = scale.size
-            scale, zp = scale.reshape(shape), zp.reshape(shape)
-        deq = (wq.astype(np.int64) - zp) * scale.astype(np.float64)
+        wq, scale, deq = dequantized_weight(dq, self.inits)
+        if wq.ndim < 2:
+            return
         axis_in = 1 - axis_out if wq.ndim == 2 else (0 if node.op_type == "ConvTranspose" else 1)
         if node.op_type == "Gemm":
             trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
@@ -269,29 +270,28 @@ class EvidenceBuilder:
         notes += _outlier_notes(ref, axis_out, axis_in)
         ev.weight_note = "; ".join(notes)
 
-    def _input_power(self, node: onnx.NodeProto, axis_in: int, n: int) -> np.ndarray | None:
-        """Mean square of each input channel of the layer's golden input: a weight matters as
-        much as the signal it multiplies (a huge weight on a silent channel does nothing)."""
-        x = node.input[0]
+    def _activation(self, x: str) -> str:
+        """The float activation behind a DequantizeLinear/QuantizeLinear chain."""
         while x in self.producer and self.producer[x].op_type in (
             "QuantizeLinear",
             "DequantizeLinear",
         ):
             x = self.producer[x].input[0]
+        return x
+
+    def _input_power(self, node: onnx.NodeProto, axis_in: int, n: int) -> np.ndarray | None:
+        """Mean square of each input channel of the layer's golden input: a weight matters as
+        much as the signal it multiplies (a huge weight on a silent channel does nothing)."""
+        x = self._activation(node.input[0])
         row = self.row_of.get(x)
+        if row is not None and row in self._powers:  # measured when its producer was
+            return self._powers[row].get((1 if node.op_type.startswith("Conv") else -1, n))
         gold = self._golden(row) if row else None
         if gold is None and x in self.graph_inputs:
             gold = (np.asarray(self.graph_inputs[x], np.float64), None)
         if gold is None:
             return None
-        g, layout = gold
-        axis = 1 if node.op_type.startswith("Conv") else g.ndim - 1
-        if layout and layout.upper() == "NHWC" and g.ndim == 4:
-            axis = 3
-        if g.shape[axis] != n:
-            return None
-        g2 = by_channel(g, axis)
-        return channel_power(g2) / g2.shape[1]
+        return channel_powers(*gold).get((1 if node.op_type.startswith("Conv") else -1, n))
 
     def _output(self, e: Exposed, gold: tuple[np.ndarray, str | None], ev: Evidence) -> None:
         g, layout = gold
@@ -341,6 +341,41 @@ class EvidenceBuilder:
                 share = float(np.ptp(g)) / ((hi - lo) * e.scale)
                 worst, note = nsr, f"input {row} uses {100 * share:.3g}% of the output's range"
         ev.concat_nsr, ev.concat_note = worst, note
+
+
+def channel_powers(
+    g: np.ndarray, layout: str | None, kinds: tuple[int, ...] = (1, -1)
+) -> dict[tuple[int, int], np.ndarray]:
+    """Mean square of each channel of a tensor, keyed ``(kind, channels)``: kind 1 is the
+    channel axis a convolution reads (axis 1; NHWC: 3), -1 the last axis a MatMul/Gemm reads."""
+    if g.ndim < 2:
+        return {}
+    conv = 3 if layout and layout.upper() == "NHWC" and g.ndim == 4 else 1
+    out = {}
+    for kind, axis in ((k, conv if k == 1 else g.ndim - 1) for k in kinds):
+        g2 = by_channel(g, axis)
+        out[(kind, g.shape[axis])] = channel_power(g2) / g2.shape[1]
+    return out
+
+
+def dequantized_weight(
+    dq: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A weight's integers, its scale (broadcast along a per-axis encoding's axis) and its
+    dequantized float64 values, from its DequantizeLinear and the model's initializers."""
+    wq = numpy_helper.to_array(inits[dq.input[0]])
+    scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
+    zp_name = dq.input[2] if len(dq.input) > 2 else ""
+    zp = (
+        numpy_helper.to_array(inits[zp_name]).astype(np.int64)
+        if zp_name
+        else np.zeros_like(scale, dtype=np.int64)
+    )
+    if scale.size > 1:  # per-axis: broadcast scale/zp along their axis
+        shape = [1] * wq.ndim
+        shape[next((a.i for a in dq.attribute if a.name == "axis"), 1)] = scale.size
+        scale, zp = scale.reshape(shape), zp.reshape(shape)
+    return wq, scale, (wq.astype(np.int64) - zp) * scale
 
 
 def float_weights_of(model_path) -> dict[str, np.ndarray]:

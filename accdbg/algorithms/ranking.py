@@ -235,9 +235,10 @@ def rank(
             )
             continue
         candidates.append((severity, n, _cause(ev)))
-    compared_inputs({n: evidence[n].inputs for n in evidence}, set(observed))
     if local_observed:
         candidates += _backend(evidence, observed, {c[1] for c in candidates})
+    else:
+        _inherited(order, evidence, observed, local, columns)
     if divergence:  # a full run's inputs carry upstream error: a note, not a verdict
         for _, n, cause in _diverging(evidence, divergence, set()):
             col = columns.setdefault(n, {})
@@ -256,6 +257,30 @@ def rank(
             "(QNN against onnxruntime's CPU fake-quant of the same QDQ model)",
         )
     return Ranking(culprits, floor, spread, findings, columns)
+
+
+def _inherited(
+    order: Sequence[str],
+    evidence: Mapping[str, Evidence],
+    observed: Mapping[str, float],
+    local: Mapping[str, float],
+    columns: dict[str, dict[str, object]],
+) -> None:
+    """In a full run, say where a layer's error comes from when its inputs bring most of it:
+    the chain is followed (execution order) back to where it started."""
+    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(observed))
+    root: dict[str, str] = {}
+    for n in order:
+        obs = observed.get(n, math.nan)
+        if not math.isfinite(obs):
+            continue
+        ins = [x for x in inputs.get(n, []) if math.isfinite(observed[x])]
+        if n not in columns or not ins or columns[n].get(CAUSE):
+            continue
+        worst = max(ins, key=lambda x: observed[x])
+        if observed[worst] >= 0.5 * obs and observed[worst] > local.get(n, 0.0):
+            root[n] = root.get(worst, worst)
+            columns[n][CAUSE] = f"inherited from {root[n]}"
 
 
 def _outlier_source(

@@ -21,6 +21,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from accdbg.algorithms.evidence import dequantized_weight
 from accdbg.core import onnx_model as om
 from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.base import dot
@@ -106,7 +107,11 @@ class Sensitivity:
             name = dq.input[0].removesuffix("_quantized")
             if name not in inits or len(inits[name].dims) < 2:
                 continue
-            inits[name].CopyFrom(numpy_helper.from_array(self._dequantized(dq), name))
+            inits[name].CopyFrom(
+                numpy_helper.from_array(
+                    dequantized_weight(dq, self._qdq_inits)[2].astype(np.float32), name
+                )
+            )
         if layer.quantized:
             produced = {o for n in model.graph.node for o in n.output}
             # the quantizer may rename a tensor (a graph output's producer gets "_QuantizeLinear_Input")
@@ -121,21 +126,6 @@ class Sensitivity:
             self._insert_qdq(model, layer, tensor)
         out = _session(model).run(self.outputs, self.feeds)
         return output_noise(self.golden, out)
-
-    def _dequantized(self, dq: onnx.NodeProto) -> np.ndarray:
-        q = numpy_helper.to_array(self._qdq_inits[dq.input[0]]).astype(np.int64)
-        scale = numpy_helper.to_array(self._qdq_inits[dq.input[1]]).astype(np.float64)
-        zp = (
-            numpy_helper.to_array(self._qdq_inits[dq.input[2]]).astype(np.int64)
-            if len(dq.input) > 2 and dq.input[2]
-            else np.zeros_like(scale, dtype=np.int64)
-        )
-        if scale.size > 1:
-            axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
-            shape = [1] * q.ndim
-            shape[axis] = scale.size
-            scale, zp = scale.reshape(shape), zp.reshape(shape)
-        return ((q - zp) * scale).astype(np.float32)
 
     @staticmethod
     def _insert_qdq(model: onnx.ModelProto, layer: Exposed, t: str) -> None:

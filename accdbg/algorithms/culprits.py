@@ -157,7 +157,6 @@ class _LazySensitivity:
             path, qdq, feeds = self.args
             try:
                 self._sens = Sensitivity(onnx.load(str(path)), qdq, feeds)
-                self._sens.whole()
             except Exception as exc:  # onnxruntime refusing the model: rank on evidence alone
                 self.failed = True
                 self._sens = None

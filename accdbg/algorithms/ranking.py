@@ -240,7 +240,7 @@ def rank(
     else:
         _inherited(order, evidence, observed, local, columns)
     if divergence:  # a full run's inputs carry upstream error: a note, not a verdict
-        for _, n, cause in _diverging(evidence, divergence, set()):
+        for n, cause in _diverging(evidence, divergence).items():
             col = columns.setdefault(n, {})
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
     candidates.sort(key=lambda c: -c[0])
@@ -311,73 +311,62 @@ def _outlier_source(
     return None
 
 
+def _standing_jumps(jumps: Mapping[str, tuple[float, float]]) -> list[str]:
+    """Layers whose jump (dB of error beyond what explains it) is at least ``BACKEND_DB`` and
+    stands out among the model's jumps, with an error the pass mark would see (``ABS_DB``)."""
+    floor, spread = robust_floor([j for j, _ in jumps.values()])
+    return [
+        n
+        for n, (j, nsr) in jumps.items()
+        if j >= BACKEND_DB and j >= floor + standout_gap(spread) and nsr_db(nsr) < ABS_DB
+    ]
+
+
 def _backend(
     evidence: Mapping[str, Evidence], observed: Mapping[str, float], taken: set[str]
 ) -> list[tuple[float, str, str]]:
     """Layers run alone on the backend (golden inputs) whose error their encodings and their
     inputs' encodings do not explain: the kernel, not the quantization."""
-    excess: dict[str, tuple[float, float, float]] = {}
+    expected: dict[str, float] = {}
+    jumps: dict[str, tuple[float, float]] = {}
     for n, obs in observed.items():
         ev = evidence.get(n)
         if ev is None or not math.isfinite(obs) or obs <= 0:
             continue
         parts = [ev.weight_nsr, ev.output_nsr, ev.concat_nsr]
         parts += [evidence[x].output_nsr for x in ev.inputs if x in evidence]
-        expected = sum(v for v in parts if not math.isnan(v))
-        if expected > 0:
-            excess[n] = (10 * math.log10(obs / expected), obs, expected)
-    floor, spread = robust_floor([v[0] for v in excess.values()])
-    out = []
-    for n, (ratio_db, obs, expected) in excess.items():
-        if (
-            n not in taken
-            and ratio_db >= BACKEND_DB
-            and ratio_db >= floor + standout_gap(spread)
-            and nsr_db(obs) < ABS_DB
-        ):
-            out.append(
-                (
-                    obs,
-                    n,
-                    f"backend: run alone on the backend it keeps {nsr_db(obs):.1f} dB where its "
-                    f"quantization explains {nsr_db(expected):.1f} dB ({ratio_db:.1f} dB worse)",
-                )
-            )
-    return out
+        expected[n] = sum(v for v in parts if not math.isnan(v))
+        if expected[n] > 0:
+            jumps[n] = (10 * math.log10(obs / expected[n]), obs)
+    return [
+        (
+            observed[n],
+            n,
+            f"backend: run alone on the backend it keeps {nsr_db(observed[n]):.1f} dB where its "
+            f"quantization explains {nsr_db(expected[n]):.1f} dB ({jumps[n][0]:.1f} dB worse)",
+        )
+        for n in _standing_jumps(jumps)
+        if n not in taken
+    ]
 
 
-def _diverging(
-    evidence: Mapping[str, Evidence], div: Mapping[str, float], taken: set[str]
-) -> list[tuple[float, str, str]]:
-    """Layers where QNN parts from the CPU fake-quant far more than at their inputs."""
+def _diverging(evidence: Mapping[str, Evidence], div: Mapping[str, float]) -> dict[str, str]:
+    """Layers where QNN parts from the CPU fake-quant far more than at their inputs: a note."""
     inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(div))
-    jump: dict[str, tuple[float, float]] = {}
+    jumps: dict[str, tuple[float, float]] = {}
     for n, d in div.items():
         if not math.isfinite(d) or d <= 0:
             continue
         before = max((div[x] for x in inputs.get(n, []) if math.isfinite(div[x])), default=0.0)
         if before <= 0:  # no compared input to part from: no verdict (a graph input is exact)
             continue
-        jump[n] = (10 * math.log10(d / before), d)
-    floor, spread = robust_floor([j for j, _ in jump.values()])
-    out = []
-    for n, (j, d) in jump.items():
-        if (
-            n not in taken
-            and nsr_db(d) < ABS_DB
-            and j >= BACKEND_DB
-            and (not math.isfinite(floor) or j >= floor + standout_gap(spread))
-        ):
-            out.append(
-                (
-                    d,
-                    n,
-                    f"backend: the QNN result parts from onnxruntime's CPU fake-quant of the same "
-                    f"QDQ model here ({nsr_db(d):.1f} dB between them, {j:.1f} dB more than at "
-                    f"its inputs)",
-                )
-            )
-    return out
+        jumps[n] = (10 * math.log10(d / before), d)
+    return {
+        n: f"backend: the QNN result parts from onnxruntime's CPU fake-quant of the same QDQ "
+        f"model here ({nsr_db(div[n]):.1f} dB between them, {jumps[n][0]:.1f} dB more than at "
+        f"its inputs)"
+        for n in _standing_jumps(jumps)
+    }
 
 
 def _findings(

@@ -62,32 +62,17 @@ class Sensitivity:
         self._qdq_nodes = om.topological_nodes(qdq_model.graph)
         self._qdq_inits = {i.name: i for i in qdq_model.graph.initializer}
         self._producer = {o: n for n in self._qdq_nodes for o in n.output}
-        self.whole_noise: np.ndarray | None = None
-        self.whole_nsr = math.nan
-
-    def whole(self) -> float:
-        """Output noise-to-signal power of the whole QDQ model on the CPU (worst output; inf
-        when an output's golden is all zero)."""
-        self._ensure_whole()
-        return self.whole_nsr
-
-    def _ensure_whole(self) -> None:
-        if self.whole_noise is not None:
-            return
-        names = [o.name for o in self.qdq_model.graph.output]
-        by_name = dict(zip(names, _session(self.qdq_model).run(names, self.feeds), strict=True))
+        flat = [np.asarray(g, np.float64).ravel() for g in self.golden]
+        self.golden_power = np.asarray([dot(g, g) for g in flat])
+        # the whole QDQ model on the CPU: every encoding applied
+        names = [o.name for o in qdq_model.graph.output]
+        by_name = dict(zip(names, _session(qdq_model).run(names, self.feeds), strict=True))
         out = [by_name.get(n, g) for n, g in zip(self.outputs, self.golden, strict=True)]
         self.whole_noise = output_noise(self.golden, out)
-        power = np.asarray([float(np.square(np.asarray(g, np.float64)).sum()) for g in self.golden])
-        self.golden_power = power
-        with np.errstate(divide="ignore", invalid="ignore"):
-            nsr = np.where(power > 0, self.whole_noise / power, np.inf)
-        self.whole_nsr = float(nsr.max()) if nsr.size else 0.0
 
     def share(self, layer: Exposed) -> float:
         """This layer's quantization alone over the whole model's, in output error power (the
         worst output; scale-free, so it holds when a golden output is all zero)."""
-        self._ensure_whole()
         useful = (self.golden_power > 0) & (self.whole_noise > 0)
         if not useful.any():  # outputs with no signal (all zero) or no error: nothing to weigh
             return math.nan

@@ -359,22 +359,22 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
 
 def one_input_golden(folder: Path, inputs: Sequence[InputTensor]) -> Path:
     """The golden tensors of one input: a framework-diagnosis run over an input list holds one
-    ``Result_N`` per line; the one computed from the ``-i`` files is taken, else the first."""
-    from accdbg.core.provenance import recorded_inputs
-    from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder
+    ``Result_N`` per line; the one computed from the ``-i`` files' data is taken, else the first."""
+    from accdbg.core.provenance import inputs_record, recorded_inputs, same_inputs
+    from accdbg.core.tensor_store import TensorFolder
+    from accdbg.verifiers.verification import find_results
 
-    lines = sorted(folder.glob(f"Result_*/{MANIFEST_NAME}"), key=lambda p: p.parent.name)
-    if (folder / MANIFEST_NAME).exists() or not lines:
+    lines, _ = find_results(folder, "--golden_output_reference_directory")
+    if list(lines.values()) == [folder.absolute()]:  # one tensor folder
         return folder
-    wanted = {t.name: str(Path(t.path).resolve()) for t in inputs}
-    for manifest in lines:
-        rec = recorded_inputs(TensorFolder(manifest.parent).meta) or {}
-        if wanted and {k: str(Path(v["path"]).resolve()) for k, v in rec.items()} == wanted:
-            return manifest.parent
-    log.info(
-        "golden %s: using %s (no line was computed from the -i files)", folder, lines[0].parent.name
-    )
-    return lines[0].parent
+    wanted = inputs_record({t.name: t.path for t in inputs}) if inputs else None
+    for line in lines.values():
+        rec = recorded_inputs(TensorFolder(line).meta)
+        if wanted and rec and same_inputs(rec, wanted):
+            return line
+    first = next(iter(lines.values()))
+    log.info("golden %s: using %s (no line was computed from the -i files)", folder, first.name)
+    return first
 
 
 def set_up(req: Request, run_path: Path, journal: Journal, working_dir) -> tuple[Path, Path]:

@@ -100,6 +100,12 @@ def _run(page: Path, tmp: Path, *mode: str, height: int = HEIGHT) -> subprocess.
     )
 
 
+def render(html: Path, tmp: Path) -> tuple[str, str]:
+    """Load a page in headless Chromium; returns the DOM after scripts ran, and the console log."""
+    proc = _run(html, tmp, "--dump-dom")
+    return proc.stdout, proc.stderr
+
+
 def probe_page(report: Path, tmp: Path, name: str, scroll: bool = False) -> Path:
     want = json.dumps({"name": name, "scroll": scroll}).replace("</", "<\\/")
     text = report.read_text(encoding="utf-8")

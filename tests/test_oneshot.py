@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -165,42 +164,6 @@ def external_references(html: str) -> list[str]:
     return found
 
 
-def _chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.fail(
-            "Debian's chromium is needed (apt-get install chromium); the test command installs it"
-        )
-    return exe
-
-
-def render(html: Path, tmp: Path) -> tuple[str, str]:
-    """Load a page in headless Chromium; returns the DOM after scripts ran, and the console log."""
-    proc = subprocess.run(
-        [
-            _chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={tmp / 'profile'}",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--virtual-time-budget=5000",
-            "--dump-dom",
-            html.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    return proc.stdout, proc.stderr
-
-
 @pytest.fixture(scope="module")
 def example_run(tmp_path_factory):
     """The README's first command, run as written (minus the install) in a scratch folder."""
@@ -243,7 +206,7 @@ def test_report_renders_offline_in_chromium(example_run, tmp_path):
     _, report, _ = example_run
     html = report.read_text()
     assert external_references(html) == []  # nothing is fetched from the network
-    dom, console = render(report, tmp_path)
+    dom, console = browser.render(report, tmp_path)
     assert 'class="main-svg"' in dom  # plotly drew the chart
     assert "8 of 8 layers" in dom  # the table script ran
     assert dom.count('<tr id="row-') == 8
@@ -269,7 +232,7 @@ def test_hostile_names_are_escaped_in_html_and_csv(tmp_path):
     )
     html = res.report.read_text()
     assert evil not in html and "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in html
-    dom, _ = render(res.report, tmp_path)
+    dom, _ = browser.render(res.report, tmp_path)
     assert '<img src="x"' not in dom
     cells = pd.read_csv(res.verification_run / "summary.csv")["Name"].tolist()
     assert evil in cells and '\'=HYPERLINK("http://x")' in cells

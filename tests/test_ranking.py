@@ -232,3 +232,54 @@ def test_a_layer_wrong_only_on_the_backend_is_called_a_backend_matter(outlier_ru
         "backend"
     )
     assert any("QNN's kernels account for 90%" in f for f in r.findings)
+
+
+def test_a_softmax_output_is_judged_at_its_logits(tmp_path):
+    """A layer that wrecks the scores of a confident classifier barely moves its softmax (both
+    saturate to the same one-hot), so its share of the output error must be measured before the
+    Softmax - looked for through a constant rescale - and on the QDQ model after the logits'
+    own Q/DQ pair."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_static
+
+    from accdbg.algorithms.sensitivity import Sensitivity, dequantized, scores
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 3)).astype(np.float32)
+    w[:, 0] *= 40  # one very confident class
+    g = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["prob"], axis=-1),
+            helper.make_node("Mul", ["prob", "one"], ["scaled"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("scaled", TensorProto.FLOAT, [1, 3])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32(1.0), "one")],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    assert scores(model) == ["logits"]
+    fp = tmp_path / "m.onnx"
+    onnx.save(model, str(fp))
+    x = np.abs(rng.normal(size=(1, 4))).astype(np.float32) + 0.5
+
+    class Reader:
+        def __init__(self):
+            self.items = iter([{"x": x}])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    qp = tmp_path / "q.onnx"
+    quantize_static(
+        str(fp), str(qp), Reader(), activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8
+    )
+    q = onnx.load(str(qp))
+    fetched = dequantized(q, "logits")
+    assert fetched != "logits" and fetched in {o for n in q.graph.node for o in n.output}
+    s = Sensitivity(model, q, {"x": x})
+    logits = x.astype(np.float64) @ w.astype(np.float64)
+    assert np.allclose(s.golden[0], logits, rtol=1e-5)
+    assert s.whole_noise[0] > 1e-6 * float(np.sum(logits**2))  # not the saturated softmax's ~0

@@ -8,6 +8,10 @@ dequantized, its output passed through a QuantizeLinear/DequantizeLinear with it
 point - and its outputs are compared with the float outputs. The whole QDQ model on the same
 CPU gives the error of quantizing everything, so each layer's share can be stated. This is
 AIMET's one-quantizer-at-a-time sensitivity, run only for the few candidates.
+
+An output made by a Softmax or a Sigmoid is measured before it, at its logits: a saturating
+output turns a wrong score into the same 0 or 1 whatever the size of the error, so the share
+of a layer that wrecks the scores would look as small as that of a harmless one.
 """
 
 from __future__ import annotations
@@ -45,6 +49,60 @@ def output_noise(golden: Sequence[np.ndarray], target: Sequence[np.ndarray]) -> 
     return np.asarray(out)
 
 
+SATURATING = ("Softmax", "Sigmoid", "LogSoftmax")
+# ops a score passes through unchanged in meaning (a reshape, a constant rescale)
+PASSING = (
+    "Identity",
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Transpose",
+    "Cast",
+    "Mul",
+    "Div",
+)
+
+
+def scores(model: onnx.ModelProto) -> list[str]:
+    """The tensors a model's outputs are judged at: each output, or its logits when a
+    Softmax/Sigmoid makes it (looked for through reshapes and constant rescales; the tensor
+    keeps its name in the QDQ model)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consts = {i.name for i in model.graph.initializer}
+    consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    out = []
+    for o in model.graph.output:
+        name, node = o.name, producer.get(o.name)
+        while node is not None and node.op_type in PASSING:
+            if node.op_type in ("Mul", "Div") and not all(x in consts for x in node.input[1:]):
+                break
+            node = producer.get(node.input[0])
+        if node is not None and node.op_type in SATURATING:
+            name = node.input[0]
+        out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def dequantized(qdq_model: onnx.ModelProto, name: str) -> str | None:
+    """The QDQ model's tensor for float tensor ``name``: after its own QuantizeLinear /
+    DequantizeLinear pair when it has one (None when the tensor is not in the model)."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    produced = set()
+    for n in qdq_model.graph.node:
+        produced.update(n.output)
+        for x in n.input:
+            consumers.setdefault(x, []).append(n)
+    if name not in produced:
+        return None
+    for q in consumers.get(name, []):
+        if q.op_type == "QuantizeLinear":
+            for dq in consumers.get(q.output[0], []):
+                if dq.op_type == "DequantizeLinear":
+                    return dq.output[0]
+    return name
+
+
 class Sensitivity:
     """Runs the float model with one layer's encodings applied at a time."""
 
@@ -57,17 +115,20 @@ class Sensitivity:
         self.float_model = float_model
         self.qdq_model = qdq_model
         self.feeds = dict(feeds)
-        self.outputs = [o.name for o in float_model.graph.output]
-        self.golden = _session(float_model).run(self.outputs, self.feeds)
+        self.outputs = scores(float_model)
+        self.float_model = om.with_outputs(float_model, self.outputs)
+        self.golden = _session(self.float_model).run(self.outputs, self.feeds)
         self._qdq_nodes = om.topological_nodes(qdq_model.graph)
         self._qdq_inits = {i.name: i for i in qdq_model.graph.initializer}
         self._producer = {o: n for n in self._qdq_nodes for o in n.output}
         flat = [np.asarray(g, np.float64).ravel() for g in self.golden]
         self.golden_power = np.asarray([dot(g, g) for g in flat])
         # the whole QDQ model on the CPU: every encoding applied
-        names = [o.name for o in qdq_model.graph.output]
-        by_name = dict(zip(names, _session(qdq_model).run(names, self.feeds), strict=True))
-        out = [by_name.get(n, g) for n, g in zip(self.outputs, self.golden, strict=True)]
+        fetch = {n: dequantized(qdq_model, n) for n in self.outputs}
+        names = [t for t in fetch.values() if t is not None]
+        qdq_out = om.with_outputs(qdq_model, names)
+        by_name = dict(zip(names, _session(qdq_out).run(names, self.feeds), strict=True))
+        out = [by_name.get(fetch[n], g) for n, g in zip(self.outputs, self.golden, strict=True)]
         self.whole_noise = output_noise(self.golden, out)
 
     def share(self, layer: Exposed) -> float:

@@ -86,9 +86,12 @@ def _ev(name: str, db: float, inputs=()) -> Evidence:
 class _Impact:
     def __init__(self, shares):
         self.shares = shares
+        self.asked = []
 
-    def __call__(self, name):
-        return self.shares.get(name, 0.01)
+    def __call__(self, names):
+        key = names if isinstance(names, str) else tuple(names)
+        self.asked.append(key)
+        return self.shares.get(key, 0.01)
 
 
 def test_clean_model_names_no_layer():
@@ -114,6 +117,36 @@ def test_a_standout_is_named_only_when_it_reaches_the_outputs():
     assert r.columns["l20"].get("culprit_rank") is None
     assert "alone costs the outputs only 10%" in r.columns["l20"]["cause"]
     assert r.findings[0].startswith("culprit #1: l10 (Conv) - weight range")
+
+
+def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
+    """One quantizer at a time, neither the layer that makes an outlier channel nor the layers
+    carrying it explain the outputs' loss; quantized together they do: the maker is named, the
+    carriers are not, and the cause says both shares."""
+    rng = np.random.default_rng(3)
+    names = [f"l{i}" for i in range(40)]
+    ev = {
+        n: _ev(n, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
+        for i, n in enumerate(names)
+    }
+    ev["l10"] = _ev("l10", 12.0, inputs=["l9"])  # the maker: a weight outlier
+    for n, prev in (("l11", "l10"), ("l12", "l11")):  # carriers: their output range is blown
+        ev[n] = Evidence(n, "Conv", [prev], output_nsr=10 ** (-11 / 10), output_note="range")
+    impact = _Impact({"l10": 0.05, ("l10", "l11", "l12"): 0.9})
+    r = rank(ev, names, impact=impact)
+    assert [c.name for c in r.culprits] == ["l10"]
+    assert ("l10", "l11", "l12") in impact.asked  # measured as a group only after alone failed
+    assert "blows the range of l11, l12" in r.culprits[0].cause
+    assert "costs the outputs 90%" in r.culprits[0].cause and "(alone 5%)" in r.culprits[0].cause
+    assert r.columns["l11"]["cause"] == "activation outlier carried in from l10"
+    assert r.columns["l12"]["cause"] == "activation outlier carried in from l11"
+    # the same layers, with a group that does not matter either: nothing is named
+    r = rank(ev, names, impact=_Impact({"l10": 0.05, ("l10", "l11", "l12"): 0.1}))
+    assert r.culprits == []
+    assert (
+        "only 5% of the whole model's error (with the 2 layer(s) carrying its outlier 10%)"
+        in (r.columns["l10"]["cause"])
+    )
 
 
 def test_floor_and_spread_are_the_median_and_scaled_mad():

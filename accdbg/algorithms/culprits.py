@@ -165,12 +165,13 @@ class _LazySensitivity:
                 )
         return self._sens
 
-    def __call__(self, name: str) -> float:
+    def __call__(self, names: str | Sequence[str]) -> float:
         sens = self._ready()
         if sens is None:
             return math.nan
+        group = [names] if isinstance(names, str) else list(names)
         try:
-            return sens.share(self.layers[name])
+            return sens.share([self.layers[n] for n in group])
         except Exception as exc:  # this layer cannot be isolated on the CPU: evidence alone
-            log.info("no output sensitivity for %s: %s", name, str(exc).splitlines()[0])
+            log.info("no output sensitivity for %s: %s", group[0], str(exc).splitlines()[0])
             return math.nan

@@ -62,10 +62,10 @@ COLUMNS = (RANK, CAUSE, LOCAL, "weight SQNR", "output quant SQNR", "clipped %", 
 
 
 class Impact(Protocol):
-    """Output error with only this layer quantized, over the error with all of them (NaN when
-    it could not be measured)."""
+    """Output error with only this layer (or this group of layers) quantized, over the error
+    with all of them (NaN when it could not be measured)."""
 
-    def __call__(self, name: str) -> float: ...
+    def __call__(self, names: str | Sequence[str]) -> float: ...
 
 
 @dataclass
@@ -199,7 +199,9 @@ def rank(
     cut = floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
     columns: dict[str, dict[str, object]] = {}
     candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
-    standouts: set[str] = set()
+    standouts: list[str] = []
+    carried: dict[str, list[str]] = {}  # a standout -> the later standouts carrying its outlier
+    root_of: dict[str, str] = {}
     for n in order:
         ev = evidence.get(n)
         if ev is None:
@@ -213,28 +215,49 @@ def rank(
         db = local_db.get(n, math.nan)
         if not (math.isfinite(db) and db < cut and db < ABS_DB):
             continue
-        standouts.add(n)
-        root = _outlier_source(n, evidence, standouts)
-        if root is not None:  # the outlier came in with the input: its source is the culprit
-            columns[n][CAUSE] = f"activation outlier carried in from {root}"
+        src = _outlier_source(n, evidence, set(standouts))
+        standouts.append(n)
+        if src is not None:  # the outlier came in with the input: its source is the culprit
+            columns[n][CAUSE] = f"activation outlier carried in from {src}"
+            root_of[n] = root_of.get(src, src)
+            carried.setdefault(root_of[n], []).append(n)
+    for n in standouts:
+        if n in root_of:
             continue
-        share = impact(n) if impact is not None else math.nan
-        destroyed = db < DESTROYED_DB
-        severity = local[n]
-        if not math.isnan(share):
-            columns[n][SHARE_COL] = share
-            if not (share >= SHARE or (destroyed and share >= MIN_SHARE)):
+        ev, db = evidence[n], local_db[n]
+        verdict = _matters(n, db, impact, carried.get(n, []))
+        if verdict is None:  # impact unknown: only a layer that destroys its information
+            if db >= DESTROYED_DB:
                 columns[n][CAUSE] = (
-                    f"stands out locally ({_cause(ev)}) but alone costs the outputs only "
-                    f"{100 * share:.0f}% of the whole model's error"
+                    f"stands out locally ({_cause(ev)}); its effect on the outputs was not measured"
                 )
                 continue
-        elif not destroyed:  # impact unknown: only a layer that destroys its information
+            candidates.append((local[n], n, _cause(ev)))
+            continue
+        share, group_share, matters = verdict
+        columns[n][SHARE_COL] = share
+        if not matters:
+            with_them = (
+                f" (with the {len(carried[n])} layer(s) carrying its outlier "
+                f"{100 * group_share:.0f}%)"
+                if group_share is not None
+                else ""
+            )
             columns[n][CAUSE] = (
-                f"stands out locally ({_cause(ev)}); its effect on the outputs was not measured"
+                f"stands out locally ({_cause(ev)}) but alone costs the outputs only "
+                f"{100 * share:.0f}% of the whole model's error{with_them}"
             )
             continue
-        candidates.append((severity, n, _cause(ev)))
+        cause = _cause(ev)
+        if group_share is not None:
+            later = carried[n]
+            shown = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
+            cause += (
+                f"; the outlier it makes blows the range of {shown}: with them it costs the "
+                f"outputs {100 * group_share:.0f}% of the whole model's error (alone "
+                f"{100 * share:.0f}%)"
+            )
+        candidates.append((local[n], n, cause))
     if local_observed:
         candidates += _backend(evidence, observed, {c[1] for c in candidates})
     else:
@@ -257,6 +280,30 @@ def rank(
             "(QNN against onnxruntime's CPU fake-quant of the same QDQ model)",
         )
     return Ranking(culprits, floor, spread, findings, columns)
+
+
+def _matters(
+    n: str, db: float, impact: Impact | None, later: Sequence[str]
+) -> tuple[float, float | None, bool] | None:
+    """Whether a standout costs the outputs enough: (its share, its group's share when its
+    carriers were needed, verdict); None when its impact could not be measured.
+
+    An outlier a layer makes travels: the layers after it that carry it lose their ranges too
+    and, one quantizer at a time, none of them explains the outputs' loss. So when the layer
+    alone does not matter, it is measured again quantized together with its carriers."""
+    share = impact(n) if impact is not None else math.nan
+    if math.isnan(share):
+        return None
+
+    def enough(x: float) -> bool:
+        return x >= SHARE or (db < DESTROYED_DB and x >= MIN_SHARE)
+
+    if enough(share) or not later:
+        return share, None, enough(share)
+    group = impact([n, *later])
+    if math.isnan(group):
+        return share, None, False
+    return share, group, enough(group)
 
 
 def _inherited(

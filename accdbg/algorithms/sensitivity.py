@@ -131,20 +131,30 @@ class Sensitivity:
         out = [by_name.get(fetch[n], g) for n, g in zip(self.outputs, self.golden, strict=True)]
         self.whole_noise = output_noise(self.golden, out)
 
-    def share(self, layer: Exposed) -> float:
-        """This layer's quantization alone over the whole model's, in output error power (the
-        worst output; scale-free, so it holds when a golden output is all zero)."""
+    def share(self, layers: Exposed | Sequence[Exposed]) -> float:
+        """These layers' quantization alone (one layer, or a group quantized together) over the
+        whole model's, in output error power (the worst output; scale-free, so it holds when a
+        golden output is all zero)."""
         useful = (self.golden_power > 0) & (self.whole_noise > 0)
         if not useful.any():  # outputs with no signal (all zero) or no error: nothing to weigh
             return math.nan
-        noise = self.alone_noise(layer)
+        group = [layers] if isinstance(layers, Exposed) else list(layers)
+        noise = self.alone_noise(group)
         return float((noise[useful] / self.whole_noise[useful]).max())
 
-    def alone_noise(self, layer: Exposed) -> np.ndarray:
-        """Each output's error power with only this layer's weights and output encoding applied."""
+    def alone_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
+        """Each output's error power with only these layers' weights and output encodings
+        applied."""
         model = onnx.ModelProto()
         model.CopyFrom(self.float_model)
         inits = {i.name: i for i in model.graph.initializer}
+        for layer in layers:
+            self._apply(model, inits, layer)
+        out = _session(model).run(self.outputs, self.feeds)
+        return output_noise(self.golden, out)
+
+    def _apply(self, model: onnx.ModelProto, inits: dict, layer: Exposed) -> None:
+        """Quantize one layer's weights and its output, in place."""
         node = self._qdq_nodes[layer.index]
         for x in node.input:
             dq = self._producer.get(x)
@@ -170,8 +180,6 @@ class Sensitivity:
             if tensor is None:
                 raise KeyError(f"{layer.qdq_tensor} is not a tensor of the float model")
             self._insert_qdq(model, layer, tensor)
-        out = _session(model).run(self.outputs, self.feeds)
-        return output_noise(self.golden, out)
 
     @staticmethod
     def _insert_qdq(model: onnx.ModelProto, layer: Exposed, t: str) -> None:

@@ -150,7 +150,7 @@ def catalog(
             if init is None:
                 c.note = "not an initializer of the float model: not checked"
         c.moments = Moments(sample_size, rng)
-        if c.shape or c.kind == ACTIVATION:
+        if c.kind == ACTIVATION or not c.note:
             c.add_grids(per_variant)
         out.append(c)
     out.sort(key=lambda c: (c.order, c.kind != ACTIVATION))

@@ -40,9 +40,9 @@ class Grid:
             shape[axis] = scale.size
             scale, offset = scale.reshape(shape), offset.reshape(shape)
         key = (enc.bitwidth, axis, tuple(enc.scale), tuple(enc.offset))
-        return cls(
-            scale, offset, 2**enc.bitwidth - 1, axis, enc.bitwidth, bool(enc.is_symmetric), key
-        )
+        # symmetric: zero sits mid-grid (signed storage with zero point 0, or uint with 2**(bw-1))
+        symmetric = all(float(o) == -(2 ** (enc.bitwidth - 1)) for o in enc.offset)
+        return cls(scale, offset, 2**enc.bitwidth - 1, axis, enc.bitwidth, symmetric, key)
 
     @property
     def per_channel(self) -> bool:

@@ -118,7 +118,7 @@ def tensor_plots(
         else:
             xs = vals
             d = vals - g.qdq(vals)
-        ax.scatter(xs, d, s=2, color=col, alpha=0.5, label=", ".join(labels), rasterized=True)
+        ax.plot(xs, d, ",", color=col, alpha=0.6, label=", ".join(labels))
         if not g.per_channel:
             half = 0.5 * float(g.scale.reshape(-1)[0])
             ax.axhline(half, color=col, ls=":", lw=0.8)
@@ -126,7 +126,7 @@ def tensor_plots(
     ax.set_xlim(lo, hi)
     ax.set_xlabel("value")
     ax.set_ylabel("value - qdq(value)")
-    ax.legend(fontsize=7, loc="upper right", markerscale=4)
+    ax.legend(fontsize=7, loc="upper right", markerscale=20)
     _save(fig, out_dir / DIFF)
     written.append(DIFF)
 

@@ -48,9 +48,11 @@ class Variant:
 
     def describe(self) -> str:
         calib = ACT_CALIBRATION[self.quantizer].name
+        act = f"{calib}{' symmetric' if self.quantizer == 'symmetric' else ''}"
+        if self.per_channel:  # onnxruntime quantizes per-channel weights symmetrically
+            return f"activations {act}; weights symmetric min/max, per-channel"
         sym = "symmetric" if self.quantizer == "symmetric" else "asymmetric"
-        weights = "per-channel" if self.per_channel else "per-tensor"
-        return f"activations {calib}{' symmetric' if sym == 'symmetric' else ''}; weights {sym} min/max, {weights}"
+        return f"activations {act}; weights {sym} min/max, per-tensor"
 
 
 def parse_variants(quantizers: str | Sequence[str], per_channel: str = "both") -> list[Variant]:

@@ -53,9 +53,11 @@ def sqnr(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def checked_sqnr(w: np.ndarray, dq: np.ndarray) -> float:
-    """min(whole-tensor SQNR, median output channel's SQNR): the value the threshold judges."""
-    per_ch = [sqnr(w[c], dq[c]) for c in range(w.shape[0])]
-    return min(sqnr(w, dq), float(np.median(per_ch)))
+    """min(whole-tensor SQNR, median output channel's, median input channel's): the value the
+    threshold judges."""
+    per_out = [sqnr(w[c], dq[c]) for c in range(w.shape[0])]
+    per_in = [sqnr(w[:, c], dq[:, c]) for c in range(w.shape[1])]
+    return min(sqnr(w, dq), float(np.median(per_out)), float(np.median(per_in)))
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,15 @@ log = logging.getLogger("accdbg.quant_checker")
 
 WEIGHT, BIAS = "weight", "bias"
 BIAS_INPUT = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+# (op, output-channel axis) -> input-channel axis of its weight: an outlier confined to one
+# input channel sits in every output channel, where only the input channels' median shows it
+IN_AXIS = {
+    ("Conv", 0): 1,
+    ("ConvTranspose", 1): 0,
+    ("MatMul", -1): -2,
+    ("Gemm", 0): 1,
+    ("Gemm", 1): 0,
+}
 
 
 @dataclass
@@ -46,7 +55,8 @@ class Checked:
     node: str
     shape: tuple[int, ...]
     order: int
-    ch_axis: int | None = None
+    ch_axis: int | None = None  # output channels (weights) / channels (activations)
+    in_axis: int | None = None  # a weight's input channels
     moments: Moments | None = None
     grids: dict[str, Grid] = field(default_factory=dict)  # variant name -> grid
     errors: dict[str, ErrorSums] = field(default_factory=dict)  # variant name -> sums
@@ -66,9 +76,9 @@ class Checked:
             if self.shape
             else np.asarray(x, np.float64)
         )
-        self.moments.update(x, self.ch_axis, chunks)
+        self.moments.update(x, self.ch_axis, chunks, self.in_axis)
         for sums in {id(s): s for s in self.errors.values()}.values():
-            sums.update(x, self.ch_axis)
+            sums.update(x, self.ch_axis, self.in_axis)
 
 
 def _consumers(model: onnx.ModelProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
@@ -79,8 +89,9 @@ def _consumers(model: onnx.ModelProto) -> dict[str, list[tuple[onnx.NodeProto, i
     return out
 
 
-def _param_role(qdq: onnx.ModelProto, name: str) -> tuple[str, str, str, int | None]:
-    """(kind, consumer op type, consumer node, output-channel axis) of a quantized parameter."""
+def _param_role(qdq: onnx.ModelProto, name: str) -> tuple[str, str, str, int | None, int | None]:
+    """(kind, consumer op type, consumer node, output- and input-channel axes) of a quantized
+    parameter."""
     consumers = _consumers(qdq)
     dq_out = None
     for node in qdq.graph.node:
@@ -95,8 +106,9 @@ def _param_role(qdq: onnx.ModelProto, name: str) -> tuple[str, str, str, int | N
         if node.op_type == "Gemm" and axis is not None:
             trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
             axis = 0 if trans_b else 1
-        return kind, node.op_type, node.name, axis
-    return WEIGHT, "", "", None
+        in_axis = None if axis is None else IN_AXIS.get((node.op_type, axis))
+        return kind, node.op_type, node.name, axis, in_axis
+    return WEIGHT, "", "", None, None
 
 
 def catalog(
@@ -137,7 +149,7 @@ def catalog(
             )
             c.ch_axis = channel_axis(c.shape, None, c.op_type) if c.shape else None
         else:
-            kind, op, node_name, axis = _param_role(first_qdq, name)
+            kind, op, node_name, axis, in_axis = _param_role(first_qdq, name)
             init = inits.get(name)
             shape = tuple(init.dims) if init is not None else ()
             c = Checked(name, kind, op, node_name, shape, first_use.get(name, -1))
@@ -147,6 +159,9 @@ def catalog(
             if axis is not None and shape:
                 axis = axis + len(shape) if axis < 0 else axis
                 c.ch_axis = axis if len(shape) >= 2 and shape[axis] > 1 else None
+            if in_axis is not None and len(shape) >= 2:
+                in_axis = in_axis + len(shape) if in_axis < 0 else in_axis
+                c.in_axis = in_axis if shape[in_axis] > 1 else None
             if init is None:
                 c.note = "not an initializer of the float model: not checked"
         c.moments = Moments(sample_size, rng)

@@ -45,11 +45,14 @@ class Moments:
         self.ch_min: np.ndarray | None = None
         self.ch_max: np.ndarray | None = None
         self.abs_peak = 0.0
+        self.in_ranges: np.ndarray | None = None  # a weight's input channels
         self.sample_size = sample_size
         self.samples: list[np.ndarray] = []
         self._rng = rng
 
-    def update(self, x: np.ndarray, ch_axis: int | None, chunks: int = 1) -> None:
+    def update(
+        self, x: np.ndarray, ch_axis: int | None, chunks: int = 1, in_axis: int | None = None
+    ) -> None:
         """Add one chunk (float64, tensor shape); ``chunks`` = how many chunks will come
         in all, so each contributes its share of the sample."""
         flat = x.reshape(-1)
@@ -76,6 +79,9 @@ class Moments:
             lo, hi = rows.min(axis=1), rows.max(axis=1)
             self.ch_min = lo if self.ch_min is None else np.minimum(self.ch_min, lo)
             self.ch_max = hi if self.ch_max is None else np.maximum(self.ch_max, hi)
+        rows = _by_channel(x, in_axis)
+        if rows is not None and finite.all():  # a weight: one chunk
+            self.in_ranges = rows.max(axis=1) - rows.min(axis=1)
         k = max(1, self.sample_size // max(1, chunks))
         if flat.size > k:
             flat = flat[np.sort(self._rng.choice(flat.size, size=k, replace=False))]
@@ -111,20 +117,28 @@ class Moments:
             "outlier_%": 100.0 * self.outliers / self.n if self.n else math.nan,
             "peak_over_p99.9": self.abs_peak / p999 if p999 > 0 else math.nan,
             "channel_range_ratio": self.channel_range_ratio(),
+            "input_channel_range_ratio": self.channel_range_ratio(inputs=True),
         }
 
-    def channel_range_ratio(self) -> float:
-        """The widest channel's range over the median live channel's (1 = balanced)."""
-        if self.ch_min is None:
+    def channel_range_ratio(self, inputs: bool = False) -> float:
+        """The widest (output, or input) channel's range over the median live channel's
+        (1 = balanced)."""
+        ranges = (
+            self.in_ranges
+            if inputs
+            else (None if self.ch_min is None else self.ch_max - self.ch_min)
+        )
+        if ranges is None:
             return math.nan
-        ranges = self.ch_max - self.ch_min
         alive = live(ranges * ranges)
         if not alive.any():
             return math.nan
         med = float(np.median(ranges[alive]))
         return float(ranges.max()) / med if med > 0 else math.nan
 
-    def widest_channel(self) -> int | None:
+    def widest_channel(self, inputs: bool = False) -> int | None:
+        if inputs:
+            return None if self.in_ranges is None else int(np.argmax(self.in_ranges))
         if self.ch_min is None:
             return None
         return int(np.argmax(self.ch_max - self.ch_min))
@@ -143,8 +157,10 @@ class ErrorSums:
         self.clipped = 0
         self.ch_signal: np.ndarray | None = None
         self.ch_noise: np.ndarray | None = None
+        self.in_signal: np.ndarray | None = None  # per input channel (weights)
+        self.in_noise: np.ndarray | None = None
 
-    def update(self, x: np.ndarray, ch_axis: int | None) -> None:
+    def update(self, x: np.ndarray, ch_axis: int | None, in_axis: int | None = None) -> None:
         g = self.grid
         if not np.isfinite(x).all():
             x = np.where(np.isfinite(x), x, 0.0)
@@ -167,15 +183,22 @@ class ErrorSums:
                 self.ch_signal, self.ch_noise = sx, sd
             else:
                 self.ch_signal, self.ch_noise = self.ch_signal + sx, self.ch_noise + sd
+        rows_x, rows_d = _by_channel(x, in_axis), _by_channel(d, in_axis)
+        if rows_x is not None:
+            self.in_signal = np.einsum("ij,ij->i", rows_x, rows_x)
+            self.in_noise = np.einsum("ij,ij->i", rows_d, rows_d)
 
-    def channel_sqnr(self) -> np.ndarray | None:
-        """Each channel's SQNR in dB (NaN for dead channels)."""
-        if self.ch_signal is None:
+    def channel_sqnr(self, inputs: bool = False) -> np.ndarray | None:
+        """Each (output, or with ``inputs`` input) channel's SQNR in dB (NaN for dead ones)."""
+        signal, noise = (
+            (self.in_signal, self.in_noise) if inputs else (self.ch_signal, self.ch_noise)
+        )
+        if signal is None:
             return None
-        alive = live(self.ch_signal)
+        alive = live(signal)
         with np.errstate(divide="ignore", invalid="ignore"):
-            out = 10.0 * np.log10(self.ch_signal / self.ch_noise)
-        out = np.where(self.ch_noise == 0, np.inf, out)
+            out = 10.0 * np.log10(signal / noise)
+        out = np.where(noise == 0, np.inf, out)
         return np.where(alive, out, np.nan)
 
     def summary(self) -> dict[str, float]:
@@ -184,10 +207,13 @@ class ErrorSums:
         vals = ch[~np.isnan(ch)] if ch is not None else np.zeros(0)
         med = float(np.median(vals)) if vals.size else math.nan
         worst = float(vals.min()) if vals.size else math.nan
+        ins = self.channel_sqnr(inputs=True)
+        ins = ins[~np.isnan(ins)] if ins is not None else np.zeros(0)
         return {
             "SQNR": sqnr,
             "SQNR ch_median": med,
             "SQNR ch_worst": worst,
+            "SQNR in_median": float(np.median(ins)) if ins.size else math.nan,
             "max_abs_diff": self.max_diff,
             "max_abs_diff_steps": self.max_steps,
             "clipped_%": 100.0 * self.clipped / self.n if self.n else math.nan,

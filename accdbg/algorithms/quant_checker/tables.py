@@ -2,10 +2,12 @@
 that ranks the tensors no setting quantizes well.
 
 A tensor *fails* a variant when its SQNR is below the threshold (26 dB by default, as in
-Qualcomm's checker), taken as the lower of the whole-tensor SQNR and the median channel's:
-one loud channel dominates a whole-tensor score (an outlier channel's own power makes the
-tensor look healthy while every other channel keeps a few levels), so the median channel
-speaks for the rest. The other checks (min/max against the encoding, the largest round-trip
+Qualcomm's checker), taken as the lowest of the whole-tensor SQNR, the median channel's and,
+for a weight, the median input channel's: an outlier's own power dominates a whole-tensor
+score (the tensor looks healthy while every other value keeps a few levels), so the median
+channel speaks for the rest - the median output channel when the outlier is one output
+channel, the median input channel when it is one input channel (it then sits in every output
+channel, and per-channel weights do not help). The other checks (min/max against the encoding, the largest round-trip
 difference, the share of the encoding's range the data uses, the distribution's shape) say
 why, in the ``cause`` column.
 
@@ -25,7 +27,7 @@ from accdbg.algorithms.quant_checker.collect import Checked
 from accdbg.reports.chart import CAUSE, RANK
 
 SQNR_THRESHOLD = 26.0
-CHECKED = "SQNR checked"  # min(SQNR, SQNR ch_median): the value the threshold judges
+CHECKED = "SQNR checked"  # min(SQNR, ch_median, in_median): the value the threshold judges
 STATS = [
     "min",
     "max",
@@ -36,10 +38,19 @@ STATS = [
     "outlier_%",
     "peak_over_p99.9",
     "channel_range_ratio",
+    "input_channel_range_ratio",
 ]
 # check name -> the columns of its long table (besides Name, kind, variant)
 CHECKS = {
-    "sqnr": ["SQNR", "SQNR ch_median", "SQNR ch_worst", CHECKED, "threshold", "pass"],
+    "sqnr": [
+        "SQNR",
+        "SQNR ch_median",
+        "SQNR ch_worst",
+        "SQNR in_median",
+        CHECKED,
+        "threshold",
+        "pass",
+    ],
     "min_max": ["min", "max", "enc_min", "enc_max", "min_diff", "max_diff", "clipped_%"],
     "max_diff": ["max_abs_diff", "max_abs_diff_steps", "scale"],
     "range_use": ["range_used_%", "levels_used", "bitwidth", "encoding"],
@@ -51,6 +62,7 @@ CHECKS = {
         "outlier_%",
         "peak_over_p99.9",
         "channel_range_ratio",
+        "input_channel_range_ratio",
     ],
 }
 
@@ -80,11 +92,8 @@ def variant_rows(tensors: Sequence[Checked], variant: str, threshold: float) -> 
         g = c.grids[variant]
         stats = c.moments.summary()
         err = c.errors[variant].summary()
-        checked = (
-            min(err["SQNR"], err["SQNR ch_median"])
-            if not math.isnan(err["SQNR ch_median"])
-            else err["SQNR"]
-        )
+        views = [err[k] for k in ("SQNR", "SQNR ch_median", "SQNR in_median")]
+        checked = min(x for x in views if not math.isnan(x))
         share, steps, enc_lo, enc_hi = _range_use(c, variant)
         dq_lo = float(g.qdq(np.full(g.scale.shape, stats["min"])).min())
         dq_hi = float(g.qdq(np.full(g.scale.shape, stats["max"])).max())
@@ -211,6 +220,12 @@ def cause(c: Checked, row: pd.Series, by_v: dict[str, pd.DataFrame], threshold: 
     if ratio == ratio and ratio >= 8 and ch is not None:
         axis_name = "output channel" if c.kind == "weight" else "channel"
         parts.append(f"{axis_name} {ch} spans {ratio:.3g}x the median channel's range")
+    in_ratio = stats["input_channel_range_ratio"]
+    in_ch = c.moments.widest_channel(inputs=True)
+    if in_ratio == in_ratio and in_ratio >= 8 and in_ch is not None and not parts:
+        parts.append(
+            f"input channel {in_ch} spans {in_ratio:.3g}x the median input channel's range"
+        )
     peak = stats["peak_over_p99.9"]
     if peak == peak and peak >= 8 and not parts:
         parts.append(f"its largest value is {peak:.3g}x the 99.9th percentile of |values|")

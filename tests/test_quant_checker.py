@@ -145,7 +145,7 @@ def test_outputs_report_and_console(planted_run, capsys):
     page = (planted_run / "quant_checker.html").read_text(encoding="utf-8")
     assert not re.search(r"<script[^>]+src=|<link[^>]+href=\"?http", page)  # offline
     lead = page.index("No tensor fails in every variant")
-    assert lead < page.index("All layers") and "plots/w3/Histograms.png" in page
+    assert lead < page.index("All tensors") and "plots/w3/Histograms.png" in page
     assert "culprit #1: w3" in page
 
 
@@ -174,6 +174,29 @@ def test_cli_console_ends_with_finding_and_report(planted, tmp_path, capsys):
     assert lines[-1].startswith("report: ") and lines[-1].endswith("quant_checker.html")
     assert any(ln.startswith("culprit #1: w3 (Conv weight)") for ln in lines)
     assert Path(lines[-1].removeprefix("report: ")).is_file()
+
+
+def test_hostile_names_stay_escaped_and_inside_the_run(tmp_path):
+    # MatMul+Add fuse into one Gemm: the Relu output and the model output are quantized
+    names = {"relu": "../../<img src=x onerror=alert(1)>", "y": "=HYPERLINK(1)"}
+    built = models.mlp(tmp_path, names=names)
+    result = run_quant_checker(
+        built.path,
+        input_tensors=[parse_input_tensor(["x", "2,4", str(built.input_path)])],
+        quantizers="tf",
+        per_channel_variants="off",
+        plots_mode="all",
+        working_dir=tmp_path / "wd",
+    )
+    page = result.report.read_text(encoding="utf-8")
+    assert "<img src=x onerror=alert(1)>" not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    csv_text = (result.run_dir / "quant_checker.csv").read_text(encoding="utf-8")
+    assert "'=HYPERLINK(1)" in csv_text and "\n=HYPERLINK" not in csv_text
+    run = result.run_dir.resolve()
+    for png in run.parent.parent.rglob("*.png"):
+        assert png.resolve().is_relative_to(run), png
+    assert len(list((run / "plots").rglob("Histograms.png"))) == len(result.summary)
 
 
 def test_weights_only_without_calibration_data(planted, tmp_path):

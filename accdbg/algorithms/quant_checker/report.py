@@ -16,8 +16,13 @@ from accdbg.core.run_dir import write_bytes_atomic
 from accdbg.reports.cells import escape
 from accdbg.reports.chart import RANK, culprits, finite, ticks
 from accdbg.reports.html_report import asset, findings_html, table_html
-from accdbg.reports.summary import format_value
+from accdbg.reports.summary import html_table as plain_table
 
+HEADINGS = {
+    "<h2>Score per layer, in execution order</h2>": "<h2>SQNR per tensor and variant, in model order</h2>",
+    "<h2>All layers</h2>": "<h2>All tensors</h2>",
+    "only failing layers": "only failing tensors",
+}
 LEAD = [
     "Name",
     RANK,
@@ -120,23 +125,24 @@ def everywhere_html(summary: pd.DataFrame, n_variants: int, anchors: Mapping[str
     shown = every if len(every) else failing.head(20)
     if not len(shown):
         return '<section class="marks"><h2>No tensor fails in any variant</h2></section>'
-    head = "".join(
-        f"<th>{escape(c)}</th>"
-        for c in ["Name", RANK, "kind", "fails in", "worst SQNR (dB)", "cause"]
+    table = pd.DataFrame(
+        {
+            "Name": shown["Name"].astype(str),
+            RANK: [None if pd.isna(r) else int(r) for r in shown[RANK]],
+            "kind": shown["kind"],
+            "fails in": [
+                f"{int(a)} of {int(b)}"
+                for a, b in zip(shown["fails_in"], shown["variants"], strict=True)
+            ],
+            "worst SQNR (dB)": shown["worst SQNR"].astype(float),
+            "cause": shown["cause"],
+        }
     )
-    rows = []
-    for _, r in shown.iterrows():
-        name = str(r["Name"])
-        link = f'<a href="#{anchors[name]}">{escape(name)}</a>' if name in anchors else escape(name)
-        rank = "" if pd.isna(r[RANK]) else str(int(r[RANK]))
-        rows.append(
-            f'<tr><th scope="row" class="name">{link}</th><td>{escape(rank)}</td><td>{escape(r["kind"])}</td>'
-            f"<td>{int(r['fails_in'])} of {int(r['variants'])}</td>"
-            f'<td>{escape(format_value(r["worst SQNR"]))}</td><td class="wide cause">{escape(r["cause"])}</td></tr>'
-        )
+    body = plain_table(
+        table, href=lambda _i, col, v: f"#{anchors[v]}" if col == "Name" and v in anchors else None
+    )
     return (
-        f'<section class="marks"><h2>{escape(title)}</h2><div class="table-wrap"><table class="summary">'
-        f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div></section>"
+        f'<section class="marks"><h2>{escape(title)}</h2><div class="inputs">{body}</div></section>'
     )
 
 
@@ -190,5 +196,7 @@ def write_report(
         notes="".join(f'<p class="notes">{escape(n)}</p>' for n in notes),
         table_js=asset("static/table.js"),
     )
+    for layer_words, tensor_words in HEADINGS.items():  # the template speaks of layers
+        page = page.replace(layer_words, tensor_words, 1)
     write_bytes_atomic(path, page.encode("utf-8"))
     return path

@@ -339,3 +339,17 @@ def test_real_model_planted_weight_outlier_is_culprit_1(ppocr_cls, tmp_path):
     assert "conv6_linear_weights" in top["Name"], top["Name"]
     assert top["fails_in"] == top["variants"] == 4
     assert result.findings[0].startswith("1 of") or "conv6_linear_weights" in result.findings[0]
+
+
+def test_help_lists_the_component_and_its_flags(capsys):
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0 and "--quant_checker" in out
+    code, out, _ = run_cli(capsys, "--help", "--quant_checker")
+    assert code == 0
+    for flag in (
+        "--quantizers",
+        "--per_channel_variants",
+        "--sqnr_threshold",
+        "--per_channel_plots",
+    ):
+        assert flag in out

@@ -22,7 +22,7 @@ log = logging.getLogger("accdbg")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from accdbg.algorithms.quant_checker.run import MAX_PLOT_POINTS, PLOT_CHOICES, SEED
+    from accdbg.algorithms.quant_checker.run import MAX_PLOT_POINTS, PLOT_CHOICES, PLOT_LIMIT, SEED
     from accdbg.algorithms.quant_checker.tables import SQNR_THRESHOLD
     from accdbg.algorithms.quant_checker.variants import PER_CHANNEL_CHOICES
     from accdbg.engines.quantize import QUANTIZERS
@@ -117,6 +117,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also plot each channel's range and SQNR (Per_channel.png) for the plotted tensors",
     )
     c.add_argument(
+        "--plot_limit",
+        type=int,
+        default=PLOT_LIMIT,
+        help=f"with --plots failing, plot at most this many, best-ranked first (default {PLOT_LIMIT})",
+    )
+    c.add_argument(
         "--max_plot_points",
         type=int,
         default=MAX_PLOT_POINTS,
@@ -152,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         sqnr_threshold=args.sqnr_threshold,
         plots_mode=args.plots,
         per_channel_plots=args.per_channel_plots,
+        plot_limit=args.plot_limit,
         max_plot_points=args.max_plot_points,
         seed=args.seed,
         memory_budget_mb=args.memory_budget_mb,

@@ -50,6 +50,7 @@ log = logging.getLogger("accdbg.quant_checker")
 
 COMPONENT = "quant_checker"
 PLOT_CHOICES = ("failing", "all", "none")
+PLOT_LIMIT = 20  # failing tensors plotted, best culprit first: a tensor's 4 PNGs take ~1 s
 MAX_PLOT_POINTS = 20_000
 SEED = 0
 
@@ -110,6 +111,7 @@ def run_quant_checker(
     sqnr_threshold: float = tables.SQNR_THRESHOLD,
     plots_mode: str = "failing",
     per_channel_plots: bool = False,
+    plot_limit: int = PLOT_LIMIT,
     max_plot_points: int = MAX_PLOT_POINTS,
     seed: int = SEED,
     memory_budget_mb: float = 4096,
@@ -128,6 +130,8 @@ def run_quant_checker(
             act_bitwidth, weights_bitwidth, bias_bitwidth, v.quantizer, v.quantizer
         )
     check_plot_options(plots_mode, max_plot_points, sqnr_threshold)
+    if int(plot_limit) < 0:
+        raise AccdbgError(f"--plot_limit must be 0 or more, got {plot_limit}")
     model = om.load_model(model_path)
     parsed = parse_input_list(input_list) if input_list is not None else None
     calibrated = parsed is not None or bool(input_tensors)
@@ -151,6 +155,7 @@ def run_quant_checker(
         "sqnr_threshold": sqnr_threshold,
         "plots": plots_mode,
         "per_channel_plots": per_channel_plots,
+        "plot_limit": plot_limit,
         "max_plot_points": max_plot_points,
         "seed": seed,
         "memory_budget_mb": memory_budget_mb,
@@ -179,7 +184,7 @@ def run_quant_checker(
             weights_bitwidth,
             bias_bitwidth,
             sqnr_threshold,
-            plots_mode,
+            (plots_mode, int(plot_limit)),
             per_channel_plots,
             max_plot_points,
             seed,
@@ -210,7 +215,7 @@ def _run(
     w_bw: int,
     b_bw: int,
     threshold: float,
-    plots_mode: str,
+    plots_mode: tuple[str, int],
     per_channel_plots: bool,
     max_plot_points: int,
     seed: int,
@@ -308,16 +313,23 @@ def _plots(
     tensors,
     summary: pd.DataFrame,
     prepared: onnx.ModelProto,
-    mode: str,
+    mode: tuple[str, int],
     per_channel: bool,
     max_points: int,
     seed: int,
     threshold: float,
 ) -> dict[str, list[tuple[str, str]]]:
-    """Pictures of the failing (or all) tensors; returns each tensor's links for the report."""
-    if mode == "none" or not len(summary):
+    """Pictures of all tensors, or of the ``limit`` best-ranked culprits (``mode`` is
+    (all|failing|none, limit)); returns each tensor's links for the report."""
+    mode, limit = mode
+    if mode == "none" or not len(summary) or "culprit_rank" not in summary.columns:
         return {}
-    failing = set(summary.loc[summary.get("Status", "") == "fail", "Name"].astype(str))
+    ranked = summary[summary["culprit_rank"].notna()].sort_values("culprit_rank")
+    failing = set(ranked["Name"].astype(str).head(limit))
+    if mode == "failing" and len(ranked) > limit:
+        log.info(
+            "plots for the %d best-ranked of %d failing tensors (--plot_limit)", limit, len(ranked)
+        )
     chosen = [
         c
         for c in tensors

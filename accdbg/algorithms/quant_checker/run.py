@@ -24,7 +24,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +101,7 @@ def check_plot_options(plots_mode: str, max_plot_points: int, threshold: float) 
 
 def run_quant_checker(
     model_path: str | os.PathLike,
+    framework: str = "onnx",
     input_list: str | os.PathLike | None = None,
     input_tensors: Sequence[InputTensor] = (),
     quantizers: str | Sequence[str] = QUANTIZERS,
@@ -122,7 +123,10 @@ def run_quant_checker(
 ) -> QuantCheckerResult:
     """Check every weight, bias and activation under each quantizer variant; see the module
     docstring for what is written. ``quantizers`` (``tf``, ``enhanced``, ``adjusted``,
-    ``symmetric``) x ``per_channel_variants`` (``both``, ``off``, ``on``) are the variants."""
+    ``symmetric``) x ``per_channel_variants`` (``both``, ``off``, ``on``) are the variants.
+    A ``framework`` other than ONNX is converted first (as the end-to-end run does, into the
+    run's ``conversion/``), which needs ``input_tensors``; tensors are then named as in the
+    ONNX model, with a ``framework_name`` column where the conversion maps them."""
     start = time.perf_counter()
     variants = parse_variants(quantizers, per_channel_variants)
     for v in variants:
@@ -132,17 +136,31 @@ def run_quant_checker(
     check_plot_options(plots_mode, max_plot_points, sqnr_threshold)
     if int(plot_limit) < 0:
         raise AccdbgError(f"--plot_limit must be 0 or more, got {plot_limit}")
-    model = om.load_model(model_path)
+    framework = str(framework).strip().lower()
     parsed = parse_input_list(input_list) if input_list is not None else None
     calibrated = parsed is not None or bool(input_tensors)
-    feeds = dims = dtypes = None
-    if calibrated:
+    feeds = dims = dtypes = model = None
+    if framework != "onnx":
+        from accdbg.frameworks.diagnosis import check_model_path
+
+        check_model_path(model_path, framework)
+        if not input_tensors:
+            raise AccdbgError(
+                f"-f {framework}: give the inputs' names, dims and files with -i/--input_tensor "
+                "(the conversion to ONNX needs them)"
+            )
+        for t in input_tensors:
+            t.check(allow_nonfinite_inputs)
+    else:
+        model = om.load_model(model_path)
+    if calibrated and model is not None:
         feeds, dims, dtypes = build_feeds(
             model, parsed, list(input_tensors), allow_nonfinite_inputs
         )
     check_run_folder(working_dir, COMPONENT, output_dirname)
     options = options_record or {
         "model_path": str(model_path),
+        "framework": framework,
         "input_list": str(input_list) if input_list is not None else None,
         "input_tensor": [
             [t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name] for t in input_tensors
@@ -164,6 +182,18 @@ def run_quant_checker(
         run.write_options(options)
         work = run.path / ".work"
         work.mkdir()
+        conversion = None
+        if model is None:
+            from accdbg.frameworks.convert import convert_to_onnx
+
+            conversion = convert_to_onnx(
+                framework, model_path, input_tensors, run.path / "conversion"
+            )
+            model = om.load_model(conversion.onnx_path)
+            renamed = [
+                replace(t, name=conversion.input_names.get(t.name, t.name)) for t in input_tensors
+            ]
+            feeds, dims, dtypes = build_feeds(model, parsed, renamed, allow_nonfinite_inputs)
         if not calibrated:
             feeds, dims, dtypes = _random_feeds(model, work, seed)
             log.info(
@@ -190,6 +220,8 @@ def run_quant_checker(
             seed,
             memory_budget_mb,
         )
+        if conversion is not None:
+            _framework_names(result, conversion.tensor_mapping, run.path)
         shutil.rmtree(work, ignore_errors=True)
     final = run.path
     result.run_dir = final
@@ -199,6 +231,15 @@ def run_quant_checker(
         log.info("%s", line)
     log.info("report: %s", result.report)
     return result
+
+
+def _framework_names(result: QuantCheckerResult, mapping: dict[str, str], out: Path) -> None:
+    """Name each tensor in the framework too (``framework_name``), beside the ONNX name."""
+    df = result.summary
+    if not len(df):
+        return
+    df.insert(1, "framework_name", [mapping.get(str(n), "") for n in df["Name"]])
+    write_csv(df, out / f"{COMPONENT}.csv")
 
 
 def _run(
@@ -345,8 +386,8 @@ def _plots(
     for c in chosen:
         folder = out / "plots" / folders[c.name]
         full = positions = None
-        if c.kind != ACTIVATION and c.name in inits:
-            full = numpy_helper.to_array(inits[c.name]).astype(np.float64)
+        if c.kind != ACTIVATION and c.source in inits:
+            full = numpy_helper.to_array(inits[c.source]).astype(np.float64)
             n = full.size
             positions = (
                 np.arange(n)

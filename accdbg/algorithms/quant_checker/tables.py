@@ -188,7 +188,10 @@ def summary_table(
         row.update({k: v for k, v in c.moments.summary().items()})
         row["Status"] = "fail" if failing else "ok"
         rows.append(row)
-    df = pd.DataFrame(rows)
+    full = next((r for r in rows if "fails_in" in r), rows[0] if rows else {})
+    columns = [c for c in full if c != "Status"]
+    columns += [c for r in rows for c in r if c not in columns and c != "Status"]
+    df = pd.DataFrame(rows, columns=list(dict.fromkeys(columns)) + ["Status"])
     if not len(df):
         return df
     df[RANK] = pd.array([pd.NA] * len(df), dtype="Int64")

@@ -46,6 +46,7 @@ class Moments:
         self.ch_max: np.ndarray | None = None
         self.abs_peak = 0.0
         self.in_ranges: np.ndarray | None = None  # a weight's input channels
+        self._summary: tuple[int, dict[str, float]] | None = None
         self.sample_size = sample_size
         self.samples: list[np.ndarray] = []
         self._rng = rng
@@ -102,6 +103,12 @@ class Moments:
         return self.shift + m1, max(var, 0.0), c3, c4
 
     def summary(self) -> dict[str, float]:
+        """The statistics (computed once, after the last chunk: the tables ask per variant)."""
+        if self._summary is None or self._summary[0] != self.n:
+            self._summary = (self.n, self._compute())
+        return dict(self._summary[1])
+
+    def _compute(self) -> dict[str, float]:
         mean, var, c3, c4 = self.central()
         std = math.sqrt(var) if var == var else math.nan
         tiny = var <= 0 or var != var

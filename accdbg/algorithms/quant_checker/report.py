@@ -99,7 +99,9 @@ def figure(summary: pd.DataFrame, variants: Sequence[str], threshold: float) -> 
         tickangle=-50,
         title_text="tensor, in model order (hover a point for its name)",
     )
-    fig.update_yaxes(title_text="SQNR (dB; min of tensor and median channel)")
+    fig.update_yaxes(
+        title_text="SQNR checked (dB): lowest of tensor, median channel, median input channel"
+    )
     fig.update_layout(
         height=520,
         template="plotly_white",

@@ -397,6 +397,12 @@ def test_real_model_planted_weight_outlier_is_culprit_1(ppocr_cls, tmp_path):
     assert result.findings[0].startswith("1 of") or "conv6_linear_weights" in result.findings[0]
 
 
+def test_api_is_exported_at_the_top():
+    import accdbg
+
+    assert accdbg.run_quant_checker is run_quant_checker and "run_quant_checker" in accdbg.__all__
+
+
 def test_help_lists_the_component_and_its_flags(capsys):
     code, out, _ = run_cli(capsys, "--help")
     assert code == 0 and "--quant_checker" in out

@@ -199,6 +199,24 @@ def test_hostile_names_stay_escaped_and_inside_the_run(tmp_path):
     assert len(list((run / "plots").rglob("Histograms.png"))) == len(result.summary)
 
 
+def test_overrides_apply_to_every_variant(planted, planted_run, tmp_path):
+    """The tf variant's encodings, exported by the first run, given as -qo to a symmetric run:
+    its weights take tf's asymmetric encodings, so w3 scores as under tf."""
+    _, built = planted
+    result = run_quant_checker(
+        built.path,
+        input_tensors=[parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])],
+        quantizers="symmetric",
+        per_channel_variants="off",
+        plots_mode="none",
+        quantization_overrides=planted_run / "encodings" / "tf.encodings",
+        working_dir=tmp_path,
+    )
+    tf = pd.read_csv(planted_run / "quant_checker.csv").set_index("Name")
+    got = result.summary.set_index("Name")
+    assert got.loc["w3", "SQNR symmetric"] == pytest.approx(tf.loc["w3", "SQNR tf"], abs=1e-6)
+
+
 def test_weights_only_without_calibration_data(planted, tmp_path):
     _, built = planted
     result = run_quant_checker(
@@ -284,6 +302,10 @@ def test_moments_over_chunks_match_numpy():
         (["--quantizers", "tf,bogus"], r"--quantizers 'bogus' is not known"),
         (["--per_channel_variants", "maybe"], r"--per_channel_variants"),
         (["--plots", "some"], r"--plots"),
+        (
+            ["-qo", "missing.encodings"],
+            r"-qo/--quantization_overrides 'missing.encodings' does not exist",
+        ),
         (["-f", "tflite"], r"-f tflite: give the inputs' names, dims and files with -i"),
         (["-f", "caffe"], r"-f/--framework 'caffe' is not supported"),
     ],

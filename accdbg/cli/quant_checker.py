@@ -93,6 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=32,
         help="32 (QNN's QDQ path takes int32 biases only)",
     )
+    q.add_argument(
+        "-qo",
+        "--quantization_overrides",
+        help="AIMET encodings JSON (legacy or 1.0.0) applied to every variant, as the engine applies -qo",
+    )
     c = parser.add_argument_group("checks and output")
     c.add_argument(
         "--sqnr_threshold",
@@ -164,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         max_plot_points=args.max_plot_points,
         seed=args.seed,
         memory_budget_mb=args.memory_budget_mb,
+        quantization_overrides=args.quantization_overrides,
         working_dir=args.working_dir,
         output_dirname=args.output_dirname,
         allow_nonfinite_inputs=args.allow_nonfinite_inputs,

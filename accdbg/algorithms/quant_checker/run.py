@@ -41,7 +41,7 @@ from accdbg.encodings.aimet import aimet_dict
 from accdbg.encodings.model import ACTIVATION
 from accdbg.engines.prepare import prepare_float_model
 from accdbg.engines.quantize import QUANTIZERS, check_quantizer_options
-from accdbg.engines.source import build_feeds
+from accdbg.engines.source import build_feeds, load_overrides
 from accdbg.errors import AccdbgError
 from accdbg.inspection.inspect import assign_folders
 from accdbg.reports.summary import write_csv
@@ -116,6 +116,7 @@ def run_quant_checker(
     max_plot_points: int = MAX_PLOT_POINTS,
     seed: int = SEED,
     memory_budget_mb: float = 4096,
+    quantization_overrides: str | os.PathLike | None = None,
     working_dir: str | os.PathLike = "working_directory",
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
@@ -126,7 +127,8 @@ def run_quant_checker(
     ``symmetric``) x ``per_channel_variants`` (``both``, ``off``, ``on``) are the variants.
     A ``framework`` other than ONNX is converted first (as the end-to-end run does, into the
     run's ``conversion/``), which needs ``input_tensors``; tensors are then named as in the
-    ONNX model, with a ``framework_name`` column where the conversion maps them."""
+    ONNX model, with a ``framework_name`` column where the conversion maps them.
+    ``quantization_overrides`` (AIMET encodings, the engine's ``-qo``) apply to every variant."""
     start = time.perf_counter()
     variants = parse_variants(quantizers, per_channel_variants)
     for v in variants:
@@ -134,6 +136,10 @@ def run_quant_checker(
             act_bitwidth, weights_bitwidth, bias_bitwidth, v.quantizer, v.quantizer
         )
     check_plot_options(plots_mode, max_plot_points, sqnr_threshold)
+    if quantization_overrides is not None and not Path(quantization_overrides).is_file():
+        raise AccdbgError(
+            f"-qo/--quantization_overrides {str(quantization_overrides)!r} does not exist"
+        )
     if int(plot_limit) < 0:
         raise AccdbgError(f"--plot_limit must be 0 or more, got {plot_limit}")
     framework = str(framework).strip().lower()
@@ -177,6 +183,7 @@ def run_quant_checker(
         "max_plot_points": max_plot_points,
         "seed": seed,
         "memory_budget_mb": memory_budget_mb,
+        "quantization_overrides": str(quantization_overrides) if quantization_overrides else None,
     }
     with RunDir(working_dir, COMPONENT, output_dirname) as run:
         run.write_options(options)
@@ -219,6 +226,7 @@ def run_quant_checker(
             max_plot_points,
             seed,
             memory_budget_mb,
+            quantization_overrides,
         )
         if conversion is not None:
             _framework_names(result, conversion.tensor_mapping, run.path)
@@ -261,6 +269,7 @@ def _run(
     max_plot_points: int,
     seed: int,
     memory_budget_mb: float,
+    quantization_overrides: str | os.PathLike | None = None,
 ) -> QuantCheckerResult:
     models_dir, enc_dir = out / "models", out / "encodings"
     models_dir.mkdir()
@@ -268,8 +277,9 @@ def _run(
     prepared_path, steps = prepare_float_model(model, dims, work)
     kept = models_dir / f"{stem}.prepared.onnx"
     shutil.copyfile(prepared_path, kept)
+    overrides = load_overrides(quantization_overrides, False, kept)  # as the engine applies -qo
     encodings, paths, qsteps = quantize_variants(
-        kept, variants, feeds, dims, dtypes, models_dir, act_bw, w_bw, b_bw
+        kept, variants, feeds, dims, dtypes, models_dir, act_bw, w_bw, b_bw, overrides
     )
     steps += qsteps
     for v, encs in encodings.items():

@@ -244,10 +244,9 @@ def cause(c: Checked, row: pd.Series, by_v: dict[str, pd.DataFrame], threshold: 
     best = float(row.get(f"SQNR {fixed}", math.nan)) if fixed else math.nan
     if fixed and best >= threshold:
         fixed_note = f"; {fixed} quantizes it ({best:.3g} dB)"
-    what = "clipping" if parts[0].startswith("clipping") else what
-    body = parts[0] if what == "clipping" else f"{what}: " + "; ".join(parts)
-    if what == "clipping":
-        body += "; " + "; ".join(parts[1:]) if len(parts) > 1 else ""
+    ranges = [p for p in parts if not p.startswith("clipping")]
+    clipping = [p for p in parts if p.startswith("clipping")]
+    body = "; ".join(([f"{what}: " + "; ".join(ranges)] if ranges else []) + clipping)
     return (
         f"{body}; {v} ({g.describe()}): SQNR {float(w[CHECKED]):.3g} dB "
         f"(fails in {int(row['fails_in'])} of {int(row['variants'])} variants){fixed_note}"

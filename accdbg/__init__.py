@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "compare_encodings": "accdbg.encodings.compare",
     "run_framework_diagnosis": "accdbg.frameworks.diagnosis",
+    "run_quant_checker": "accdbg.algorithms.quant_checker",
     "run_tensor_inspection": "accdbg.inspection",
     "run_verification": "accdbg.verifiers.verification",
 }
@@ -25,12 +26,14 @@ __all__ = [
     "AccdbgError",
     "compare_encodings",
     "run_framework_diagnosis",
+    "run_quant_checker",
     "run_tensor_inspection",
     "run_verification",
     "__version__",
 ]
 
 if TYPE_CHECKING:
+    from accdbg.algorithms.quant_checker import run_quant_checker
     from accdbg.encodings.compare import compare_encodings
     from accdbg.frameworks.diagnosis import run_framework_diagnosis
     from accdbg.inspection import run_tensor_inspection

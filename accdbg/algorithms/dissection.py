@@ -126,6 +126,21 @@ def load_partitions(value: str | os.PathLike | list | None) -> list[list[str]] |
     return data
 
 
+def check_dissection_options(
+    maximum: int, auto_stop: int | None, partition_override
+) -> list[list[str]] | None:
+    """One-line errors for bad values; the partitions of ``partition_override``."""
+    if isinstance(maximum, bool) or not isinstance(maximum, int) or maximum < 1:
+        raise AccdbgError(
+            f"--maximum_dissection_iterations {maximum!r} must be a whole number >= 1"
+        )
+    if auto_stop is not None and (
+        isinstance(auto_stop, bool) or not isinstance(auto_stop, int) or auto_stop < 1
+    ):
+        raise AccdbgError(f"--auto_stop_iterations {auto_stop!r} must be a whole number >= 1")
+    return load_partitions(partition_override)
+
+
 class _Cuts:
     """The sub-models, one per iteration, going backwards from the problem layer."""
 
@@ -210,23 +225,9 @@ def run_dissection(
 
     t0 = time.perf_counter()
     judge = Judge.from_specs(verifiers)
-    if (
-        isinstance(maximum_dissection_iterations, bool)
-        or not isinstance(maximum_dissection_iterations, int)
-        or maximum_dissection_iterations < 1
-    ):
-        raise AccdbgError(
-            f"--maximum_dissection_iterations {maximum_dissection_iterations!r} must be a whole number >= 1"
-        )
-    if auto_stop_iterations is not None and (
-        isinstance(auto_stop_iterations, bool)
-        or not isinstance(auto_stop_iterations, int)
-        or auto_stop_iterations < 1
-    ):
-        raise AccdbgError(
-            f"--auto_stop_iterations {auto_stop_iterations!r} must be a whole number >= 1"
-        )
-    partitions = load_partitions(partition_override)
+    partitions = check_dissection_options(
+        maximum_dissection_iterations, auto_stop_iterations, partition_override
+    )
     kwargs = dict(engine_kwargs or {})
     engine, options = engine_options(kwargs)
     qdq_path = Path(qdq_model).expanduser().absolute()

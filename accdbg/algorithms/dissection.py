@@ -450,6 +450,11 @@ def _report(iterations, qdq, problem, judge, folder, qdq_path, golden_root, back
 
     def cause(it: Iteration) -> str:
         share = it.added_error / largest if largest > 0 else math.nan
+        if it.number == 1 and len(it.added) == 1:
+            return (
+                f"the problem layer itself: fed golden inputs, it makes {share:.0%} of the largest "
+                f"error at {problem.name}"
+            )
         return (
             f"joined the sub-model in iteration {it.number} with {len(it.added)} node(s): "
             f"the error at {problem.name} grew by {share:.0%} of its largest"

@@ -91,6 +91,7 @@ class BinaryResult:
     html: Path | None = None
     json: Path | None = None
     findings: list[str] = field(default_factory=list)
+    new_sessions: int = 0  # created by this call (a resumed run reuses the journalled scores)
 
 
 def check_binary_options(verifier: str, weight: float, min_size: int) -> str:
@@ -414,6 +415,7 @@ def run_binary(
     result.html = run.path / result.html.name
     result.json = run.path / result.json.name
     result.seconds = time.perf_counter() - t0
+    result.new_sessions = backend.sessions
     for line in result.findings:
         log.info("%s", line)
     log.info(

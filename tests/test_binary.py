@@ -192,6 +192,14 @@ def test_min_graph_size_and_sqnr_through_the_cli(planted, capsys):
     top = csv[csv["culprit_rank"] == 1]
     assert int(top["First op"].iloc[0]) <= BAD <= int(top["Last op"].iloc[0])
     assert "SQNR" in csv.columns and math.isfinite(float(top["SQNR"].iloc[0]))
+    # inside the 2-op leaf, the layers are ordered by what their own encodings destroy: the
+    # planted layer's per-tensor weight grid is spent on one dead channel
+    layers = pd.read_csv(
+        next((planted.tmp / "cli" / "binary_snooping").glob("2*/binary_snooping_layers.csv"))
+    )
+    ranked = layers.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
+    assert list(ranked["O/P Name"]) == [planted.planted, f"layer{BAD - 1}"]
+    assert "local SQNR" in ranked["cause"].iloc[0]
 
 
 @pytest.mark.parametrize(

@@ -277,9 +277,19 @@ class _Search:
         return sorted(out, key=lambda sg: -(sg.score if math.isfinite(sg.score) else -1))
 
 
-def _layer_table(search: _Search, ranks: dict[int, int], causes: dict[int, str]) -> pd.DataFrame:
-    """One row per layer output: the smallest scored subgraph holding it, and its rank."""
+def _layer_table(
+    search: _Search, leaves: list[Subgraph], causes: dict[int, str], nsr: dict[str, float]
+) -> pd.DataFrame:
+    """One row per layer output: the smallest searched subgraph holding it, and its rank
+    (the ranked leaves in order; inside a leaf, worst local evidence first)."""
+    from accdbg.algorithms.local import local_text, worst_first
+
     position = {node: i for i, node in enumerate(search.ops)}
+    rank: dict[str, tuple[int, str]] = {}
+    for sg in leaves:
+        names = [layer.name for layer in _layers(search, sg)]
+        for name in worst_first(names, nsr):
+            rank[name] = (len(rank) + 1, causes[sg.id] + local_text(name, nsr))
     rows = []
     for layer in search.qdq.layers:
         p = position.get(layer.node_index)
@@ -289,15 +299,15 @@ def _layer_table(search: _Search, ranks: dict[int, int], causes: dict[int, str])
             key=lambda sg: sg.depth,
             default=None,
         )
-        leaf = next((sg for sg in holding if sg.id in ranks), None)
+        r, cause = rank.get(layer.name, (None, ""))
         rows.append(
             {
                 "O/P Name": layer.name,
                 "Layer Type": layer.op_type,
                 "Op": p,
                 "Subgraph": deepest.id if deepest else None,
-                "culprit_rank": ranks[leaf.id] if leaf else math.nan,
-                "cause": causes[leaf.id] if leaf else "",
+                "culprit_rank": r,
+                "cause": cause,
             }
         )
     df = pd.DataFrame(
@@ -307,12 +317,13 @@ def _layer_table(search: _Search, ranks: dict[int, int], causes: dict[int, str])
     return df
 
 
+def _layers(search: _Search, sg: Subgraph) -> list:
+    nodes = set(search.ops[sg.first : sg.last])
+    return [layer for layer in search.qdq.layers if layer.node_index in nodes]
+
+
 def _describe(search: _Search, sg: Subgraph) -> str:
-    layers = [
-        layer
-        for layer in search.qdq.layers
-        if layer.node_index in set(search.ops[sg.first : sg.last])
-    ]
+    layers = _layers(search, sg)
     if len(layers) == 1:
         return f"{layers[0].name} ({layers[0].op_type})"
     names = f"{layers[0].name} .. {layers[-1].name}" if layers else "no reported layer"
@@ -442,7 +453,7 @@ def _write(
 
     whole = search.subgraphs[0]
     leaves = [sg for sg in search.leaves() if sg.id != 0 or sg.score > 0]
-    ranks = {sg.id: i + 1 for i, sg in enumerate(leaves) if sg.id != 0}
+    ranks = {sg.id: i + 1 for i, sg in enumerate(sg for sg in leaves if sg.id != 0)}
     causes = {}
     for sg in leaves:
         share = sg.score / whole.score if whole.score > 0 else math.nan
@@ -450,6 +461,18 @@ def _write(
             f"quantizing only these {sg.size} op(s) gives {_score_text(label, sg)} at the outputs, "
             f"{share:.0%} of the whole model's error ({_score_text(label, whole)})"
         )
+    from accdbg.algorithms.culprits import prepared_model
+    from accdbg.algorithms.local import local_nsr
+
+    ranked = [sg for sg in leaves if sg.id in ranks]
+    nsr = local_nsr(
+        search.qdq,
+        golden_root,
+        [layer for sg in ranked for layer in _layers(search, sg)],
+        prepared_model(qdq_path),
+        {t.name: t.load() for t in req.inputs},
+    )
+    layers = _layer_table(search, ranked, causes, nsr)
     sessions = sum(sg.sessions for sg in search.subgraphs)
     cpu = sorted({op for sg in search.subgraphs for op in sg.cpu_ops})
     findings = []
@@ -457,7 +480,15 @@ def _write(
         findings.append("the quantized model's outputs equal the float ones: nothing to search")
     for sg in leaves:
         if sg.id in ranks and ranks[sg.id] <= 5:
-            findings.append(f"culprit #{ranks[sg.id]}: {_describe(search, sg)} - {causes[sg.id]}")
+            inside = layers[layers["Subgraph"] == sg.id].sort_values("culprit_rank")
+            order = (
+                f"; by their own encodings, most likely first: {', '.join(inside['O/P Name'][:3])}"
+                if len(inside) > 1
+                else ""
+            )
+            findings.append(
+                f"culprit #{ranks[sg.id]}: {_describe(search, sg)} - {causes[sg.id]}{order}"
+            )
     if not ranks and whole.score > 0:
         findings.append(
             f"no half carries the error alone: the whole model ({_score_text(label, whole)}) "
@@ -493,7 +524,6 @@ def _write(
     subs = pd.DataFrame(sub_rows)
     subs["culprit_rank"] = pd.to_numeric(subs["culprit_rank"]).astype("Int64")
     iters = pd.DataFrame(search.iterations, columns=["iteration", "scored", "recurse", "sessions"])
-    layers = _layer_table(search, ranks, causes)
     csv = write_csv(subs, folder / f"{STEM}.csv")
     write_csv(layers, folder / f"{STEM}_layers.csv")
     json_path = folder / f"{STEM}.json"

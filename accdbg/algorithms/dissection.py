@@ -304,7 +304,15 @@ def run_dissection(
             run.path,
         )
         kept = _auto_stop(iterations, judge, auto_stop_iterations)
-        result = _report(kept, qdq, problem, judge, run.path, qdq_path, golden_root, backend)
+        from accdbg.algorithms.culprits import prepared_model
+        from accdbg.algorithms.local import local_nsr
+
+        by_node = {layer.node_index: layer for layer in qdq.layers}
+        joined = [by_node[i] for it in kept for i in it.added if i in by_node]
+        nsr = local_nsr(
+            qdq, golden_root, joined, prepared_model(qdq_path), {t.name: t.load() for t in inputs}
+        )
+        result = _report(kept, qdq, problem, judge, run.path, qdq_path, golden_root, backend, nsr)
         shutil.rmtree(scratch, ignore_errors=True)
     result.run_dir = run.path
     result.csv = run.path / result.csv.name
@@ -397,8 +405,10 @@ def _record(it: Iteration, row: dict, journal: Journal) -> None:
 
 
 def _error_of(row: dict, judge: Judge) -> float:
-    """The row's error on a linear scale: noise-to-signal power when a verifier measures it."""
-    for label, v in judge.verifiers.items():
+    """The row's error on a linear scale: noise-to-signal power when a verifier measures it
+    (exactly, as SQNR does, first)."""
+    exact_first = sorted(judge.verifiers.items(), key=lambda kv: not kv[1].nsr_exact)
+    for label, v in exact_first:
         value = row.get("_values", {}).get(label)
         if isinstance(value, int | float) and math.isfinite(value):
             nsr = v.noise_to_signal(float(value))
@@ -426,7 +436,8 @@ def _auto_stop(iterations: list[Iteration], judge: Judge, patience: int | None) 
     return iterations
 
 
-def _report(iterations, qdq, problem, judge, folder, qdq_path, golden_root, backend):
+def _report(iterations, qdq, problem, judge, folder, qdq_path, golden_root, backend, nsr):
+    from accdbg.algorithms.local import local_text, worst_first
     from accdbg.reports.html_report import findings_html
     from accdbg.reports.summary import html_table, write_csv, write_html
 
@@ -441,10 +452,10 @@ def _report(iterations, qdq, problem, judge, folder, qdq_path, golden_root, back
         key=lambda it: -it.added_error,
     )
     ranked: list[tuple[int, Iteration]] = []
-    for it in suspect_its:
-        for i in sorted(it.added, reverse=True):  # closest to the problem tensor first
-            if i in layer_of:
-                ranked.append((i, it))
+    for it in suspect_its:  # inside an iteration: what their own encodings destroy, worst first
+        names = [layer_of[i].name for i in sorted(it.added) if i in layer_of]
+        index = {layer_of[i].name: i for i in it.added if i in layer_of}
+        ranked += [(index[name], it) for name in worst_first(names, nsr)]
     ranked = ranked[:MAX_SUSPECTS]
     rank_of = {i: r + 1 for r, (i, _) in enumerate(ranked)}
 
@@ -499,7 +510,7 @@ def _report(iterations, qdq, problem, judge, folder, qdq_path, golden_root, back
                 "Iteration": it.number,
                 "Error added": it.added_error,
                 "culprit_rank": rank_of.get(i),
-                "cause": cause(it) if i in rank_of else "",
+                "cause": cause(it) + local_text(layer_of[i].name, nsr) if i in rank_of else "",
             }
         )
     nodes = pd.DataFrame(
@@ -510,6 +521,7 @@ def _report(iterations, qdq, problem, judge, folder, qdq_path, golden_root, back
     suspects = [layer_of[i].name for i, _ in ranked]
     findings = [
         f"culprit #{rank_of[i]}: {layer_of[i].name} ({layer_of[i].op_type}) - {cause(it)}"
+        + local_text(layer_of[i].name, nsr)
         for i, it in ranked[:5]
     ]
     if not ranked:

@@ -43,6 +43,25 @@ def engine_sessions(engine_run: Path) -> int:
     return len(re.findall(r"\[running [^\]]* on QNN", text))
 
 
+def below(qdq_path: Path, fault: str, steps: int = 3) -> tuple[str | None, int]:
+    """The first layer after ``fault`` (execution order) whose dissection reaches the fault's
+    layer at iteration ``steps`` or later."""
+    from accdbg.algorithms.dissection import _Cuts
+    from accdbg.algorithms.fragments import QdqModel
+
+    qdq = QdqModel.load(qdq_path)
+    at = next((layer for layer in qdq.layers if layer.name == fault), None)
+    if at is None:
+        return None, 0
+    for layer in qdq.layers[at.position + 1 :]:
+        cuts = _Cuts(qdq, layer)
+        plan = cuts.automatic(steps)
+        if len(plan) == steps and at.node_index in cuts.cone(plan[-1]):
+            if at.node_index not in cuts.cone(plan[-2]):
+                return layer.name, steps
+    return None, 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--case", default="det/weight_channel/mid", help="model/kind/depth of the zoo")
@@ -154,6 +173,28 @@ def _run(args, wanted: list[str], work: Path) -> int:
             "layerwise",
             f"problem tensor {r.problem_tensor}",
         )
+    if "dissection" in wanted:
+        # the first failing tensor may be a natural standout upstream of the fault; what the
+        # analyzer does when told where to look: a tensor a few producer steps below the fault
+        problem, steps = below(qdq, case.fault.culprits[0])
+        if problem is not None:
+            t = time.perf_counter()
+            r = run_dissection(
+                qdq,
+                golden,
+                inputs,
+                problem_inference_tensor=problem,
+                working_dir=w,
+                output_dirname="dissection_named",
+            )
+            record(
+                "deep analyzer (named)",
+                time.perf_counter() - t,
+                r.sessions,
+                r.report,
+                "layerwise",
+                f"problem tensor {problem}, {steps} steps below the fault",
+            )
     print()
     print(f"{'algorithm':<22}{'wall s':>9}{'sessions':>10}{'rank':>6}  named (top 5) / note")
     for name, secs, sessions, best, named, note in rows:

@@ -257,7 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     component, rest = split_component(argv)
-    if component is None and standalone_deep_analyzer(rest):
+    asks_help = any(a in ("-h", "--help") for a in rest)
+    if component is None and (
+        standalone_deep_analyzer(rest) or (asks_help and "--deep_analyzer" in rest)
+    ):
         module = importlib.import_module(DEEP_ANALYZER)
         component = module.NAME
     elif component is None:

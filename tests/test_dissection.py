@@ -68,7 +68,10 @@ def test_scores_follow_from_each_iterations_dump(planted):
         noise = np.sum((golden - target) ** 2)
         assert row["SQNR"] == pytest.approx(10 * np.log10(np.sum(golden**2) / noise), abs=1e-6)
         assert row["Error (NSR)"] == pytest.approx(noise / np.sum(golden**2), rel=1e-6)
-        assert (folder / "summary.csv").is_file()
+        one = pd.read_csv(folder / "summary.csv", keep_default_na=False)
+        assert one["Name"].tolist() == [PROBLEM]
+        assert one["Status"].tolist() == ["fail" if row["CosineSimilarity"] < 0.99 else "ok"]
+        assert json.loads(one["Golden inputs"].iloc[0]) == json.loads(row["Inputs"])
     assert (r.run_dir / "dissection_summary.html").is_file()
     csv = pd.read_csv(r.csv)
     assert {"Inputs", "Outputs", "SQNR", "culprit_rank", "cause"} <= set(csv.columns)

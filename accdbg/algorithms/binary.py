@@ -489,7 +489,12 @@ def _write(
             findings.append(
                 f"culprit #{ranks[sg.id]}: {_describe(search, sg)} - {causes[sg.id]}{order}"
             )
-    if not ranks and whole.score > 0:
+    if not ranks and whole.score > 0 and whole.size <= search.min_size:
+        findings.append(
+            f"the model has {whole.size} ops, no more than min_graph_size {search.min_size}: "
+            f"nothing to split ({_score_text(label, whole)})"
+        )
+    elif not ranks and whole.score > 0:
         findings.append(
             f"no half carries the error alone: the whole model ({_score_text(label, whole)}) "
             "is not split further"
@@ -561,6 +566,10 @@ def _write(
         f"Binary snooping: {req.model_path.name}",
         notes,
         row_class=lambda i: "culprit" if pd.notna(subs["culprit_rank"].iloc[i]) else None,
-        before=findings_html(findings) + iters_html + "<h2>Subgraphs</h2>",
+        before=findings_html(findings)
+        + "<h2>Ranked layers</h2>"
+        + html_table(layers[layers["culprit_rank"].notna()].sort_values("culprit_rank"))
+        + iters_html
+        + "<h2>Subgraphs</h2>",
     )
     return BinaryResult(folder, layers, subs, iters, sessions, 0.0, csv, html, json_path, findings)

@@ -393,6 +393,10 @@ def _score(todo, qdq, problem, golden, judge, backend, journal, run_path: Path) 
             _record(it, row, journal)
 
 
+def _fails(row: dict) -> bool:
+    return any(p is False for p in row.get("_passed", {}).values())
+
+
 def _error(problem: Layer, qdq: QdqModel, status: str, message: str) -> dict:
     from accdbg.algorithms.judging import error_row
 
@@ -544,7 +548,16 @@ def _report(iterations, qdq, problem, judge, folder, qdq_path, golden_root, back
     for it in iterations:  # each iteration's verification, as a one-row summary
         sub = folder / f"iteration_{it.number:02d}"
         sub.mkdir(exist_ok=True)
-        write_csv(summary[summary["Iteration"] == it.number], sub / "summary.csv")
+        one = {
+            "Name": problem.name,
+            "LayerType": problem.op_type,
+            "Tensor_dims": it.row.get("Shape"),
+            **{label: it.row.get(label, math.nan) for label in judge.labels},
+            "Status": it.row.get("Status") or ("fail" if _fails(it.row) else "ok"),
+            "Info": it.row.get("Info", ""),
+            "Golden inputs": json.dumps(it.inputs),
+        }
+        write_csv(pd.DataFrame([one]), sub / "summary.csv")
     notes = [
         f"QDQ model {qdq_path.name}; golden {golden_root}; problem tensor {problem.name}",
         "Each iteration runs the sub-model from its inputs (golden values, through the full model's "

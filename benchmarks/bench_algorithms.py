@@ -46,7 +46,7 @@ def engine_sessions(engine_run: Path) -> int:
 def below(qdq_path: Path, fault: str, steps: int = 3) -> tuple[str | None, int]:
     """The first layer after ``fault`` (execution order) whose dissection reaches the fault's
     layer at iteration ``steps`` or later."""
-    from accdbg.algorithms.dissection import _Cuts
+    from accdbg.algorithms.dissection import Cuts
     from accdbg.algorithms.fragments import QdqModel
 
     qdq = QdqModel.load(qdq_path)
@@ -54,7 +54,7 @@ def below(qdq_path: Path, fault: str, steps: int = 3) -> tuple[str | None, int]:
     if at is None:
         return None, 0
     for layer in qdq.layers[at.position + 1 :]:
-        cuts = _Cuts(qdq, layer)
+        cuts = Cuts(qdq, layer)
         plan = cuts.automatic(steps)
         if len(plan) == steps and at.node_index in cuts.cone(plan[-1]):
             if at.node_index not in cuts.cone(plan[-2]):

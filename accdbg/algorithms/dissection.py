@@ -141,7 +141,7 @@ def check_dissection_options(
     return load_partitions(partition_override)
 
 
-class _Cuts:
+class Cuts:
     """The sub-models, one per iteration, going backwards from the problem layer."""
 
     def __init__(self, qdq: QdqModel, problem: Layer):
@@ -255,7 +255,7 @@ def run_dissection(
 
     qdq = QdqModel.load(qdq_path, set(TensorFolder(golden_root).names()))
     problem = find_layer(qdq, problem_name, "--problem_inference_tensor")
-    cuts = _Cuts(qdq, problem)
+    cuts = Cuts(qdq, problem)
     if partitions is not None:
         plan = [cuts.resolve(p, k + 1) for k, p in enumerate(partitions)]
         plan = plan[:maximum_dissection_iterations]

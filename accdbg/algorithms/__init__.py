@@ -1,4 +1,5 @@
-"""Debugging algorithms: oneshot-layerwise, layerwise and cumulative-layerwise snooping.
+"""Debugging algorithms: oneshot-layerwise, layerwise, cumulative-layerwise and binary snooping,
+and the model dissection deep analyzer.
 
 Imported lazily, so ``accdbg.algorithms.<module>`` stays cheap and free of import cycles.
 """
@@ -7,7 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SnoopingResult", "run_cumulative_layerwise", "run_layerwise"]
+__all__ = [
+    "BinaryResult",
+    "DissectionResult",
+    "SnoopingResult",
+    "run_binary",
+    "run_cumulative_layerwise",
+    "run_dissection",
+    "run_layerwise",
+]
+_MORE = {
+    "run_binary": "accdbg.algorithms.binary",
+    "BinaryResult": "accdbg.algorithms.binary",
+    "run_dissection": "accdbg.algorithms.dissection",
+    "DissectionResult": "accdbg.algorithms.dissection",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -23,4 +38,8 @@ def __getattr__(name: str) -> Any:
         from accdbg.algorithms.snooping import SnoopingResult
 
         return SnoopingResult
+    if name in _MORE:
+        import importlib
+
+        return getattr(importlib.import_module(_MORE[name]), name)
     raise AttributeError(f"module 'accdbg.algorithms' has no attribute {name!r}")

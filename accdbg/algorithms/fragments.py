@@ -196,7 +196,13 @@ class QdqModel:
 
     def fragment(self, layers: Sequence[Layer], prefix: str) -> Part:
         """The node of ``layers`` alone (all of them outputs of one node), names prefixed."""
-        node_inputs = layers[0].inputs
+        return self.between(layers[0].inputs, layers, prefix)
+
+    def between(self, inputs: Sequence[str], layers: Sequence[Layer], prefix: str) -> Part:
+        """Everything from the float tensors ``inputs`` (each entering through its Q/DQ) to
+        ``layers``' outputs, names prefixed; ``inputs`` must cut every path from the model
+        inputs (else :class:`SurgeryError`)."""
+        node_inputs = list(inputs)
         part = self._extract(node_inputs, [layer.output for layer in layers])
         # shape inference may type initializers in value_info: renaming those would unshare them
         keep = [vi for vi in part.graph.value_info if vi.name not in self.initializers]

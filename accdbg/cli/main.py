@@ -38,6 +38,14 @@ COMPONENTS: dict[str, str | None] = {
     "quant_checker": "accdbg.cli.quant_checker",
 }
 WRAPPER: str | None = "accdbg.cli.wrapper"
+# ``--deep_analyzer NAME`` takes a value: with ``--inference_results`` it runs alone over
+# existing runs, otherwise the wrapper runs it after oneshot
+DEEP_ANALYZER = "accdbg.cli.deep_analyzer"
+
+
+def standalone_deep_analyzer(argv: Sequence[str]) -> bool:
+    flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    return "--deep_analyzer" in flags and "--inference_results" in flags
 
 
 class StderrHandler(logging.StreamHandler):
@@ -128,6 +136,10 @@ def top_level_help() -> str:
     for name, module in COMPONENTS.items():
         desc = importlib.import_module(module).HELP if module else "(not implemented yet)"
         lines.append(f"  --{name:<22} {desc}")
+    lines.append(
+        f"  --{'deep_analyzer NAME':<22} {importlib.import_module(DEEP_ANALYZER).HELP} "
+        "(with --inference_results; without, after oneshot)"
+    )
     lines += ["", f"For a component's options: {PROG} --help --<component>"]
     return "\n".join(lines)
 
@@ -246,7 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     component, rest = split_component(argv)
-    if component is None:
+    asks_help = any(a in ("-h", "--help") for a in rest)
+    if component is None and (
+        standalone_deep_analyzer(rest) or (asks_help and "--deep_analyzer" in rest)
+    ):
+        module = importlib.import_module(DEEP_ANALYZER)
+        component = module.NAME
+    elif component is None:
         if not rest or any(a in ("-h", "--help") for a in rest):
             print(top_level_help())
             if WRAPPER is not None:

@@ -6,6 +6,8 @@ import argparse
 import logging
 
 from accdbg.cli import args as A
+from accdbg.cli.deep_analyzer import ANALYZERS as DEEP_ANALYZERS
+from accdbg.cli.deep_analyzer import add_dissection_arguments
 from accdbg.cli.inference_engine import add_engine_arguments, engine_kwargs
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.run_dir import RunDir, check_run_folder
@@ -13,7 +15,7 @@ from accdbg.errors import AccdbgError
 
 NAME = "wrapper"
 HELP = "framework diagnosis, QNN inference engine and verification in one run, with the HTML report"
-ALGORITHMS = ("oneshot-layerwise", "cumulative-layerwise", "layerwise")
+ALGORITHMS = ("oneshot-layerwise", "cumulative-layerwise", "layerwise", "binary")
 log = logging.getLogger("accdbg")
 
 
@@ -48,15 +50,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--end_layer", help="(layerwise, cumulative-layerwise) last layer output to debug"
     )
-    g.add_argument("--deep_analyzer", help="(not available)")
+    b = parser.add_argument_group("binary snooping (--debugging_algorithm binary)")
+    b.add_argument(
+        "--subgraph_relative_weight",
+        type=float,
+        default=0.4,
+        help="search a half further when its score exceeds this share of both halves' (default 0.4)",
+    )
+    b.add_argument(
+        "--min_graph_size",
+        type=int,
+        default=16,
+        help="stop halving at this many ops (default 16)",
+    )
+    b.add_argument(
+        "--verifier",
+        default="mse",
+        type=str.lower,
+        help="output score of binary snooping: mse (default) or sqnr",
+    )
+    d = parser.add_argument_group("deep analyzer (after oneshot-layerwise)")
+    d.add_argument(
+        "--deep_analyzer",
+        choices=DEEP_ANALYZERS,
+        default=None,
+        help="modelDissectionAnalyzer: after oneshot, dissect the model backwards from the problem tensor",
+    )
+    add_dissection_arguments(d)
     A.add_common(parser, NAME)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.deep_analyzer and args.debugging_algorithm != "oneshot-layerwise":
+        raise AccdbgError(
+            f"--deep_analyzer runs after oneshot-layerwise (on its dumps), not after "
+            f"--debugging_algorithm {args.debugging_algorithm}"
+        )
+    binary = args.debugging_algorithm == "binary"
+    if binary:
+        from accdbg.algorithms.binary import check_binary_options
+
+        check_binary_options(args.verifier, args.subgraph_relative_weight, args.min_graph_size)
     if args.deep_analyzer:
-        raise AccdbgError(f"--deep_analyzer {args.deep_analyzer!r} is not available in accdbg")
+        from accdbg.algorithms.dissection import check_dissection_options
+
+        check_dissection_options(
+            args.maximum_dissection_iterations, args.auto_stop_iterations, args.partition_override
+        )
+        check_run_folder(args.working_dir, "deep_analyzer", args.output_dirname, resume=True)
     if args.start_layer or args.end_layer:
-        if args.debugging_algorithm == "oneshot-layerwise":
+        if args.debugging_algorithm in ("oneshot-layerwise", "binary"):
             raise AccdbgError(
                 "--start_layer/--end_layer apply to layerwise and cumulative-layerwise only"
             )
@@ -113,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             allow_nonfinite_inputs=allow,
         )
         check_request(
-            "layerwise" if layerwise else "cumulative_layerwise",
+            "binary" if binary else "layerwise" if layerwise else "cumulative_layerwise",
             SnoopArgs(
                 args.model_path,
                 inputs,
@@ -121,13 +164,13 @@ def run(args: argparse.Namespace) -> int:
                 memory_budget_mb=args.memory_budget_mb,
                 workers=None,
                 dump_qnn_json=False,
-                **snoop_kwargs,
+                **{**snoop_kwargs, "verifiers": [args.verifier.upper()] if binary else verifiers},
             ),
         )
     with RunDir(args.working_dir, NAME, args.output_dirname, resume=not oneshot) as run:
         run.write_options(A.options_dict(args))
         if oneshot:
-            run_oneshot(
+            one = run_oneshot(
                 framework,
                 args.model_path,
                 inputs,
@@ -143,8 +186,49 @@ def run(args: argparse.Namespace) -> int:
                 output_dirname=args.output_dirname,
                 allow_nonfinite_inputs=allow,
             )
+            if args.deep_analyzer:
+                _dissect(args, one, inputs, verifiers, kwargs)
+        elif binary:
+            from accdbg.algorithms.binary import run_binary
+
+            result = run_binary(
+                args.model_path,
+                inputs,
+                input_list=args.input_list,
+                golden_dir=args.golden_output_reference_directory,
+                verifier=args.verifier,
+                subgraph_relative_weight=args.subgraph_relative_weight,
+                min_graph_size=args.min_graph_size,
+                engine_kwargs=kwargs,
+                working_dir=args.working_dir,
+                output_dirname=args.output_dirname,
+                allow_nonfinite_inputs=allow,
+            )
+            log.info("report: %s", result.html)
         else:
             fn = run_layerwise if layerwise else run_cumulative_layerwise
             result = fn(args.model_path, inputs, **snoop_kwargs)
             log.info("report: %s", result.html)
     return 0
+
+
+def _dissect(args: argparse.Namespace, one, inputs, verifiers, kwargs: dict) -> None:
+    """The deep analyzer over the oneshot run's dumps: its golden, QDQ model and verification."""
+    from accdbg.algorithms.dissection import run_dissection
+    from accdbg.cli.deep_analyzer import engine_qdq_model
+
+    result = run_dissection(
+        engine_qdq_model(one.engine_run),
+        one.golden_dir,
+        inputs,
+        verification_dir=one.verification_run,
+        problem_inference_tensor=args.problem_inference_tensor,
+        verifiers=verifiers,
+        maximum_dissection_iterations=args.maximum_dissection_iterations,
+        auto_stop_iterations=args.auto_stop_iterations,
+        partition_override=args.partition_override,
+        engine_kwargs={k: kwargs[k] for k in ("runtime", "engine", "architecture") if k in kwargs},
+        working_dir=args.working_dir,
+        output_dirname=args.output_dirname,
+    )
+    log.info("report: %s", result.html)

@@ -1,0 +1,234 @@
+"""Binary snooping on the real QNN HTP backend: a Conv chain with one planted layer, the
+halving derived by hand, the partly quantized models checked on onnxruntime's CPU, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pandas as pd
+import pytest
+
+from accdbg.algorithms.binary import run_binary
+from accdbg.algorithms.checkpoint import JOURNAL
+from accdbg.algorithms.fragments import QdqModel
+from accdbg.algorithms.mixed import FloatModel, op_list, partly_quantized
+from accdbg.core.inputs import parse_input_tensor
+from accdbg.engines import run_inference_engine
+from accdbg.frameworks.diagnosis import run_framework_diagnosis
+from tests import models
+from tests.helpers import one_line_error, run_cli
+
+LAYERS, BAD = 8, 5  # layer5 is planted: its op is the 6th of 8 (Conv+Relu fuse into one op)
+
+
+def chain(tmp: Path) -> SimpleNamespace:
+    built = models.planted_chain(tmp, layers=LAYERS, bad=BAD)
+    inputs = [parse_input_tensor(["x", ",".join(map(str, built.dims)), str(built.input_path)])]
+    golden = run_framework_diagnosis("onnx", built.path, inputs, working_dir=tmp / "w").run_dir
+    engine = run_inference_engine(built.path, input_tensors=inputs, working_dir=tmp / "w")
+    return SimpleNamespace(
+        built=built,
+        inputs=inputs,
+        golden=golden,
+        engine=engine,
+        tmp=tmp,
+        planted=built.expected["planted"],
+    )
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    m = chain(tmp_path_factory.mktemp("binary"))
+    m.result = run_binary(
+        m.built.path,
+        m.inputs,
+        golden_dir=m.golden,
+        qdq_model=m.engine.qdq_model,
+        min_graph_size=1,
+        working_dir=m.tmp / "w",
+        output_dirname="run",
+    )
+    return m
+
+
+def halving(n: int, bad: int, min_size: int) -> list[tuple[int, int]]:
+    """The ranges a search with one culprit op scores, by hand: the whole list, then both
+    halves of every range holding the culprit, down to ``min_size``."""
+    out, first, last = [(0, n)], 0, n
+    while last - first > min_size:
+        mid = first + (last - first) // 2
+        out += [(first, mid), (mid, last)]
+        first, last = (first, mid) if bad < mid else (mid, last)
+    return out
+
+
+def test_the_search_halves_down_to_the_planted_layer(planted):
+    r = planted.result
+    subs = r.subgraphs
+    scored = list(zip(subs["First op"], subs["Last op"] + 1, strict=True))
+    assert scored == halving(LAYERS, BAD, 1)
+    assert r.sessions == len(scored) == 7  # one QNN session per model: 2*log2(8) + 1
+    # the search ends on the planted layer, alone, ranked first; nothing else is ranked
+    ranked = r.report.dropna(subset=["culprit_rank"])
+    assert list(ranked["O/P Name"]) == [planted.planted]
+    assert int(ranked["culprit_rank"].iloc[0]) == 1
+    leaf = subs[subs["culprit_rank"].notna()]
+    assert len(leaf) == 1 and leaf["Ops"].iloc[0] == 1 and leaf["First op"].iloc[0] == BAD
+    assert r.findings[0].startswith(f"culprit #1: {planted.planted} (Conv)")
+    assert "QNN session" in r.findings[-1]
+    # each pair of halves: relative weights are shares of their sum; the half holding the
+    # planted op is searched, its sibling dropped
+    for _, group in subs[subs["Parent"].notna()].groupby("Parent"):
+        assert group["Relative weight"].sum() == pytest.approx(1.0)
+        assert group["Relative weight"].tolist() == pytest.approx(
+            (group["Score"] / group["Score"].sum()).tolist()
+        )
+        holds = (group["First op"] <= BAD) & (BAD <= group["Last op"])
+        assert set(group.loc[holds, "Decision"]) <= {"split", "leaf"}  # searched further
+        assert set(group.loc[~holds, "Decision"]) == {"dropped"}
+    # the planted op alone carries most of the whole model's error (output MSE)
+    whole = subs.iloc[0]["Score"]
+    assert leaf["Score"].iloc[0] > 0.5 * whole
+
+
+def test_reports_json_csv_html(planted):
+    r = planted.result
+    data = json.loads(r.json.read_text())
+    assert [s["Subgraph"] for s in data["subgraphs"]] == list(r.subgraphs["Subgraph"])
+    assert data["sessions"] == r.sessions and data["verifier"] == "MSE"
+    assert len(data["iterations"]) == 3  # 8 -> 4 -> 2 -> 1 ops
+    csv = pd.read_csv(r.csv)
+    assert "culprit_rank" in csv.columns and "cause" in csv.columns
+    layers = pd.read_csv(r.run_dir / "binary_snooping_layers.csv")
+    assert list(layers["O/P Name"]) == [f"layer{i}" for i in range(LAYERS)]
+    html = r.html.read_text()
+    assert "culprit #1: " + planted.planted in html and "<script src=" not in html
+
+
+def test_partly_quantized_models_on_cpu(planted):
+    """Independent check of the half models: nothing quantized computes the float model,
+    everything quantized the QDQ model, on onnxruntime's CPU."""
+    qdq = QdqModel.load(planted.engine.qdq_model)
+    prepared = planted.engine.qdq_model.with_name("planted.prepared.onnx")
+    fm = FloatModel(onnx.load(str(prepared)))
+    x = np.fromfile(planted.built.input_path, np.float32).reshape(planted.built.dims)
+    out = qdq.graph_outputs[0]
+
+    def cpu(model) -> np.ndarray:
+        return ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        ).run([out], {"x": x})[0]
+
+    float_out = ort.InferenceSession(str(planted.built.path)).run(None, {"x": x})[0]
+    none, notes = partly_quantized(qdq, set(), fm)
+    assert not notes
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in none.graph.node)
+    np.testing.assert_allclose(cpu(none), float_out, rtol=1e-5, atol=1e-5)
+    every, _ = partly_quantized(qdq, set(op_list(qdq)), fm)
+    np.testing.assert_array_equal(cpu(every), cpu(qdq.model))
+    # only the planted op quantized: its error dominates, the float ops around it add none
+    alone, _ = partly_quantized(qdq, {op_list(qdq)[BAD]}, fm)
+    err_alone = float(np.mean((cpu(alone) - float_out) ** 2))
+    err_all = float(np.mean((cpu(qdq.model) - float_out) ** 2))
+    assert err_alone > 0.5 * err_all
+
+
+def test_resume_scores_only_what_the_journal_lacks(planted):
+    r = planted.result
+    journal = r.run_dir / JOURNAL
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    kept = [rec for rec in records if rec["kind"] != "done"][:-2]  # as if killed: 2 models lost
+    journal.write_text("".join(json.dumps(rec) + "\n" for rec in kept))
+    again = run_binary(
+        planted.built.path,
+        planted.inputs,
+        golden_dir=planted.golden,
+        qdq_model=planted.engine.qdq_model,
+        min_graph_size=1,
+        working_dir=planted.tmp / "w",
+        output_dirname="run",
+    )
+    assert again.new_sessions == 2
+    assert again.subgraphs["Score"].tolist() == pytest.approx(
+        r.subgraphs["Score"].tolist(), rel=1e-6
+    )
+    assert list(again.report["culprit_rank"].fillna(0)) == list(r.report["culprit_rank"].fillna(0))
+
+
+def test_min_graph_size_and_sqnr_through_the_cli(planted, capsys):
+    code, _, err = run_cli(
+        capsys,
+        "-f",
+        "onnx",
+        "-m",
+        planted.built.path,
+        "-i",
+        "x",
+        ",".join(map(str, planted.built.dims)),
+        planted.built.input_path,
+        "--golden_output_reference_directory",
+        planted.golden,
+        "--debugging_algorithm",
+        "binary",
+        "--verifier",
+        "sqnr",
+        "--min_graph_size",
+        "2",
+        "-w",
+        planted.tmp / "cli",
+    )
+    assert code == 0, err
+    assert "report: " in err and "binary_snooping.html" in err.strip().splitlines()[-1]
+    csv = pd.read_csv(
+        next((planted.tmp / "cli" / "binary_snooping").glob("2*/binary_snooping.csv"))
+    )
+    assert list(zip(csv["First op"], csv["Last op"] + 1, strict=True)) == halving(LAYERS, BAD, 2)
+    top = csv[csv["culprit_rank"] == 1]
+    assert int(top["First op"].iloc[0]) <= BAD <= int(top["Last op"].iloc[0])
+    assert "SQNR" in csv.columns and math.isfinite(float(top["SQNR"].iloc[0]))
+    # inside the 2-op leaf, the layers are ordered by what their own encodings destroy: the
+    # planted layer's per-tensor weight grid is spent on one dead channel
+    layers = pd.read_csv(
+        next((planted.tmp / "cli" / "binary_snooping").glob("2*/binary_snooping_layers.csv"))
+    )
+    ranked = layers.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
+    assert list(ranked["O/P Name"]) == [planted.planted, f"layer{BAD - 1}"]
+    assert "local SQNR" in ranked["cause"].iloc[0]
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--verifier", "cos"], "--verifier 'cos'"),
+        (["--min_graph_size", "0"], "--min_graph_size 0"),
+        (["--subgraph_relative_weight", "1.5"], "--subgraph_relative_weight 1.5"),
+        (["--start_layer", "layer1"], "--start_layer/--end_layer"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, expected):
+    built = models.planted_chain(tmp_path, layers=2, bad=1)
+    code, _, err = run_cli(
+        capsys,
+        "-f",
+        "onnx",
+        "-m",
+        built.path,
+        "-i",
+        "x",
+        "1,3,16,16",
+        built.input_path,
+        "--debugging_algorithm",
+        "binary",
+        *flags,
+        "-w",
+        tmp_path / "w",
+    )
+    assert code == 2
+    assert expected in one_line_error(err)
+    assert not (tmp_path / "w").exists()

@@ -234,6 +234,7 @@ class SnoopArgs:
     workers: int | None
     dump_qnn_json: bool
     allow_nonfinite_inputs: bool = False
+    model_explorer: bool = True
 
 
 @dataclass
@@ -590,6 +591,19 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
         if not journal.of_kind("done"):
             journal.append({"kind": "done", "sessions": backend.sessions})
         df, csv_path, html_path = ctx.write(final=True)
+        if args.model_explorer:
+            from accdbg.reports.model_explorer import overlay_run
+
+            # on the model given: the float model (or the QDQ model when that is what was given)
+            overlay_run(
+                run.path,
+                [html_path],
+                req.model_path,
+                df,
+                "O/P Name",
+                req.judge.verifiers,
+                final_dir=run.final_path,
+            )
         shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.perf_counter() - t0
     findings = ctx.ranking.findings if ctx.ranking is not None else []

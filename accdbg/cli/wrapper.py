@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--end_layer", help="(layerwise, cumulative-layerwise) last layer output to debug"
     )
     g.add_argument("--deep_analyzer", help="(not available)")
+    A.add_model_explorer(parser)
     A.add_common(parser, NAME)
 
 
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             working_dir=args.working_dir,
             output_dirname=args.output_dirname,
             allow_nonfinite_inputs=allow,
+            model_explorer=args.model_explorer,
         )
         check_request(
             "layerwise" if layerwise else "cumulative_layerwise",
@@ -142,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
                 working_dir=args.working_dir,
                 output_dirname=args.output_dirname,
                 allow_nonfinite_inputs=allow,
+                model_explorer=args.model_explorer,
             )
         else:
             fn = run_layerwise if layerwise else run_cumulative_layerwise

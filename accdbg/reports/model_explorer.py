@@ -63,6 +63,7 @@ class Overlays:
     graph: str
     files: list[dict[str, str]] = field(default_factory=list)  # {file, name, kind}
     unmatched: list[str] = field(default_factory=list)  # names no node of the model produces
+    final_dir: Path | None = None  # the run folder once finished (for the command)
 
     @property
     def paths(self) -> list[Path]:
@@ -101,7 +102,8 @@ def _builder():
 
 def source_nodes(model: str | Path) -> tuple[str, dict[str, str]]:
     """The main graph's id and, per tensor, the id of the node producing it - as Model
-    Explorer's ONNX adapter builds the graph the viewer shows (graph inputs included)."""
+    Explorer's ONNX adapter builds the graph the viewer shows (graph inputs included; node
+    ids map to themselves)."""
     try:
         with _without(("torch", "IPython")):
             from model_explorer_onnx.main import ONNXAdapter
@@ -122,6 +124,8 @@ def source_nodes(model: str | Path) -> tuple[str, dict[str, str]]:
             for attr in meta.attrs:
                 if attr.key == "__tensor_tag" and attr.value != "None":
                     producers.setdefault(attr.value, node.id)
+    for node in main.nodes:  # a node may be named too (its id), after every tensor
+        producers.setdefault(node.id, node.id)
     return main.id, producers
 
 
@@ -170,8 +174,9 @@ def write_overlays(
     scores: Mapping[str, Score],
     rank_col: str = RANK,
     cause_col: str = CAUSE,
-    marks: Mapping[str, Mapping[str, str]] | None = None,
+    marks: Mapping[str, Mapping[str | tuple[str, ...], str]] | None = None,
     fallback_cols: Sequence[str] = ("Golden_name",),
+    final_dir: str | Path | None = None,
 ) -> Overlays:
     """Write ``<run_dir>/model_explorer/``: one node-data file per score column, one for the
     culprit ranking, one for the marks, and ``overlays.json``.
@@ -180,8 +185,11 @@ def write_overlays(
     ``source_model``), else the first of ``fallback_cols`` that does. ``scores`` maps a
     column to its direction (a verifier). ``rank_col``/``cause_col`` are the culprit
     ranking (skipped when absent). ``marks`` maps a mark's label (``"on CPU"``,
-    ``"changed by fix"``) to {tensor name: detail}; culprits are marked from ``rank_col``.
+    ``"changed by fix"``) to {name: detail}, a name being a row's name, a tensor or node of
+    the model, or a tuple of candidates tried in order; culprits are marked from ``rank_col``.
     Names the model has no node for are listed in ``overlays.json`` as ``unmatched``.
+    ``final_dir``: where the run folder will be once finished (it is written under a
+    temporary name), for the command that opens the overlays.
     """
     nb = _builder()
     folder = Path(run_dir) / DIRNAME
@@ -264,11 +272,13 @@ def write_overlays(
     all_marks = {"culprit": culprits, **(marks or {})}
     marked: dict[str, list[tuple[str, str]]] = {}
     for label, named in all_marks.items():
-        for name, detail in named.items():
-            node = by_name.get(name) or producers.get(name)
+        for names, detail in named.items():
+            candidates = (names,) if isinstance(names, str) else names
+            node = next(
+                (n for c in candidates if (n := by_name.get(c) or producers.get(c))), None
+            )
             if node is None:
-                if name not in unmatched:
-                    unmatched.append(name)
+                unmatched.append(" | ".join(candidates))
                 continue
             marked.setdefault(node, []).append((label, detail))
     if any(named for named in all_marks.values()):
@@ -298,7 +308,7 @@ def write_overlays(
             "adapter": ADAPTER_ID,
             "files": out.files,
             "unmatched": unmatched,
-            "command": view_command(run_dir),
+            "command": view_command(final_dir or run_dir),
         },
     )
     if unmatched:
@@ -308,8 +318,70 @@ def write_overlays(
             out.model.name,
             ", ".join(unmatched[:5]),
         )
-    log.info("model explorer overlays: %s (%s)", folder, view_command(run_dir))
+    out.final_dir = Path(final_dir or run_dir)
+    log.info("model explorer overlays: %s", view_command(out.final_dir))
     return out
+
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+
+def cpu_marks(partitioning: str | Path, qdq_model: str | Path) -> dict[tuple[str, ...], str]:
+    """{candidate names: why the layer ran on the CPU} from an engine run's
+    ``partitioning.json``.
+
+    Its node names are the QDQ model's. A Q/DQ node on the CPU belongs to the layer whose
+    output it (de)quantizes: the names met walking back to that layer's node (the DQ's
+    output, which is the original name of a graph output, the Q's input, the node's own
+    output and name) are the candidates, tried in order on the source model.
+    """
+    import onnx
+
+    from accdbg.core.jsonio import read_json
+
+    info = read_json(partitioning, "partitioning.json")
+    try:
+        model = onnx.load(str(qdq_model), load_external_data=False)
+    except Exception as exc:
+        raise AccdbgError(f"cannot read the QDQ model {str(qdq_model)!r}: {exc}") from None
+    nodes = {n.name: n for n in model.graph.node if n.name}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    out: dict[tuple[str, ...], list[str]] = {}
+    for rec in info.get("cpu_nodes", []):
+        node = nodes.get(rec.get("name", ""))
+        if node is None or not node.output:
+            continue
+        what = rec.get("type") or node.op_type
+        names = [node.output[0]]
+        for _ in range(4):
+            if node is None or node.op_type not in QDQ_OPS or not node.input:
+                break
+            what = f"its {rec.get('type') or node.op_type}"
+            names.append(node.input[0])
+            node = producer.get(node.input[0])
+        if node is not None:
+            names += [*node.output[:1], node.name]
+        key = tuple(dict.fromkeys(n for n in names if n))
+        out.setdefault(key, []).append(f"{what}: {rec.get('reason', '')}".rstrip(": "))
+    return {k: "; ".join(v) for k, v in out.items()}
+
+
+def engine_model(engine_run: str | Path | None) -> tuple[Path | None, Path | None]:
+    """The model an engine run started from (its ``-m``: the float or converted ONNX
+    model) and its QDQ model, from the files it wrote; None for what it does not say."""
+    if engine_run is None:
+        return None, None
+    engine_run = Path(engine_run)
+    model = None
+    options = engine_run / "inference_engine_options.json"
+    if options.is_file():
+        from accdbg.core.jsonio import read_json
+
+        data = read_json(options, "inference_engine_options.json")
+        path = data.get("model_path") if data.get("stage", "source") != "compiled" else None
+        model = Path(path) if path and Path(path).is_file() else None
+    qdq = sorted(engine_run.glob("*.qdq.onnx"))
+    return model, (qdq[0] if len(qdq) == 1 else None)
 
 
 def _mark_text(label: str, detail: str) -> str:
@@ -317,6 +389,34 @@ def _mark_text(label: str, detail: str) -> str:
     if not detail:
         return label
     return f"{label} {detail}" if detail.startswith("#") else f"{label}: {detail}"
+
+
+def overlay_run(
+    run_dir: str | Path,
+    pages: Sequence[str | Path],
+    source_model: str | Path | None,
+    table: pd.DataFrame,
+    name_col: str,
+    scores: Mapping[str, Score],
+    **kwargs: Any,
+) -> Overlays | None:
+    """:func:`write_overlays` for a finished run, linked from its report ``pages``.
+
+    The overlays are a view: a model the adapter cannot read or no source model is a
+    warning, never a failed run.
+    """
+    if source_model is None:
+        log.info("model explorer overlays: no source ONNX model known for %s; skipped", run_dir)
+        return None
+    try:
+        overlays = write_overlays(run_dir, source_model, table, name_col, scores, **kwargs)
+    except AccdbgError as exc:
+        log.warning("model explorer overlays not written: %s", exc)
+        return None
+    for page in pages:
+        if Path(page).is_file():
+            add_links(page, overlays)
+    return overlays
 
 
 def view_command(run_dir: str | Path) -> str:
@@ -353,7 +453,7 @@ def links_html(overlays: Overlays, page_dir: str | Path) -> str:
         f'<a href="{escape((rel / f["file"]).as_posix())}">{escape(f["name"])}</a>'
         for f in overlays.files
     )
-    cmd = view_command(overlays.folder.parent)
+    cmd = view_command(overlays.final_dir or overlays.folder.parent)
     return (
         '<section class="model-explorer" id="model-explorer"><h2>On the graph</h2>'
         f"<p>Model Explorer overlays of {escape(overlays.model.name)}: {items}. Open them on "

@@ -188,9 +188,9 @@ class Cdp:
         self.requests: list[str] = []
         self.console: list[str] = []
         pages = [t for t in self.call("Target.getTargets")["targetInfos"] if t["type"] == "page"]
-        self.session = self.call("Target.attachToTarget", targetId=pages[0]["targetId"], flatten=True)[
-            "sessionId"
-        ]
+        self.session = self.call(
+            "Target.attachToTarget", targetId=pages[0]["targetId"], flatten=True
+        )["sessionId"]
         self.call("Network.enable")
         self.call("Runtime.enable")
 

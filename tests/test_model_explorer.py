@@ -268,7 +268,11 @@ def test_layerwise_overlays_put_the_planted_layer_worst(tmp_path):
     # gradient's worst end
     assert min(sqnr.results, key=lambda k: sqnr.results[k].value) == planted
     ranking = load_overlay(files["culprit ranking"]["path"])[graph.id].results
-    assert ranking[planted].bgColor == me.WORST == next(g.bgColor for g in sqnr.gradient if g.stop == 0)
+    assert (
+        ranking[planted].bgColor
+        == me.WORST
+        == next(g.bgColor for g in sqnr.gradient if g.stop == 0)
+    )
     assert f"--model_explorer_view {res.run_dir}" in res.html.read_text()
 
 
@@ -403,7 +407,9 @@ def test_viewer_renders_graph_and_overlays_offline_in_chromium(viewer, tmp_path)
     finally:
         page.close()
     local = f"http://127.0.0.1:{port}/"
-    outside = {re.sub(r"^(\w+://[^/]+).*", r"\1", u) for u in page.requests if not u.startswith(local)}
+    outside = {
+        re.sub(r"^(\w+://[^/]+).*", r"\1", u) for u in page.requests if not u.startswith(local)
+    }
     # the only outside address is the one web font index.html names (blocked: the bundled
     # copy of the same font is used)
     assert outside <= {"https://fonts.gstatic.com"}, outside

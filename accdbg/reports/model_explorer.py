@@ -20,7 +20,8 @@ import logging
 import math
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,7 +115,9 @@ def source_nodes(model: str | Path) -> tuple[str, dict[str, str]]:
     try:
         graphs = ONNXAdapter().convert(str(model), {})["graphs"]
     except Exception as exc:  # the adapter's own error, on a model accdbg already ran
-        raise AccdbgError(f"Model Explorer's ONNX adapter cannot read {str(model)!r}: {exc}") from None
+        raise AccdbgError(
+            f"Model Explorer's ONNX adapter cannot read {str(model)!r}: {exc}"
+        ) from None
     main = graphs[0]
     producers: dict[str, str] = {}
     for node in main.nodes:
@@ -191,6 +194,7 @@ def write_overlays(
     ``final_dir``: where the run folder will be once finished (it is written under a
     temporary name), for the command that opens the overlays.
     """
+    start = time.perf_counter()
     nb = _builder()
     folder = Path(run_dir) / DIRNAME
     folder.mkdir(parents=True, exist_ok=True)
@@ -274,9 +278,7 @@ def write_overlays(
     for label, named in all_marks.items():
         for names, detail in named.items():
             candidates = (names,) if isinstance(names, str) else names
-            node = next(
-                (n for c in candidates if (n := by_name.get(c) or producers.get(c))), None
-            )
+            node = next((n for c in candidates if (n := by_name.get(c) or producers.get(c))), None)
             if node is None:
                 unmatched.append(" | ".join(candidates))
                 continue
@@ -319,7 +321,11 @@ def write_overlays(
             ", ".join(unmatched[:5]),
         )
     out.final_dir = Path(final_dir or run_dir)
-    log.info("model explorer overlays: %s", view_command(out.final_dir))
+    log.info(
+        "model explorer overlays (%.1f s): %s",
+        time.perf_counter() - start,
+        view_command(out.final_dir),
+    )
     return out
 
 
@@ -509,4 +515,3 @@ def serve(
 
 def _offline_version(print_msg: bool = True) -> dict[str, str]:
     return {"version": "", "runningVersion": "", "releaseUrl": "", "desktopAppUrl": ""}
-

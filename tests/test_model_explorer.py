@@ -143,6 +143,22 @@ def test_every_row_lands_on_its_source_node_and_files_are_model_explorers(tmp_pa
     assert marks["[value] image"].value == "on CPU: its Q"  # the first candidate name fails
 
 
+def test_infinite_scores_become_finite_json_values():
+    """JSON has no infinity: identical tensors take the best finite score, or the largest
+    float when every score is infinite; MSE 0 stays 0; -inf SQNR takes the worst."""
+    sqnr = {"a": math.inf, "b": 12.0, "c": 30.0, "d": -math.inf}
+    assert me.score_results(sqnr, True) == {"a": 30.0, "b": 12.0, "c": 30.0, "d": 12.0}
+    assert me.score_results({"a": math.inf, "b": math.inf}, True) == {
+        "a": sys.float_info.max,
+        "b": sys.float_info.max,
+    }
+    assert me.score_results({"a": math.inf, "b": 0.5, "c": 0.0}, False) == {
+        "a": 0.5,
+        "b": 0.5,
+        "c": 0.0,
+    }
+
+
 def test_real_model_keys_are_the_adapters_node_ids(ppocr_det, tmp_path):
     """PP-OCRv4 det: named nodes are keyed by their ONNX names (not their outputs' names);
     its unnamed Constant nodes by the ids the adapter gives them (onnx_ir names them

@@ -101,6 +101,26 @@ def _builder():
     return node_data_builder
 
 
+class _ToDebug(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        log.debug("Model Explorer's ONNX adapter: %s", record.getMessage())
+
+
+@contextmanager
+def _adapter_log_to_debug() -> Iterator[None]:
+    """The adapter's log lines (e.g. "graph has no name") go to the run's log, not the
+    console, like every native line and warning."""
+    adapter_log = logging.getLogger(ADAPTER)
+    handler, propagate = _ToDebug(), adapter_log.propagate
+    adapter_log.addHandler(handler)
+    adapter_log.propagate = False
+    try:
+        yield
+    finally:
+        adapter_log.removeHandler(handler)
+        adapter_log.propagate = propagate
+
+
 def source_nodes(model: str | Path) -> tuple[str, dict[str, str]]:
     """The main graph's id and, per tensor, the id of the node producing it - as Model
     Explorer's ONNX adapter builds the graph the viewer shows (graph inputs included; node
@@ -113,7 +133,8 @@ def source_nodes(model: str | Path) -> tuple[str, dict[str, str]]:
             f"Model Explorer's ONNX adapter is not installed ({exc}); pip install model-explorer-onnx"
         ) from None
     try:
-        graphs = ONNXAdapter().convert(str(model), {})["graphs"]
+        with _adapter_log_to_debug():
+            graphs = ONNXAdapter().convert(str(model), {})["graphs"]
     except Exception as exc:  # the adapter's own error, on a model accdbg already ran
         raise AccdbgError(
             f"Model Explorer's ONNX adapter cannot read {str(model)!r}: {exc}"
@@ -152,15 +173,18 @@ def _gradient(nb, higher_is_better: bool) -> list:
 def score_results(values: Mapping[str, float], higher_is_better: bool) -> dict[str, float]:
     """One value per node: the worst when several rows land on one node; an infinite score
     (identical tensors: SQNR inf) becomes the column's best finite value, since JSON has no
-    infinity and the colour scale runs from the worst to the best value."""
+    infinity and the colour scale runs from the worst to the best value (the largest float
+    when no value is finite)."""
     finite = [v for v in values.values() if math.isfinite(v)]
     out: dict[str, float] = {}
     for node, v in values.items():
         if not math.isfinite(v):
-            best = max(finite) if higher_is_better else min(finite)
-            worst = min(finite) if higher_is_better else max(finite)
             good = (v > 0) == higher_is_better
-            v = (best if good else worst) if finite else 0.0
+            if finite:
+                low, high = min(finite), max(finite)
+                v = (high if good else low) if higher_is_better else (low if good else high)
+            else:  # nothing finite to borrow from: the largest float, with its sign
+                v = math.copysign(sys.float_info.max, v)
         out[node] = v
     return out
 

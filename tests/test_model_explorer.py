@@ -261,6 +261,35 @@ def test_oneshot_overlays_mark_the_planted_culprit_worst(example_oneshot):
 
 
 @pytest.mark.slow
+def test_standalone_verification_finds_the_engines_model(example_oneshot, tmp_path):
+    """--verification on an engine run: overlays on the model the engine started from (its
+    options JSON), the CPU layers marked from its partitioning.json; linked from the page."""
+    from accdbg.verifiers.verification import run_verification
+
+    res = run_verification(
+        example_oneshot.golden_dir,
+        example_oneshot.engine_run,
+        default_verifiers=["SQNR"],
+        working_dir=tmp_path / "w",
+        output_dirname="v",
+    )
+    folder = res.run_dir / "model_explorer"
+    manifest = json.loads((folder / me.MANIFEST).read_text())
+    assert Path(manifest["model"]) == (EXAMPLE / "model.onnx").absolute()
+    assert manifest["command"].endswith(f"--model_explorer_view {res.run_dir}")
+    files = overlay_files(folder)
+    assert set(files) == {"SQNR", "marks"}  # no ranking in a bare verification
+    graph = adapter_graph(EXAMPLE / "model.onnx")
+    sqnr = load_overlay(files["SQNR"]["path"])[graph.id].results
+    by_onnx = producers_by_onnx(EXAMPLE / "model.onnx")
+    for name, value in zip(res.summary["Name"], res.summary["SQNR"], strict=True):
+        assert sqnr[by_onnx[name]].value == pytest.approx(value)
+    marks = load_overlay(files["marks"]["path"])[graph.id].results
+    assert set(marks) == {"[value] image", by_onnx["probs"]}  # input Q, output DQ on CPU
+    assert 'href="model_explorer/SQNR.json"' in (res.run_dir / "summary.html").read_text()
+
+
+@pytest.mark.slow
 def test_layerwise_overlays_put_the_planted_layer_worst(tmp_path):
     from accdbg.algorithms import run_layerwise
 

@@ -462,3 +462,33 @@ def test_viewer_renders_graph_and_overlays_offline_in_chromium(viewer, tmp_path)
     graph_area = img[:, :1000]  # left of the side panel
     red = np.all(graph_area == [0xB7, 0x1C, 0x1C], axis=-1).sum()
     assert red > 50, red  # the culprit's node is painted in the worst colour
+
+
+@pytest.mark.slow
+def test_pytorch_overlays_land_on_the_converted_onnx_model(tmp_path):
+    """Other frameworks: the source model is the converted ONNX model, whose tensor names
+    the engine's rows carry; every compared row lands on one of its nodes."""
+    pytest.importorskip("torch", reason="accdbg[torch] is not installed")
+    from accdbg.algorithms.oneshot import run_oneshot
+    from tests.test_oneshot_frameworks import MODEL_SOURCE
+
+    src = tmp_path / "small_cnn.py"
+    src.write_text(MODEL_SOURCE)
+    x = tmp_path / "x.raw"
+    np.random.default_rng(5).standard_normal((1, 3, 16, 16)).astype(np.float32).tofile(x)
+    res = run_oneshot(
+        "pytorch",
+        f"{src}:build",
+        [parse_input_tensor(["x", "1,3,16,16", str(x)])],
+        working_dir=tmp_path / "w",
+    )
+    folder = res.verification_run / "model_explorer"
+    manifest = json.loads((folder / me.MANIFEST).read_text())
+    model = Path(manifest["model"])
+    assert model.suffix == ".onnx" and (tmp_path / "w" / "conversion") in model.parents
+    by_onnx = producers_by_onnx(model)
+    cos = load_overlay(folder / "CosineSimilarity.json")[manifest["graph"]].results
+    compared = res.summary[res.summary["Status"].isin(["ok", "fail"])]
+    assert len(compared) >= 8 and manifest["unmatched"] == []
+    for name, value in zip(compared["Name"], compared["CosineSimilarity"], strict=True):
+        assert cos[by_onnx[name]].value == pytest.approx(value), name

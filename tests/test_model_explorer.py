@@ -205,6 +205,15 @@ def test_view_needs_a_run_with_overlays(tmp_path, capsys):
 
     code, _, err = run_cli(capsys, "--model_explorer_view", tmp_path)
     assert code == 2 and "no model_explorer/overlays.json" in err and len(err.splitlines()) == 1
+    me.write_overlays(tmp_path, EXAMPLE / "model.onnx", _table(), "Name", {})
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = run_cli(capsys, "--model_explorer_view", tmp_path, "--port", port)
+    assert code == 2 and f"--port {port} is already in use" in err, err
 
 
 # ---------------------------------------------------------------- runs on the QNN backend

@@ -517,6 +517,11 @@ def serve(
     PyPI and GitHub is turned off, so nothing leaves the machine.
     """
     overlays = read_overlays(run_dir)
+    if port != 8080 and _in_use(host, port):  # 8080: Model Explorer finds a free port itself
+        raise AccdbgError(
+            f"--port {port} is already in use on {host}; choose another, or leave the default "
+            "(8080 takes the first free port from 8080 to 8099)"
+        )
     with _without(("torch", "IPython")):
         import model_explorer
         from model_explorer import server
@@ -535,6 +540,13 @@ def serve(
     model_explorer.visualize_from_config(
         config, host=host, port=port, extensions=[ADAPTER], no_open_in_browser=not open_browser
     )
+
+
+def _in_use(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex((host, port)) == 0
 
 
 def _offline_version(print_msg: bool = True) -> dict[str, str]:

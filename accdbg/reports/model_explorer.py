@@ -239,7 +239,12 @@ def write_overlays(
     out = Overlays(folder, Path(source_model).absolute(), graph, unmatched=unmatched)
 
     def save(label: str, kind: str, gnd) -> None:
-        name = f"{_safe_file(label)}.json"
+        stem, taken = _safe_file(label), {f["file"] for f in out.files}
+        name = next(
+            n
+            for i in range(1, len(taken) + 2)
+            if (n := f"{stem}{f'_{i}' if i > 1 else ''}.json") not in taken
+        )
         nb.ModelNodeData(graphsData={graph: gnd}).save_to_file(str(folder / name))
         out.files.append({"file": name, "name": label, "kind": kind})
 

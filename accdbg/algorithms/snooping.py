@@ -31,7 +31,7 @@ from accdbg.algorithms.backend import Backend
 from accdbg.algorithms.checkpoint import Journal
 from accdbg.algorithms.fragments import Layer, QdqModel
 from accdbg.algorithms.golden import Golden
-from accdbg.algorithms.judging import Judge, base_row, finalize_row, restore_row
+from accdbg.algorithms.judging import CPU_INFO, Judge, base_row, finalize_row, restore_row
 from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import SKIP
 from accdbg.core import onnx_model as om
@@ -594,7 +594,13 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
         if args.model_explorer:
             from accdbg.reports.model_explorer import overlay_run
 
-            # on the model given: the float model (or the QDQ model when that is what was given)
+            # on the model given: the float model (or the QDQ model when that is what was given);
+            # layers QNN did not take (their Info says so) marked as on the CPU
+            on_cpu = {
+                str(name): "QNN did not take this node"
+                for name, info in zip(df["O/P Name"], df["Info"], strict=True)
+                if CPU_INFO in str(info)
+            }
             overlay_run(
                 run.path,
                 [html_path],
@@ -602,6 +608,7 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
                 df,
                 "O/P Name",
                 req.judge.verifiers,
+                marks={"on CPU": on_cpu},
                 final_dir=run.final_path,
             )
         shutil.rmtree(scratch, ignore_errors=True)

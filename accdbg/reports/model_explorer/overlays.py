@@ -1,17 +1,11 @@
-"""A run's results on the model's graph: Google Model Explorer node-data overlays.
+"""Model Explorer node-data files of a table, keyed on the source model's graph.
 
-Model Explorer (``ai-edge-model-explorer``, with the ``model-explorer-onnx`` adapter) draws an
-ONNX graph and colours its nodes from node-data JSON files. :func:`write_overlays` turns any
-accdbg table (one row per layer output) into such files, built with the package's own
-``node_data_builder``: one per score column, one for the culprit ranking with its cause, one
-for the run's marks (culprits, layers on the CPU, ...). They are keyed on the nodes of the
-*source* model - the float ONNX model, or the converted one for other frameworks - as the
-ONNX adapter names them: the node that produces a row's tensor (an unnamed node is
-``<node_i>``), found by running the adapter itself on the model, so the keys are what the
-viewer will show. :func:`serve` opens Model Explorer on a run, offline, on a local port.
-
-Files land in ``<run>/model_explorer/`` with ``overlays.json`` (model, graph, files) that
-``qnn-accuracy-debugger --model_explorer_view RUN_DIR`` reads.
+:func:`write_overlays` turns any accdbg table (one row per layer output) into node-data files
+built with the package's own ``node_data_builder``: one per score column, one for the culprit
+ranking with its cause, one for the run's marks (culprits, layers on the CPU, ...). They are
+keyed on the nodes of the *source* model as Model Explorer's ONNX adapter names them: the node
+producing a row's tensor, found by running the adapter itself on the model (it names unnamed
+nodes through onnx_ir, ``node``, ``node_1``...), so the keys are the nodes the viewer shows.
 """
 
 from __future__ import annotations
@@ -31,7 +25,6 @@ import pandas as pd
 
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.errors import AccdbgError
-from accdbg.reports.cells import escape
 
 log = logging.getLogger("accdbg.model_explorer")
 
@@ -358,67 +351,6 @@ def write_overlays(
     return out
 
 
-QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
-
-
-def cpu_marks(partitioning: str | Path, qdq_model: str | Path) -> dict[tuple[str, ...], str]:
-    """{candidate names: why the layer ran on the CPU} from an engine run's
-    ``partitioning.json``.
-
-    Its node names are the QDQ model's. A Q/DQ node on the CPU belongs to the layer whose
-    output it (de)quantizes: the names met walking back to that layer's node (the DQ's
-    output, which is the original name of a graph output, the Q's input, the node's own
-    output and name) are the candidates, tried in order on the source model.
-    """
-    import onnx
-
-    from accdbg.core.jsonio import read_json
-
-    info = read_json(partitioning, "partitioning.json")
-    try:
-        model = onnx.load(str(qdq_model), load_external_data=False)
-    except Exception as exc:
-        raise AccdbgError(f"cannot read the QDQ model {str(qdq_model)!r}: {exc}") from None
-    nodes = {n.name: n for n in model.graph.node if n.name}
-    producer = {o: n for n in model.graph.node for o in n.output}
-    out: dict[tuple[str, ...], list[str]] = {}
-    for rec in info.get("cpu_nodes", []):
-        node = nodes.get(rec.get("name", ""))
-        if node is None or not node.output:
-            continue
-        what = rec.get("type") or node.op_type
-        names = [node.output[0]]
-        for _ in range(4):
-            if node is None or node.op_type not in QDQ_OPS or not node.input:
-                break
-            what = f"its {rec.get('type') or node.op_type}"
-            names.append(node.input[0])
-            node = producer.get(node.input[0])
-        if node is not None:
-            names += [*node.output[:1], node.name]
-        key = tuple(dict.fromkeys(n for n in names if n))
-        out.setdefault(key, []).append(f"{what}: {rec.get('reason', '')}".rstrip(": "))
-    return {k: "; ".join(v) for k, v in out.items()}
-
-
-def engine_model(engine_run: str | Path | None) -> tuple[Path | None, Path | None]:
-    """The model an engine run started from (its ``-m``: the float or converted ONNX
-    model) and its QDQ model, from the files it wrote; None for what it does not say."""
-    if engine_run is None:
-        return None, None
-    engine_run = Path(engine_run)
-    model = None
-    options = engine_run / "inference_engine_options.json"
-    if options.is_file():
-        from accdbg.core.jsonio import read_json
-
-        data = read_json(options, "inference_engine_options.json")
-        path = data.get("model_path") if data.get("stage", "source") != "compiled" else None
-        model = Path(path) if path and Path(path).is_file() else None
-    qdq = sorted(engine_run.glob("*.qdq.onnx"))
-    return model, (qdq[0] if len(qdq) == 1 else None)
-
-
 def _mark_text(label: str, detail: str) -> str:
     """``culprit #1: weight range ...``, ``on CPU: Softmax: QNN's reason``."""
     if not detail:
@@ -426,133 +358,5 @@ def _mark_text(label: str, detail: str) -> str:
     return f"{label} {detail}" if detail.startswith("#") else f"{label}: {detail}"
 
 
-def overlay_run(
-    run_dir: str | Path,
-    pages: Sequence[str | Path],
-    source_model: str | Path | None,
-    table: pd.DataFrame,
-    name_col: str,
-    scores: Mapping[str, Score],
-    **kwargs: Any,
-) -> Overlays | None:
-    """:func:`write_overlays` for a finished run, linked from its report ``pages``.
-
-    The overlays are a view: a model the adapter cannot read or no source model is a
-    warning, never a failed run.
-    """
-    if source_model is None:
-        log.info("model explorer overlays: no source ONNX model known for %s; skipped", run_dir)
-        return None
-    try:
-        overlays = write_overlays(run_dir, source_model, table, name_col, scores, **kwargs)
-    except AccdbgError as exc:
-        log.warning("model explorer overlays not written: %s", exc)
-        return None
-    for page in pages:
-        if Path(page).is_file():
-            add_links(page, overlays)
-    return overlays
-
-
 def view_command(run_dir: str | Path) -> str:
     return f"qnn-accuracy-debugger --model_explorer_view {Path(run_dir).absolute()}"
-
-
-def read_overlays(run_dir: str | Path) -> Overlays:
-    """The overlays of a run folder (or of its ``model_explorer/`` folder)."""
-    run_dir = Path(run_dir)
-    for folder in (run_dir / DIRNAME, run_dir):
-        path = folder / MANIFEST
-        if path.is_file():
-            break
-    else:
-        raise AccdbgError(
-            f"--model_explorer_view {str(run_dir)!r}: no {DIRNAME}/{MANIFEST} there; expected a "
-            "verification, oneshot or snooping run folder written with --model_explorer"
-        )
-    from accdbg.core.jsonio import read_json
-
-    data = read_json(path, "Model Explorer overlays")
-    model = Path(data["model"])
-    if not model.is_file():
-        raise AccdbgError(f"{path}: its model {str(model)!r} is gone")
-    files = [f for f in data["files"] if (folder / f["file"]).is_file()]
-    return Overlays(folder, model, data["graph"], files, data.get("unmatched", []))
-
-
-def links_html(overlays: Overlays, page_dir: str | Path) -> str:
-    """The report's section: each file linked (relative to the page) and the one command
-    that opens them on the graph."""
-    rel = Path(overlays.folder).relative_to(Path(page_dir))
-    items = ", ".join(
-        f'<a href="{escape((rel / f["file"]).as_posix())}">{escape(f["name"])}</a>'
-        for f in overlays.files
-    )
-    cmd = view_command(overlays.final_dir or overlays.folder.parent)
-    return (
-        '<section class="model-explorer" id="model-explorer"><h2>On the graph</h2>'
-        f"<p>Model Explorer overlays of {escape(overlays.model.name)}: {items}. Open them on "
-        f"the model (local server, offline):</p><pre><code>{escape(cmd)}</code></pre></section>"
-    )
-
-
-def add_links(page: str | Path, overlays: Overlays) -> None:
-    """Put :func:`links_html` into a written report page: before the chart when there is
-    one (after the findings), else after the title."""
-    page = Path(page)
-    text = page.read_text(encoding="utf-8")
-    text = re.sub(r'<section class="model-explorer".*?</section>', "", text, flags=re.S)
-    section = links_html(overlays, page.parent)
-    for anchor, before in (('<section class="chart">', True), ("</h1>", False)):
-        if anchor in text:
-            i = text.index(anchor) + (0 if before else len(anchor))
-            text = text[:i] + section + text[i:]
-            break
-    from accdbg.core.run_dir import write_bytes_atomic
-
-    write_bytes_atomic(page, text.encode("utf-8"))
-
-
-def serve(
-    run_dir: str | Path, host: str = "127.0.0.1", port: int = 8080, open_browser: bool = True
-) -> None:
-    """Model Explorer on the run's source model with its overlays, until Ctrl-C.
-
-    The server serves its own bundled web app (no CDN); its check for a newer release on
-    PyPI and GitHub is turned off, so nothing leaves the machine.
-    """
-    overlays = read_overlays(run_dir)
-    if port != 8080 and _in_use(host, port):  # 8080: Model Explorer finds a free port itself
-        raise AccdbgError(
-            f"--port {port} is already in use on {host}; choose another, or leave the default "
-            "(8080 takes the first free port from 8080 to 8099)"
-        )
-    with _without(("torch", "IPython")):
-        import model_explorer
-        from model_explorer import server
-
-    server._check_new_version = _offline_version  # type: ignore[attr-defined]
-    config = model_explorer.config()
-    config.add_model_from_path(str(overlays.model), adapterId=ADAPTER_ID)
-    for path in overlays.paths:
-        config.add_node_data_from_path(str(path))
-    log.info(
-        "Model Explorer: %s with %d overlay(s): %s",
-        overlays.model,
-        len(overlays.files),
-        ", ".join(f["name"] for f in overlays.files),
-    )
-    model_explorer.visualize_from_config(
-        config, host=host, port=port, extensions=[ADAPTER], no_open_in_browser=not open_browser
-    )
-
-
-def _in_use(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        return sock.connect_ex((host, port)) == 0
-
-
-def _offline_version(print_msg: bool = True) -> dict[str, str]:
-    return {"version": "", "runningVersion": "", "releaseUrl": "", "desktopAppUrl": ""}

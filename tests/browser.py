@@ -135,3 +135,119 @@ def screenshot(report: Path, tmp: Path, name: str) -> Path:
     proc = _run(page, tmp, f"--screenshot={png}", height=TALL)
     assert png.is_file(), proc.stderr[-2000:]
     return png
+
+
+class Cdp:
+    """Headless Chromium driven over the DevTools protocol (``--remote-debugging-pipe``: JSON
+    messages on fds 3 and 4, no websocket library needed), for live pages that load data
+    from a local server - a single-page app keeps a stream open, which ``--virtual-time-budget``
+    never sees the end of. Requests to anything but 127.0.0.1 go to a dead proxy: the page
+    runs offline, and ``requests`` records every URL it asked for.
+    """
+
+    def __init__(self, tmp: Path, width: int = WIDTH, height: int = HEIGHT):
+        import os
+
+        ours_r, chrome_w = os.pipe()  # chromium writes (fd 4), we read
+        chrome_r, ours_w = os.pipe()  # we write, chromium reads (fd 3)
+
+        def fds() -> None:
+            os.dup2(chrome_r, 3)
+            os.dup2(chrome_w, 4)
+
+        self.proc = subprocess.Popen(
+            [
+                chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                "--proxy-server=http://127.0.0.1:9",  # nothing listens there: offline
+                "--proxy-bypass-list=<-loopback>;127.0.0.1",
+                f"--user-data-dir={tmp / 'cdp-profile'}",
+                f"--window-size={width},{height}",
+                "--remote-debugging-pipe",
+                "about:blank",
+            ],
+            pass_fds=(3, 4),  # dup2-ed there before the other descriptors are closed
+            preexec_fn=fds,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        os.close(chrome_r)
+        os.close(chrome_w)
+        self._w = os.fdopen(ours_w, "wb", buffering=0)
+        self._r = os.fdopen(ours_r, "rb", buffering=0)
+        self._buf = b""
+        self._id = 0
+        self.session: str | None = None
+        self.requests: list[str] = []
+        self.console: list[str] = []
+        pages = [t for t in self.call("Target.getTargets")["targetInfos"] if t["type"] == "page"]
+        self.session = self.call(
+            "Target.attachToTarget", targetId=pages[0]["targetId"], flatten=True
+        )["sessionId"]
+        self.call("Network.enable")
+        self.call("Runtime.enable")
+
+    def _event(self, msg: dict) -> None:
+        if msg.get("method") == "Network.requestWillBeSent":
+            self.requests.append(msg["params"]["request"]["url"])
+        elif msg.get("method") == "Runtime.consoleAPICalled":
+            args = msg["params"].get("args", [])
+            self.console.append(
+                f"{msg['params'].get('type')}: "
+                + " ".join(str(a.get("value", a.get("description", ""))) for a in args)
+            )
+
+    def call(self, method: str, **params) -> dict:
+        self._id += 1
+        msg: dict = {"id": self._id, "method": method, "params": params}
+        if self.session:
+            msg["sessionId"] = self.session
+        self._w.write(json.dumps(msg).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buf:
+                chunk = self._r.read(1 << 16)
+                if not chunk:
+                    raise RuntimeError("chromium closed its DevTools pipe")
+                self._buf += chunk
+            raw, self._buf = self._buf.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") != self._id:
+                self._event(reply)
+                continue
+            if "error" in reply:
+                raise RuntimeError(f"{method}: {reply['error']}")
+            return reply["result"]
+
+    def eval(self, expression: str):
+        """The value of a JavaScript expression in the page (JSON-able)."""
+        res = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return res["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 60.0):
+        """Poll ``expression`` until it is truthy; its value, or None at the timeout."""
+        import time
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            value = self.eval(expression)
+            if value:
+                return value
+            time.sleep(0.5)
+        return None
+
+    def screenshot(self, png: Path) -> Path:
+        import base64
+
+        png.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+        return png
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()

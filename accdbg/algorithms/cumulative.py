@@ -254,6 +254,7 @@ def run_cumulative_layerwise(
     workers: int | None = None,
     dump_qnn_json: bool = False,
     allow_nonfinite_inputs: bool = False,
+    model_explorer: bool = True,
 ) -> SnoopingResult:
     """Judge layers from partition point to partition point; writes
     ``<working_dir>/cumulative_layerwise_snooping/<run>/cumulative_layerwise.csv``.

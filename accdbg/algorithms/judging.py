@@ -21,6 +21,8 @@ from accdbg.errors import AccdbgError
 from accdbg.verifiers import get_verifier
 from accdbg.verifiers.base import TensorPair, Verifier
 
+CPU_INFO = "ran on the CPU"  # the Info of a layer QNN left on the CPU
+
 
 @dataclass
 class Judge:
@@ -93,7 +95,7 @@ def judge_layer(
     """One report row: the layer's output from a part against its golden value."""
     target = layer.dequantize(values)
     row = base_row(layer, target.shape)
-    info: list[str] = ["ran on the CPU: QNN did not take this node"] if cpu else []
+    info: list[str] = [f"{CPU_INFO}: QNN did not take this node"] if cpu else []
     try:
         g = golden.load(layer.exposed.qdq_tensor, None, layer.name)
     except GoldenError as exc:

@@ -185,6 +185,7 @@ def run_layerwise(
     workers: int | None = None,
     dump_qnn_json: bool = False,
     allow_nonfinite_inputs: bool = False,
+    model_explorer: bool = True,
 ) -> SnoopingResult:
     """Judge every layer alone; writes ``<working_dir>/layerwise_snooping/<run>/layerwise.csv``.
 
@@ -194,6 +195,7 @@ def run_layerwise(
     (``engine_kwargs`` holds its options), calibrated like it on every line of ``input_list``
     (a qnn-net-run input list; without it, on the ``input_tensors`` files). With ``output_dirname`` an interrupted run of that
     name is resumed. ``dump_qnn_json`` keeps each session's QNN graph JSON in ``qnn_json/``.
+    ``model_explorer`` writes Model Explorer overlays of the table on ``model_path``'s graph.
     """
     # locals() here are exactly the arguments above
     return snoop("layerwise", _loop, SnoopArgs(**locals()))

@@ -220,11 +220,14 @@ def run_oneshot(
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
+    model_explorer: bool = True,
 ) -> OneshotResult:
     """Run the three components in sequence and write the report; returns its tables.
 
     Every input is checked first (:func:`check_oneshot`): a bad one is refused before any
-    component writes anything.
+    component writes anything. With ``model_explorer``, the verification run also gets Model
+    Explorer overlays (scores, culprit ranking, marks) on the source ONNX model (the
+    converted one for other frameworks), linked from the report.
     """
     check_oneshot(
         framework,
@@ -316,6 +319,7 @@ def run_oneshot(
             working_dir=working_dir,
             output_dirname=output_dirname,
             outputs=graph_outputs,
+            model_explorer=False,  # written below, with the culprit ranking
         )
         seconds["verification"] = time.perf_counter() - t
         verifiers = {
@@ -389,6 +393,10 @@ def run_oneshot(
             inputs=ver.inputs if several else None,
             input_pages={k: f"{k}/summary.html" for k in ver.per_input},
         )
+        if model_explorer:
+            t = time.perf_counter()
+            _overlays(ver.run_dir, report, summary, verifiers, engine, conversion, model_path)
+            seconds["model explorer overlays"] = time.perf_counter() - t
         for line in findings:
             log.info("%s", line)
         log.info("report: %s", report)
@@ -405,6 +413,22 @@ def run_oneshot(
             ver.inputs,
             worst,
         )
+
+
+def _overlays(run_dir, report, summary, verifiers, engine, conversion, model_path) -> None:
+    """Model Explorer overlays on the source model: the float ONNX model, or the converted
+    one (the engine's tensor names are its names); layers on the CPU marked."""
+    from accdbg.reports import model_explorer as me
+
+    source = Path(model_path) if conversion is None else Path(conversion.onnx_path)
+    marks = {}
+    partitioning = engine.run_dir / "partitioning.json"
+    if partitioning.is_file():
+        try:
+            marks["on CPU"] = me.cpu_marks(partitioning, engine.qdq_model)
+        except AccdbgError as exc:
+            log.warning("model explorer: layers on CPU not marked: %s", exc)
+    me.overlay_run(run_dir, [report], source, summary, "Name", verifiers, marks=marks)
 
 
 def _carry_conversion(engine, conversion) -> None:

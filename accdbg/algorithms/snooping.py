@@ -31,7 +31,7 @@ from accdbg.algorithms.backend import Backend
 from accdbg.algorithms.checkpoint import Journal
 from accdbg.algorithms.fragments import Layer, QdqModel
 from accdbg.algorithms.golden import Golden
-from accdbg.algorithms.judging import Judge, base_row, finalize_row, restore_row
+from accdbg.algorithms.judging import CPU_INFO, Judge, base_row, finalize_row, restore_row
 from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import SKIP
 from accdbg.core import onnx_model as om
@@ -234,6 +234,7 @@ class SnoopArgs:
     workers: int | None
     dump_qnn_json: bool
     allow_nonfinite_inputs: bool = False
+    model_explorer: bool = True
 
 
 @dataclass
@@ -590,6 +591,26 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
         if not journal.of_kind("done"):
             journal.append({"kind": "done", "sessions": backend.sessions})
         df, csv_path, html_path = ctx.write(final=True)
+        if args.model_explorer:
+            from accdbg.reports.model_explorer import overlay_run
+
+            # on the model given: the float model (or the QDQ model when that is what was given);
+            # layers QNN did not take (their Info says so) marked as on the CPU
+            on_cpu = {
+                str(name): "QNN did not take this node"
+                for name, info in zip(df["O/P Name"], df["Info"], strict=True)
+                if CPU_INFO in str(info)
+            }
+            overlay_run(
+                run.path,
+                [html_path],
+                req.model_path,
+                df,
+                "O/P Name",
+                req.judge.verifiers,
+                marks={"on CPU": on_cpu},
+                final_dir=run.final_path,
+            )
         shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.perf_counter() - t0
     findings = ctx.ranking.findings if ctx.ranking is not None else []

@@ -33,6 +33,27 @@ def add_common(parser: argparse.ArgumentParser, component: str) -> None:
     )
 
 
+def add_model_explorer(parser: argparse.ArgumentParser) -> None:
+    """``--model_explorer`` (default) / ``--no_model_explorer``: the run's Model Explorer
+    overlays (about a second on a small model)."""
+    g = parser.add_argument_group("Model Explorer")
+    g.add_argument(
+        "--model_explorer",
+        dest="model_explorer",
+        action="store_true",
+        default=True,
+        help="write Model Explorer overlays of the results on the source model's graph, in "
+        "<run>/model_explorer/ (default; open them with --model_explorer_view RUN_DIR)",
+    )
+    g.add_argument(
+        "--no_model_explorer",
+        "--no-model_explorer",
+        dest="model_explorer",
+        action="store_false",
+        help="do not write the Model Explorer overlays",
+    )
+
+
 def add_model(parser: argparse.ArgumentParser, required: bool = True) -> None:
     g = parser.add_argument_group("model arguments")
     g.add_argument(

@@ -36,6 +36,7 @@ COMPONENTS: dict[str, str | None] = {
     "compare_encodings": "accdbg.cli.compare_encodings",
     "tensor_inspection": "accdbg.cli.tensor_inspection",
     "quant_checker": "accdbg.cli.quant_checker",
+    "model_explorer_view": "accdbg.cli.model_explorer_view",
 }
 WRAPPER: str | None = "accdbg.cli.wrapper"
 # ``--deep_analyzer NAME`` takes a value: with ``--inference_results`` it runs alone over
@@ -125,7 +126,8 @@ def stop_signals_and_warnings() -> Iterator[None]:
 def top_level_help() -> str:
     lines = [
         f"usage: {PROG} [--framework_diagnosis | --inference_engine | --verification |",
-        "        --compare_encodings | --tensor_inspection | --quant_checker] [-h] [component options]",
+        "        --compare_encodings | --tensor_inspection | --quant_checker",
+        "        | --model_explorer_view RUN_DIR] [-h] [component options]",
         "",
         "Finds which layer of a model breaks on the QNN runtime, and why.",
         "Select at most one component; with none, framework diagnosis, inference engine and",

@@ -105,6 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FRAMEWORK",
         help="framework and optional version, e.g. onnx (only onnx is supported)",
     )
+    A.add_model_explorer(parser)
     A.add_common(parser, NAME)
 
 
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         framework=args.framework[0] if args.framework else None,
         discover=not args.no_discover,
         options_record=A.options_dict(args),
+        model_explorer=args.model_explorer,
     )
     failing = {
         v["label"]: int(

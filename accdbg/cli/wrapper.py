@@ -77,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="modelDissectionAnalyzer: after oneshot, dissect the model backwards from the problem tensor",
     )
     add_dissection_arguments(d)
+    A.add_model_explorer(parser)
     A.add_common(parser, NAME)
 
 
@@ -154,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
             working_dir=args.working_dir,
             output_dirname=args.output_dirname,
             allow_nonfinite_inputs=allow,
+            model_explorer=args.model_explorer,
         )
         check_request(
             "binary" if binary else "layerwise" if layerwise else "cumulative_layerwise",
@@ -185,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
                 working_dir=args.working_dir,
                 output_dirname=args.output_dirname,
                 allow_nonfinite_inputs=allow,
+                model_explorer=args.model_explorer,
             )
             if args.deep_analyzer:
                 _dissect(args, one, inputs, verifiers, kwargs)

@@ -222,6 +222,39 @@ def _discover(engine_run: Path | None, pattern: str) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
+def _overlays(
+    run: RunDir,
+    summary: pd.DataFrame,
+    verifiers: Sequence[ConfiguredVerifier],
+    model_path: str | os.PathLike | None,
+    framework: str | None,
+    engine_run: Path | None,
+) -> None:
+    """Model Explorer overlays of the summary on the ONNX model the engine started from."""
+    from accdbg.reports import model_explorer as me
+
+    model, qdq = me.engine_model(engine_run)
+    if model_path is not None and str(model_path).endswith(".onnx") and framework in (None, "onnx"):
+        model = Path(model_path)
+    partitioning = engine_run / "partitioning.json" if engine_run is not None else None
+    marks = {}
+    if partitioning is not None and partitioning.is_file() and qdq is not None:
+        try:
+            marks["on CPU"] = me.cpu_marks(partitioning, qdq)
+        except AccdbgError as exc:
+            log.warning("model explorer: layers on CPU not marked: %s", exc)
+    me.overlay_run(
+        run.path,
+        [run.path / "summary.html"],
+        model,
+        summary,
+        "Name",
+        {cv.label: cv.verifier for cv in verifiers},
+        marks=marks,
+        final_dir=run.final_path,
+    )
+
+
 def load_verifier_config(path: str | os.PathLike) -> list[tuple[Verifier, list[list[str]]]]:
     """``{"TopK": {"parameters": {...}, "tensors": [["a"], ["b"]]}, ...}`` -> verifiers."""
     what = f"--verifier_config {str(path)!r}"
@@ -938,6 +971,7 @@ def run_verification(
     discover: bool = True,
     options_record: dict | None = None,
     outputs: Sequence[str] | None = None,
+    model_explorer: bool = True,
 ) -> VerificationResult:
     """Compare golden and inference tensors; write ``<working_dir>/verification/<run>/``.
 
@@ -951,6 +985,9 @@ def run_verification(
 
     Golden and target of each pair must come from the same input files (recorded in their
     manifests); dumps of different inputs are never compared (:func:`match_inputs`).
+    With ``model_explorer``, Model Explorer overlays of the scores (and of the layers the
+    engine left on the CPU) go to ``model_explorer/`` on the ONNX model (``model_path``, else
+    the engine run's own), linked from ``summary.html``.
     """
     start = time.perf_counter()
     verifiers = _resolve_verifiers(default_verifiers, verifier_config)
@@ -1092,6 +1129,8 @@ def run_verification(
             summary = aggregate
         else:
             summary = next(iter(per_input.values()))
+        if model_explorer:
+            _overlays(run, summary, verifiers, model_path, framework, target_run)
         seconds = time.perf_counter() - start
         log.info(
             "verification: %d rows, %d inputs in %.1f s -> %s",

@@ -35,6 +35,7 @@ COMPONENTS: dict[str, str | None] = {
     "verification": "accdbg.cli.verification",
     "compare_encodings": "accdbg.cli.compare_encodings",
     "tensor_inspection": "accdbg.cli.tensor_inspection",
+    "fix_search": "accdbg.cli.fix_search",
 }
 WRAPPER: str | None = "accdbg.cli.wrapper"
 
@@ -116,7 +117,7 @@ def stop_signals_and_warnings() -> Iterator[None]:
 def top_level_help() -> str:
     lines = [
         f"usage: {PROG} [--framework_diagnosis | --inference_engine | --verification |",
-        "        --compare_encodings | --tensor_inspection] [-h] [component options]",
+        "        --compare_encodings | --tensor_inspection | --fix_search] [-h] [component options]",
         "",
         "Finds which layer of a model breaks on the QNN runtime, and why.",
         "Select at most one component; with none, framework diagnosis, inference engine and",

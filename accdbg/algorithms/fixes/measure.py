@@ -201,6 +201,13 @@ def load_reference(path: str, n_inputs: int) -> list[list[np.ndarray]]:
         ]
 
 
+def measure_many(specs: list[Spec]) -> list[dict[str, Any]]:
+    """Several candidates in one child, in turn: the child's start-up (imports, the QNN
+    library) is paid once. A native crash loses the whole list; the caller then measures
+    each alone to find the one that crashes."""
+    return [measure(s) for s in specs]
+
+
 def measure(spec: Spec) -> dict[str, Any]:
     """Quantize, run on QNN, score. Never raises for a candidate QNN refuses: the refusal and
     QNN's reason are the result."""

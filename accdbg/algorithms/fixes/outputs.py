@@ -143,7 +143,7 @@ def write(
     cmd = reproduce_command(
         model,
         input_list,
-        input_tensors if not input_list else [],
+        input_tensors,
         settings,
         setup.options.runtime,
         final / "best.encodings",

@@ -30,7 +30,7 @@ from accdbg.algorithms import checkpoint
 from accdbg.algorithms.checkpoint import Journal
 from accdbg.algorithms.fixes import candidates as C
 from accdbg.algorithms.fixes.equalize import equalize, float_change
-from accdbg.algorithms.fixes.measure import Spec, float_outputs, measure, save_reference
+from accdbg.algorithms.fixes.measure import Spec, float_outputs, measure_many, save_reference
 from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.isolate import Isolated
 from accdbg.core.run_dir import write_json_atomic
@@ -263,6 +263,7 @@ class _Search:
         self.done = {r["config"]: r["result"] for r in journal.of_kind("measured")}
         self.sessions = 0
         self.count = len(self.done)
+        self._crash = ""
 
     # ------------------------------------------------------------------ one measurement
     def _spec(self, changes: list[C.Change], folder: str) -> tuple[Spec | None, dict]:
@@ -305,28 +306,18 @@ class _Search:
         )
         return spec, {**extra, "settings": st}
 
-    def _run(self, changes: list[C.Change]) -> dict[str, Any]:
+    def _prepare(self, changes: list[C.Change]) -> tuple[str, Spec | None, dict]:
         key = C.config_key(changes)
-        if key in self.done:
-            return _restore(self.done[key])
         self.count += 1
         folder = f"{self.count:03d}"
         spec, extra = self._spec(changes, folder)
-        if spec is None:
-            res = {"key": key, **extra}
-        else:
-            try:
-                res = Isolated(
-                    measure,
-                    spec,
-                    what=f"measuring fix candidate {key}",
-                    log_hint=str(Path(spec.out_dir) / "backend_log.txt"),
-                ).result()
-            except AccdbgError as exc:  # a native crash: a result, the search goes on
-                res = {"key": key, "status": "crashed", "reason": str(exc), "sessions": 1}
-            res.update({k: v for k, v in extra.items() if k != "settings"})
-            res["settings"] = extra["settings"]
-        res["folder"] = folder
+        extra["folder"] = folder
+        return key, spec, extra
+
+    def _finish(self, key: str, res: dict, extra: dict) -> dict[str, Any]:
+        res = {**res, **{k: v for k, v in extra.items() if k != "settings"}}
+        res["key"] = key
+        res["settings"] = extra.get("settings", {})
         res.pop("trace", None)
         self.sessions += int(res.get("sessions", 0) or 0)
         clean = _json_ready(res)
@@ -334,11 +325,68 @@ class _Search:
         self.done[key] = clean
         return _restore(clean)
 
+    def _isolated(self, specs: list[Spec]) -> list[dict[str, Any]] | None:
+        """Measure ``specs`` in one child; None when the child died (a native crash)."""
+        what = f"measuring {len(specs)} fix candidate(s): {specs[0].key}" + (
+            " ..." if len(specs) > 1 else ""
+        )
+        try:
+            return Isolated(
+                measure_many, specs, what=what, log_hint=str(Path(specs[0].out_dir) / "backend_log.txt")
+            ).result()
+        except AccdbgError as exc:
+            self._crash = str(exc)
+            return None
+
+    def _chunk(self, items: list[tuple[str, Spec, dict]]) -> list[dict[str, Any]]:
+        """One worker's share: measured in one child, or - when that child crashes - each
+        candidate alone, so the crash is pinned on the candidate that caused it."""
+        results = self._isolated([spec for _, spec, _ in items])
+        if results is None and len(items) > 1:
+            results = []
+            for _, spec, _ in items:
+                one = self._isolated([spec])
+                results.append(
+                    one[0]
+                    if one is not None
+                    else {"status": "crashed", "reason": self._crash, "sessions": 1}
+                )
+        elif results is None:
+            results = [{"status": "crashed", "reason": self._crash, "sessions": 1}]
+        return results
+
     def _many(self, configs: list[list[C.Change]]) -> list[dict[str, Any]]:
-        if self.workers == 1 or len(configs) == 1:
-            return [self._run(c) for c in configs]
-        with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            return list(pool.map(self._run, configs))
+        """Measure each config (journaled ones are taken back, not measured again), spread
+        over the worker processes."""
+        out: dict[int, dict[str, Any]] = {}
+        todo: list[tuple[int, str, Spec, dict]] = []
+        for i, cfg in enumerate(configs):
+            key = C.config_key(cfg)
+            if key in self.done:
+                out[i] = _restore(self.done[key])
+                continue
+            key, spec, extra = self._prepare(cfg)
+            if spec is None:  # refused before any session (e.g. the float output changed)
+                out[i] = self._finish(key, {}, extra)
+            else:
+                todo.append((i, key, spec, extra))
+        if todo:
+            n = min(self.workers, len(todo))
+            chunks = [todo[k::n] for k in range(n)]
+            if n == 1:
+                done = [self._chunk([(k, s, e) for _, k, s, e in chunks[0]])]
+            else:
+                with ThreadPoolExecutor(max_workers=n) as pool:
+                    done = list(
+                        pool.map(lambda ch: self._chunk([(k, s, e) for _, k, s, e in ch]), chunks)
+                    )
+            for ch, results in zip(chunks, done, strict=True):
+                for (i, key, _, extra), res in zip(ch, results, strict=True):
+                    out[i] = self._finish(key, res, extra)
+        return [out[i] for i in range(len(configs))]
+
+    def _run(self, changes: list[C.Change]) -> dict[str, Any]:
+        return self._many([changes])[0]
 
     # ------------------------------------------------------------------ the greedy loop
     def greedy(

@@ -155,6 +155,42 @@ def resolve_layer(model: onnx.ModelProto, tensor: str) -> Layer:
     return Layer(tensor, None, None, None)
 
 
+def act16_region(model: onnx.ModelProto, tensor: str) -> list[str]:
+    """``tensor`` and the layer outputs of its consumers: the tensors a 16-bit candidate sets.
+
+    onnxruntime's mixed-precision fixer gives a consumer the input type of its own output: a
+    16-bit tensor read by an 8-bit layer is converted back to 8 bits, with the same range, in
+    front of it - the precision would be lost again. So the consumers' outputs are 16-bit too,
+    and the Converts move to where their outputs leave the region. A Relu/Clip folded into a
+    layer takes its input's type: both sides of it are set, or the fixer keeps it apart with
+    an 8-bit input.
+    """
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    producer: dict[str, onnx.NodeProto] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+        for o in n.output:
+            producer[o] = n
+    outputs = {o.name for o in model.graph.output}
+    region = [tensor]
+    p = producer.get(tensor)
+    if p is not None and p.op_type in ("Relu", "Clip") and len(consumers.get(p.input[0], [])) == 1:
+        region.insert(0, p.input[0])
+    for node in consumers.get(tensor, []):
+        if not node.output or not node.output[0]:
+            continue
+        out = node.output[0]
+        if out not in region:
+            region.append(out)
+        nxt = consumers.get(out, [])
+        # a sole-consumer activation is folded into the layer: its output is the layer's
+        if len(nxt) == 1 and nxt[0].op_type in ("Relu", "Clip") and out not in outputs:
+            if nxt[0].output[0] not in region:
+                region.append(nxt[0].output[0])
+    return region
+
+
 def kind_of(cause: str) -> str:
     c = cause.lower()
     for key, kind in (
@@ -261,9 +297,12 @@ def settings(
     act_quantizer: str,
     weight_type: str,
     axes: dict[str, int],
+    regions: dict[str, list[str]] | None = None,
 ) -> dict:
     """Quantizer options and TensorQuantOverrides (JSON form) of a set of changes, and the
-    (what, tensor) pairs whose landing in the QNN graph is checked."""
+    (what, tensor) pairs whose landing in the QNN graph is checked. ``regions``: the tensors
+    a 16-bit activation candidate sets, by target (:func:`act16_region`)."""
+    regions = regions or {}
     out = {
         "per_channel": per_channel,
         "act_bitwidth": act_bitwidth,
@@ -282,7 +321,8 @@ def settings(
             out["overrides"][c.target] = [{"axis": axes.get(c.target, 0), "quant_type": weight_type}]
             out["landed"].append(("per_channel", c.target))
         elif c.kind == "act16":
-            out["overrides"][c.target] = [{"quant_type": "QUInt16"}]
+            for t in regions.get(c.target, [c.target]):
+                out["overrides"][t] = [{"quant_type": "QUInt16"}]
             out["landed"].append(("act16", c.target))
         elif c.kind == "w16":
             out["overrides"][c.target] = [{"quant_type": "QUInt16"}]

@@ -268,8 +268,11 @@ class _Search:
     # ------------------------------------------------------------------ one measurement
     def _spec(self, changes: list[C.Change], folder: str) -> tuple[Spec | None, dict]:
         s = self.s
+        regions = {
+            c.target: C.act16_region(s.prepared, c.target) for c in changes if c.kind == "act16"
+        }
         st = C.settings(
-            changes, s.per_channel, s.act_bitwidth, s.act_quantizer, self.wtype, s.axes
+            changes, s.per_channel, s.act_bitwidth, s.act_quantizer, self.wtype, s.axes, regions
         )
         out_dir = self.root / "candidates" / folder
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -435,7 +438,7 @@ class _Search:
             for rr in round_rows:
                 if rr["status"] == "ok" and max_16bit is not None and (rr.get("16-bit tensors") or 0) > max_16bit:
                     rr["note"] = f"over --max_16bit_tensors {max_16bit}"
-            best = max(ok, key=lambda rr: rr["SQNR mean"]) if ok else None
+            best = _choose(ok, base, target_sqnr, target_gap)
             improving = {rr["change"] for rr in ok}
             if best is not None:
                 best["accepted"] = True
@@ -456,6 +459,27 @@ class _Search:
             # what did not help now is not tried again (measured: that is its result)
             pending = [c for c in pending if c.label in improving]
         return rows, state
+
+
+def _choose(ok: list[dict], base: dict, target_sqnr, target_gap) -> dict | None:
+    """The change to accept: among those meeting the target, the cheapest (16-bit tensors +
+    Convert ops; then the highest SQNR); when none meets it, the highest SQNR."""
+    if not ok:
+        return None
+    meeting = [
+        rr
+        for rr in ok
+        if (target_sqnr is not None and rr["SQNR mean"] >= target_sqnr)
+        or (target_gap is not None and rr["gap closed"] >= target_gap)
+    ]
+    if meeting:
+        return min(meeting, key=lambda rr: (_cost(rr), -rr["SQNR mean"]))
+    return max(ok, key=lambda rr: rr["SQNR mean"])
+
+
+def _cost(rr: dict) -> float:
+    a, b = _num(rr.get("16-bit tensors")), _num(rr.get("Convert ops"))
+    return (0 if math.isnan(a) else a) + (0 if math.isnan(b) else b)
 
 
 def _last_accepted(rows):

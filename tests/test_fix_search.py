@@ -344,6 +344,7 @@ def test_suggest_fixes_chains_the_search_after_oneshot(tmp_path, capsys):
     assert table["accepted"].any()
 
 
+@pytest.mark.slow  # test_oneshot's test_every_example_script_runs runs it in the default tier
 def test_example_script_returns_the_candidates(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "examples" / "fix_search.py"), str(tmp_path / "w")],

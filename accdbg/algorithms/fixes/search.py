@@ -401,6 +401,8 @@ class _Search:
         time_budget: float | None,
     ) -> tuple[list[dict[str, Any]], list[C.Change]]:
         t0 = time.perf_counter()
+        # the baseline is measured with the first round, in the same workers (one start-up)
+        self._many([[]] + [C.with_change([], c) for c in cands if C.compatible([], c)])
         base = self._run([])
         if base.get("status") != "ok":
             raise AccdbgError(

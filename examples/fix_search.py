@@ -20,7 +20,9 @@ model = HERE / "tiny_cnn" / "model.onnx"
 image = parse_input_tensor(["image", "1,3,32,32", str(HERE / "tiny_cnn" / "input.raw")])
 
 diagnosis = run_oneshot("onnx", model, [image], working_dir=work)
-fixes = run_fix_search(model, [image], diagnosis=diagnosis.summary, target_gap=0.9, working_dir=work)
+fixes = run_fix_search(
+    model, [image], diagnosis=diagnosis.summary, target_gap=0.9, working_dir=work
+)
 
 table = fixes.candidates  # a DataFrame: one row per candidate measured on QNN HTP
 columns = ["round", "change", "status", "accepted", "SQNR mean", "gap closed", "16-bit tensors"]

@@ -180,7 +180,12 @@ def outlier_chain(
 
 
 def offset_chain(
-    tmp: Path, layers: int = 5, at: int = 2, offset: float = 300.0, size: int = 16, channels: int = 16
+    tmp: Path,
+    layers: int = 5,
+    at: int = 2,
+    offset: float = 300.0,
+    size: int = 16,
+    channels: int = 16,
 ) -> Built:
     """Conv+Relu chain whose layer ``at`` output channel 0 is a constant ``offset`` the next
     conv ignores (its input-channel-0 weights are zero): an activation outlier with no weight

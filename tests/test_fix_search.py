@@ -40,7 +40,11 @@ def diagnosis(name: str, cause: str) -> pd.DataFrame:
 
 
 def image(built) -> list:
-    return [parse_input_tensor([built.input_name, ",".join(map(str, built.dims)), str(built.input_path)])]
+    return [
+        parse_input_tensor(
+            [built.input_name, ",".join(map(str, built.dims)), str(built.input_path)]
+        )
+    ]
 
 
 def float_output(model: Path, x_path: Path, dims) -> np.ndarray:
@@ -76,7 +80,10 @@ def same_encodings(a: Path, b: Path) -> None:
     ea, eb = qdq_encodings(a), qdq_encodings(b)
     assert set(ea) == set(eb)
     for name in ea:
-        assert (ea[name].bitwidth, list(ea[name].offset)) == (eb[name].bitwidth, list(eb[name].offset)), name
+        assert (ea[name].bitwidth, list(ea[name].offset)) == (
+            eb[name].bitwidth,
+            list(eb[name].offset),
+        ), name
         np.testing.assert_array_equal(np.float32(ea[name].scale), np.float32(eb[name].scale), name)
 
 
@@ -97,7 +104,9 @@ def test_equalization_leaves_the_float_function_and_balances_the_pair(tmp_path):
     assert np.abs(w["w3"]).max() < before / 4  # the 40x input channel is gone
     x = np.fromfile(built.input_path, np.float32).reshape(built.dims)
     outs = [
-        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": x}
+        )[0]
         for m in (model, eq)
     ]
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-5 * np.abs(outs[0]).max())
@@ -116,7 +125,12 @@ def test_no_pair_across_an_op_that_is_not_positively_homogeneous():
         "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
-        [w, v, numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")],
+        [
+            w,
+            v,
+            numpy_helper.from_array(np.float32(0), "lo"),
+            numpy_helper.from_array(np.float32(6), "hi"),
+        ],
     )
     assert conv_pairs(helper.make_model(graph)) == []  # Relu6 clips: s*x is not clip(x)*s
 
@@ -142,8 +156,14 @@ def test_the_cause_orders_the_candidates_and_a_backend_culprit_gets_none(tmp_pat
     firsts = {c.layer: c.kind for c in reversed(local)}
     assert firsts["layer1"] == "act16"  # activation cause: 16-bit activations first
     assert "layer4" not in {c.layer for c in changes}
-    assert any(n.startswith("layer4") and "backend" in n and "partitioning.json" in n for n in notes)
-    assert {c.kind for c in changes if c.is_global} == {"per_channel_all", "calibration", "act16_all"}
+    assert any(
+        n.startswith("layer4") and "backend" in n and "partitioning.json" in n for n in notes
+    )
+    assert {c.kind for c in changes if c.is_global} == {
+        "per_channel_all",
+        "calibration",
+        "act16_all",
+    }
 
 
 def test_a_16bit_activation_covers_both_sides_of_its_layer(tmp_path):
@@ -231,7 +251,13 @@ def test_a_refused_candidate_is_reported_and_the_search_goes_on(weight_outlier):
 def test_outputs_are_written_and_the_report_is_offline(weight_outlier, tmp_path):
     _, _, result = weight_outlier
     run = result.run_dir
-    for name in ("fixes.csv", "fixes.html", "best.encodings", "best_overrides.json", "reproduce.txt"):
+    for name in (
+        "fixes.csv",
+        "fixes.html",
+        "best.encodings",
+        "best_overrides.json",
+        "reproduce.txt",
+    ):
         assert (run / name).is_file(), name
     assert not (run / "best.onnx").exists()  # no weight changed
     csv = pd.read_csv(run / "fixes.csv")
@@ -338,8 +364,13 @@ def test_suggest_fixes_chains_the_search_after_oneshot(tmp_path, capsys):
     assert code == 0, err
     lines = [x for x in err.strip().splitlines() if x.strip()]
     tail = "\n".join(lines[-6:])
-    assert "cause: culprit #1 layer3" in tail and "best fix (verified on QNN HTP): per-channel" in tail
-    assert "before: output SQNR" in tail and "reproduce: qnn-accuracy-debugger --inference_engine" in tail
+    assert (
+        "cause: culprit #1 layer3" in tail and "best fix (verified on QNN HTP): per-channel" in tail
+    )
+    assert (
+        "before: output SQNR" in tail
+        and "reproduce: qnn-accuracy-debugger --inference_engine" in tail
+    )
     table = pd.read_csv(next((tmp_path / "w" / "fix_search").glob("*/fixes.csv")))
     assert table["accepted"].any()
 

@@ -176,9 +176,15 @@ def _check_suggest_fixes(args: argparse.Namespace, framework: str) -> None:
             "--suggest_fixes starts from the quantizer flags; it does not take -qo overrides as its baseline"
         )
     if args.stage != "source" or args.precision != "int8":
-        raise AccdbgError("--suggest_fixes needs --stage source and --precision int8 (it quantizes)")
+        raise AccdbgError(
+            "--suggest_fixes needs --stage source and --precision int8 (it quantizes)"
+        )
     check_search_options(
-        args.target_sqnr, args.target_gap, args.max_16bit_tensors, args.time_budget, args.search_workers
+        args.target_sqnr,
+        args.target_gap,
+        args.max_16bit_tensors,
+        args.time_budget,
+        args.search_workers,
     )
     check_run_folder(
         args.working_dir, COMPONENT, args.output_dirname, resume=args.output_dirname is not None

@@ -217,9 +217,7 @@ def propose(
     notes: list[str] = []
     local: list[Change] = []
     pairs = conv_pairs(model)
-    tensors = {o for n in model.graph.node for o in n.output} | {
-        i.name for i in model.graph.input
-    }
+    tensors = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     for c in culprits:
         if c.backend:
             notes.append(
@@ -318,7 +316,9 @@ def settings(
         elif c.kind == "act16_all":
             out["act_bitwidth"] = 16
         elif c.kind == "per_channel":
-            out["overrides"][c.target] = [{"axis": axes.get(c.target, 0), "quant_type": weight_type}]
+            out["overrides"][c.target] = [
+                {"axis": axes.get(c.target, 0), "quant_type": weight_type}
+            ]
             out["landed"].append(("per_channel", c.target))
         elif c.kind == "act16":
             for t in regions.get(c.target, [c.target]):

@@ -188,9 +188,7 @@ def float_outputs(model_path: Path, feeds: list) -> list[list[np.ndarray]]:
 
 
 def save_reference(path: Path, outs: list[list[np.ndarray]]) -> None:
-    np.savez(
-        path, **{f"o{i}_{j}": a for i, row in enumerate(outs) for j, a in enumerate(row)}
-    )
+    np.savez(path, **{f"o{i}_{j}": a for i, row in enumerate(outs) for j, a in enumerate(row)})
 
 
 def load_reference(path: str, n_inputs: int) -> list[list[np.ndarray]]:
@@ -226,7 +224,9 @@ def measure(spec: Spec) -> dict[str, Any]:
         quantize_for_qnn(
             Path(spec.float_model),
             qdq_path,
-            FeedsReader([{n: Path(p) for n, (p, _, _) in f.items()} for f in spec.feeds], dims, dtypes),
+            FeedsReader(
+                [{n: Path(p) for n, (p, _, _) in f.items()} for f in spec.feeds], dims, dtypes
+            ),
             spec.act_bitwidth,
             spec.weights_bitwidth,
             32,
@@ -272,7 +272,9 @@ def measure(spec: Spec) -> dict[str, Any]:
         return {**rec, "status": "refused by QNN", "reason": str(exc), "sessions": 1}
     rec["qnn s"] = time.perf_counter() - t1
     rec["sessions"] = report.sessions
-    rec["cpu nodes"] = len([n for n in report.cpu_reasons if n["type"] not in ("QuantizeLinear", "DequantizeLinear")])
+    rec["cpu nodes"] = len(
+        [n for n in report.cpu_reasons if n["type"] not in ("QuantizeLinear", "DequantizeLinear")]
+    )
     if rec["cpu nodes"]:
         rec["cpu reasons"] = "; ".join(
             f"{r['name']} ({r['type']}): {r.get('reason', '')}" for r in report.cpu_reasons[:5]

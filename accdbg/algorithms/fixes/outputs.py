@@ -185,7 +185,11 @@ def findings(culprits, best: dict, base: dict, accepted, notes) -> list[str]:
             + f" -> after: {_f(best.get('SQNR mean'))} dB (worst input {_f(best.get('SQNR worst'))}), "
             f"cosine {_f(best.get('cosine mean'), 5)}"
             + (f", top-1 agreement {_f(top, 3)}" if top is not None and not _nan(top) else "")
-            + (f"; {100 * gap:.0f}% of the gap to float closed" if gap is not None and not _nan(gap) else "")
+            + (
+                f"; {100 * gap:.0f}% of the gap to float closed"
+                if gap is not None and not _nan(gap)
+                else ""
+            )
         )
     else:
         out.append(
@@ -225,7 +229,9 @@ def _chart(table: pd.DataFrame) -> str:
                 mode="markers",
                 name=name,
                 marker={"size": 11, "color": color},
-                text=[f"{c}<br>{cfg}" for c, cfg in zip(part["change"], part["config"], strict=True)],
+                text=[
+                    f"{c}<br>{cfg}" for c, cfg in zip(part["change"], part["config"], strict=True)
+                ],
                 hoverinfo="text+x+y",
             )
         )

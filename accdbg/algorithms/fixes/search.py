@@ -182,7 +182,9 @@ def run_fix_search(
         for n in notes:
             log.info("fix search: %s", n)
         search = _Search(setup, run.path, journal, workers, wtype)
-        rows, accepted = search.greedy(cands, target_sqnr, target_gap, max_16bit_tensors, time_budget)
+        rows, accepted = search.greedy(
+            cands, target_sqnr, target_gap, max_16bit_tensors, time_budget
+        )
         table = pd.DataFrame(rows)
         base = rows[0]
         best = max(
@@ -214,7 +216,9 @@ def run_fix_search(
     for line in findings:
         log.info("%s", line)
     log.info("reproduce: %s", files["reproduce"])
-    log.info("fix search: %d QNN session(s) in %.1f s -> %s", search.sessions, seconds, run.final_path)
+    log.info(
+        "fix search: %d QNN session(s) in %.1f s -> %s", search.sessions, seconds, run.final_path
+    )
     return FixSearchResult(
         run.final_path,
         table,
@@ -335,7 +339,10 @@ class _Search:
         )
         try:
             return Isolated(
-                measure_many, specs, what=what, log_hint=str(Path(specs[0].out_dir) / "backend_log.txt")
+                measure_many,
+                specs,
+                what=what,
+                log_hint=str(Path(specs[0].out_dir) / "backend_log.txt"),
             ).result()
         except AccdbgError as exc:
             self._crash = str(exc)
@@ -438,7 +445,11 @@ class _Search:
                 and (rr.get("cpu nodes") or 0) <= (base.get("cpu nodes") or 0)
             ]
             for rr in round_rows:
-                if rr["status"] == "ok" and max_16bit is not None and (rr.get("16-bit tensors") or 0) > max_16bit:
+                if (
+                    rr["status"] == "ok"
+                    and max_16bit is not None
+                    and (rr.get("16-bit tensors") or 0) > max_16bit
+                ):
                     rr["note"] = f"over --max_16bit_tensors {max_16bit}"
             best = _choose(ok, base, target_sqnr, target_gap)
             improving = {rr["change"] for rr in ok}
@@ -504,7 +515,9 @@ def _gap(r: dict, base: dict) -> float:
     return 1.0 - float(r["nsr"]) / float(base["nsr"])
 
 
-def _row(res: dict, cfg: list[C.Change], change: C.Change | None, rnd: int, kind: str, base: dict) -> dict:
+def _row(
+    res: dict, cfg: list[C.Change], change: C.Change | None, rnd: int, kind: str, base: dict
+) -> dict:
     landed = res.get("landed") or []
     return {
         "round": rnd,

@@ -213,12 +213,12 @@ def run_fix_search(
         findings = outputs.findings(culprits, best, base, accepted, notes)
         write_json_atomic(run.path / "findings.json", findings)
     seconds = time.perf_counter() - t0
-    for line in findings:
-        log.info("%s", line)
-    log.info("reproduce: %s", files["reproduce"])
     log.info(
         "fix search: %d QNN session(s) in %.1f s -> %s", search.sessions, seconds, run.final_path
     )
+    log.info("reproduce: %s", files["reproduce"])
+    for line in findings:  # the console ends with the cause, the best fix, before -> after
+        log.info("%s", line)
     return FixSearchResult(
         run.final_path,
         table,

@@ -338,21 +338,23 @@ def test_conv_pair_scaled_channel_equalization_is_found(tmp_path, capsys):
     assert abs(sqnr(ref, out) - result.best["SQNR mean"]) < 0.1
 
 
-def test_a_crashing_candidate_is_pinned_and_the_search_goes_on(tmp_path, monkeypatch):
+def test_a_crashing_candidate_is_pinned_and_the_search_goes_on(tmp_path, monkeypatch, capsys):
+    """The --fix_search component, with the diagnosis as a CSV; the 16-bit-weight candidate
+    kills its backend process (SIGSEGV)."""
     monkeypatch.setattr(search, "measure_many", crashers.measure_or_crash)
     built = planted_chain(tmp_path)
-    result = run_fix_search(
-        built.path,
-        image(built),
-        diagnosis=diagnosis("layer3", "weight range: output channel 0 spans 40x"),
-        working_dir=tmp_path / "w",
-        target_gap=0.9,
-    )
-    crashed = rows(result, "16-bit weights: w3").iloc[0]
+    csv = tmp_path / "summary.csv"
+    diagnosis("layer3", "weight range: output channel 0 spans 40x").to_csv(csv, index=False)
+    code, _, err = run_cli(
+        capsys, "--fix_search", "-m", built.path, "-i", "x", "1,3,16,16", built.input_path,
+        "--diagnosis", csv, "--target_gap", "0.9", "-w", tmp_path / "w", "--output_dirname", "s",
+    )  # fmt: skip
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "w" / "fix_search" / "s" / "fixes.csv")
+    crashed = table[table["change"] == "16-bit weights: w3"].iloc[0]
     assert crashed["status"] == "crashed" and "SIGSEGV" in crashed["reason"]
-    others = result.candidates[result.candidates["change"] != crashed["change"]]
-    assert (others["status"] == "ok").all()
-    assert result.accepted
+    others = table[table["change"] != "16-bit weights: w3"]
+    assert (others["status"] == "ok").all() and others["accepted"].any()
 
 
 def test_suggest_fixes_chains_the_search_after_oneshot(tmp_path, capsys):
@@ -369,6 +371,9 @@ def test_suggest_fixes_chains_the_search_after_oneshot(tmp_path, capsys):
     assert lines[-1].startswith("before: output SQNR") and "-> after:" in lines[-1]
     table = pd.read_csv(next((tmp_path / "w" / "fix_search").glob("*/fixes.csv")))
     assert table["accepted"].any()
+    # the verification run folder is a diagnosis --fix_search takes
+    culprits = C.read_diagnosis(tmp_path / "w" / "verification" / "latest")
+    assert culprits[0].name == "layer3" and culprits[0].cause.startswith("weight range")
 
 
 @pytest.mark.slow  # test_oneshot's test_every_example_script_runs runs it in the default tier

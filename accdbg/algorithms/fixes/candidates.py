@@ -113,11 +113,18 @@ def read_diagnosis(source: pd.DataFrame | str | Path | None) -> list[Culprit]:
     ranks = pd.to_numeric(df["culprit_rank"], errors="coerce")
     cause = df["cause"] if "cause" in df.columns else pd.Series([""] * len(df))
     out = [
-        Culprit(str(df[name_col].iloc[i]).lstrip("'"), int(ranks.iloc[i]), str(cause.iloc[i] or ""))
+        Culprit(_unquote(str(df[name_col].iloc[i])), int(ranks.iloc[i]), str(cause.iloc[i] or ""))
         for i in range(len(df))
         if pd.notna(ranks.iloc[i])
     ]
     return sorted(out, key=lambda c: c.rank)
+
+
+def _unquote(name: str) -> str:
+    """A name as it was before the CSV writer quoted it (``'=x`` -> ``=x``, see reports.cells)."""
+    from accdbg.reports.cells import FORMULA_START
+
+    return name[1:] if name.startswith("'") and name[1:].startswith(FORMULA_START) else name
 
 
 @dataclass

@@ -296,13 +296,12 @@ def test_a_rerun_takes_every_measurement_back_from_the_journal(weight_outlier):
 
 def test_activation_outlier_16bit_activations_on_that_tensor(tmp_path):
     built = offset_chain(tmp_path)
-    result = run_fix_search(
-        built.path,
-        image(built),
+    kwargs = dict(
         diagnosis=diagnosis("layer2", "activation range: channel 0 carries 300x"),
         working_dir=tmp_path / "w",
-        target_gap=0.9,
+        output_dirname="s",
     )
+    result = run_fix_search(built.path, image(built), target_gap=0.9, **kwargs)
     t = result.candidates
     base = t.iloc[0]
     first = t[t["accepted"]].iloc[0]
@@ -314,6 +313,19 @@ def test_activation_outlier_16bit_activations_on_that_tensor(tmp_path):
     assert first["16-bit tensors"] + first["Convert ops"] < everything["16-bit tensors"]
     # per-channel weights cannot fix an activation range
     assert rows(result, "per-channel weights: w2").iloc[0]["SQNR mean"] < base["SQNR mean"] + 1
+
+    # budgets, decided again on the journaled measurements (no new QNN session)
+    no16 = run_fix_search(built.path, image(built), max_16bit_tensors=0, **kwargs)
+    assert no16.sessions == 0
+    assert (
+        not no16.candidates["change"]
+        .isin(["16-bit activation: layer2"])[no16.candidates["accepted"]]
+        .any()
+    )
+    assert "over --max_16bit_tensors 0" in rows(no16, "16-bit activation: layer2").iloc[0]["note"]
+    spent = run_fix_search(built.path, image(built), time_budget=1e-6, **kwargs)
+    assert spent.sessions == 0 and len(spent.candidates) == 1 and not spent.accepted
+    assert spent.findings[-1].startswith("no candidate raised the output SQNR")
 
 
 def test_conv_pair_scaled_channel_equalization_is_found(tmp_path, capsys):
@@ -413,6 +425,7 @@ def test_real_model_planted_fault_best_encodings_reproduce(tmp_path, capsys):
     table = pd.read_csv(run / "fixes.csv")
     base = table.iloc[0]
     assert best["SQNR mean"] > base["SQNR mean"] + 10 and best["gap closed"] >= 0.8
+    assert base["top-1 agreement"] < 1 and best["top-1 agreement"] == 1  # a 2-class output
     argv = shlex.split((run / "reproduce.txt").read_text())
     code, _, err = run_cli(capsys, *argv[1:], "-w", tmp_path / "again")
     assert code == 0, err

@@ -44,7 +44,7 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="start no new search round after this many seconds",
+        help="start no new search round after this many seconds (the first always runs)",
     )
     g.add_argument(
         "--search_workers",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import pandas as pd
 
@@ -193,6 +194,8 @@ def run_fix_search(
         )
         from accdbg.algorithms.fixes import outputs
 
+        _ensure_qdq(setup, run.path / "candidates" / best["folder"], best.get("settings") or {})
+
         files = outputs.write(
             run.path,
             run.final_path,
@@ -230,6 +233,34 @@ def run_fix_search(
         search.sessions,
         seconds,
         notes,
+    )
+
+
+def _ensure_qdq(setup: _Setup, folder: Path, settings: dict) -> None:
+    """The best candidate's QDQ model, quantized again when an earlier finish of this run
+    pruned it (a resumed search can pick another best); quantization is deterministic."""
+    from accdbg.algorithms.fixes.measure import overrides_for_ort
+    from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
+
+    target = folder / "candidate.qdq.onnx"
+    if target.exists():
+        return
+    float_model = folder / "float.onnx" if (folder / "float.onnx").exists() else setup.prepared_path
+    feeds = setup.feeds
+    dims = {n: tuple(d) for f in feeds for n, (_, d, _) in f.items()}
+    dtypes = {n: np.dtype(t) for f in feeds for n, (_, _, t) in f.items()}
+    quantize_for_qnn(
+        float_model,
+        target,
+        FeedsReader([{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds], dims, dtypes),
+        settings.get("act_bitwidth", setup.act_bitwidth),
+        setup.weights_bitwidth,
+        32,
+        settings.get("act_quantizer", setup.act_quantizer),
+        setup.param_quantizer,
+        settings.get("per_channel", setup.per_channel),
+        overrides_for_ort(settings.get("overrides") or {}) or None,
+        notes=[],
     )
 
 

@@ -2,10 +2,11 @@
 
 Greedy, with re-measurement: every round measures each remaining candidate *on top of the
 changes accepted so far* (one QNN session and N plain runs each, in parallel worker
-processes), accepts the best if it raises the output SQNR, and stops when the target is met
+processes), accepts one that raises the output SQNR - the cheapest (16-bit tensors + Convert
+ops) among those meeting the target, else the best - and stops when the target is met
 (``target_sqnr`` dB, or ``target_gap`` of the baseline's noise power removed) or a budget is
-spent (``max_16bit_tensors``, ``time_budget`` seconds). A candidate that did not help in the
-first round is not tried again (it was measured, that is its result). Each measurement is
+spent (``max_16bit_tensors``, ``time_budget`` seconds). A candidate that did not help in a
+round is not tried again (it was measured, that is its result). Each measurement is
 journaled: a killed search rerun with the same ``output_dirname`` measures only what it had
 not finished.
 """

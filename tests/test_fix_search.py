@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -233,6 +234,12 @@ def test_weight_outlier_per_channel_is_found_and_verified(weight_outlier):
     act = rows(result, "16-bit activation: layer3").iloc[0]
     assert not act["accepted"] and act["SQNR mean"] < base["SQNR mean"] + 1
     assert act["16-bit tensors"] >= 1 and act["Convert ops"] >= 1
+    # a calibration's landing: the activation encodings it moved (from the QDQ models)
+    adjusted = rows(result, "activation calibration adjusted").iloc[0]["landed"]
+    moved = re.fullmatch(
+        r"calibration adjusted: (\d+) of (\d+) activation encodings changed", adjusted
+    )
+    assert moved and 1 <= int(moved[1]) <= int(moved[2])
     assert result.findings[0].startswith("cause: culprit #1 layer3 - weight range")
     assert "before: output SQNR" in result.findings[-1] and "-> after:" in result.findings[-1]
 

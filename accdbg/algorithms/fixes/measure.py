@@ -199,6 +199,37 @@ def load_reference(path: str, n_inputs: int) -> list[list[np.ndarray]]:
         ]
 
 
+def _save_activation_encodings(qdq_path: Path, out: Path) -> None:
+    """Each activation's encoding, so a change that moved none of them can be told."""
+    import json
+
+    from accdbg.encodings.model import PARAM
+    from accdbg.encodings.qdq import qdq_encodings
+
+    try:
+        encs = qdq_encodings(qdq_path)
+    except AccdbgError:
+        return
+    doc = {
+        n: [[float(x) for x in e.scale], [int(o) for o in e.offset], e.bitwidth]
+        for n, e in encs.items()
+        if e.kind != PARAM
+    }
+    out.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def activation_changes(a: Path, b: Path) -> tuple[int, int] | None:
+    """How many activation encodings differ between two candidates' folders (and of how many)."""
+    import json
+
+    try:
+        x = json.loads((a / "activation_encodings.json").read_text(encoding="utf-8"))
+        y = json.loads((b / "activation_encodings.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return sum(1 for k in y if x.get(k) != y[k]), len(y)
+
+
 def measure_many(specs: list[Spec]) -> list[dict[str, Any]]:
     """Several candidates in one child, in turn: the child's start-up (imports, the QNN
     library) is paid once. A native crash loses the whole list; the caller then measures
@@ -246,6 +277,7 @@ def measure(spec: Spec) -> dict[str, Any]:
             "trace": traceback.format_exc(limit=3),
         }
     rec["quantize s"] = time.perf_counter() - t0
+    _save_activation_encodings(qdq_path, out / "activation_encodings.json")
     json_dir = out / "qnn_json"
     options = EngineOptions(**{**spec.options.__dict__, "json_graph_dir": str(json_dir)})
     job = Job(

@@ -32,7 +32,13 @@ from accdbg.algorithms import checkpoint
 from accdbg.algorithms.checkpoint import Journal
 from accdbg.algorithms.fixes import candidates as C
 from accdbg.algorithms.fixes.equalize import equalize, float_change
-from accdbg.algorithms.fixes.measure import Spec, float_outputs, measure_many, save_reference
+from accdbg.algorithms.fixes.measure import (
+    Spec,
+    activation_changes,
+    float_outputs,
+    measure_many,
+    save_reference,
+)
 from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.isolate import Isolated
 from accdbg.core.run_dir import write_json_atomic
@@ -430,6 +436,17 @@ class _Search:
     def _run(self, changes: list[C.Change]) -> dict[str, Any]:
         return self._many([changes])[0]
 
+    def _calibration_landed(self, rr: dict, current: dict, c: C.Change) -> None:
+        """A calibration 'landed' when it moved some activation encoding from the state it
+        was tried on ("I changed it and nothing changed" is then a fact, not a guess)."""
+        root = self.root / "candidates"
+        diff = activation_changes(root / str(current.get("folder")), root / rr["folder"])
+        if diff is None:
+            return
+        n, m = diff
+        rr["landed"] = f"calibration {c.target}: {n} of {m} activation encodings changed"
+        rr["all landed"] = n > 0
+
     # ------------------------------------------------------------------ the greedy loop
     def greedy(
         self,
@@ -468,6 +485,9 @@ class _Search:
                 _row(r, cfg, c, rnd, "measured", base)
                 for r, cfg, c in zip(results, configs, trial, strict=True)
             ]
+            for rr, c in zip(round_rows, trial, strict=True):
+                if c.kind == "calibration" and rr["status"] == "ok":
+                    self._calibration_landed(rr, current, c)
             ok = [
                 rr
                 for rr in round_rows

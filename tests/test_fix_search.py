@@ -446,3 +446,39 @@ def test_real_model_planted_fault_best_encodings_reproduce(tmp_path, capsys):
         out = np.fromfile(res / rec["file"], np.float32).reshape(ref.shape)
         nsr.append(np.sum((out - ref) ** 2) / np.sum(ref**2))
     assert abs(-10 * math.log10(np.mean(nsr)) - best["SQNR mean"]) < 0.1
+
+
+def test_a_killed_search_resumes_where_it_stopped(tmp_path):
+    """SIGTERM mid-search stops it cleanly; the same command with the same --output_dirname
+    measures only what the journal does not hold."""
+    import os
+    import signal
+    import time
+
+    built = planted_chain(tmp_path)
+    csv = tmp_path / "summary.csv"
+    diagnosis("layer3", "weight range: output channel 0 spans 40x").to_csv(csv, index=False)
+    cmd = [
+        sys.executable, "-m", "accdbg.cli.main", "--fix_search", "-m", str(built.path),
+        "-i", "x", "1,3,16,16", str(built.input_path), "--diagnosis", str(csv),
+        "-w", str(tmp_path / "w"), "--output_dirname", "r", "--search_workers", "2",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ACCDBG_NO_PROGRESS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    journal = tmp_path / "w" / "fix_search" / ".r.partial" / "progress.jsonl"
+    deadline = time.monotonic() + 300
+    while not (journal.exists() and journal.read_text().strip()) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.2)
+    done_before = len(journal.read_text().splitlines())
+    proc.send_signal(signal.SIGTERM)
+    t = time.monotonic()
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert time.monotonic() - t < 30  # the measuring children were stopped, not waited for
+    assert (tmp_path / "w" / "fix_search" / "r.failed").is_dir()
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-2000:]
+    sessions = int(re.search(r"fix search: (\d+) QNN session", again.stderr)[1])
+    table = pd.read_csv(tmp_path / "w" / "fix_search" / "r" / "fixes.csv")
+    assert 1 <= sessions <= len(table) - done_before
+    assert table["accepted"].any()

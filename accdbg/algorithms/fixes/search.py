@@ -13,13 +13,16 @@ not finished.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -305,7 +308,9 @@ class _Search:
         self.done = {r["config"]: r["result"] for r in journal.of_kind("measured")}
         self.sessions = 0
         self.count = len(self.done)
-        self._crash = ""
+        self._lock = threading.Lock()
+        self._children: set[Isolated] = set()
+        self._stopping = False
 
     # ------------------------------------------------------------------ one measurement
     def _spec(self, changes: list[C.Change], folder: str) -> tuple[Spec | None, dict]:
@@ -370,38 +375,53 @@ class _Search:
         self.done[key] = clean
         return _restore(clean)
 
-    def _isolated(self, specs: list[Spec]) -> list[dict[str, Any]] | None:
-        """Measure ``specs`` in one child; None when the child died (a native crash)."""
+    def _isolated(self, specs: list[Spec]) -> list[dict[str, Any]] | str:
+        """Measure ``specs`` in one child; the crash message when the child died natively."""
         what = f"measuring {len(specs)} fix candidate(s): {specs[0].key}" + (
             " ..." if len(specs) > 1 else ""
         )
+        child = Isolated(
+            measure_many, specs, what=what, log_hint=str(Path(specs[0].out_dir) / "backend_log.txt")
+        )
+        with self._lock:
+            if self._stopping:  # interrupted: no new child
+                child.kill()
+                return "the search was interrupted"
+            self._children.add(child)
         try:
-            return Isolated(
-                measure_many,
-                specs,
-                what=what,
-                log_hint=str(Path(specs[0].out_dir) / "backend_log.txt"),
-            ).result()
+            return child.result()
         except AccdbgError as exc:
-            self._crash = str(exc)
-            return None
+            return str(exc)
+        finally:
+            with self._lock:
+                self._children.discard(child)
 
     def _chunk(self, items: list[tuple[str, Spec, dict]]) -> list[dict[str, Any]]:
         """One worker's share: measured in one child, or - when that child crashes - each
         candidate alone, so the crash is pinned on the candidate that caused it."""
         results = self._isolated([spec for _, spec, _ in items])
-        if results is None and len(items) > 1:
-            results = []
-            for _, spec, _ in items:
-                one = self._isolated([spec])
-                results.append(
-                    one[0]
-                    if one is not None
-                    else {"status": "crashed", "reason": self._crash, "sessions": 1}
-                )
-        elif results is None:
-            results = [{"status": "crashed", "reason": self._crash, "sessions": 1}]
-        return results
+        if not isinstance(results, str):
+            return results
+        if len(items) == 1:
+            return [{"status": "crashed", "reason": results, "sessions": 1}]
+        alone = []
+        for _, spec, _ in items:
+            one = self._isolated([spec])
+            alone.append(
+                {"status": "crashed", "reason": one, "sessions": 1}
+                if isinstance(one, str)
+                else one[0]
+            )
+        return alone
+
+    def _stop_children(self) -> None:
+        """Ctrl-C or SIGTERM: the measuring children stop now, not after their candidates."""
+        with self._lock:
+            self._stopping = True
+            children = list(self._children)
+        for child in children:  # its waiting thread sees it die and cleans up
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
 
     def _many(self, configs: list[list[C.Change]]) -> list[dict[str, Any]]:
         """Measure each config (journaled ones are taken back, not measured again), spread
@@ -422,16 +442,28 @@ class _Search:
             n = min(self.workers, len(todo))
             chunks = [todo[k::n] for k in range(n)]
             if n == 1:
-                done = [self._chunk([(k, s, e) for _, k, s, e in chunks[0]])]
+                self._finish_chunk(
+                    chunks[0], self._chunk([(k, s, e) for _, k, s, e in chunks[0]]), out
+                )
             else:
-                with ThreadPoolExecutor(max_workers=n) as pool:
-                    done = list(
-                        pool.map(lambda ch: self._chunk([(k, s, e) for _, k, s, e in ch]), chunks)
-                    )
-            for ch, results in zip(chunks, done, strict=True):
-                for (i, key, _, extra), res in zip(ch, results, strict=True):
-                    out[i] = self._finish(key, res, extra)
+                pool = ThreadPoolExecutor(max_workers=n)
+                try:
+                    futures = {
+                        pool.submit(self._chunk, [(k, s, e) for _, k, s, e in ch]): ch
+                        for ch in chunks
+                    }
+                    for fut in as_completed(futures):  # journaled as each worker finishes
+                        self._finish_chunk(futures[fut], fut.result(), out)
+                except BaseException:
+                    self._stop_children()
+                    raise
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
         return [out[i] for i in range(len(configs))]
+
+    def _finish_chunk(self, chunk: list, results: list[dict[str, Any]], out: dict) -> None:
+        for (i, key, _, extra), res in zip(chunk, results, strict=True):
+            out[i] = self._finish(key, res, extra)
 
     def _run(self, changes: list[C.Change]) -> dict[str, Any]:
         return self._many([changes])[0]

@@ -12,6 +12,7 @@ each tensor the candidate changed.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -251,9 +252,15 @@ def measure(spec: Spec) -> dict[str, Any]:
     qdq_path = out / "candidate.qdq.onnx"
     dims = {n: tuple(d) for f in spec.feeds for n, (_, d, _) in f.items()}
     dtypes = {n: np.dtype(t) for f in spec.feeds for n, (_, _, t) in f.items()}
+    # a private copy: onnxruntime's quantizer writes scratch models beside its input, and the
+    # candidates quantizing the same float model at once must not share them
+    scratch = out / ".quantize"
+    scratch.mkdir(exist_ok=True)
+    float_model = scratch / "float.onnx"
+    shutil.copyfile(spec.float_model, float_model)
     try:
         quantize_for_qnn(
-            Path(spec.float_model),
+            float_model,
             qdq_path,
             FeedsReader(
                 [{n: Path(p) for n, (p, _, _) in f.items()} for f in spec.feeds], dims, dtypes
@@ -276,6 +283,8 @@ def measure(spec: Spec) -> dict[str, Any]:
             "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             "trace": traceback.format_exc(limit=3),
         }
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     rec["quantize s"] = time.perf_counter() - t0
     _save_activation_encodings(qdq_path, out / "activation_encodings.json")
     json_dir = out / "qnn_json"

@@ -494,7 +494,8 @@ class _Search:
         base = self._run([])
         if base.get("status") != "ok":
             raise AccdbgError(
-                f"the baseline quantized model did not run on QNN: {base.get('status')}: {base.get('reason')}"
+                f"the baseline (the model quantized with the given flags) cannot be measured: "
+                f"{base.get('status')}: {base.get('reason')}"
             )
         rows = [_row(base, [], None, 0, "baseline", base)]
         rows[0]["accepted"] = False

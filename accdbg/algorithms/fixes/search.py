@@ -196,6 +196,9 @@ def run_fix_search(
         rows, accepted = search.greedy(
             cands, target_sqnr, target_gap, max_16bit_tensors, time_budget
         )
+        for r in rows:  # the run folder's final name, not the one it is written under
+            if isinstance(r.get("reason"), str):
+                r["reason"] = r["reason"].replace(str(run.path), str(run.final_path))
         table = pd.DataFrame(rows)
         base = rows[0]
         best = max(

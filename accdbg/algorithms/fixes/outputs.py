@@ -9,7 +9,6 @@ encodings), ``best_overrides.json`` (the candidate's own onnxruntime ``TensorQua
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import shutil
@@ -292,7 +291,3 @@ def _cell(v: Any) -> str:
             return ""
         return f"{v:.4g}"
     return str(v)
-
-
-def to_json(obj) -> str:
-    return json.dumps(obj, default=str)

@@ -348,6 +348,7 @@ def test_conv_pair_scaled_channel_equalization_is_found(tmp_path, capsys):
     first = t[t["accepted"]].iloc[0]
     assert first["change"] == "equalize Conv_2->Conv_3"
     assert first["float change"] <= 1e-4 and first["gap closed"] >= 0.9
+    assert first["landed"].startswith("equalized Conv_2->Conv_3: channel scales")
     # per-channel (output channels) does not reach the scaled input channel
     assert rows(result, "per-channel weights: w3").iloc[0]["gap closed"] < 0.5
     assert (result.run_dir / "best.onnx").is_file()

@@ -607,6 +607,11 @@ def _row(
     res: dict, cfg: list[C.Change], change: C.Change | None, rnd: int, kind: str, base: dict
 ) -> dict:
     landed = res.get("landed") or []
+    text = "; ".join(
+        f"{x['what']} {x['tensor']}: {'yes' if x['ok'] else 'NO'} ({x['qnn']})" for x in landed
+    )
+    if res.get("equalization"):  # weights changed in the float model: what changed, measured
+        text = "; ".join(t for t in (f"equalized {res['equalization']}", text) if t)
     return {
         "round": rnd,
         "change": change.label if change else "baseline",
@@ -625,11 +630,7 @@ def _row(
         "gap closed": _gap(res, base),
         "16-bit tensors": _num(res.get("16-bit tensors")),
         "Convert ops": _num(res.get("Convert ops")),
-        "landed": "; ".join(
-            f"{x['what']} {x['tensor']}: {'yes' if x['ok'] else 'NO'} ({x['qnn']})" for x in landed
-        )
-        if landed
-        else ("n/a" if res.get("status") == "ok" else ""),
+        "landed": text or ("n/a" if res.get("status") == "ok" else ""),
         "all landed": all(x["ok"] for x in landed) if landed else None,
         "float change": _num(res.get("float change")),
         "cpu nodes": _num(res.get("cpu nodes")),

@@ -177,3 +177,29 @@ def outlier_chain(
     path, x_path = tmp / f"outlier_{scale:g}.onnx", tmp / "outlier_x.raw"
     _relu_chain(path, x_path, layers, size, channels, 5, 0.05, edit, x_offset=0.5)
     return Built(path, x_path, "x", (1, 3, size, size), {"planted": f"layer{at}"})
+
+
+def offset_chain(
+    tmp: Path,
+    layers: int = 5,
+    at: int = 2,
+    offset: float = 300.0,
+    size: int = 16,
+    channels: int = 16,
+) -> Built:
+    """Conv+Relu chain whose layer ``at`` output channel 0 is a constant ``offset`` the next
+    conv ignores (its input-channel-0 weights are zero): an activation outlier with no weight
+    outlier behind it. The per-tensor 8-bit range of ``layer{at}`` is spent on a channel that
+    carries nothing, so its other channels keep a few levels; 16-bit activations on that tensor
+    fix it, per-channel weights cannot."""
+
+    def edit(i, w, b):
+        if i == at:
+            w[0] = 0.0
+            b[0] = offset
+        if i == at + 1:
+            w[:, 0] = 0.0
+
+    path, x_path = tmp / "offset.onnx", tmp / "offset_x.raw"
+    _relu_chain(path, x_path, layers, size, channels, 7, 0.05, edit, x_offset=0.5)
+    return Built(path, x_path, "x", (1, 3, size, size), {"planted": f"layer{at}"})

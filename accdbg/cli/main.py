@@ -36,6 +36,7 @@ COMPONENTS: dict[str, str | None] = {
     "compare_encodings": "accdbg.cli.compare_encodings",
     "tensor_inspection": "accdbg.cli.tensor_inspection",
     "quant_checker": "accdbg.cli.quant_checker",
+    "fix_search": "accdbg.cli.fix_search",
     "model_explorer_view": "accdbg.cli.model_explorer_view",
 }
 WRAPPER: str | None = "accdbg.cli.wrapper"
@@ -126,7 +127,7 @@ def stop_signals_and_warnings() -> Iterator[None]:
 def top_level_help() -> str:
     lines = [
         f"usage: {PROG} [--framework_diagnosis | --inference_engine | --verification |",
-        "        --compare_encodings | --tensor_inspection | --quant_checker",
+        "        --compare_encodings | --tensor_inspection | --quant_checker | --fix_search",
         "        | --model_explorer_view RUN_DIR] [-h] [component options]",
         "",
         "Finds which layer of a model breaks on the QNN runtime, and why.",

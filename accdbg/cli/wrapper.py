@@ -8,6 +8,7 @@ import logging
 from accdbg.cli import args as A
 from accdbg.cli.deep_analyzer import ANALYZERS as DEEP_ANALYZERS
 from accdbg.cli.deep_analyzer import add_dissection_arguments
+from accdbg.cli.fix_search import add_search_arguments, search_kwargs
 from accdbg.cli.inference_engine import add_engine_arguments, engine_kwargs
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.run_dir import RunDir, check_run_folder
@@ -78,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_dissection_arguments(d)
     A.add_model_explorer(parser)
+    g.add_argument(
+        "--suggest_fixes",
+        action="store_true",
+        help="then search a fix for the culprits found, every candidate measured on QNN HTP "
+        "(the --fix_search component; ONNX models)",
+    )
+    add_search_arguments(parser)
     A.add_common(parser, NAME)
 
 
@@ -119,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
     # Everything is checked before the first component starts: a refused command writes
     # nothing and moves no `latest`.
     check_run_folder(args.working_dir, NAME, args.output_dirname, resume=not oneshot)
+    if args.suggest_fixes:
+        _check_suggest_fixes(args, framework)
     if oneshot:
         from accdbg.algorithms.oneshot import check_oneshot, run_oneshot
 
@@ -172,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     with RunDir(args.working_dir, NAME, args.output_dirname, resume=not oneshot) as run:
         run.write_options(A.options_dict(args))
         if oneshot:
-            one = run_oneshot(
+            result = run_oneshot(
                 framework,
                 args.model_path,
                 inputs,
@@ -190,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
                 model_explorer=args.model_explorer,
             )
             if args.deep_analyzer:
-                _dissect(args, one, inputs, verifiers, kwargs)
+                _dissect(args, result, inputs, verifiers, kwargs)
         elif binary:
             from accdbg.algorithms.binary import run_binary
 
@@ -212,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
             fn = run_layerwise if layerwise else run_cumulative_layerwise
             result = fn(args.model_path, inputs, **snoop_kwargs)
             log.info("report: %s", result.html)
+        if args.suggest_fixes:
+            _suggest_fixes(args, inputs, result.summary if oneshot else result.report)
     return 0
 
 
@@ -235,3 +247,53 @@ def _dissect(args: argparse.Namespace, one, inputs, verifiers, kwargs: dict) -> 
         output_dirname=args.output_dirname,
     )
     log.info("report: %s", result.html)
+
+
+def _check_suggest_fixes(args: argparse.Namespace, framework: str) -> None:
+    """``--suggest_fixes``: refused before any component starts when the search cannot run."""
+    from accdbg.algorithms.fixes.search import COMPONENT, check_search_options
+
+    if framework != "onnx":
+        raise AccdbgError(
+            f"--suggest_fixes searches fixes of ONNX models; -f {framework}: run --fix_search on the "
+            "converted model (conversion/<run>/) with --diagnosis"
+        )
+    if args.quantization_overrides and not args.ignore_encodings:
+        raise AccdbgError(
+            "--suggest_fixes starts from the quantizer flags; it does not take -qo overrides as its baseline"
+        )
+    if args.stage != "source" or args.precision != "int8":
+        raise AccdbgError(
+            "--suggest_fixes needs --stage source and --precision int8 (it quantizes)"
+        )
+    check_search_options(
+        args.target_sqnr,
+        args.target_gap,
+        args.max_16bit_tensors,
+        args.time_budget,
+        args.search_workers,
+    )
+    check_run_folder(
+        args.working_dir, COMPONENT, args.output_dirname, resume=args.output_dirname is not None
+    )
+
+
+def _suggest_fixes(args: argparse.Namespace, inputs, diagnosis) -> None:
+    from accdbg.algorithms.fixes import run_fix_search
+
+    run_fix_search(
+        args.model_path,
+        inputs,
+        input_list=args.input_list,
+        diagnosis=diagnosis,
+        runtime=args.runtime,
+        act_bitwidth=args.act_bitwidth,
+        weights_bitwidth=args.weights_bitwidth,
+        act_quantizer=args.act_quantizer,
+        param_quantizer=args.param_quantizer,
+        per_channel=args.per_channel_quantization,
+        working_dir=args.working_dir,
+        output_dirname=args.output_dirname,
+        allow_nonfinite_inputs=args.allow_nonfinite_inputs,
+        **search_kwargs(args),
+    )

@@ -1,0 +1,337 @@
+"""Which changes are worth trying, chosen from the diagnosis.
+
+A :class:`Change` is one knob: a global one (per-channel weights, activation calibration,
+16-bit activations) or a local one on a diagnosed layer (per-channel for its weights, 16-bit
+for its output activation, 16-bit for its weights, equalization with a neighbouring Conv).
+The ``cause`` the culprit ranking wrote (``weight range``, ``activation range``, ``clipping``,
+``unbalanced concatenation``, ``backend``) orders them: the change aimed at the cause first.
+A layer whose cause is the backend gets no precision candidate - precision is not its problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import pandas as pd
+
+from accdbg.algorithms.fixes.equalize import Pair, conv_pairs
+from accdbg.errors import AccdbgError
+
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# ops the quantizer folds into the layer before them: walk back through them to the weights
+FOLDED = ("Relu", "Clip", "LeakyRelu", "BatchNormalization", "Add", "Identity")
+GLOBAL_KINDS = ("per_channel_all", "calibration", "act16_all")
+CALIBRATIONS = {"enhanced": "Entropy", "adjusted": "Percentile 99.999"}
+PER_CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One knob. ``target``: the tensor, weight, calibration or Conv pair it acts on."""
+
+    kind: str  # per_channel_all | calibration | act16_all | per_channel | act16 | w16 | equalize
+    target: str = ""
+    layer: str = ""  # the diagnosed layer it was chosen for ('' for global knobs)
+    why: str = ""
+
+    @property
+    def label(self) -> str:
+        return {
+            "per_channel_all": "per-channel weights (all layers)",
+            "calibration": f"activation calibration {self.target} ({CALIBRATIONS.get(self.target, '')})",
+            "act16_all": "16-bit activations (all layers)",
+            "per_channel": f"per-channel weights: {self.target}",
+            "act16": f"16-bit activation: {self.target}",
+            "w16": f"16-bit weights: {self.target}",
+            "equalize": f"equalize {self.target}",
+        }[self.kind]
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.target}"
+
+    @property
+    def is_global(self) -> bool:
+        return self.kind in GLOBAL_KINDS
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "target": self.target, "layer": self.layer, "why": self.why}
+
+
+def config_key(changes: Sequence[Change]) -> str:
+    """The identity of a set of changes (order does not matter), for the resume journal."""
+    return " + ".join(sorted(c.key for c in changes)) or "baseline"
+
+
+@dataclass
+class Culprit:
+    """A diagnosed row: the layer output tensor, its rank and cause."""
+
+    name: str
+    rank: int
+    cause: str
+
+    @property
+    def backend(self) -> bool:
+        return self.cause.strip().lower().startswith("backend")
+
+
+def read_diagnosis(source: pd.DataFrame | str | Path | None) -> list[Culprit]:
+    """Culprits (rank order) from a table with ``culprit_rank`` and ``cause``: a DataFrame,
+    a CSV (``summary.csv``, ``layerwise.csv``...) or a run folder holding one."""
+    if source is None:
+        return []
+    if isinstance(source, pd.DataFrame):
+        df, where = source, "the diagnosis table"
+    else:
+        p = Path(source)
+        if p.is_dir():
+            found = [p / n for n in ("summary.csv", "layerwise.csv", "cumulative_layerwise.csv")]
+            found = [f for f in found if f.is_file()]
+            if not found:
+                raise AccdbgError(
+                    f"--diagnosis {str(p)!r} holds no summary.csv, layerwise.csv or "
+                    "cumulative_layerwise.csv (a verification or snooping run folder was expected)"
+                )
+            p = found[0]
+        if not p.is_file():
+            raise AccdbgError(f"--diagnosis {str(source)!r} does not exist")
+        try:
+            df = pd.read_csv(p)
+        except Exception as exc:
+            raise AccdbgError(f"--diagnosis {str(p)!r} is not a CSV table: {exc}") from None
+        where = str(p)
+    name_col = next((c for c in ("Name", "O/P Name") if c in df.columns), None)
+    if name_col is None or "culprit_rank" not in df.columns:
+        raise AccdbgError(
+            f"{where} has no Name (or O/P Name) and culprit_rank columns; give a table written "
+            "by oneshot verification or a snooping algorithm"
+        )
+    ranks = pd.to_numeric(df["culprit_rank"], errors="coerce")
+    cause = df["cause"] if "cause" in df.columns else pd.Series([""] * len(df))
+    out = [
+        Culprit(_unquote(str(df[name_col].iloc[i])), int(ranks.iloc[i]), str(cause.iloc[i] or ""))
+        for i in range(len(df))
+        if pd.notna(ranks.iloc[i])
+    ]
+    return sorted(out, key=lambda c: c.rank)
+
+
+def _unquote(name: str) -> str:
+    """A name as it was before the CSV writer quoted it (``'=x`` -> ``=x``, see reports.cells)."""
+    from accdbg.reports.cells import FORMULA_START
+
+    return name[1:] if name.startswith("'") and name[1:].startswith(FORMULA_START) else name
+
+
+@dataclass
+class Layer:
+    """A diagnosed layer resolved in the float model: its weight-bearing node."""
+
+    name: str  # the culprit row (an output tensor)
+    node: onnx.NodeProto | None
+    weight: str | None
+    axis: int | None  # per-channel axis of its weight
+
+
+def resolve_layer(model: onnx.ModelProto, tensor: str) -> Layer:
+    """The node whose weights shape ``tensor``: its producer, walking back through the ops
+    the quantizer folds into a layer (Relu, BatchNormalization, bias Add...)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name for i in model.graph.initializer}
+    cur = tensor
+    for _ in range(8):
+        node = producer.get(cur)
+        if node is None:
+            break
+        if node.op_type in WEIGHTED:
+            w = next((i for i in node.input[1:2] if i in inits), None)
+            if w is None and node.op_type == "MatMul" and node.input[0] in inits:
+                w = node.input[0]
+            axis = PER_CHANNEL_AXIS.get(node.op_type)
+            return Layer(tensor, node, w, axis)
+        if node.op_type not in FOLDED:
+            break
+        live = [i for i in node.input if i and i not in inits]
+        if len(live) != 1:
+            break
+        cur = live[0]
+    return Layer(tensor, None, None, None)
+
+
+def act16_region(model: onnx.ModelProto, tensor: str) -> list[str]:
+    """``tensor`` and the layer outputs of its consumers: the tensors a 16-bit candidate sets.
+
+    onnxruntime's mixed-precision fixer gives a consumer the input type of its own output: a
+    16-bit tensor read by an 8-bit layer is converted back to 8 bits, with the same range, in
+    front of it - the precision would be lost again. So the consumers' outputs are 16-bit too,
+    and the Converts move to where their outputs leave the region. A Relu/Clip folded into a
+    layer takes its input's type: both sides of it are set, or the fixer keeps it apart with
+    an 8-bit input.
+    """
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    producer: dict[str, onnx.NodeProto] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+        for o in n.output:
+            producer[o] = n
+    outputs = {o.name for o in model.graph.output}
+    region = [tensor]
+    p = producer.get(tensor)
+    if p is not None and p.op_type in ("Relu", "Clip") and len(consumers.get(p.input[0], [])) == 1:
+        region.insert(0, p.input[0])
+    for node in consumers.get(tensor, []):
+        if not node.output or not node.output[0]:
+            continue
+        out = node.output[0]
+        if out not in region:
+            region.append(out)
+        nxt = consumers.get(out, [])
+        # a sole-consumer activation is folded into the layer: its output is the layer's
+        if len(nxt) == 1 and nxt[0].op_type in ("Relu", "Clip") and out not in outputs:
+            if nxt[0].output[0] not in region:
+                region.append(nxt[0].output[0])
+    return region
+
+
+def kind_of(cause: str) -> str:
+    c = cause.lower()
+    for key, kind in (
+        ("backend", "backend"),
+        ("weight range", "weight"),
+        ("unbalanced concatenation", "activation"),
+        ("clipping", "activation"),
+        ("activation range", "activation"),
+    ):
+        if c.startswith(key) or f"; {key}" in c:
+            return kind
+    return "other"
+
+
+def propose(
+    model: onnx.ModelProto,
+    culprits: Sequence[Culprit],
+    per_channel: bool,
+    act_bitwidth: int,
+    act_quantizer: str,
+) -> tuple[list[Change], list[str]]:
+    """The candidates, aimed at the causes first, then the global knobs; and notes (e.g. the
+    backend culprits that get no precision candidate)."""
+    notes: list[str] = []
+    local: list[Change] = []
+    pairs = conv_pairs(model)
+    tensors = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    for c in culprits:
+        if c.backend:
+            notes.append(
+                f"{c.name}: {c.cause} - a backend issue, not a precision one: no precision "
+                "candidate; see the engine run's partitioning.json and model_net.json (QNN graph)"
+            )
+            continue
+        if c.name not in tensors:
+            notes.append(f"{c.name}: not a tensor of the float model; no local candidate")
+            continue
+        layer = resolve_layer(model, c.name)
+        kind = kind_of(c.cause)
+        why = f"culprit #{c.rank}: {c.cause}"
+        weight = []
+        if layer.weight and not per_channel and layer.axis is not None:
+            weight.append(Change("per_channel", layer.weight, c.name, why))
+        node_name = layer.node.name if layer.node is not None else None
+        for p in pairs:
+            if node_name in (p.producer, p.consumer) or c.name in p.between:
+                weight.append(Change("equalize", p.label, c.name, why))
+        act = [] if act_bitwidth == 16 else [Change("act16", c.name, c.name, why)]
+        w16 = [Change("w16", layer.weight, c.name, why)] if layer.weight else []
+        order = weight + act + w16 if kind != "activation" else act + weight + w16
+        local.extend(x for x in order if x not in local)
+    glob: list[Change] = []
+    if not per_channel:
+        glob.append(Change("per_channel_all", why="global knob"))
+    for q in CALIBRATIONS:
+        if q != act_quantizer:
+            glob.append(Change("calibration", q, why="global knob"))
+    if act_bitwidth != 16:
+        glob.append(Change("act16_all", why="global knob"))
+    if not culprits:
+        notes.append("no culprit in the diagnosis: only global knobs are tried")
+    return local + glob, notes
+
+
+def pairs_of(model: onnx.ModelProto, changes: Sequence[Change]) -> list[Pair]:
+    by_label = {p.label: p for p in conv_pairs(model)}
+    return [by_label[c.target] for c in changes if c.kind == "equalize" and c.target in by_label]
+
+
+def compatible(changes: Sequence[Change], new: Change) -> bool:
+    """Whether ``new`` adds something to ``changes`` (one calibration at a time; a local
+    knob a global one already covers adds nothing)."""
+    kinds = {c.kind for c in changes}
+    if new in changes:
+        return False
+    if new.kind == "per_channel" and "per_channel_all" in kinds:
+        return False
+    if new.kind == "act16" and "act16_all" in kinds:
+        return False
+    if new.kind in ("per_channel", "w16") and any(
+        c.kind in ("per_channel", "w16") and c.target == new.target for c in changes
+    ):
+        return False
+    if new.kind == "equalize":
+        mine = new.target.split("->")
+        for c in changes:
+            if c.kind == "equalize" and set(c.target.split("->")) & set(mine):
+                return False
+    return True
+
+
+def with_change(changes: Sequence[Change], new: Change) -> list[Change]:
+    """``changes`` plus ``new``; a calibration replaces the previous one."""
+    kept = [c for c in changes if not (new.kind == "calibration" and c.kind == "calibration")]
+    return [*kept, new]
+
+
+def settings(
+    changes: Sequence[Change],
+    per_channel: bool,
+    act_bitwidth: int,
+    act_quantizer: str,
+    weight_type: str,
+    axes: dict[str, int],
+    regions: dict[str, list[str]] | None = None,
+) -> dict:
+    """Quantizer options and TensorQuantOverrides (JSON form) of a set of changes, and the
+    (what, tensor) pairs whose landing in the QNN graph is checked. ``regions``: the tensors
+    a 16-bit activation candidate sets, by target (:func:`act16_region`)."""
+    regions = regions or {}
+    out = {
+        "per_channel": per_channel,
+        "act_bitwidth": act_bitwidth,
+        "act_quantizer": act_quantizer,
+        "overrides": {},
+        "landed": [],
+    }
+    for c in changes:
+        if c.kind == "per_channel_all":
+            out["per_channel"] = True
+        elif c.kind == "calibration":
+            out["act_quantizer"] = c.target
+        elif c.kind == "act16_all":
+            out["act_bitwidth"] = 16
+        elif c.kind == "per_channel":
+            out["overrides"][c.target] = [
+                {"axis": axes.get(c.target, 0), "quant_type": weight_type}
+            ]
+            out["landed"].append(("per_channel", c.target))
+        elif c.kind == "act16":
+            for t in regions.get(c.target, [c.target]):
+                out["overrides"][t] = [{"quant_type": "QUInt16"}]
+            out["landed"].append(("act16", c.target))
+        elif c.kind == "w16":
+            out["overrides"][c.target] = [{"quant_type": "QUInt16"}]
+            out["landed"].append(("w16", c.target))
+    return out

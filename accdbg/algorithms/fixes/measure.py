@@ -1,0 +1,333 @@
+"""One fix candidate, measured on the backend: quantize, one QNN session, N plain runs.
+
+:func:`measure` runs in a child process (:class:`~accdbg.core.isolate.Isolated`), so a
+native crash of QNN is a result, not the end of the search. It quantizes the candidate's
+float model with the engine's own pipeline (:func:`~accdbg.engines.quantize.quantize_for_qnn`,
+the same calibration reader and options as ``--inference_engine``), runs only the graph
+outputs (no debug dump) over every ``-l`` line, and compares them with the float outputs.
+The QNN graph JSON says whether the change *landed*: the datatype and encoding QNN holds for
+each tensor the candidate changed.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from accdbg.engines.base import EngineOptions
+from accdbg.errors import AccdbgError
+
+# QNN data type codes' class byte: 0x04 ufixed, 0x03 sfixed (low byte: bits in hex digits)
+FIXED_CLASSES = (3, 4)
+
+
+@dataclass
+class Spec:
+    """Everything a child needs to measure one candidate (picklable, paths as text)."""
+
+    key: str
+    float_model: str
+    out_dir: str
+    feeds: list  # per inference: name -> (path, dims, dtype name)
+    reference: str  # .npz of the float outputs, o{i}_{j}: input i, output j
+    options: EngineOptions
+    act_bitwidth: int = 8
+    weights_bitwidth: int = 8
+    act_quantizer: str = "tf"
+    param_quantizer: str = "tf"
+    per_channel: bool = False
+    overrides: dict = field(default_factory=dict)  # JSON form (see overrides_for_ort)
+    landed: list = field(default_factory=list)  # (what, tensor): what in act16|w16|per_channel
+
+
+def overrides_for_ort(overrides: dict[str, list[dict[str, Any]]]) -> dict:
+    """JSON overrides (``quant_type`` as a name, e.g. ``"QUInt16"``) in onnxruntime's form."""
+    from onnxruntime.quantization import QuantType
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, entries in overrides.items():
+        conv = []
+        for e in entries:
+            e = dict(e)
+            if isinstance(e.get("quant_type"), str):
+                e["quant_type"] = QuantType[e["quant_type"]]
+            conv.append(e)
+        out[name] = conv
+    return out
+
+
+def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
+    """10 log10 of signal power over error power (inf when exact)."""
+    ref = ref.astype(np.float64).ravel()
+    err = out.astype(np.float64).ravel() - ref
+    noise = float(np.sum(err * err))
+    signal = float(np.sum(ref * ref))
+    if noise == 0:
+        return math.inf
+    if signal == 0:
+        return -math.inf
+    return 10 * math.log10(signal / noise)
+
+
+def cosine(ref: np.ndarray, out: np.ndarray) -> float:
+    a, b = ref.astype(np.float64).ravel(), out.astype(np.float64).ravel()
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(a @ b / (na * nb))
+
+
+def is_classifier(ref: np.ndarray) -> bool:
+    """A [1, K] or [K] score vector (K > 1): its arg-max is the prediction."""
+    shape = [d for d in ref.shape if d != 1]
+    return len(shape) == 1 and shape[0] > 1
+
+
+def output_scores(refs: list[list[np.ndarray]], outs: list[list[np.ndarray]]) -> dict[str, Any]:
+    """SQNR and cosine over every input (mean and worst), classifier top-1 agreement, and the
+    noise-to-signal power (the quantity 'gap closed' is measured on)."""
+    sq, cos, nsr, top = [], [], [], []
+    for ref_i, out_i in zip(refs, outs, strict=True):
+        # one number per input: the worst output of that input
+        s_in = [sqnr_db(r, o) for r, o in zip(ref_i, out_i, strict=True)]
+        c_in = [cosine(r, o) for r, o in zip(ref_i, out_i, strict=True)]
+        sq.append(min(s_in))
+        cos.append(min(c_in))
+        nsr.append(max(10 ** (-s / 10) if math.isfinite(s) else 0.0 for s in s_in))
+        for r, o in zip(ref_i, out_i, strict=True):
+            if is_classifier(r):
+                top.append(float(np.argmax(r) == np.argmax(o)))
+    mean_nsr = float(np.mean(nsr))
+    return {
+        "SQNR mean": -10 * math.log10(mean_nsr) if mean_nsr > 0 else math.inf,
+        "SQNR worst": float(min(sq)),
+        "cosine mean": float(np.mean(cos)),
+        "cosine worst": float(min(cos)),
+        "top-1 agreement": float(np.mean(top)) if top else math.nan,
+        "nsr": mean_nsr,
+    }
+
+
+def graph_facts(model_net: dict, landed: list, qdq: onnx.ModelProto) -> dict[str, Any]:
+    """16-bit activation tensors and Convert ops QNN holds, and whether each change landed."""
+    from accdbg.encodings.qnn_json import datatype_bits
+
+    tensors = model_net.get("graph", {}).get("tensors", {})
+    nodes = model_net.get("graph", {}).get("nodes", {})
+    n16 = 0
+    for t in tensors.values():
+        code = t.get("data_type")
+        if not isinstance(code, int) or t.get("type") == 4:  # 4: static (a parameter)
+            continue
+        cls, bits, _ = datatype_bits(code)
+        if cls in ("ufixed", "sfixed") and bits == 16:
+            n16 += 1
+    converts = sum(
+        1 for n in nodes.values() if str(n.get("type", "")).lower() in ("convert", "cast_convert")
+    )
+    checks = [_landed(what, name, tensors, qdq) for what, name in landed]
+    return {"16-bit tensors": n16, "Convert ops": converts, "landed": checks}
+
+
+def _qnn_tensor(name: str, tensors: dict) -> tuple[str, dict] | None:
+    """The QNN tensor carrying float tensor ``name`` (the EP names it after the Q/DQ nodes)."""
+    for cand in (
+        name,
+        f"{name}_QuantizeLinear_Output",
+        f"{name}_quantized",
+        f"{name}_DequantizeLinear_Output",
+    ):
+        if cand in tensors:
+            return cand, tensors[cand]
+    hits = [k for k in tensors if k.startswith(name + "_") and "QuantizeLinear" in k]
+    return (hits[0], tensors[hits[0]]) if hits else None
+
+
+def _landed(what: str, name: str, tensors: dict, qdq: onnx.ModelProto) -> dict[str, Any]:
+    from accdbg.encodings.qnn_json import datatype_bits, datatype_name
+
+    found = _qnn_tensor(name, tensors)
+    if found is None:
+        return {"what": what, "tensor": name, "ok": False, "qnn": "not in the QNN graph"}
+    qname, t = found
+    code = t.get("data_type")
+    cls, bits, _ = datatype_bits(code) if isinstance(code, int) else ("?", 0, False)
+    enc = (t.get("quant_params") or {}).get("encoding")
+    if what in ("act16", "w16"):
+        ok = bits == 16 and cls in ("ufixed", "sfixed")
+    elif what == "per_channel":
+        ok = enc in (1, 3)  # QNN_QUANTIZATION_ENCODING_(BW_)AXIS_SCALE_OFFSET
+    else:
+        ok = False
+    return {
+        "what": what,
+        "tensor": name,
+        "ok": bool(ok),
+        "qnn": f"{qname}: {datatype_name(code)}, encoding {enc}",
+    }
+
+
+def float_outputs(model_path: Path, feeds: list) -> list[list[np.ndarray]]:
+    """The float model's outputs on onnxruntime's CPU for every feed (the reference)."""
+    import onnxruntime as ort
+
+    from accdbg.engines.worker import _load_feeds
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return [list(sess.run(names, _load_feeds(f))) for f in feeds]
+
+
+def save_reference(path: Path, outs: list[list[np.ndarray]]) -> None:
+    np.savez(path, **{f"o{i}_{j}": a for i, row in enumerate(outs) for j, a in enumerate(row)})
+
+
+def load_reference(path: str, n_inputs: int) -> list[list[np.ndarray]]:
+    with np.load(path) as data:
+        return [
+            [data[f"o{i}_{j}"] for j in range(sum(k.startswith(f"o{i}_") for k in data.files))]
+            for i in range(n_inputs)
+        ]
+
+
+def _save_activation_encodings(qdq_path: Path, out: Path) -> None:
+    """Each activation's encoding, so a change that moved none of them can be told."""
+    import json
+
+    from accdbg.encodings.model import PARAM
+    from accdbg.encodings.qdq import qdq_encodings
+
+    try:
+        encs = qdq_encodings(qdq_path)
+    except AccdbgError:
+        return
+    doc = {
+        n: [[float(x) for x in e.scale], [int(o) for o in e.offset], e.bitwidth]
+        for n, e in encs.items()
+        if e.kind != PARAM
+    }
+    out.write_text(json.dumps(doc), encoding="utf-8")
+
+
+def activation_changes(a: Path, b: Path) -> tuple[int, int] | None:
+    """How many activation encodings differ between two candidates' folders (and of how many)."""
+    import json
+
+    try:
+        x = json.loads((a / "activation_encodings.json").read_text(encoding="utf-8"))
+        y = json.loads((b / "activation_encodings.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return sum(1 for k in y if x.get(k) != y[k]), len(y)
+
+
+def measure_many(specs: list[Spec]) -> list[dict[str, Any]]:
+    """Several candidates in one child, in turn: the child's start-up (imports, the QNN
+    library) is paid once. A native crash loses the whole list; the caller then measures
+    each alone to find the one that crashes."""
+    return [measure(s) for s in specs]
+
+
+def measure(spec: Spec) -> dict[str, Any]:
+    """Quantize, run on QNN, score. Never raises for a candidate QNN refuses: the refusal and
+    QNN's reason are the result."""
+    from accdbg.engines.artifacts import merge_qnn_json
+    from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
+    from accdbg.engines.worker import Job, JobReport, checked_run, checked_session
+
+    out = Path(spec.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    rec: dict[str, Any] = {"key": spec.key, "status": "ok", "reason": ""}
+    qdq_path = out / "candidate.qdq.onnx"
+    dims = {n: tuple(d) for f in spec.feeds for n, (_, d, _) in f.items()}
+    dtypes = {n: np.dtype(t) for f in spec.feeds for n, (_, _, t) in f.items()}
+    # a private copy: onnxruntime's quantizer writes scratch models beside its input, and the
+    # candidates quantizing the same float model at once must not share them
+    scratch = out / ".quantize"
+    scratch.mkdir(exist_ok=True)
+    float_model = scratch / "float.onnx"
+    shutil.copyfile(spec.float_model, float_model)
+    try:
+        quantize_for_qnn(
+            float_model,
+            qdq_path,
+            FeedsReader(
+                [{n: Path(p) for n, (p, _, _) in f.items()} for f in spec.feeds], dims, dtypes
+            ),
+            spec.act_bitwidth,
+            spec.weights_bitwidth,
+            32,
+            spec.act_quantizer,
+            spec.param_quantizer,
+            spec.per_channel,
+            overrides_for_ort(spec.overrides) or None,
+            notes=[],
+        )
+    except AccdbgError as exc:
+        return {**rec, "status": "quantization failed", "reason": str(exc)}
+    except Exception as exc:  # onnxruntime's quantizer refusing the overrides
+        return {
+            **rec,
+            "status": "quantization failed",
+            "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            "trace": traceback.format_exc(limit=3),
+        }
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    rec["quantize s"] = time.perf_counter() - t0
+    _save_activation_encodings(qdq_path, out / "activation_encodings.json")
+    json_dir = out / "qnn_json"
+    options = EngineOptions(**{**spec.options.__dict__, "json_graph_dir": str(json_dir)})
+    job = Job(
+        engine="qnn",
+        options=options,
+        model_path=str(qdq_path),
+        exposed=[],
+        feeds=spec.feeds,
+        output_root=str(out),
+        native_log=str(out / "backend_log.txt"),
+    )
+    report = JobReport()
+    qdq = onnx.load(str(qdq_path), load_external_data=False)
+    names = [o.name for o in qdq.graph.output]
+    t1 = time.perf_counter()
+    try:
+        sess = checked_session(job, str(qdq_path), options, "session creation", report)
+        outs = []
+        for feed in spec.feeds:
+            values = checked_run(sess, names, feed, job, report)
+            outs.append([values[n] for n in names])
+        del sess
+    except AccdbgError as exc:
+        return {**rec, "status": "refused by QNN", "reason": str(exc), "sessions": 1}
+    rec["qnn s"] = time.perf_counter() - t1
+    rec["sessions"] = report.sessions
+    rec["cpu nodes"] = len(
+        [n for n in report.cpu_reasons if n["type"] not in ("QuantizeLinear", "DequantizeLinear")]
+    )
+    if rec["cpu nodes"]:
+        rec["cpu reasons"] = "; ".join(
+            f"{r['name']} ({r['type']}): {r.get('reason', '')}" for r in report.cpu_reasons[:5]
+        )
+    refs = load_reference(spec.reference, len(spec.feeds))
+    rec.update(output_scores(refs, outs))
+    net = merge_qnn_json(json_dir, out / "model_net.json", qdq_path) if json_dir.exists() else None
+    if net is not None:
+        import json
+
+        rec.update(graph_facts(json.loads(net.read_text(encoding="utf-8")), spec.landed, qdq))
+    else:
+        rec.update({"16-bit tensors": math.nan, "Convert ops": math.nan, "landed": []})
+    rec["seconds"] = time.perf_counter() - t0
+    return rec

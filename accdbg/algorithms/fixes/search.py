@@ -1,0 +1,674 @@
+"""The fix search: from the diagnosis to a change proven on QNN HTP.
+
+Greedy, with re-measurement: every round measures each remaining candidate *on top of the
+changes accepted so far* (one QNN session and N plain runs each, in parallel worker
+processes), accepts one that raises the output SQNR - the cheapest (16-bit tensors + Convert
+ops) among those meeting the target, else the best - and stops when the target is met
+(``target_sqnr`` dB, or ``target_gap`` of the baseline's noise power removed) or a budget is
+spent (``max_16bit_tensors``, ``time_budget`` seconds). A candidate that did not help in a
+round is not tried again (it was measured, that is its result). Each measurement is
+journaled: a killed search rerun with the same ``output_dirname`` measures only what it had
+not finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pandas as pd
+
+from accdbg.algorithms import checkpoint
+from accdbg.algorithms.checkpoint import Journal
+from accdbg.algorithms.fixes import candidates as C
+from accdbg.algorithms.fixes.equalize import equalize, float_change
+from accdbg.algorithms.fixes.measure import (
+    Spec,
+    activation_changes,
+    float_outputs,
+    measure_many,
+    save_reference,
+)
+from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.isolate import Isolated
+from accdbg.core.run_dir import write_json_atomic
+from accdbg.engines.prepare import prepare_float_model
+from accdbg.engines.run import check_engine_options
+from accdbg.engines.source import build_feeds
+from accdbg.engines.worker import _load_feeds
+from accdbg.errors import AccdbgError
+
+log = logging.getLogger("accdbg.fix_search")
+
+COMPONENT = "fix_search"
+MIN_GAIN_DB = 0.1  # an accepted change must raise the output SQNR by at least this much
+FLOAT_RTOL = 1e-4  # equalization must leave every float output within this share of its scale
+OPTION_KEYS = (
+    "model_path",
+    "input_list",
+    "per_channel",
+    "act_bitwidth",
+    "act_quantizer",
+    "weights_bitwidth",
+    "param_quantizer",
+    "runtime",
+)
+
+
+@dataclass
+class FixSearchResult:
+    """A finished search: every candidate measured, the accepted path, the best fix."""
+
+    run_dir: Path
+    candidates: pd.DataFrame  # one row per measurement (see fixes.csv)
+    accepted: list[str]  # labels of the accepted changes, in order
+    best: dict[str, Any]  # the best measurement's row
+    baseline: dict[str, Any]
+    findings: list[str]
+    reproduce: str  # the command reproducing the best result from best.encodings
+    sessions: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Setup:
+    model_path: Path
+    prepared: onnx.ModelProto
+    prepared_path: Path
+    feeds: list
+    reference: Path
+    options: Any
+    per_channel: bool
+    act_bitwidth: int
+    act_quantizer: str
+    weights_bitwidth: int
+    param_quantizer: str
+    axes: dict[str, int]
+
+
+def run_fix_search(
+    model_path: str | Path,
+    input_tensors: Sequence[InputTensor] = (),
+    input_list: str | Path | None = None,
+    diagnosis: pd.DataFrame | str | Path | None = None,
+    runtime: str = "htp",
+    act_bitwidth: int = 8,
+    weights_bitwidth: int = 8,
+    act_quantizer: str = "tf",
+    param_quantizer: str = "tf",
+    per_channel: bool = False,
+    target_sqnr: float | None = None,
+    target_gap: float | None = None,
+    max_16bit_tensors: int | None = None,
+    time_budget: float | None = None,
+    workers: int | None = None,
+    working_dir: str | Path = "working_directory",
+    output_dirname: str | None = None,
+    allow_nonfinite_inputs: bool = False,
+    engine_kwargs: dict | None = None,
+) -> FixSearchResult:
+    """Search a fix for a float ONNX model's quantization on QNN HTP; returns the candidates
+    as a DataFrame (:attr:`FixSearchResult.candidates`) and writes ``fix_search/<run>/``."""
+    t0 = time.perf_counter()
+    check_search_options(target_sqnr, target_gap, max_16bit_tensors, time_budget, workers)
+    _, options = check_engine_options(
+        runtime=runtime,
+        act_bitwidth=act_bitwidth,
+        weights_bitwidth=weights_bitwidth,
+        act_quantizer=act_quantizer,
+        param_quantizer=param_quantizer,
+        **{k: v for k, v in (engine_kwargs or {}).items() if k in ("soc_model", "architecture")},
+    )
+    model_path = Path(model_path).expanduser().absolute()
+    from accdbg.core import onnx_model as om
+
+    model = om.load_model(model_path)
+    if any(n.op_type == "QuantizeLinear" for n in model.graph.node):
+        raise AccdbgError(
+            f"--fix_search: {str(model_path)!r} is already quantized (QDQ); give the float model"
+        )
+    parsed = parse_input_list(input_list) if input_list else None
+    feeds, dims, dtypes = build_feeds(model, parsed, input_tensors, allow_nonfinite_inputs)
+    culprits = C.read_diagnosis(diagnosis)
+    workers = max(1, workers or os.cpu_count() or 1)
+    record = {
+        "model_path": str(model_path),
+        "input_list": str(input_list) if input_list else None,
+        "per_channel": per_channel,
+        "act_bitwidth": act_bitwidth,
+        "act_quantizer": act_quantizer,
+        "weights_bitwidth": weights_bitwidth,
+        "param_quantizer": param_quantizer,
+        "runtime": runtime,
+        "target_sqnr": target_sqnr,
+        "target_gap": target_gap,
+        "max_16bit_tensors": max_16bit_tensors,
+        "time_budget": time_budget,
+        "workers": workers,
+        "culprits": [c.__dict__ for c in culprits],
+    }
+    with checkpoint.open_run(working_dir, COMPONENT, output_dirname) as run:
+        opts_path = run.path / f"{COMPONENT}_options.json"
+        checkpoint.check_options(opts_path, record, list(OPTION_KEYS))
+        run.write_options(record)
+        journal = Journal(run.path / checkpoint.JOURNAL)
+        work = run.path / ".work"
+        work.mkdir(exist_ok=True)
+        prepared_path, _ = prepare_float_model(model, dims, work)
+        prepared = onnx.load(str(prepared_path))
+        reference = run.path / "float_outputs.npz"
+        save_reference(reference, float_outputs(prepared_path, feeds))
+        wtype = "QInt8" if param_quantizer == "symmetric" else "QUInt8"
+        if weights_bitwidth == 16:
+            wtype = wtype.replace("8", "16")
+        setup = _Setup(
+            model_path,
+            prepared,
+            prepared_path,
+            feeds,
+            reference,
+            options,
+            per_channel,
+            act_bitwidth,
+            act_quantizer,
+            weights_bitwidth,
+            param_quantizer,
+            _axes(prepared),
+        )
+        cands, notes = C.propose(prepared, culprits, per_channel, act_bitwidth, act_quantizer)
+        for n in notes:
+            log.info("fix search: %s", n)
+        search = _Search(setup, run.path, journal, workers, wtype)
+        rows, accepted = search.greedy(
+            cands, target_sqnr, target_gap, max_16bit_tensors, time_budget
+        )
+        for r in rows:  # the run folder's final name, not the one it is written under
+            if isinstance(r.get("reason"), str):
+                r["reason"] = r["reason"].replace(str(run.path), str(run.final_path))
+        table = pd.DataFrame(rows)
+        base = rows[0]
+        best = max(
+            (r for r in rows if r["accepted"] or r is base),
+            key=lambda r: r.get("SQNR mean", -math.inf),
+        )
+        from accdbg.algorithms.fixes import outputs
+
+        _ensure_qdq(setup, run.path / "candidates" / best["folder"], best.get("settings") or {})
+
+        files = outputs.write(
+            run.path,
+            run.final_path,
+            setup,
+            table,
+            best,
+            base,
+            accepted,
+            culprits,
+            notes,
+            input_tensors,
+            input_list,
+        )
+        for d in (run.path / "candidates").glob("*/candidate.qdq.onnx"):
+            if d.parent.name != best["folder"]:
+                d.unlink()
+        shutil.rmtree(work, ignore_errors=True)
+        findings = outputs.findings(culprits, best, base, accepted, notes)
+        write_json_atomic(run.path / "findings.json", findings)
+    seconds = time.perf_counter() - t0
+    log.info(
+        "fix search: %d QNN session(s) in %.1f s -> %s", search.sessions, seconds, run.final_path
+    )
+    log.info("reproduce: %s", files["reproduce"])
+    for line in findings:  # the console ends with the cause, the best fix, before -> after
+        log.info("%s", line)
+    return FixSearchResult(
+        run.final_path,
+        table,
+        [a.label for a in accepted],
+        best,
+        base,
+        findings,
+        files["reproduce"],
+        search.sessions,
+        seconds,
+        notes,
+    )
+
+
+def _ensure_qdq(setup: _Setup, folder: Path, settings: dict) -> None:
+    """The best candidate's QDQ model, quantized again when an earlier finish of this run
+    pruned it (a resumed search can pick another best); quantization is deterministic."""
+    from accdbg.algorithms.fixes.measure import overrides_for_ort
+    from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
+
+    target = folder / "candidate.qdq.onnx"
+    if target.exists():
+        return
+    float_model = folder / "float.onnx" if (folder / "float.onnx").exists() else setup.prepared_path
+    feeds = setup.feeds
+    dims = {n: tuple(d) for f in feeds for n, (_, d, _) in f.items()}
+    dtypes = {n: np.dtype(t) for f in feeds for n, (_, _, t) in f.items()}
+    quantize_for_qnn(
+        float_model,
+        target,
+        FeedsReader([{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds], dims, dtypes),
+        settings.get("act_bitwidth", setup.act_bitwidth),
+        setup.weights_bitwidth,
+        32,
+        settings.get("act_quantizer", setup.act_quantizer),
+        setup.param_quantizer,
+        settings.get("per_channel", setup.per_channel),
+        overrides_for_ort(settings.get("overrides") or {}) or None,
+        notes=[],
+    )
+
+
+def check_search_options(target_sqnr, target_gap, max_16bit, time_budget, workers) -> None:
+    if target_gap is not None and not 0 < target_gap <= 1:
+        raise AccdbgError(f"--target_gap {target_gap}: expected a share in (0, 1], e.g. 0.9")
+    if max_16bit is not None and max_16bit < 0:
+        raise AccdbgError(f"--max_16bit_tensors {max_16bit}: expected 0 or more")
+    if time_budget is not None and time_budget <= 0:
+        raise AccdbgError(f"--time_budget {time_budget}: expected seconds > 0")
+    if workers is not None and workers < 1:
+        raise AccdbgError(f"--workers {workers}: expected 1 or more")
+    if target_sqnr is not None and not math.isfinite(target_sqnr):
+        raise AccdbgError(f"--target_sqnr {target_sqnr}: expected a finite number of dB")
+
+
+def _axes(model: onnx.ModelProto) -> dict[str, int]:
+    out = {}
+    inits = {i.name for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type in C.PER_CHANNEL_AXIS and len(n.input) > 1 and n.input[1] in inits:
+            out[n.input[1]] = C.PER_CHANNEL_AXIS[n.op_type]
+    return out
+
+
+class _Search:
+    def __init__(self, setup: _Setup, root: Path, journal: Journal, workers: int, wtype: str):
+        self.s, self.root, self.journal, self.workers, self.wtype = (
+            setup,
+            root,
+            journal,
+            workers,
+            wtype,
+        )
+        self.done = {r["config"]: r["result"] for r in journal.of_kind("measured")}
+        self.sessions = 0
+        self.count = len(self.done)
+        self._lock = threading.Lock()
+        self._children: set[Isolated] = set()
+        self._stopping = False
+
+    # ------------------------------------------------------------------ one measurement
+    def _spec(self, changes: list[C.Change], folder: str) -> tuple[Spec | None, dict]:
+        s = self.s
+        regions = {
+            c.target: C.act16_region(s.prepared, c.target) for c in changes if c.kind == "act16"
+        }
+        st = C.settings(
+            changes, s.per_channel, s.act_bitwidth, s.act_quantizer, self.wtype, s.axes, regions
+        )
+        out_dir = self.root / "candidates" / folder
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model_path = s.prepared_path
+        extra: dict[str, Any] = {}
+        pairs = C.pairs_of(s.prepared, changes)
+        if pairs:
+            eq, notes = equalize(s.prepared, pairs)
+            change = float_change(s.prepared, eq, [_load_feeds(f) for f in s.feeds])
+            extra["float change"] = change
+            extra["equalization"] = "; ".join(notes)
+            if not change <= FLOAT_RTOL:
+                return None, {
+                    **extra,
+                    "status": "float output changed",
+                    "reason": f"equalization changed the float outputs by {change:.3g} of their scale",
+                }
+            model_path = out_dir / "float.onnx"
+            onnx.save(eq, str(model_path))
+        spec = Spec(
+            key=C.config_key(changes),
+            float_model=str(model_path),
+            out_dir=str(out_dir),
+            feeds=s.feeds,
+            reference=str(s.reference),
+            options=s.options,
+            act_bitwidth=st["act_bitwidth"],
+            weights_bitwidth=s.weights_bitwidth,
+            act_quantizer=st["act_quantizer"],
+            param_quantizer=s.param_quantizer,
+            per_channel=st["per_channel"],
+            overrides=st["overrides"],
+            landed=st["landed"],
+        )
+        return spec, {**extra, "settings": st}
+
+    def _prepare(self, changes: list[C.Change]) -> tuple[str, Spec | None, dict]:
+        key = C.config_key(changes)
+        self.count += 1
+        folder = f"{self.count:03d}"
+        spec, extra = self._spec(changes, folder)
+        extra["folder"] = folder
+        return key, spec, extra
+
+    def _finish(self, key: str, res: dict, extra: dict) -> dict[str, Any]:
+        res = {**res, **{k: v for k, v in extra.items() if k != "settings"}}
+        res["key"] = key
+        res["settings"] = extra.get("settings", {})
+        res.pop("trace", None)
+        self.sessions += int(res.get("sessions", 0) or 0)
+        clean = _json_ready(res)
+        self.journal.append({"kind": "measured", "config": key, "result": clean})
+        self.done[key] = clean
+        return _restore(clean)
+
+    def _isolated(self, specs: list[Spec]) -> list[dict[str, Any]] | str:
+        """Measure ``specs`` in one child; the crash message when the child died natively."""
+        what = f"measuring {len(specs)} fix candidate(s): {specs[0].key}" + (
+            " ..." if len(specs) > 1 else ""
+        )
+        child = Isolated(
+            measure_many, specs, what=what, log_hint=str(Path(specs[0].out_dir) / "backend_log.txt")
+        )
+        with self._lock:
+            if self._stopping:  # interrupted: no new child
+                child.kill()
+                return "the search was interrupted"
+            self._children.add(child)
+        try:
+            return child.result()
+        except AccdbgError as exc:
+            return str(exc)
+        finally:
+            with self._lock:
+                self._children.discard(child)
+
+    def _chunk(self, items: list[tuple[str, Spec, dict]]) -> list[dict[str, Any]]:
+        """One worker's share: measured in one child, or - when that child crashes - each
+        candidate alone, so the crash is pinned on the candidate that caused it."""
+        results = self._isolated([spec for _, spec, _ in items])
+        if not isinstance(results, str):
+            return results
+        if len(items) == 1:
+            return [{"status": "crashed", "reason": results, "sessions": 1}]
+        alone = []
+        for _, spec, _ in items:
+            one = self._isolated([spec])
+            alone.append(
+                {"status": "crashed", "reason": one, "sessions": 1}
+                if isinstance(one, str)
+                else one[0]
+            )
+        return alone
+
+    def _stop_children(self) -> None:
+        """Ctrl-C or SIGTERM: the measuring children stop now, not after their candidates."""
+        with self._lock:
+            self._stopping = True
+            children = list(self._children)
+        for child in children:  # its waiting thread sees it die and cleans up
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+
+    def _many(self, configs: list[list[C.Change]]) -> list[dict[str, Any]]:
+        """Measure each config (journaled ones are taken back, not measured again), spread
+        over the worker processes."""
+        out: dict[int, dict[str, Any]] = {}
+        todo: list[tuple[int, str, Spec, dict]] = []
+        for i, cfg in enumerate(configs):
+            key = C.config_key(cfg)
+            if key in self.done:
+                out[i] = _restore(self.done[key])
+                continue
+            key, spec, extra = self._prepare(cfg)
+            if spec is None:  # refused before any session (e.g. the float output changed)
+                out[i] = self._finish(key, {}, extra)
+            else:
+                todo.append((i, key, spec, extra))
+        if todo:
+            n = min(self.workers, len(todo))
+            chunks = [todo[k::n] for k in range(n)]
+            if n == 1:
+                self._finish_chunk(
+                    chunks[0], self._chunk([(k, s, e) for _, k, s, e in chunks[0]]), out
+                )
+            else:
+                pool = ThreadPoolExecutor(max_workers=n)
+                try:
+                    futures = {
+                        pool.submit(self._chunk, [(k, s, e) for _, k, s, e in ch]): ch
+                        for ch in chunks
+                    }
+                    for fut in as_completed(futures):  # journaled as each worker finishes
+                        self._finish_chunk(futures[fut], fut.result(), out)
+                except BaseException:
+                    self._stop_children()
+                    raise
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
+        return [out[i] for i in range(len(configs))]
+
+    def _finish_chunk(self, chunk: list, results: list[dict[str, Any]], out: dict) -> None:
+        for (i, key, _, extra), res in zip(chunk, results, strict=True):
+            out[i] = self._finish(key, res, extra)
+
+    def _run(self, changes: list[C.Change]) -> dict[str, Any]:
+        return self._many([changes])[0]
+
+    def _calibration_landed(self, rr: dict, current: dict, c: C.Change) -> None:
+        """A calibration 'landed' when it moved some activation encoding from the state it
+        was tried on ("I changed it and nothing changed" is then a fact, not a guess)."""
+        root = self.root / "candidates"
+        diff = activation_changes(root / str(current.get("folder")), root / rr["folder"])
+        if diff is None:
+            return
+        n, m = diff
+        rr["landed"] = f"calibration {c.target}: {n} of {m} activation encodings changed"
+        rr["all landed"] = n > 0
+
+    # ------------------------------------------------------------------ the greedy loop
+    def greedy(
+        self,
+        cands: list[C.Change],
+        target_sqnr: float | None,
+        target_gap: float | None,
+        max_16bit: int | None,
+        time_budget: float | None,
+    ) -> tuple[list[dict[str, Any]], list[C.Change]]:
+        t0 = time.perf_counter()
+        # the baseline is measured with the first round, in the same workers (one start-up)
+        self._many([[]] + [C.with_change([], c) for c in cands if C.compatible([], c)])
+        base = self._run([])
+        if base.get("status") != "ok":
+            raise AccdbgError(
+                f"the baseline (the model quantized with the given flags) cannot be measured: "
+                f"{base.get('status')}: {base.get('reason')}"
+            )
+        rows = [_row(base, [], None, 0, "baseline", base)]
+        rows[0]["accepted"] = False
+        current, state = base, []
+        pending = list(cands)
+        rnd = 0
+        while pending:
+            if _met(current, base, target_sqnr, target_gap):
+                break
+            if time_budget is not None and time.perf_counter() - t0 >= time_budget:
+                log.info("fix search: time budget (%.0f s) spent", time_budget)
+                break
+            rnd += 1
+            trial = [c for c in pending if C.compatible(state, c)]
+            if not trial:
+                break
+            configs = [C.with_change(state, c) for c in trial]
+            results = self._many(configs)
+            round_rows = [
+                _row(r, cfg, c, rnd, "measured", base)
+                for r, cfg, c in zip(results, configs, trial, strict=True)
+            ]
+            for rr, c in zip(round_rows, trial, strict=True):
+                if c.kind == "calibration" and rr["status"] == "ok":
+                    self._calibration_landed(rr, current, c)
+            ok = [
+                rr
+                for rr in round_rows
+                if rr["status"] == "ok"
+                and rr["SQNR mean"] >= current["SQNR mean"] + MIN_GAIN_DB
+                and (max_16bit is None or (rr.get("16-bit tensors") or 0) <= max_16bit)
+                and (rr.get("cpu nodes") or 0) <= (base.get("cpu nodes") or 0)
+            ]
+            for rr in round_rows:
+                if (
+                    rr["status"] == "ok"
+                    and max_16bit is not None
+                    and (rr.get("16-bit tensors") or 0) > max_16bit
+                ):
+                    rr["note"] = f"over --max_16bit_tensors {max_16bit}"
+            best = _choose(ok, base, target_sqnr, target_gap)
+            improving = {rr["change"] for rr in ok}
+            if best is not None:
+                best["accepted"] = True
+                chosen = next(c for c in trial if c.label == best["change"])
+                state = C.with_change(state, chosen)
+                current = next(r for r, c in zip(results, trial, strict=True) if c is chosen)
+                pending = [c for c in pending if c is not chosen]
+                log.info(
+                    "fix search round %d: accepted %s -> output SQNR %.2f dB (was %.2f)",
+                    rnd,
+                    chosen.label,
+                    best["SQNR mean"],
+                    rows[-1]["SQNR mean"] if rnd == 1 else _last_accepted(rows)["SQNR mean"],
+                )
+            rows.extend(round_rows)
+            if best is None:
+                break
+            # what did not help now is not tried again (measured: that is its result)
+            pending = [c for c in pending if c.label in improving]
+        return rows, state
+
+
+def _choose(ok: list[dict], base: dict, target_sqnr, target_gap) -> dict | None:
+    """The change to accept: among those meeting the target, the cheapest (16-bit tensors +
+    Convert ops; then the highest SQNR); when none meets it, the highest SQNR."""
+    if not ok:
+        return None
+    meeting = [
+        rr
+        for rr in ok
+        if (target_sqnr is not None and rr["SQNR mean"] >= target_sqnr)
+        or (target_gap is not None and rr["gap closed"] >= target_gap)
+    ]
+    if meeting:
+        return min(meeting, key=lambda rr: (_cost(rr), -rr["SQNR mean"]))
+    return max(ok, key=lambda rr: rr["SQNR mean"])
+
+
+def _cost(rr: dict) -> float:
+    a, b = _num(rr.get("16-bit tensors")), _num(rr.get("Convert ops"))
+    return (0 if math.isnan(a) else a) + (0 if math.isnan(b) else b)
+
+
+def _last_accepted(rows):
+    acc = [r for r in rows if r.get("accepted")]
+    return acc[-1] if acc else rows[0]
+
+
+def _met(current, base, target_sqnr, target_gap) -> bool:
+    if target_sqnr is not None and current.get("SQNR mean", -math.inf) >= target_sqnr:
+        return True
+    if target_gap is not None and _gap(current, base) >= target_gap:
+        return True
+    return False
+
+
+def _gap(r: dict, base: dict) -> float:
+    """Share of the baseline's output noise power the candidate removed (1 = float)."""
+    if r.get("nsr") is None or not base.get("nsr"):
+        return math.nan
+    return 1.0 - float(r["nsr"]) / float(base["nsr"])
+
+
+def _row(
+    res: dict, cfg: list[C.Change], change: C.Change | None, rnd: int, kind: str, base: dict
+) -> dict:
+    landed = res.get("landed") or []
+    text = "; ".join(
+        f"{x['what']} {x['tensor']}: {'yes' if x['ok'] else 'NO'} ({x['qnn']})" for x in landed
+    )
+    if res.get("equalization"):  # weights changed in the float model: what changed, measured
+        text = "; ".join(t for t in (f"equalized {res['equalization']}", text) if t)
+    return {
+        "round": rnd,
+        "change": change.label if change else "baseline",
+        "kind": change.kind if change else "baseline",
+        "scope": ("global" if change.is_global else "local") if change else "",
+        "layer": change.layer if change else "",
+        "why": change.why if change else "",
+        "config": " + ".join(c.label for c in cfg) or "baseline",
+        "status": res.get("status", ""),
+        "reason": res.get("reason", ""),
+        "SQNR mean": _num(res.get("SQNR mean")),
+        "SQNR worst": _num(res.get("SQNR worst")),
+        "cosine mean": _num(res.get("cosine mean")),
+        "cosine worst": _num(res.get("cosine worst")),
+        "top-1 agreement": _num(res.get("top-1 agreement")),
+        "gap closed": _gap(res, base),
+        "16-bit tensors": _num(res.get("16-bit tensors")),
+        "Convert ops": _num(res.get("Convert ops")),
+        "landed": text or ("n/a" if res.get("status") == "ok" else ""),
+        "all landed": all(x["ok"] for x in landed) if landed else None,
+        "float change": _num(res.get("float change")),
+        "cpu nodes": _num(res.get("cpu nodes")),
+        "seconds": _num(res.get("seconds")),
+        "accepted": False,
+        "nsr": _num(res.get("nsr")),
+        "folder": res.get("folder", ""),
+        "settings": res.get("settings", {}),
+        "note": res.get("cpu reasons", ""),
+    }
+
+
+def _restore(rec: dict) -> dict:
+    """A journaled record with its infinities back (JSON spells them as text) and NaN for
+    what was not measured."""
+    out = {}
+    for k, v in rec.items():
+        if v in ("inf", "-inf"):
+            v = math.inf if v == "inf" else -math.inf
+        out[k] = v
+    return out
+
+
+def _num(v: Any) -> float:
+    try:
+        return math.nan if v is None else float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _json_ready(obj: Any) -> Any:
+    """Journal records: tuples to lists, non-finite floats to text (JSON has no inf)."""
+    if isinstance(obj, dict):
+        return {str(k): _json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_ready(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if hasattr(obj, "item"):
+        return _json_ready(obj.item())
+    return obj

@@ -1,0 +1,485 @@
+"""The fix search, on models whose fault - and so whose cure - is known by construction.
+
+Every search runs the real QNN HTP backend (onnxruntime-qnn). Diagnoses are given as the
+tables the culprit ranking writes (``Name``, ``culprit_rank``, ``cause``), naming the planted
+layer, except in the end-to-end tests, where oneshot diagnoses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pandas as pd
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from accdbg.algorithms.fixes import candidates as C
+from accdbg.algorithms.fixes import run_fix_search, search
+from accdbg.algorithms.fixes.equalize import conv_pairs, equalize
+from accdbg.algorithms.fixes.outputs import pareto
+from accdbg.core.inputs import parse_input_tensor
+from accdbg.encodings.qdq import qdq_encodings
+from accdbg.errors import AccdbgError
+from tests import browser, crashers
+from tests.helpers import one_line_error, run_cli
+from tests.models import offset_chain, outlier_chain, planted_chain
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def diagnosis(name: str, cause: str) -> pd.DataFrame:
+    return pd.DataFrame({"Name": ["x", name], "culprit_rank": [np.nan, 1], "cause": ["", cause]})
+
+
+def image(built) -> list:
+    return [
+        parse_input_tensor(
+            [built.input_name, ",".join(map(str, built.dims)), str(built.input_path)]
+        )
+    ]
+
+
+def float_output(model: Path, x_path: Path, dims) -> np.ndarray:
+    sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    x = np.fromfile(x_path, np.float32).reshape(dims)
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+def sqnr(ref: np.ndarray, out: np.ndarray) -> float:
+    ref, out = ref.astype(np.float64), out.astype(np.float64)
+    return 10 * math.log10(np.sum(ref**2) / np.sum((out - ref) ** 2))
+
+
+def rows(result, change_prefix: str) -> pd.DataFrame:
+    t = result.candidates
+    return t[t["change"].str.startswith(change_prefix)]
+
+
+def reproduce(result, work: Path, capsys) -> tuple[Path, np.ndarray]:
+    """Run the reproduce command as written (its own -w), return the engine run and output."""
+    argv = shlex.split(result.reproduce)
+    assert argv[:2] == ["qnn-accuracy-debugger", "--inference_engine"]
+    code, _, err = run_cli(capsys, *argv[1:], "-w", work)
+    assert code == 0, err
+    run = (work / "inference_engine" / "latest").resolve()
+    manifest = json.loads((run / "output" / "Result_0" / "tensors.json").read_text())
+    (rec,) = manifest["tensors"]
+    out = np.fromfile(run / "output" / "Result_0" / rec["file"], np.float32)
+    return run, out.reshape(rec["shape"])
+
+
+def same_encodings(a: Path, b: Path) -> None:
+    ea, eb = qdq_encodings(a), qdq_encodings(b)
+    assert set(ea) == set(eb)
+    for name in ea:
+        assert (ea[name].bitwidth, list(ea[name].offset)) == (
+            eb[name].bitwidth,
+            list(eb[name].offset),
+        ), name
+        np.testing.assert_array_equal(np.float32(ea[name].scale), np.float32(eb[name].scale), name)
+
+
+# ---------------------------------------------------------------- without the backend
+
+
+def test_equalization_leaves_the_float_function_and_balances_the_pair(tmp_path):
+    built = outlier_chain(tmp_path, scale=1 / 40)  # layer3's input channel 0 weights x40
+    model = onnx.load(str(built.path))
+    pairs = {p.label: p for p in conv_pairs(model)}
+    assert set(pairs) == {f"Conv_{i}->Conv_{i + 1}" for i in range(5)}
+    eq, notes = equalize(model, [pairs["Conv_2->Conv_3"]])
+    w = {i.name: numpy_helper.to_array(i) for i in eq.graph.initializer}
+    r1 = np.abs(w["w2"]).reshape(16, -1).max(1)
+    r2 = np.abs(w["w3"]).transpose(1, 0, 2, 3).reshape(16, -1).max(1)
+    np.testing.assert_allclose(r1, r2, rtol=1e-5)  # both sides of every channel: one range
+    before = np.abs(numpy_helper.to_array(model.graph.initializer[6])).max()
+    assert np.abs(w["w3"]).max() < before / 4  # the 40x input channel is gone
+    x = np.fromfile(built.input_path, np.float32).reshape(built.dims)
+    outs = [
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": x}
+        )[0]
+        for m in (model, eq)
+    ]
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-5 * np.abs(outs[0]).max())
+    assert notes and "Conv_2->Conv_3" in notes[0]
+
+
+def test_no_pair_across_an_op_that_is_not_positively_homogeneous():
+    w = numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "w")
+    v = numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "v")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["a"], name="A"),
+            helper.make_node("Clip", ["a", "lo", "hi"], ["c"], name="Relu6"),
+            helper.make_node("Conv", ["c", "v"], ["y"], name="B"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [
+            w,
+            v,
+            numpy_helper.from_array(np.float32(0), "lo"),
+            numpy_helper.from_array(np.float32(6), "hi"),
+        ],
+    )
+    assert conv_pairs(helper.make_model(graph)) == []  # Relu6 clips: s*x is not clip(x)*s
+
+
+def test_the_cause_orders_the_candidates_and_a_backend_culprit_gets_none(tmp_path):
+    model = onnx.load(str(planted_chain(tmp_path).path))
+    table = pd.DataFrame(
+        {
+            "Name": ["layer1", "layer3", "layer4"],
+            "culprit_rank": [2, 1, 3],
+            "cause": [
+                "activation range: channel 3 carries 30x the median channel's range",
+                "weight range: output channel 0 spans 40x the median output channel's range",
+                "backend: run alone on the backend it keeps 3 dB where its quantization explains 30 dB",
+            ],
+        }
+    )
+    culprits = C.read_diagnosis(table)
+    assert [c.name for c in culprits] == ["layer3", "layer1", "layer4"]
+    changes, notes = C.propose(model, culprits, False, 8, "tf")
+    local = [c for c in changes if not c.is_global]
+    assert local[0] == C.Change("per_channel", "w3", "layer3", local[0].why)  # weight cause first
+    firsts = {c.layer: c.kind for c in reversed(local)}
+    assert firsts["layer1"] == "act16"  # activation cause: 16-bit activations first
+    assert "layer4" not in {c.layer for c in changes}
+    assert any(
+        n.startswith("layer4") and "backend" in n and "partitioning.json" in n for n in notes
+    )
+    assert {c.kind for c in changes if c.is_global} == {
+        "per_channel_all",
+        "calibration",
+        "act16_all",
+    }
+
+
+def test_a_16bit_activation_covers_both_sides_of_its_layer(tmp_path):
+    model = onnx.load(str(offset_chain(tmp_path).path))
+    # Conv_2 -> conv2 -> Relu_2 -> layer2 -> Conv_3 -> conv3 -> Relu_3 -> layer3
+    assert C.act16_region(model, "layer2") == ["conv2", "layer2", "conv3", "layer3"]
+
+
+def test_pareto_front():
+    df = pd.DataFrame(
+        {
+            "status": ["ok", "ok", "ok", "ok", "refused by QNN"],
+            "cost": [0.0, 0.0, 4.0, 9.0, 1.0],
+            "SQNR mean": [10.0, 20.0, 30.0, 25.0, np.nan],
+        }
+    )
+    assert pareto(df).tolist() == [False, True, True, False, False]
+
+
+def test_bad_diagnosis_and_options_are_one_line_errors(tmp_path, capsys):
+    bad = tmp_path / "summary.csv"
+    bad.write_text("Name,SQNR\nlayer0,3\n")
+    with pytest.raises(AccdbgError, match="culprit_rank"):
+        C.read_diagnosis(bad)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AccdbgError, match="holds no summary.csv"):
+        C.read_diagnosis(tmp_path / "empty")
+    built = planted_chain(tmp_path)
+    code, _, err = run_cli(
+        capsys, "--fix_search", "-m", built.path, "-i", "x", "1,3,16,16", built.input_path,
+        "--target_gap", "2", "-w", tmp_path / "w",
+    )  # fmt: skip
+    assert code == 2 and "--target_gap 2" in one_line_error(err)
+    assert not (tmp_path / "w").exists()
+
+
+# ---------------------------------------------------------------- on QNN HTP
+
+
+@pytest.fixture(scope="module")
+def weight_outlier(tmp_path_factory):
+    """A dead output channel with 40x weights in layer 3: per-tensor weights crush the rest."""
+    tmp = tmp_path_factory.mktemp("weight_outlier")
+    built = planted_chain(tmp)
+    result = run_fix_search(
+        built.path,
+        image(built),
+        diagnosis=diagnosis("layer3", "weight range: output channel 0 spans 40x the median"),
+        working_dir=tmp / "w",
+        output_dirname="search",
+    )
+    return tmp, built, result
+
+
+def test_weight_outlier_per_channel_is_found_and_verified(weight_outlier):
+    _, built, result = weight_outlier
+    t = result.candidates
+    base = t.iloc[0]
+    assert base["change"] == "baseline" and base["status"] == "ok"
+    first = t[t["accepted"]].iloc[0]
+    assert first["kind"] in ("per_channel", "per_channel_all")
+    assert first["SQNR mean"] > base["SQNR mean"] + 10
+    assert first["gap closed"] > 0.9
+    local = rows(result, "per-channel weights: w3").iloc[0]
+    assert local["landed"].startswith("per_channel w3: yes") and local["all landed"]
+    # a 16-bit activation cannot cure a weight fault: measured, not accepted
+    act = rows(result, "16-bit activation: layer3").iloc[0]
+    assert not act["accepted"] and act["SQNR mean"] < base["SQNR mean"] + 1
+    assert act["16-bit tensors"] >= 1 and act["Convert ops"] >= 1
+    # a calibration's landing: the activation encodings it moved (from the QDQ models)
+    adjusted = rows(result, "activation calibration adjusted").iloc[0]["landed"]
+    moved = re.fullmatch(
+        r"calibration adjusted: (\d+) of (\d+) activation encodings changed", adjusted
+    )
+    assert moved and 1 <= int(moved[1]) <= int(moved[2])
+    assert result.findings[0].startswith("cause: culprit #1 layer3 - weight range")
+    assert "before: output SQNR" in result.findings[-1] and "-> after:" in result.findings[-1]
+
+
+def test_a_refused_candidate_is_reported_and_the_search_goes_on(weight_outlier):
+    _, _, result = weight_outlier
+    t = result.candidates
+    refused = rows(result, "16-bit weights: w3").iloc[0]
+    assert refused["status"] == "refused by QNN"
+    assert "session creation failed" in refused["reason"] and "NHWC" in refused["reason"]
+    later = t.index[t.index > refused.name]
+    assert (t.loc[later, "status"] == "ok").sum() >= 2  # measured after the refusal
+    assert t["accepted"].any()
+
+
+def test_outputs_are_written_and_the_report_is_offline(weight_outlier, tmp_path):
+    _, _, result = weight_outlier
+    run = result.run_dir
+    for name in (
+        "fixes.csv",
+        "fixes.html",
+        "best.encodings",
+        "best_overrides.json",
+        "reproduce.txt",
+    ):
+        assert (run / name).is_file(), name
+    assert not (run / "best.onnx").exists()  # no weight changed
+    csv = pd.read_csv(run / "fixes.csv")
+    assert len(csv) == len(result.candidates) and csv["accepted"].sum() == len(result.accepted)
+    assert csv["Pareto"].any()
+    html = (run / "fixes.html").read_text()
+    assert "Pareto front" in html
+    dom, _ = browser.render(run / "fixes.html", tmp_path)  # no network: plotly is embedded
+    assert 'class="main-svg"' in dom and "16-bit weights: w3" in dom
+    overrides = json.loads((run / "best_overrides.json").read_text())
+    assert overrides["TensorQuantOverrides"] or overrides["quantizer"]["per_channel"]
+    assert (run / "reproduce.txt").read_text().strip() == result.reproduce
+
+
+def test_best_encodings_reproduce_the_search_result_exactly(weight_outlier, capsys):
+    tmp, built, result = weight_outlier
+    engine_run, out = reproduce(result, tmp / "again", capsys)
+    ref = float_output(built.path, built.input_path, built.dims)
+    assert abs(sqnr(ref, out) - result.best["SQNR mean"]) < 0.1
+    best_qdq = result.run_dir / "candidates" / result.best["folder"] / "candidate.qdq.onnx"
+    same_encodings(best_qdq, next(engine_run.glob("*.qdq.onnx")))
+
+
+def test_a_rerun_takes_every_measurement_back_from_the_journal(weight_outlier):
+    tmp, built, result = weight_outlier
+    again = run_fix_search(
+        built.path,
+        image(built),
+        diagnosis=diagnosis("layer3", "weight range: output channel 0 spans 40x the median"),
+        working_dir=tmp / "w",
+        output_dirname="search",
+    )
+    assert again.sessions == 0
+    pd.testing.assert_series_equal(again.candidates["SQNR mean"], result.candidates["SQNR mean"])
+
+
+def test_activation_outlier_16bit_activations_on_that_tensor(tmp_path):
+    built = offset_chain(tmp_path)
+    kwargs = dict(
+        diagnosis=diagnosis("layer2", "activation range: channel 0 carries 300x"),
+        working_dir=tmp_path / "w",
+        output_dirname="s",
+    )
+    result = run_fix_search(built.path, image(built), target_gap=0.9, **kwargs)
+    t = result.candidates
+    base = t.iloc[0]
+    first = t[t["accepted"]].iloc[0]
+    # the cheapest change meeting the target: 16-bit on that tensor, not on all of them
+    assert first["change"] == "16-bit activation: layer2"
+    assert first["gap closed"] >= 0.9 and first["SQNR mean"] > base["SQNR mean"] + 10
+    assert first["landed"].startswith("act16 layer2: yes") and "UFIXED_POINT_16" in first["landed"]
+    everything = rows(result, "16-bit activations (all layers)").iloc[0]
+    assert first["16-bit tensors"] + first["Convert ops"] < everything["16-bit tensors"]
+    # per-channel weights cannot fix an activation range
+    assert rows(result, "per-channel weights: w2").iloc[0]["SQNR mean"] < base["SQNR mean"] + 1
+
+    # budgets, decided again on the journaled measurements (no new QNN session)
+    no16 = run_fix_search(built.path, image(built), max_16bit_tensors=0, **kwargs)
+    assert no16.sessions == 0
+    assert (
+        not no16.candidates["change"]
+        .isin(["16-bit activation: layer2"])[no16.candidates["accepted"]]
+        .any()
+    )
+    assert "over --max_16bit_tensors 0" in rows(no16, "16-bit activation: layer2").iloc[0]["note"]
+    spent = run_fix_search(built.path, image(built), time_budget=1e-6, **kwargs)
+    assert spent.sessions == 0 and len(spent.candidates) == 1 and not spent.accepted
+    assert spent.findings[-1].startswith("no candidate raised the output SQNR")
+
+
+def test_conv_pair_scaled_channel_equalization_is_found(tmp_path, capsys):
+    built = outlier_chain(tmp_path, scale=1 / 40)  # Conv_3's input channel 0 weights x40
+    result = run_fix_search(
+        built.path,
+        image(built),
+        diagnosis=diagnosis("layer3", "weight range: input channel 0 spans 40x"),
+        working_dir=tmp_path / "w",
+        target_gap=0.9,
+    )
+    t = result.candidates
+    first = t[t["accepted"]].iloc[0]
+    assert first["change"] == "equalize Conv_2->Conv_3"
+    assert first["float change"] <= 1e-4 and first["gap closed"] >= 0.9
+    assert first["landed"].startswith("equalized Conv_2->Conv_3: channel scales")
+    # per-channel (output channels) does not reach the scaled input channel
+    assert rows(result, "per-channel weights: w3").iloc[0]["gap closed"] < 0.5
+    assert (result.run_dir / "best.onnx").is_file()
+    assert "best.onnx" in result.reproduce
+    ref = float_output(built.path, built.input_path, built.dims)
+    _, out = reproduce(result, tmp_path / "again", capsys)
+    assert abs(sqnr(ref, out) - result.best["SQNR mean"]) < 0.1
+
+
+def test_a_crashing_candidate_is_pinned_and_the_search_goes_on(tmp_path, monkeypatch, capsys):
+    """The --fix_search component, with the diagnosis as a CSV; the 16-bit-weight candidate
+    kills its backend process (SIGSEGV)."""
+    monkeypatch.setattr(search, "measure_many", crashers.measure_or_crash)
+    built = planted_chain(tmp_path)
+    csv = tmp_path / "summary.csv"
+    diagnosis("layer3", "weight range: output channel 0 spans 40x").to_csv(csv, index=False)
+    code, _, err = run_cli(
+        capsys, "--fix_search", "-m", built.path, "-i", "x", "1,3,16,16", built.input_path,
+        "--diagnosis", csv, "--target_gap", "0.9", "-w", tmp_path / "w", "--output_dirname", "s",
+    )  # fmt: skip
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "w" / "fix_search" / "s" / "fixes.csv")
+    crashed = table[table["change"] == "16-bit weights: w3"].iloc[0]
+    assert crashed["status"] == "crashed" and "SIGSEGV" in crashed["reason"]
+    others = table[table["change"] != "16-bit weights: w3"]
+    assert (others["status"] == "ok").all() and others["accepted"].any()
+
+
+def test_suggest_fixes_chains_the_search_after_oneshot(tmp_path, capsys):
+    built = planted_chain(tmp_path)
+    code, _, err = run_cli(
+        capsys, "-f", "onnx", "-m", built.path, "-i", "x", "1,3,16,16", built.input_path,
+        "-w", tmp_path / "w", "--suggest_fixes", "--target_gap", "0.9", "--search_workers", "2",
+    )  # fmt: skip
+    assert code == 0, err
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert lines[-4].startswith("reproduce: qnn-accuracy-debugger --inference_engine")
+    assert lines[-3].startswith("cause: culprit #1 layer3 - weight range")
+    assert lines[-2].startswith("best fix (verified on QNN HTP): per-channel")
+    assert lines[-1].startswith("before: output SQNR") and "-> after:" in lines[-1]
+    table = pd.read_csv(next((tmp_path / "w" / "fix_search").glob("*/fixes.csv")))
+    assert table["accepted"].any()
+    # the verification run folder is a diagnosis --fix_search takes
+    culprits = C.read_diagnosis(tmp_path / "w" / "verification" / "latest")
+    assert culprits[0].name == "layer3" and culprits[0].cause.startswith("weight range")
+
+
+@pytest.mark.slow  # test_oneshot's test_every_example_script_runs runs it in the default tier
+def test_example_script_returns_the_candidates(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "fix_search.py"), str(tmp_path / "w")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "ACCDBG_NO_PROGRESS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "best fix (verified on QNN HTP)" in proc.stdout
+    assert "per-channel weights: block1/conv.weight" in proc.stdout
+
+
+@pytest.mark.slow
+def test_real_model_planted_fault_best_encodings_reproduce(tmp_path, capsys):
+    """PP-OCR's direction classifier with one output channel's weights blown up 16x: oneshot
+    diagnoses, the search fixes, and ``--inference_engine -qo best.encodings`` gives back the
+    reported output SQNR."""
+    from benchmarks.zoo.runner import build_cases
+
+    cases, dropped = build_cases(["cls/weight_channel/mid"], tmp_path / "zoo")
+    assert cases, dropped
+    case = cases[0]
+    fault = json.loads((case.folder / "fault.json").read_text())
+    listing = Path(fault["input_list"])
+    first = listing.read_text().split()[0]
+    code, _, err = run_cli(
+        capsys, "-f", "onnx", "-m", case.model_path, "-i", "x", "1,3,48,192", first, "-l", listing,
+        "-w", tmp_path / "w", "--suggest_fixes", "--target_gap", "0.8",
+    )  # fmt: skip
+    assert code == 0, err
+    run = next((tmp_path / "w" / "fix_search").glob("2*"))
+    best = json.loads((run / "best.json").read_text())
+    table = pd.read_csv(run / "fixes.csv")
+    base = table.iloc[0]
+    assert best["SQNR mean"] > base["SQNR mean"] + 10 and best["gap closed"] >= 0.8
+    assert base["top-1 agreement"] < 1 and best["top-1 agreement"] == 1  # a 2-class output
+    argv = shlex.split((run / "reproduce.txt").read_text())
+    code, _, err = run_cli(capsys, *argv[1:], "-w", tmp_path / "again")
+    assert code == 0, err
+    engine = (tmp_path / "again" / "inference_engine" / "latest").resolve()
+    sess = ort.InferenceSession(str(case.model_path), providers=["CPUExecutionProvider"])
+    nsr = []
+    for i, line in enumerate(listing.read_text().split()):
+        ref = sess.run(None, {"x": np.fromfile(line, np.float32).reshape(1, 3, 48, 192)})[0]
+        res = engine / "output" / f"Result_{i}"
+        (rec,) = json.loads((res / "tensors.json").read_text())["tensors"]
+        out = np.fromfile(res / rec["file"], np.float32).reshape(ref.shape)
+        nsr.append(np.sum((out - ref) ** 2) / np.sum(ref**2))
+    assert abs(-10 * math.log10(np.mean(nsr)) - best["SQNR mean"]) < 0.1
+
+
+def test_a_killed_search_resumes_where_it_stopped(tmp_path):
+    """SIGTERM mid-search stops it cleanly; the same command with the same --output_dirname
+    measures only what the journal does not hold."""
+    import os
+    import signal
+    import time
+
+    built = planted_chain(tmp_path)
+    csv = tmp_path / "summary.csv"
+    diagnosis("layer3", "weight range: output channel 0 spans 40x").to_csv(csv, index=False)
+    cmd = [
+        sys.executable, "-m", "accdbg.cli.main", "--fix_search", "-m", str(built.path),
+        "-i", "x", "1,3,16,16", str(built.input_path), "--diagnosis", str(csv),
+        "-w", str(tmp_path / "w"), "--output_dirname", "r", "--search_workers", "2",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ACCDBG_NO_PROGRESS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    journal = tmp_path / "w" / "fix_search" / ".r.partial" / "progress.jsonl"
+    deadline = time.monotonic() + 300
+    while not (journal.exists() and journal.read_text().strip()) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.2)
+    done_before = len(journal.read_text().splitlines())
+    proc.send_signal(signal.SIGTERM)
+    t = time.monotonic()
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert time.monotonic() - t < 30  # the measuring children were stopped, not waited for
+    assert (tmp_path / "w" / "fix_search" / "r.failed").is_dir()
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-2000:]
+    sessions = int(re.search(r"fix search: (\d+) QNN session", again.stderr)[1])
+    table = pd.read_csv(tmp_path / "w" / "fix_search" / "r" / "fixes.csv")
+    assert 1 <= sessions <= len(table) - done_before
+    assert table["accepted"].any()

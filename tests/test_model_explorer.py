@@ -143,6 +143,63 @@ def test_every_row_lands_on_its_source_node_and_files_are_model_explorers(tmp_pa
     assert marks["[value] image"].value == "on CPU: its Q"  # the first candidate name fails
 
 
+def consumers_by_onnx(model: Path) -> dict[str, str]:
+    """initializer -> name of the first node reading it, read with onnx."""
+    m = onnx.load(str(model))
+    inits = {i.name for i in m.graph.initializer}
+    out: dict[str, str] = {}
+    for node in m.graph.node:
+        for i in node.input:
+            if i in inits:
+                out.setdefault(i, node.name)
+    return out
+
+
+def test_weights_land_on_their_layer_and_a_node_keeps_its_best_rank(tmp_path):
+    """A weight or bias row lands on the node using it (the Conv, the MatMul), not on the
+    initializer's own node; several ranked rows on one node show the best rank; notes (what
+    lands on no node) are kept in overlays.json and shown on the page."""
+    model = EXAMPLE / "model.onnx"
+    users, by_onnx = consumers_by_onnx(model), producers_by_onnx(model)
+    table = pd.DataFrame(
+        {
+            "Name": ["block1/conv.weight", "block1/conv/out", "head.fc.weight", "stem/conv/relu"],
+            "worst SQNR": [4.0, 20.0, 30.0, 35.0],
+            "culprit_rank": pd.array([2, 1, None, None], dtype="Int64"),
+            "cause": ["weight range", "clipping", "", ""],
+        }
+    )
+    page = tmp_path / "report.html"
+    page.write_text("<html><body><h1>t</h1><p>body</p></body></html>")
+    out = me.overlay_run(
+        tmp_path,
+        [page],
+        model,
+        table,
+        "Name",
+        {"worst SQNR": get_verifier("SQNR")},
+        notes=["the best fix changes every layer: per-channel weights (all layers)"],
+    )
+    assert out is not None and out.unmatched == []
+    files = overlay_files(tmp_path / "model_explorer")
+    sqnr = load_overlay(files["worst SQNR"]["path"])[out.graph].results
+    conv, fc = users["block1/conv.weight"], users["head.fc.weight"]
+    assert (conv, fc) == ("block1/conv", "head/fc") and by_onnx["block1/conv/out"] == conv
+    assert sqnr[conv].value == 4.0  # the weight and the Conv's output: the worst of both
+    assert sqnr[fc].value == 30.0 and sqnr[by_onnx["stem/conv/relu"]].value == 35.0
+    assert not any(k.startswith("[value] ") for k in sqnr)  # no initializer node
+    ranking = load_overlay(files["culprit ranking"]["path"])[out.graph].results
+    assert ranking[conv].value == "#1: clipping" and ranking[conv].bgColor == me.WORST
+    marks = load_overlay(files["marks"]["path"])[out.graph].results
+    assert marks[conv].value.count("culprit #") == 2  # both rows named in the mark
+    manifest = json.loads((tmp_path / "model_explorer" / me.MANIFEST).read_text())
+    assert manifest["notes"] == ["the best fix changes every layer: per-channel weights (all layers)"]
+    assert me.read_overlays(tmp_path).notes == manifest["notes"]
+    html = page.read_text()
+    assert html.index("</h1>") < html.index("On the graph") < html.index("<p>body")
+    assert "Not on any node: the best fix changes every layer" in html
+
+
 def test_infinite_scores_become_finite_json_values():
     """JSON has no infinity: identical tensors take the best finite score, or the largest
     float when every score is infinite; MSE 0 stays 0; -inf SQNR takes the worst."""

@@ -348,11 +348,14 @@ def run_binary(
     output_dirname: str | None = None,
     workers: int | None = None,
     allow_nonfinite_inputs: bool = False,
+    model_explorer: bool = True,
 ) -> BinaryResult:
     """Binary snooping; writes ``<working_dir>/binary_snooping/<run>/binary_snooping.{csv,json,html}``.
 
     Arguments as :func:`accdbg.algorithms.layerwise.run_layerwise`, plus ``verifier`` (mse or
-    sqnr), ``subgraph_relative_weight`` and ``min_graph_size`` (see the module).
+    sqnr), ``subgraph_relative_weight`` and ``min_graph_size`` (see the module). With
+    ``model_explorer``, Model Explorer overlays of the per-layer ranking, the subgraphs the
+    search ended on marked, go to ``model_explorer/`` on ``model_path``'s graph.
     """
     t0 = time.perf_counter()
     label = check_binary_options(verifier, subgraph_relative_weight, min_graph_size)
@@ -420,6 +423,8 @@ def run_binary(
         search.run()
         result = _write(search, run.path, req, label, golden_root, qdq_path, prepared.is_file())
         journal.append({"kind": "done", "sessions": backend.sessions})
+        if model_explorer:
+            _overlays(search, result, req.model_path, run.path, run.final_path)
         shutil.rmtree(scratch, ignore_errors=True)
     result.run_dir = run.path
     result.csv = run.path / result.csv.name
@@ -437,6 +442,32 @@ def run_binary(
         run.path,
     )
     return result
+
+
+def _overlays(
+    search: _Search, result: BinaryResult, model: Path, folder: Path, final: Path
+) -> None:
+    """Model Explorer overlays of the per-layer table on the model given: the culprit
+    ranking, and every layer of a subgraph the search ended on (a leaf) marked."""
+    from accdbg.reports.model_explorer import overlay_run
+
+    ended: dict[str, str] = {}
+    leaves = [sg for sg in search.subgraphs if sg.decision == "leaf" and sg.id != 0]
+    for sg in leaves:
+        for layer in _layers(search, sg):
+            ended[layer.name] = (
+                f"subgraph {sg.id}, ops {sg.first}-{sg.last - 1}: {_score_text(search.label, sg)}"
+            )
+    overlay_run(
+        folder,
+        [folder / result.html.name],
+        model,
+        result.report,
+        "O/P Name",
+        {},
+        marks={"search ended here": ended},
+        final_dir=final,
+    )
 
 
 def _write(

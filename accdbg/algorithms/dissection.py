@@ -213,13 +213,17 @@ def run_dissection(
     engine_kwargs: dict | None = None,
     working_dir: str | os.PathLike = "working_directory",
     output_dirname: str | None = None,
+    model_explorer: bool = True,
 ) -> DissectionResult:
     """Dissect the model backwards from the problem tensor; writes
     ``<working_dir>/deep_analyzer/<run>/dissection_summary.{csv,html}``.
 
     ``qdq_model``: the QDQ model the inference engine ran (``<model>.qdq.onnx`` of its run);
     ``golden_dir``: a framework diagnosis run; ``verification_dir``: the verification run
-    that names the problem tensor (unless ``problem_inference_tensor`` is given).
+    that names the problem tensor (unless ``problem_inference_tensor`` is given). With
+    ``model_explorer``, Model Explorer overlays of ``dissection_nodes.csv`` (the error each
+    node's iteration added, the suspects ranked, the problem tensor marked) go to
+    ``model_explorer/`` on the model the engine run started from (else the QDQ model).
     """
     from accdbg.core.run_dir import RunDir, check_run_folder
 
@@ -313,6 +317,8 @@ def run_dissection(
             qdq, golden_root, joined, prepared_model(qdq_path), {t.name: t.load() for t in inputs}
         )
         result = _report(kept, qdq, problem, judge, run.path, qdq_path, golden_root, backend, nsr)
+        if model_explorer:
+            _overlays(result, problem, qdq_path, run.path, run.final_path)
         shutil.rmtree(scratch, ignore_errors=True)
     result.run_dir = run.path
     result.csv = run.path / result.csv.name
@@ -323,6 +329,30 @@ def run_dissection(
     for line in result.findings:
         log.info("%s", line)
     return result
+
+
+class _Error:
+    """``Error added`` (noise-to-signal power): lower is better."""
+
+    higher_is_better = False
+
+
+def _overlays(result: DissectionResult, problem: Layer, qdq_path: Path, folder, final) -> None:
+    """Model Explorer overlays of the node table on the source model: the model the
+    inference engine run (the QDQ model's folder) started from, else the QDQ model itself."""
+    from accdbg.reports.model_explorer import engine_model, overlay_run
+
+    source = engine_model(qdq_path.parent)[0] or qdq_path
+    overlay_run(
+        folder,
+        [folder / result.html.name],
+        source,
+        result.report,
+        "O/P Name",
+        {"Error added": _Error()},
+        marks={"problem tensor": {problem.name: f"dissected back from {problem.name}"}},
+        final_dir=final,
+    )
 
 
 def recorded_input_tensors(golden_root: Path, qdq_path: Path) -> list[InputTensor]:

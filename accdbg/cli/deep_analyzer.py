@@ -85,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e = parser.add_argument_group("backend")
     e.add_argument("-r", "--runtime", default="htp", help="QNN runtime (default htp)")
     e.add_argument("--engine", default="qnn", type=str.lower, help="qnn (default) or simulation")
+    A.add_model_explorer(parser)
     A.add_common(parser, NAME)
 
 
@@ -120,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         engine_kwargs={"runtime": args.runtime, "engine": args.engine},
         working_dir=args.working_dir,
         output_dirname=args.output_dirname,
+        model_explorer=args.model_explorer,
     )
     log.info("report: %s", result.html)
     return 0

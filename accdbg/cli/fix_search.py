@@ -81,6 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     q.add_argument("--act_quantizer", choices=QUANTIZERS, default="tf")
     q.add_argument("--per_channel_quantization", action="store_true")
     add_search_arguments(parser)
+    A.add_model_explorer(parser)
     A.add_common(parser, NAME)
 
 
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         working_dir=args.working_dir,
         output_dirname=args.output_dirname,
         allow_nonfinite_inputs=args.allow_nonfinite_inputs,
+        model_explorer=args.model_explorer,
         **search_kwargs(args),
     )
     return 0

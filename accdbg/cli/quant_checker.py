@@ -144,6 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=4096,
         help="most megabytes of activations computed at once (default 4096)",
     )
+    A.add_model_explorer(parser)
     A.add_common(parser, NAME)
 
 
@@ -174,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         output_dirname=args.output_dirname,
         allow_nonfinite_inputs=args.allow_nonfinite_inputs,
         options_record=A.options_dict(args),
+        model_explorer=args.model_explorer,
     )
     del result  # the findings and the report path are logged by the run
     return 0

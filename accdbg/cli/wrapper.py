@@ -216,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
                 working_dir=args.working_dir,
                 output_dirname=args.output_dirname,
                 allow_nonfinite_inputs=allow,
+                model_explorer=args.model_explorer,
             )
             log.info("report: %s", result.html)
         else:
@@ -245,6 +246,7 @@ def _dissect(args: argparse.Namespace, one, inputs, verifiers, kwargs: dict) -> 
         engine_kwargs={k: kwargs[k] for k in ("runtime", "engine", "architecture") if k in kwargs},
         working_dir=args.working_dir,
         output_dirname=args.output_dirname,
+        model_explorer=args.model_explorer,
     )
     log.info("report: %s", result.html)
 
@@ -295,5 +297,6 @@ def _suggest_fixes(args: argparse.Namespace, inputs, diagnosis) -> None:
         working_dir=args.working_dir,
         output_dirname=args.output_dirname,
         allow_nonfinite_inputs=args.allow_nonfinite_inputs,
+        model_explorer=args.model_explorer,
         **search_kwargs(args),
     )

@@ -164,6 +164,56 @@ def write(
     return {"reproduce": cmd}
 
 
+def changed_by_fix(model, accepted) -> tuple[dict, list[str]]:
+    """What the accepted changes changed, per node of the float model: {candidate names:
+    detail} (a weight lands on the node using it, an activation on its producer, an
+    equalized pair on both Convs), and the global knobs, which change every node alike."""
+    from accdbg.algorithms.fixes import candidates as C
+
+    marks: dict[str | tuple[str, ...], str] = {}
+    glob: list[str] = []
+    pairs = {p.label: p for p in C.pairs_of(model, accepted)}
+    for c in accepted:
+        if c.is_global:
+            glob.append(f"the best fix changes every layer: {c.label}")
+        elif c.kind in ("per_channel", "w16"):
+            marks[(c.target, c.layer)] = c.label
+        elif c.kind == "act16":
+            for t in C.act16_region(model, c.target):
+                marks[t] = c.label
+        elif c.kind == "equalize" and c.target in pairs:
+            p = pairs[c.target]
+            marks[(p.producer, p.producer_out)] = c.label
+            marks[(p.consumer, p.consumer_out)] = c.label
+    return marks, glob
+
+
+def overlays(path: Path, final: Path, setup, accepted, culprits) -> None:
+    """Model Explorer overlays on the float model: "changed by fix" marks on what the best
+    fix changed, and the diagnosis' culprit ranking when one was given."""
+    from accdbg.reports.model_explorer import overlay_run
+
+    marks, glob = changed_by_fix(setup.prepared, accepted)
+    table = pd.DataFrame(
+        {
+            "Name": [c.name for c in culprits],
+            "culprit_rank": pd.array([c.rank for c in culprits], dtype="Int64"),
+            "cause": [c.cause for c in culprits],
+        }
+    )
+    overlay_run(
+        path,
+        [path / "fixes.html"],
+        setup.model_path,
+        table,
+        "Name",
+        {},
+        marks={"changed by fix": marks},
+        final_dir=final,
+        notes=glob,
+    )
+
+
 def findings(culprits, best: dict, base: dict, accepted, notes) -> list[str]:
     """The console's last lines: the cause, the best fix, before and after."""
     out = []

@@ -120,9 +120,12 @@ def run_fix_search(
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
     engine_kwargs: dict | None = None,
+    model_explorer: bool = True,
 ) -> FixSearchResult:
     """Search a fix for a float ONNX model's quantization on QNN HTP; returns the candidates
-    as a DataFrame (:attr:`FixSearchResult.candidates`) and writes ``fix_search/<run>/``."""
+    as a DataFrame (:attr:`FixSearchResult.candidates`) and writes ``fix_search/<run>/``.
+    With ``model_explorer``, Model Explorer overlays mark on the model's graph what the best
+    fix changed (and show the diagnosis' culprit ranking) in ``model_explorer/``."""
     t0 = time.perf_counter()
     check_search_options(target_sqnr, target_gap, max_16bit_tensors, time_budget, workers)
     _, options = check_engine_options(
@@ -228,6 +231,8 @@ def run_fix_search(
         shutil.rmtree(work, ignore_errors=True)
         findings = outputs.findings(culprits, best, base, accepted, notes)
         write_json_atomic(run.path / "findings.json", findings)
+        if model_explorer:
+            outputs.overlays(run.path, run.final_path, setup, accepted, culprits)
     seconds = time.perf_counter() - t0
     log.info(
         "fix search: %d QNN session(s) in %.1f s -> %s", search.sessions, seconds, run.final_path

@@ -121,6 +121,7 @@ def run_quant_checker(
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
     options_record: dict | None = None,
+    model_explorer: bool = True,
 ) -> QuantCheckerResult:
     """Check every weight, bias and activation under each quantizer variant; see the module
     docstring for what is written. ``quantizers`` (``tf``, ``enhanced``, ``adjusted``,
@@ -128,7 +129,11 @@ def run_quant_checker(
     A ``framework`` other than ONNX is converted first (as the end-to-end run does, into the
     run's ``conversion/``), which needs ``input_tensors``; tensors are then named as in the
     ONNX model, with a ``framework_name`` column where the conversion maps them.
-    ``quantization_overrides`` (AIMET encodings, the engine's ``-qo``) apply to every variant."""
+    ``quantization_overrides`` (AIMET encodings, the engine's ``-qo``) apply to every variant.
+    With ``model_explorer``, Model Explorer overlays of each tensor's worst SQNR over the
+    variants and of the culprit ranking go to ``model_explorer/`` on the ONNX model (the
+    converted one for other frameworks): a weight or bias on the node using it, an
+    activation on the node producing it."""
     start = time.perf_counter()
     variants = parse_variants(quantizers, per_channel_variants)
     for v in variants:
@@ -230,6 +235,9 @@ def run_quant_checker(
         )
         if conversion is not None:
             _framework_names(result, conversion.tensor_mapping, run.path)
+        if model_explorer:
+            source = conversion.onnx_path if conversion is not None else Path(model_path)
+            _overlays(result, source, run.path, run.final_path)
         shutil.rmtree(work, ignore_errors=True)
     final = run.path
     result.run_dir = final
@@ -239,6 +247,28 @@ def run_quant_checker(
         log.info("%s", line)
     log.info("report: %s", result.report)
     return result
+
+
+class _Sqnr:
+    higher_is_better = True
+
+
+def _overlays(result: QuantCheckerResult, source: Path, folder: Path, final: Path) -> None:
+    """Model Explorer overlays of the summary: each tensor's worst SQNR over the variants
+    and the culprit ranking, keyed by tensor (a weight lands on the node using it), else
+    by the node the checker names (a tensor the pre-processing renamed)."""
+    from accdbg.reports.model_explorer import overlay_run
+
+    overlay_run(
+        folder,
+        [folder / result.report.name],
+        source.absolute(),
+        result.summary,
+        "Name",
+        {"worst SQNR": _Sqnr()},
+        fallback_cols=("node",),
+        final_dir=final,
+    )
 
 
 def _framework_names(result: QuantCheckerResult, mapping: dict[str, str], out: Path) -> None:

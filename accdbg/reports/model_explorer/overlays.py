@@ -58,6 +58,7 @@ class Overlays:
     files: list[dict[str, str]] = field(default_factory=list)  # {file, name, kind}
     unmatched: list[str] = field(default_factory=list)  # names no node of the model produces
     final_dir: Path | None = None  # the run folder once finished (for the command)
+    notes: list[str] = field(default_factory=list)  # what lands on no node (a global knob)
 
     @property
     def paths(self) -> list[Path]:
@@ -117,7 +118,7 @@ def _adapter_log_to_debug() -> Iterator[None]:
 def source_nodes(model: str | Path) -> tuple[str, dict[str, str]]:
     """The main graph's id and, per tensor, the id of the node producing it - as Model
     Explorer's ONNX adapter builds the graph the viewer shows (graph inputs included; node
-    ids map to themselves)."""
+    ids map to themselves). A weight or bias (an initializer) maps to the node consuming it."""
     try:
         with _without(("torch", "IPython")):
             from model_explorer_onnx.main import ONNXAdapter
@@ -133,6 +134,15 @@ def source_nodes(model: str | Path) -> tuple[str, dict[str, str]]:
             f"Model Explorer's ONNX adapter cannot read {str(model)!r}: {exc}"
         ) from None
     main = graphs[0]
+    # an initializer (weight, bias) lands on the first node using it - the Conv or MatMul
+    # whose weights they are - not on the initializer's own node, which the viewer folds away
+    initializers = {n.id for n in main.nodes if n.label == "Initializer"}
+    user: dict[str, str] = {}
+    for node in main.nodes:
+        if node.label not in ("Initializer", "Output"):
+            for edge in node.incomingEdges:
+                if edge.sourceNodeId in initializers:
+                    user.setdefault(edge.sourceNodeId, node.id)
     producers: dict[str, str] = {}
     for node in main.nodes:
         if node.label == "Output":  # a graph output's own node: its producer comes first
@@ -140,7 +150,7 @@ def source_nodes(model: str | Path) -> tuple[str, dict[str, str]]:
         for meta in node.outputsMetadata:
             for attr in meta.attrs:
                 if attr.key == "__tensor_tag" and attr.value != "None":
-                    producers.setdefault(attr.value, node.id)
+                    producers.setdefault(attr.value, user.get(node.id, node.id))
     for node in main.nodes:  # a node may be named too (its id), after every tensor
         producers.setdefault(node.id, node.id)
     return main.id, producers
@@ -197,6 +207,7 @@ def write_overlays(
     marks: Mapping[str, Mapping[str | tuple[str, ...], str]] | None = None,
     fallback_cols: Sequence[str] = ("Golden_name",),
     final_dir: str | Path | None = None,
+    notes: Sequence[str] = (),
 ) -> Overlays:
     """Write ``<run_dir>/model_explorer/``: one node-data file per score column, one for the
     culprit ranking, one for the marks, and ``overlays.json``.
@@ -209,7 +220,9 @@ def write_overlays(
     the model, or a tuple of candidates tried in order; culprits are marked from ``rank_col``.
     Names the model has no node for are listed in ``overlays.json`` as ``unmatched``.
     ``final_dir``: where the run folder will be once finished (it is written under a
-    temporary name), for the command that opens the overlays.
+    temporary name), for the command that opens the overlays. ``notes``: what the run
+    changed or found that belongs to no node (a global knob of a fix), kept in
+    ``overlays.json``.
     """
     start = time.perf_counter()
     nb = _builder()
@@ -229,7 +242,9 @@ def write_overlays(
     nodes = [node_of(r) for r in rows]
     by_name = {str(r[name_col]): n for r, n in zip(rows, nodes, strict=True) if n is not None}
     unmatched = [str(r[name_col]) for r, n in zip(rows, nodes, strict=True) if n is None]
-    out = Overlays(folder, Path(source_model).absolute(), graph, unmatched=unmatched)
+    out = Overlays(
+        folder, Path(source_model).absolute(), graph, unmatched=unmatched, notes=list(notes)
+    )
 
     def save(label: str, kind: str, gnd) -> None:
         stem, taken = _safe_file(label), {f["file"] for f in out.files}
@@ -268,6 +283,7 @@ def write_overlays(
     culprits: dict[str, str] = {}
     if rank_col in table.columns:
         results = {}
+        best_rank: dict[str, int] = {}
         ranks = pd.to_numeric(table[rank_col], errors="coerce").astype("float64")
         causes = table[cause_col] if cause_col in table.columns else [""] * len(table)
         for row, node, rank, cause in zip(rows, nodes, ranks, causes, strict=True):
@@ -277,6 +293,9 @@ def write_overlays(
             if math.isfinite(rank):
                 r = int(rank)
                 culprits[str(row[name_col])] = f"#{r}" + (f": {cause}" if cause else "")
+                if best_rank.get(node, math.inf) < r:  # several rows on one node: the best
+                    continue
+                best_rank[node] = r
                 results[node] = nb.NodeDataResult(
                     value=f"#{r}: {cause}" if cause else f"#{r}",
                     bgColor=RANK_COLORS[min(r, len(RANK_COLORS)) - 1],
@@ -332,6 +351,7 @@ def write_overlays(
             "adapter": ADAPTER_ID,
             "files": out.files,
             "unmatched": unmatched,
+            "notes": list(notes),
             "command": view_command(final_dir or run_dir),
         },
     )

@@ -59,10 +59,12 @@ def links_html(overlays: Overlays, page_dir: str | Path) -> str:
         for f in overlays.files
     )
     cmd = view_command(overlays.final_dir or overlays.folder.parent)
+    notes = "".join(f"<p>Not on any node: {escape(n)}</p>" for n in overlays.notes)
     return (
         '<section class="model-explorer" id="model-explorer"><h2>On the graph</h2>'
-        f"<p>Model Explorer overlays of {escape(overlays.model.name)}: {items}. Open them on "
-        f"the model (local server, offline):</p><pre><code>{escape(cmd)}</code></pre></section>"
+        f"<p>Model Explorer overlays of {escape(overlays.model.name)}: {items or 'none'}. Open "
+        f"them on the model (local server, offline):</p><pre><code>{escape(cmd)}</code></pre>"
+        f"{notes}</section>"
     )
 
 

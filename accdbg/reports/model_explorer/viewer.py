@@ -31,14 +31,17 @@ def read_overlays(run_dir: str | Path) -> Overlays:
     else:
         raise AccdbgError(
             f"--model_explorer_view {str(run_dir)!r}: no {DIRNAME}/{MANIFEST} there; expected a "
-            "verification, oneshot or snooping run folder written with --model_explorer"
+            "verification, oneshot, snooping, dissection, fix search or quant checker run folder "
+            "written with --model_explorer"
         )
     data = read_json(path, "Model Explorer overlays")
     model = Path(data["model"])
     if not model.is_file():
         raise AccdbgError(f"{path}: its model {str(model)!r} is gone")
     files = [f for f in data["files"] if (folder / f["file"]).is_file()]
-    return Overlays(folder, model, data["graph"], files, data.get("unmatched", []))
+    return Overlays(
+        folder, model, data["graph"], files, data.get("unmatched", []), notes=data.get("notes", [])
+    )
 
 
 def serve(

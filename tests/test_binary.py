@@ -21,8 +21,10 @@ from accdbg.algorithms.mixed import FloatModel, op_list, partly_quantized
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.engines import run_inference_engine
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
+from accdbg.reports import model_explorer as me
 from tests import models
 from tests.helpers import one_line_error, run_cli
+from tests.test_model_explorer import load_overlay, overlay_files, producers_by_onnx
 
 LAYERS, BAD = 8, 5  # layer5 is planted: its op is the 6th of 8 (Conv+Relu fuse into one op)
 
@@ -109,6 +111,31 @@ def test_reports_json_csv_html(planted):
     assert list(layers["O/P Name"]) == [f"layer{i}" for i in range(LAYERS)]
     html = r.html.read_text()
     assert "culprit #1: " + planted.planted in html and "<script src=" not in html
+
+
+def test_overlays_rank_and_mark_the_planted_layer(planted):
+    """Model Explorer overlays on the float model: the planted layer (the one-op leaf the
+    search ended on) is culprit #1 in the worst colour and marked; the page links them."""
+    r = planted.result
+    folder = r.run_dir / "model_explorer"
+    files = overlay_files(folder)
+    assert set(files) == {"culprit ranking", "marks"}
+    manifest = json.loads((folder / me.MANIFEST).read_text())
+    assert Path(manifest["model"]) == planted.built.path.absolute()
+    node = producers_by_onnx(planted.built.path)[planted.planted]
+    ranking = load_overlay(files["culprit ranking"]["path"])[manifest["graph"]].results
+    assert len(ranking) == LAYERS  # every layer of the table on its node
+    assert [k for k, v in ranking.items() if v.bgColor == me.WORST] == [node]
+    assert ranking[node].value.startswith("#1: quantizing only these 1 op(s)")
+    marks = load_overlay(files["marks"]["path"])[manifest["graph"]].results
+    assert list(marks) == [node] and marks[node].bgColor == me.WORST
+    assert "culprit #1" in marks[node].value
+    assert f"search ended here: subgraph {int(r.subgraphs.iloc[-1]['Subgraph'])}" in (
+        marks[node].value
+    )
+    html = r.html.read_text()
+    assert 'href="model_explorer/marks.json"' in html
+    assert f"--model_explorer_view {r.run_dir}" in html
 
 
 def test_partly_quantized_models_on_cpu(planted):
@@ -200,6 +227,13 @@ def test_min_graph_size_and_sqnr_through_the_cli(planted, capsys):
     ranked = layers.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
     assert list(ranked["O/P Name"]) == [planted.planted, f"layer{BAD - 1}"]
     assert "local SQNR" in ranked["cause"].iloc[0]
+    # both layers of the 2-op leaf are marked as where the search ended
+    folder = next((planted.tmp / "cli" / "binary_snooping").glob("2*/model_explorer"))
+    graph = json.loads((folder / me.MANIFEST).read_text())["graph"]
+    marks = load_overlay(folder / "marks.json")[graph].results
+    by_onnx = producers_by_onnx(planted.built.path)
+    ended = {k for k, v in marks.items() if "search ended here" in v.value}
+    assert ended == {by_onnx[planted.planted], by_onnx[f"layer{BAD - 1}"]}
 
 
 @pytest.mark.parametrize(

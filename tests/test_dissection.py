@@ -5,6 +5,7 @@ numpy from the dumped tensors; the wrapper and standalone CLI forms, bad flags."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,10 +13,12 @@ import pytest
 
 from accdbg.algorithms.dissection import run_dissection
 from accdbg.core.tensor_store import TensorFolder
+from accdbg.reports import model_explorer as me
 from tests import models
 from tests.helpers import one_line_error, run_cli
 from tests.test_binary import chain
 from tests.test_layerwise import cosine
+from tests.test_model_explorer import load_overlay, overlay_files, producers_by_onnx
 
 LAYERS, BAD = 8, 5
 PROBLEM = "layer7"
@@ -77,6 +80,35 @@ def test_scores_follow_from_each_iterations_dump(planted):
     assert {"Inputs", "Outputs", "SQNR", "culprit_rank", "cause"} <= set(csv.columns)
 
 
+def test_overlays_on_the_engines_float_model_put_the_planted_layer_worst(planted):
+    """dissection_nodes.csv on the float model the engine run started from: each node's
+    added error, the planted layer ranked #1 in the worst colour, the problem tensor marked."""
+    r = planted.result
+    folder = r.run_dir / "model_explorer"
+    manifest = json.loads((folder / me.MANIFEST).read_text())
+    assert Path(manifest["model"]) == planted.built.path.absolute()
+    files = overlay_files(folder)
+    assert set(files) == {"Error added", "culprit ranking", "marks"}
+    graph = manifest["graph"]
+    by_onnx = producers_by_onnx(planted.built.path)
+    err = load_overlay(files["Error added"]["path"])[graph]
+    for name, value in zip(r.report["O/P Name"], r.report["Error added"], strict=True):
+        assert err.results[by_onnx[name]].value == pytest.approx(value), name
+    planted_node = by_onnx[planted.planted]
+    # the added error is an error (lower is better): the planted layer's is the largest, at
+    # the gradient's worst end, the worst colour the ranking gives culprit #1
+    assert max(err.results, key=lambda k: err.results[k].value) == planted_node
+    worst = next(g.bgColor for g in err.gradient if g.stop == 1)
+    ranking = load_overlay(files["culprit ranking"]["path"])[graph].results
+    assert ranking[planted_node].bgColor == worst == me.WORST
+    assert ranking[planted_node].value.startswith("#1: joined the sub-model")
+    marks = load_overlay(files["marks"]["path"])[graph].results
+    assert marks[by_onnx[PROBLEM]].value.startswith("problem tensor: dissected back from")
+    assert marks[planted_node].value.startswith("culprit #1")
+    html = r.html.read_text()
+    assert 'href="model_explorer/Error_added.json"' in html and "--model_explorer_view" in html
+
+
 def test_partition_override_and_auto_stop(planted):
     r = run_dissection(
         planted.engine.qdq_model,
@@ -134,6 +166,7 @@ def test_wrapper_runs_it_after_oneshot_and_standalone_reuses_the_runs(planted, c
     first = ver.loc[ver["Status"].str.startswith("fail"), "Name"].iloc[0]
     opts = json.loads(next((w / "deep_analyzer").glob("2*/deep_analyzer_options.json")).read_text())
     assert opts["problem_inference_tensor"] == first
+    assert next((w / "deep_analyzer").glob("2*/model_explorer/overlays.json")).is_file()
     code, _, err = run_cli(
         capsys,
         "--deep_analyzer",
@@ -150,8 +183,10 @@ def test_wrapper_runs_it_after_oneshot_and_standalone_reuses_the_runs(planted, c
         w,
         "--output_dirname",
         "alone",
+        "--no_model_explorer",
     )
     assert code == 0, err
+    assert not (w / "deep_analyzer" / "alone" / "model_explorer").exists()
     summary = pd.read_csv(w / "deep_analyzer" / "alone" / "dissection_summary.csv")
     assert len(summary) == 3 and int(summary["culprit_rank"].min()) == 1
     assert summary.loc[summary["culprit_rank"] == 1, "Iteration"].item() == 3

@@ -20,8 +20,15 @@ from accdbg.algorithms.quant_checker.grid import Grid
 from accdbg.algorithms.quant_checker.stats import OUTLIER_SIGMAS, Moments
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.encodings.model import Encoding
+from accdbg.reports import model_explorer as me
 from tests import models
 from tests.helpers import one_line_error, run_cli
+from tests.test_model_explorer import (
+    consumers_by_onnx,
+    load_overlay,
+    overlay_files,
+    producers_by_onnx,
+)
 
 PER_TENSOR = ("tf", "enhanced", "adjusted")
 VARIANTS = [q + pc for q in PER_TENSOR for pc in ("", "-pc")]
@@ -149,6 +156,41 @@ def test_outputs_report_and_console(planted_run, capsys):
     assert "culprit #1: w3" in page
 
 
+def test_overlays_put_the_planted_weight_on_its_conv_worst(planted, planted_run):
+    """Each tensor's worst SQNR over the variants on the float model's graph - a weight or
+    bias on the node using it, an activation on its producer - and the planted weight's Conv
+    worst in both the score and the ranking."""
+    import json
+
+    _, built = planted
+    folder = planted_run / "model_explorer"
+    manifest = json.loads((folder / me.MANIFEST).read_text())
+    assert Path(manifest["model"]) == built.path.absolute() and manifest["unmatched"] == []
+    files = overlay_files(folder)
+    assert set(files) == {"worst SQNR", "culprit ranking", "marks"}
+    graph = manifest["graph"]
+    sqnr = load_overlay(files["worst SQNR"]["path"])[graph]
+    summary = pd.read_csv(planted_run / "quant_checker.csv")
+    node_of = {**producers_by_onnx(built.path), **consumers_by_onnx(built.path)}
+    assert node_of["w3"] == "Conv_3" and node_of["layer3"] == "Relu_3"
+    per_node: dict[str, float] = {}
+    for name, value in zip(summary["Name"], summary["worst SQNR"], strict=True):
+        if math.isfinite(value):  # each checked tensor: the worst of the rows on its node
+            per_node[node_of[name]] = min(per_node.get(node_of[name], math.inf), value)
+    assert {k: v.value for k, v in sqnr.results.items()} == pytest.approx(per_node)
+    w3 = float(summary.set_index("Name").loc["w3", "worst SQNR"])
+    assert sqnr.results["Conv_3"].value == pytest.approx(w3) == min(per_node.values())
+    assert next(g.bgColor for g in sqnr.gradient if g.stop == 0) == me.WORST
+    ranking = load_overlay(files["culprit ranking"]["path"])[graph].results
+    assert [k for k, v in ranking.items() if v.bgColor == me.WORST] == ["Conv_3"]
+    assert ranking["Conv_3"].value.startswith("#1: ") and "output channel 0" in (
+        ranking["Conv_3"].value
+    )
+    page = (planted_run / "quant_checker.html").read_text(encoding="utf-8")
+    assert 'href="model_explorer/worst_SQNR.json"' in page
+    assert f"--model_explorer_view {planted_run}" in page
+
+
 def test_cli_console_ends_with_finding_and_report(planted, tmp_path, capsys):
     _, built = planted
     code, _, err = run_cli(
@@ -166,10 +208,12 @@ def test_cli_console_ends_with_finding_and_report(planted, tmp_path, capsys):
         "off",
         "--plots",
         "none",
+        "--no_model_explorer",
         "-w",
         tmp_path,
     )
     assert code == 0, err
+    assert not list(tmp_path.glob("quant_checker/*/model_explorer"))
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert lines[-1].startswith("report: ") and lines[-1].endswith("quant_checker.html")
     assert any(ln.startswith("culprit #1: w3 (Conv weight)") for ln in lines)

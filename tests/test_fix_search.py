@@ -29,9 +29,11 @@ from accdbg.algorithms.fixes.outputs import pareto
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.encodings.qdq import qdq_encodings
 from accdbg.errors import AccdbgError
+from accdbg.reports import model_explorer as me
 from tests import browser, crashers
 from tests.helpers import one_line_error, run_cli
 from tests.models import offset_chain, outlier_chain, planted_chain
+from tests.test_model_explorer import load_overlay, overlay_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -244,6 +246,39 @@ def test_weight_outlier_per_channel_is_found_and_verified(weight_outlier):
     assert "before: output SQNR" in result.findings[-1] and "-> after:" in result.findings[-1]
 
 
+def fix_marks(result) -> tuple[dict, dict]:
+    """The fix search's overlays read back strictly: {node: mark text} and the manifest."""
+    folder = result.run_dir / "model_explorer"
+    manifest = json.loads((folder / me.MANIFEST).read_text())
+    files = overlay_files(folder)
+    marks = load_overlay(files["marks"]["path"])[manifest["graph"]].results
+    return {k: v.value for k, v in marks.items()}, manifest
+
+
+def test_overlays_mark_what_the_best_fix_changed(weight_outlier):
+    """The diagnosis' culprit (layer3, Relu_3's output) ranked in the worst colour; the
+    per-channel weights of w3 marked on the Conv using them; a global knob on no node but
+    named in overlays.json and on the page."""
+    _, built, result = weight_outlier
+    marks, manifest = fix_marks(result)
+    assert Path(manifest["model"]) == built.path.absolute()
+    files = overlay_files(result.run_dir / "model_explorer")
+    assert set(files) == {"culprit ranking", "marks"}
+    ranking = load_overlay(files["culprit ranking"]["path"])[manifest["graph"]].results
+    assert list(ranking) == ["Relu_3"] and ranking["Relu_3"].bgColor == me.WORST
+    local = [a for a in result.accepted if a.startswith("per-channel weights: ")]
+    glob = [a for a in result.accepted if a not in local]
+    assert result.accepted and set(local) <= {"per-channel weights: w3"}
+    assert set(marks) == {"Relu_3"} | ({"Conv_3"} if local else set())
+    assert marks["Relu_3"].startswith("culprit #1: weight range")
+    if local:
+        assert "changed by fix: per-channel weights: w3" in marks["Conv_3"]
+    assert manifest["notes"] == [f"the best fix changes every layer: {g}" for g in glob]
+    html = (result.run_dir / "fixes.html").read_text()
+    assert 'href="model_explorer/marks.json"' in html
+    assert f"--model_explorer_view {result.run_dir}" in html
+
+
 def test_a_refused_candidate_is_reported_and_the_search_goes_on(weight_outlier):
     _, _, result = weight_outlier
     t = result.candidates
@@ -316,6 +351,12 @@ def test_activation_outlier_16bit_activations_on_that_tensor(tmp_path):
     assert first["change"] == "16-bit activation: layer2"
     assert first["gap closed"] >= 0.9 and first["SQNR mean"] > base["SQNR mean"] + 10
     assert first["landed"].startswith("act16 layer2: yes") and "UFIXED_POINT_16" in first["landed"]
+    # on the graph: the tensors set to 16 bits (layer2, the Conv output folded into it, and
+    # the consumer layer's outputs, see act16_region) marked on the nodes producing them
+    marks, manifest = fix_marks(result)
+    assert set(marks) == {"Conv_2", "Relu_2", "Conv_3", "Relu_3"} and manifest["notes"] == []
+    assert all("changed by fix: 16-bit activation: layer2" in m for m in marks.values())
+    assert marks["Relu_2"].startswith("culprit #1")
     everything = rows(result, "16-bit activations (all layers)").iloc[0]
     assert first["16-bit tensors"] + first["Convert ops"] < everything["16-bit tensors"]
     # per-channel weights cannot fix an activation range
@@ -349,6 +390,10 @@ def test_conv_pair_scaled_channel_equalization_is_found(tmp_path, capsys):
     assert first["change"] == "equalize Conv_2->Conv_3"
     assert first["float change"] <= 1e-4 and first["gap closed"] >= 0.9
     assert first["landed"].startswith("equalized Conv_2->Conv_3: channel scales")
+    marks, _ = fix_marks(result)  # both Convs of the pair, the culprit's Relu
+    assert set(marks) == {"Conv_2", "Conv_3", "Relu_3"}
+    for node in ("Conv_2", "Conv_3"):
+        assert marks[node] == "changed by fix: equalize Conv_2->Conv_3"
     # per-channel (output channels) does not reach the scaled input channel
     assert rows(result, "per-channel weights: w3").iloc[0]["gap closed"] < 0.5
     assert (result.run_dir / "best.onnx").is_file()

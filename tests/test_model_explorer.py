@@ -193,11 +193,27 @@ def test_weights_land_on_their_layer_and_a_node_keeps_its_best_rank(tmp_path):
     marks = load_overlay(files["marks"]["path"])[out.graph].results
     assert marks[conv].value.count("culprit #") == 2  # both rows named in the mark
     manifest = json.loads((tmp_path / "model_explorer" / me.MANIFEST).read_text())
-    assert manifest["notes"] == ["the best fix changes every layer: per-channel weights (all layers)"]
+    assert manifest["notes"] == [
+        "the best fix changes every layer: per-channel weights (all layers)"
+    ]
     assert me.read_overlays(tmp_path).notes == manifest["notes"]
     html = page.read_text()
     assert html.index("</h1>") < html.index("On the graph") < html.index("<p>body")
     assert "Not on any node: the best fix changes every layer" in html
+
+
+def test_a_model_inside_the_run_is_recorded_where_the_finished_run_keeps_it(tmp_path):
+    """A conversion the run made lives in its staging folder while the overlays are written;
+    overlays.json names it in the finished folder, where --model_explorer_view finds it."""
+    import shutil
+
+    staging, final = tmp_path / ".run.partial", tmp_path / "run"
+    (staging / "conversion").mkdir(parents=True)
+    shutil.copyfile(EXAMPLE / "model.onnx", staging / "conversion" / "model.onnx")
+    model = staging / "conversion" / "model.onnx"
+    me.write_overlays(staging, model, _table(), "Name", {}, final_dir=final)
+    staging.rename(final)
+    assert me.read_overlays(final).model == final / "conversion" / "model.onnx"
 
 
 def test_infinite_scores_become_finite_json_values():

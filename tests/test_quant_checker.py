@@ -426,6 +426,12 @@ def test_tflite_model_is_converted_then_checked(tmp_path):
     assert s["Status"].isin(["ok", "fail"]).all()  # every weight, bias and activation checked
     acts = s[s["kind"] == "activation"]
     assert (acts["framework_name"] != "").mean() > 0.8  # named as in the TFLite model too
+    # the overlays are on the converted model, at its place in the finished run folder
+    overlays = me.read_overlays(result.run_dir)
+    assert result.run_dir / "conversion" in overlays.model.parents  # read_overlays: a file
+    graph = load_overlay(overlays.folder / "worst_SQNR.json")[overlays.graph].results
+    checked = s[s["worst SQNR"].notna()]
+    assert len(graph) >= 0.5 * len(checked) and len(overlays.unmatched) < 0.05 * len(s)
 
 
 @pytest.mark.slow

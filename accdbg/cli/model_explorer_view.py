@@ -12,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run_dir",
         metavar="RUN_DIR",
-        help="a verification, oneshot or snooping run folder (holding model_explorer/)",
+        help="a run folder holding model_explorer/ (verification, oneshot, snooping, "
+        "dissection, fix search, quant checker)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (local only)")
     parser.add_argument(

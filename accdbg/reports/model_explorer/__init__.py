@@ -1,10 +1,11 @@
 """A run's results on the model's graph: Google Model Explorer node-data overlays.
 
 Model Explorer (``ai-edge-model-explorer``, with the ``model-explorer-onnx`` adapter) draws an
-ONNX graph and colours its nodes from node-data JSON files. Verification, oneshot and
-snooping runs write them into ``<run>/model_explorer/`` with ``overlays.json`` (model, graph,
-files), on the *source* model (the float ONNX model, or the converted one for other
-frameworks); ``qnn-accuracy-debugger --model_explorer_view RUN_DIR`` opens them.
+ONNX graph and colours its nodes from node-data JSON files. Verification, oneshot, snooping
+(layerwise, cumulative, binary), dissection, fix search and quantization checker runs write
+them into ``<run>/model_explorer/`` with ``overlays.json`` (model, graph, files), on the
+*source* model (the float ONNX model, or the converted one for other frameworks);
+``qnn-accuracy-debugger --model_explorer_view RUN_DIR`` opens them.
 
 - :mod:`.overlays`: :func:`write_overlays`, the files of any table;
 - :mod:`.engine`: the engine run's model, QDQ model and layers on the CPU;

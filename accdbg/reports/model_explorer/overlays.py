@@ -242,9 +242,11 @@ def write_overlays(
     nodes = [node_of(r) for r in rows]
     by_name = {str(r[name_col]): n for r, n in zip(rows, nodes, strict=True) if n is not None}
     unmatched = [str(r[name_col]) for r, n in zip(rows, nodes, strict=True) if n is None]
-    out = Overlays(
-        folder, Path(source_model).absolute(), graph, unmatched=unmatched, notes=list(notes)
-    )
+    model = Path(source_model).absolute()
+    if final_dir is not None and model.is_relative_to(Path(run_dir).absolute()):
+        # a model inside the run (a conversion it made): where it is once the run is finished
+        model = Path(final_dir).absolute() / model.relative_to(Path(run_dir).absolute())
+    out = Overlays(folder, model, graph, unmatched=unmatched, notes=list(notes))
 
     def save(label: str, kind: str, gnd) -> None:
         stem, taken = _safe_file(label), {f["file"] for f in out.files}

@@ -138,15 +138,3 @@ def inputs_from_graph_struct(struct: dict) -> dict[str, list[str]]:
             out[o] = list(layer.get("inputs", []))
     return out
 
-
-def console_lines(marks: Sequence[Attribution]) -> list[str]:
-    """What the console ends with: where the error starts and who adds the most."""
-    lines = []
-    for m in marks:
-        if m.largest_drops:
-            worst = ", ".join(f"{n} (drop {_fmt(d)})" for n, d in m.largest_drops)
-            lines.append(f"{m.label}: layers adding the most error: {worst}")
-        lines.append(
-            f"{m.label}: first layer crossing the threshold while its inputs did not: {m.first_crossing or 'none'}"
-        )
-    return lines

@@ -28,13 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     A.add_common(parser, NAME)
 
 
-def check_framework(values: list[str]) -> str:
-    """``['onnx', '1.17']`` -> ``'onnx'``, after checking the optional version."""
-    return framework_versions.check_framework(values)
-
-
 def run(args: argparse.Namespace) -> int:
-    framework = check_framework(args.framework)
+    framework = framework_versions.check_framework(args.framework)
     inputs = [parse_input_tensor(v) for v in args.input_tensor]
     result = run_framework_diagnosis(
         framework,

@@ -17,6 +17,7 @@ from accdbg.engines.qnn import ARCHITECTURES, RUNTIMES, qnn_version
 from accdbg.engines.quantize import QUANTIZERS
 from accdbg.engines.run import OUTPUT_DATA_TYPES, STAGES
 from accdbg.errors import AccdbgError
+from accdbg.frameworks.versions import check_framework
 
 NAME = "inference_engine"
 HELP = "run the model on the QNN runtime (HTP) and dump every intermediate tensor"
@@ -249,7 +250,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.framework and args.framework[0].lower() != "onnx":
+    if check_framework(args.framework) != "onnx":
         raise AccdbgError(
             f"-f {args.framework[0]}: the inference engine runs ONNX models; convert it first (see README: other frameworks)"
         )

@@ -10,6 +10,7 @@ from accdbg.cli.inference_engine import add_engine_arguments, engine_kwargs
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.run_dir import RunDir, check_run_folder
 from accdbg.errors import AccdbgError
+from accdbg.frameworks.versions import check_framework
 
 NAME = "wrapper"
 HELP = "framework diagnosis, QNN inference engine and verification in one run, with the HTML report"
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             raise AccdbgError(
                 "--start_layer/--end_layer apply to layerwise and cumulative-layerwise only"
             )
-    framework = args.framework[0].lower()
+    framework = check_framework(args.framework)
     inputs = [parse_input_tensor(v) for v in args.input_tensor]
     verifiers = args.default_verifier or ["CosineSimilarity", "SQNR"]
     kwargs = engine_kwargs(args)

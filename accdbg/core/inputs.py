@@ -255,8 +255,3 @@ def inputs_per_line(
         out.append(line)
     return out
 
-
-def write_input_list(path: Path, inputs: list[InputTensor]) -> Path:
-    """Write a one-line ``name:=path`` input list for the given inputs."""
-    path.write_text(" ".join(f"{t.name}:={t.path}" for t in inputs) + "\n", encoding="utf-8")
-    return path

@@ -15,8 +15,6 @@ import shutil
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -394,12 +392,3 @@ def detach_log_file(handler: logging.Handler | None) -> None:
         if not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
             logger.setLevel(getattr(handler, "_accdbg_saved_level", logger.level))
 
-
-@contextmanager
-def extra_log_file(path: Path) -> Iterator[None]:
-    """Also send the package's log to ``path`` for the duration (used by the wrapper)."""
-    handler = attach_log_file(path)
-    try:
-        yield
-    finally:
-        detach_log_file(handler)

@@ -109,14 +109,6 @@ class QnnGraph:
     tensors: dict[str, dict[str, Any]]
     nodes: dict[str, dict[str, Any]]
 
-    def producers(self) -> dict[str, str]:
-        """Tensor name -> name of the node that writes it."""
-        out: dict[str, str] = {}
-        for name, node in self.nodes.items():
-            for t in node.get("output_names") or []:
-                out.setdefault(t, name)
-        return out
-
 
 def resolve_qnn_json(path: str | os.PathLike) -> list[Path]:
     """A QNN JSON file, or a folder holding ``model_net.json`` (an inference engine run) or

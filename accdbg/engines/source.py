@@ -97,13 +97,9 @@ def load_overrides(path: str | Path | None, ignore: bool, model_path: Path) -> d
     p = Path(path)
     if not p.is_file():
         raise AccdbgError(f"-qo/--quantization_overrides {str(path)!r} does not exist")
-    try:
-        from accdbg.encodings.aimet import read_aimet
-        from accdbg.encodings.overrides import aimet_to_tensor_quant_overrides
-    except ImportError:
-        raise AccdbgError(
-            "-qo/--quantization_overrides needs accdbg.encodings, which this build lacks"
-        ) from None
+    from accdbg.encodings.aimet import read_aimet
+    from accdbg.encodings.overrides import aimet_to_tensor_quant_overrides
+
     return aimet_to_tensor_quant_overrides(
         read_aimet(p), onnx.load(str(model_path), load_external_data=False)
     )

@@ -40,9 +40,10 @@ from accdbg.core.run_dir import (
     component_root,
     write_json_atomic,
 )
-from accdbg.core.tensor_store import TensorFolder, safe_relpath
+from accdbg.core.tensor_store import TensorFolder, TensorRecord, safe_relpath, update_manifest
 from accdbg.engines import run_inference_engine
-from accdbg.engines.run import check_engine_options, check_inference_engine
+from accdbg.engines.options import EngineConfig
+from accdbg.engines.run import check_inference_engine
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.diagnosis import (
     check_framework_diagnosis,
@@ -143,7 +144,7 @@ def check_oneshot(
     default_verifiers: Sequence = ("CosineSimilarity", "SQNR"),
     verifier_config: str | Path | None = None,
     golden_dir: str | Path | None = None,
-    engine_kwargs: dict | None = None,
+    engine_kwargs: EngineConfig | dict | None = None,
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
@@ -167,20 +168,20 @@ def check_oneshot(
             )
         for t in input_tensors:
             t.check(allow)
-    kwargs = {k: v for k, v in (engine_kwargs or {}).items() if k != "golden_dir_for_mapping"}
+    config = EngineConfig.coerce(engine_kwargs)
     if framework == "onnx":
         check_inference_engine(
             model_path,
             input_list,
             input_tensors,
+            config,
             working_dir=working_dir,
             output_dirname=output_dirname,
             allow_nonfinite_inputs=allow,
-            **kwargs,
         )
     else:  # the engine's model is converted later: check what can be checked now
         check_model_path(model_path, framework)
-        check_engine_options(**kwargs)
+        config.check()
         check_writable(component_root(working_dir, "conversion"))
         check_run_folder(working_dir, "inference_engine", output_dirname)
         if input_list:
@@ -215,7 +216,7 @@ def run_oneshot(
     verifier_config: str | Path | None = None,
     golden_dir: str | Path | None = None,
     enable_tensor_inspection: bool = False,
-    engine_kwargs: dict | None = None,
+    engine_kwargs: EngineConfig | dict | None = None,
     framework_kwargs: dict | None = None,
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
@@ -226,6 +227,7 @@ def run_oneshot(
     Every input is checked first (:func:`check_oneshot`): a bad one is refused before any
     component writes anything.
     """
+    config = EngineConfig.coerce(engine_kwargs)
     check_oneshot(
         framework,
         model_path,
@@ -234,7 +236,7 @@ def run_oneshot(
         default_verifiers,
         verifier_config,
         golden_dir,
-        engine_kwargs,
+        config,
         working_dir,
         output_dirname,
         allow_nonfinite_inputs,
@@ -284,18 +286,21 @@ def run_oneshot(
             # Started now: their start-up (imports, plot set-up) overlaps the engine run.
             pool = stack.enter_context(Workers())
         t = time.perf_counter()
-        kwargs = {
-            **(engine_kwargs or {}),
-            "golden_dir_for_mapping": next(iter(goldens.values())) if conversion is None else None,
-        }
+        mapping_dir = next(iter(goldens.values())) if conversion is None else None
         engine = run_inference_engine(
             engine_model,
             input_list=input_list,
             input_tensors=engine_inputs,
+            config=replace(
+                config,
+                dump=replace(
+                    config.dump,
+                    golden_dir_for_mapping=str(mapping_dir) if mapping_dir else None,
+                ),
+            ),
             working_dir=working_dir,
             output_dirname=output_dirname,
             allow_nonfinite_inputs=allow_nonfinite_inputs,
-            **kwargs,
         )
         if conversion is not None:
             _carry_conversion(engine, conversion)
@@ -372,7 +377,7 @@ def run_oneshot(
         _rewrite_summary(ver.run_dir, summary, marks, findings, worst if several else None)
         failed = [bool(f) for f in summary.get("Failed", pd.Series([""] * len(summary))).fillna("")]
         meta = (
-            f"model {Path(model_path).name} - engine {engine.engine_label} ({engine_kwargs.get('runtime', 'htp') if engine_kwargs else 'htp'})"
+            f"model {Path(model_path).name} - engine {engine.engine_label} ({config.backend.runtime})"
             f" - golden {golden_dir} - target {target}"
         )
         report = write_report(
@@ -423,18 +428,17 @@ def _carry_conversion(engine, conversion) -> None:
     }
     write_json_atomic(engine.tensor_mapping, composed)
     onnx_of = {k: v for k, v in onnx_map.items()}
+    def layout(rec: TensorRecord) -> None:
+        perm = conversion.permutations.get(onnx_of.get(rec.name, rec.name))
+        if len(rec.shape) == 4 and perm is not None:
+            rec.layout = (
+                "NCHW"
+                if list(perm) == [0, 2, 3, 1]
+                else ("NHWC" if list(perm) == [0, 1, 2, 3] else None)
+            )
+
     for result in engine.results:
-        path = result / "tensors.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
-        for rec in data["tensors"]:
-            perm = conversion.permutations.get(onnx_of.get(rec["name"], rec["name"]))
-            if len(rec["shape"]) == 4 and perm is not None:
-                rec["layout"] = (
-                    "NCHW"
-                    if list(perm) == [0, 2, 3, 1]
-                    else ("NHWC" if list(perm) == [0, 1, 2, 3] else None)
-                )
-        write_json_atomic(path, data)
+        update_manifest(result, layout)
     missing = [k for k in onnx_map if k not in composed]
     if missing:
         log.info(

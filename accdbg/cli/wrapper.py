@@ -6,11 +6,9 @@ import argparse
 import logging
 
 from accdbg.cli import args as A
-from accdbg.cli.inference_engine import add_engine_arguments, engine_kwargs
-from accdbg.core.inputs import parse_input_tensor
+from accdbg.cli.inference_engine import EngineArgs
 from accdbg.core.run_dir import RunDir, check_run_folder
 from accdbg.errors import AccdbgError
-from accdbg.frameworks.versions import check_framework
 
 NAME = "wrapper"
 HELP = "framework diagnosis, QNN inference engine and verification in one run, with the HTML report"
@@ -18,12 +16,19 @@ ALGORITHMS = ("oneshot-layerwise", "cumulative-layerwise", "layerwise")
 log = logging.getLogger("accdbg")
 
 
+MODEL = A.ModelArgs(required=True)
+ENGINE = EngineArgs(runtime_required=False)
+FRAMEWORK = A.FrameworkArgs()
+VERIFIERS = A.VerifierArgs(default=("CosineSimilarity", "SQNR"))
+COMMON = A.CommonArgs(NAME)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    A.add_model(parser)
-    add_engine_arguments(parser, required=False)
-    A.add_framework_runtime(parser)
+    MODEL.add(parser)
+    ENGINE.add(parser)
+    FRAMEWORK.add(parser)
     g = parser.add_argument_group("verification and debugging")
-    A.add_default_verifier(g, default_text="CosineSimilarity and SQNR")
+    VERIFIERS.add(parser, g)
     g.add_argument(
         "--verifier_config",
         "--verifierConfig",
@@ -42,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--enable_tensor_inspection", action="store_true", help="plots and statistics per layer"
     )
-    g.add_argument("--debugging_algorithm", choices=ALGORITHMS, default="oneshot-layerwise")
+    g.add_argument("--debugging_algorithm", choices=ALGORITHMS, default=ALGORITHMS[0])
     g.add_argument(
         "--start_layer", help="(layerwise, cumulative-layerwise) first layer output to debug"
     )
@@ -50,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--end_layer", help="(layerwise, cumulative-layerwise) last layer output to debug"
     )
     g.add_argument("--deep_analyzer", help="(not available)")
-    A.add_common(parser, NAME)
+    COMMON.add(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,35 +66,28 @@ def run(args: argparse.Namespace) -> int:
             raise AccdbgError(
                 "--start_layer/--end_layer apply to layerwise and cumulative-layerwise only"
             )
-    framework = check_framework(args.framework)
-    inputs = [parse_input_tensor(v) for v in args.input_tensor]
-    verifiers = args.default_verifier or ["CosineSimilarity", "SQNR"]
-    kwargs = engine_kwargs(args)
-    fw_kwargs = dict(
-        disable_graph_optimization=args.disable_graph_optimization,
-        onnx_custom_op_lib=args.onnx_custom_op_lib,
-        memory_budget_mb=args.memory_budget_mb,
-        include_constants=args.include_constants,
-    )
+    model, config, place = MODEL.parse(args), ENGINE.parse(args), COMMON.parse(args)
+    framework, inputs = model.framework, model.input_tensors
+    verifiers = VERIFIERS.parse(args)
     oneshot = args.debugging_algorithm == "oneshot-layerwise"
-    allow = args.allow_nonfinite_inputs
+    allow = model.allow_nonfinite_inputs
     # Everything is checked before the first component starts: a refused command writes
     # nothing and moves no `latest`.
-    check_run_folder(args.working_dir, NAME, args.output_dirname, resume=not oneshot)
+    check_run_folder(place.working_dir, NAME, place.output_dirname, resume=not oneshot)
     if oneshot:
         from accdbg.algorithms.oneshot import check_oneshot, run_oneshot
 
         check_oneshot(
             framework,
-            args.model_path,
+            model.model_path,
             inputs,
             args.input_list,
             verifiers,
             args.verifier_config,
             args.golden_output_reference_directory,
-            kwargs,
-            args.working_dir,
-            args.output_dirname,
+            config,
+            place.working_dir,
+            place.output_dirname,
             allow,
         )
     else:
@@ -108,15 +106,14 @@ def run(args: argparse.Namespace) -> int:
             verifiers=verifiers,
             start_layer=args.start_layer,
             end_layer=args.end_layer,
-            engine_kwargs=kwargs,
-            working_dir=args.working_dir,
-            output_dirname=args.output_dirname,
+            engine_kwargs=config,
             allow_nonfinite_inputs=allow,
+            **place.keywords(),
         )
         check_request(
             "layerwise" if layerwise else "cumulative_layerwise",
             SnoopArgs(
-                args.model_path,
+                model.model_path,
                 inputs,
                 qdq_model=None,
                 memory_budget_mb=args.memory_budget_mb,
@@ -125,27 +122,26 @@ def run(args: argparse.Namespace) -> int:
                 **snoop_kwargs,
             ),
         )
-    with RunDir(args.working_dir, NAME, args.output_dirname, resume=not oneshot) as run:
+    with RunDir(place.working_dir, NAME, place.output_dirname, resume=not oneshot) as run:
         run.write_options(A.options_dict(args))
         if oneshot:
             run_oneshot(
                 framework,
-                args.model_path,
+                model.model_path,
                 inputs,
                 input_list=args.input_list,
-                output_tensors=args.output_tensor,
+                output_tensors=model.output_tensors,
                 default_verifiers=verifiers,
                 verifier_config=args.verifier_config,
                 golden_dir=args.golden_output_reference_directory,
                 enable_tensor_inspection=args.enable_tensor_inspection,
-                engine_kwargs=kwargs,
-                framework_kwargs=fw_kwargs,
-                working_dir=args.working_dir,
-                output_dirname=args.output_dirname,
+                engine_kwargs=config,
+                framework_kwargs=FRAMEWORK.parse(args).keywords(),
                 allow_nonfinite_inputs=allow,
+                **place.keywords(),
             )
         else:
             fn = run_layerwise if layerwise else run_cumulative_layerwise
-            result = fn(args.model_path, inputs, **snoop_kwargs)
+            result = fn(model.model_path, inputs, **snoop_kwargs)
             log.info("report: %s", result.html)
     return 0

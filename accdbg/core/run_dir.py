@@ -7,6 +7,7 @@ name is never touched.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -350,6 +351,43 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def options_dict(*groups: Any, **values: Any) -> dict[str, Any]:
+    """A run's options, JSON-ready, for ``<component>_options.json`` - the one way every
+    component writes that record. ``groups`` are typed option objects (dataclasses: their
+    fields, nested groups flattened) or parsed argument namespaces; ``values`` are added as
+    given. Paths become strings and tuples lists; names starting with ``_`` are left out."""
+    out: dict[str, Any] = {}
+
+    def add(obj: Any) -> None:
+        items = (
+            {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+            if dataclasses.is_dataclass(obj)
+            else vars(obj)
+        )
+        for key, value in items.items():
+            if dataclasses.is_dataclass(value) and not hasattr(value, "record"):
+                add(value)
+            elif not key.startswith("_"):
+                out[key] = _plain(value)
+
+    for group in groups:
+        add(group)
+    out.update({k: _plain(v) for k, v in values.items()})
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "record") and callable(value.record):
+        return value.record()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON atomically (:func:`write_bytes_atomic`)."""
     text = json.dumps(data, indent=2, default=_json_default, allow_nan=True) + "\n"
@@ -391,4 +429,3 @@ def detach_log_file(handler: logging.Handler | None) -> None:
         handler.close()
         if not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
             logger.setLevel(getattr(handler, "_accdbg_saved_level", logger.level))
-

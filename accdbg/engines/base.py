@@ -81,4 +81,3 @@ def base_session_options(verbose_log: bool) -> ort.SessionOptions:
     so.log_severity_level = 0 if verbose_log else 3
     so.log_verbosity_level = 0
     return so
-

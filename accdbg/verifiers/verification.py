@@ -27,7 +27,7 @@ import pandas as pd
 from accdbg.core.jsonio import read_json
 from accdbg.core.progress import progress
 from accdbg.core.provenance import describe_inputs, input_files, recorded_inputs, same_inputs
-from accdbg.core.run_dir import RunDir, write_json_atomic
+from accdbg.core.run_dir import RunDir, options_dict, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, TensorRecord, safe_relpath
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import execution_order, load_graph_struct
@@ -1028,18 +1028,18 @@ def run_verification(
             log.log(level, "%s", note)
         run.write_options(
             options_record
-            or {
-                "golden_output_reference_directory": str(golden_dir),
-                "inference_results": str(inference_results),
-                "default_verifier": [cv.verifier.label for cv in verifiers if cv.tensors is None],
-                "verifier_config": str(verifier_config) if verifier_config else None,
-                "tensor_mapping": sources.get("tensor_mapping"),
-                "graph_struct": sources.get("graph_struct"),
-                "qnn_model_json_path": sources.get("qnn_model_json_path"),
-                "model_path": str(model_path) if model_path else None,
-                "working_dir": str(working_dir),
-                "output_dirname": output_dirname,
-            }
+            or options_dict(
+                golden_output_reference_directory=golden_dir,
+                inference_results=inference_results,
+                default_verifier=[cv.verifier.label for cv in verifiers if cv.tensors is None],
+                verifier_config=verifier_config or None,
+                tensor_mapping=sources.get("tensor_mapping"),
+                graph_struct=sources.get("graph_struct"),
+                qnn_model_json_path=sources.get("qnn_model_json_path"),
+                model_path=model_path or None,
+                working_dir=working_dir,
+                output_dirname=output_dirname,
+            )
         )
         if mapping is not None and model_path is not None and tensor_mapping is None:
             write_json_atomic(run.path / "tensor_mapping.json", mapping)

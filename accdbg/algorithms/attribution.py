@@ -137,4 +137,3 @@ def inputs_from_graph_struct(struct: dict) -> dict[str, list[str]]:
         for o in layer.get("outputs", []):
             out[o] = list(layer.get("inputs", []))
     return out
-

@@ -428,6 +428,7 @@ def _carry_conversion(engine, conversion) -> None:
     }
     write_json_atomic(engine.tensor_mapping, composed)
     onnx_of = {k: v for k, v in onnx_map.items()}
+
     def layout(rec: TensorRecord) -> None:
         perm = conversion.permutations.get(onnx_of.get(rec.name, rec.name))
         if len(rec.shape) == 4 and perm is not None:

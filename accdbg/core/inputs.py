@@ -258,4 +258,3 @@ def inputs_per_line(
             check_raw_size(t.path, t.dims, t.dtype, f"{where}: input {t.name!r}")
         out.append(line)
     return out
-

@@ -32,7 +32,7 @@ from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, TensorRecord, 
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import execution_order, load_graph_struct
 from accdbg.mapping.layout import Alignment, normalize_layout, reconcile
-from accdbg.mapping.qnn_json import Encoding, QnnGraph, QnnTensor
+from accdbg.mapping.qnn_json import QnnGraph, QnnTensor, StepEncoding
 from accdbg.mapping.tensor_mapping import (
     Pairing,
     build_tensor_mapping,
@@ -282,7 +282,7 @@ def _fmt_shape(shape) -> list[int]:
 
 def _target_view(
     rec: TensorRecord, qnn: QnnTensor | None
-) -> tuple[tuple[int, ...], str | None, Encoding | None]:
+) -> tuple[tuple[int, ...], str | None, StepEncoding | None]:
     """The target's shape, layout and encoding, from its record first, then the QNN JSON.
 
     The QNN JSON describes the QNN tensor: its axis format applies to the dump only when the
@@ -294,7 +294,7 @@ def _target_view(
     extra = rec.extra or {}
     if "scale" in extra and extra["scale"] is not None:
         scale = extra["scale"]
-        encoding = Encoding(
+        encoding = StepEncoding(
             np.asarray(scale, dtype=np.float64) if isinstance(scale, list) else float(scale),
             extra.get("offset", 0),
             extra.get("bitwidth"),
@@ -327,7 +327,7 @@ def _golden_view(rec: TensorRecord, qnn: QnnTensor | None) -> tuple[tuple[int, .
     return shape, layout
 
 
-def _scale_for(encoding: Encoding | None, target_shape, alignment: Alignment):
+def _scale_for(encoding: StepEncoding | None, target_shape, alignment: Alignment):
     """The quantization step broadcast to the aligned target (per-axis scales move with it)."""
     if encoding is None:
         return None

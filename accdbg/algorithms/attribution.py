@@ -128,12 +128,3 @@ def _fmt(d: float) -> str:
 
 def _join(old: str, new: str) -> str:
     return f"{old}; {new}" if old else new
-
-
-def inputs_from_graph_struct(struct: dict) -> dict[str, list[str]]:
-    """Layer output -> its input tensors, from a ``*_graph_struct.json``."""
-    out: dict[str, list[str]] = {}
-    for layer in struct.get("layers", []):
-        for o in layer.get("outputs", []):
-            out[o] = list(layer.get("inputs", []))
-    return out

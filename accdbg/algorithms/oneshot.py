@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from accdbg.algorithms.attribution import Attribution, attribute, inputs_from_graph_struct
+from accdbg.algorithms.attribution import Attribution, attribute
 from accdbg.algorithms.culprits import find_culprits, prepared_model
 from accdbg.algorithms.ranking import Culprit
 from accdbg.core.inputs import (
@@ -50,6 +50,7 @@ from accdbg.frameworks.diagnosis import (
     check_model_path,
     run_framework_diagnosis,
 )
+from accdbg.mapping.graph_struct import inputs_of, load_graph_struct
 from accdbg.reports.html_report import write_report
 from accdbg.reports.summary import frame_records, json_value, write_csv
 from accdbg.verifiers import get_verifier
@@ -326,10 +327,8 @@ def run_oneshot(
         verifiers = {
             v["label"]: get_verifier(v["spec"]) for v in ver.verifiers if v.get("spec") is not None
         }
-        inputs_of = inputs_from_graph_struct(
-            json.loads(engine.graph_struct.read_text(encoding="utf-8"))
-        )
-        summary, marks = attribute(ver.summary, verifiers, inputs_of)
+        layer_inputs = inputs_of(load_graph_struct(engine.graph_struct))
+        summary, marks = attribute(ver.summary, verifiers, layer_inputs)
         several = len(ver.per_input) > 1
         worst = worst_input(ver.inputs, verifiers) if several else next(iter(ver.per_input))
         golden_w, target_w = ver.folders[worst]

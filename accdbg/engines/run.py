@@ -35,6 +35,7 @@ from accdbg.engines.pipeline import Calibration, prepare_model, select_layers
 from accdbg.engines.source import build_feeds
 from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
 from accdbg.errors import AccdbgError
+from accdbg.mapping.graph_struct import write_graph_struct
 
 log = logging.getLogger("accdbg.inference_engine")
 
@@ -245,7 +246,9 @@ def run_inference_engine(
         mapping_path = run.path / "tensor_mapping.json"
         write_json_atomic(mapping_path, mapping)
         struct_path = run.path / f"{stem}_graph_struct.json"
-        write_json_atomic(struct_path, artifacts.graph_struct(stem, selected, report.shapes))
+        write_graph_struct(
+            struct_path, stem, artifacts.graph_struct_layers(selected, report.shapes)
+        )
         _report_partitioning(run.path, plain, eng.label, target_model, prepared.quantized_here)
         _report_fusion(diffs)
         write_json_atomic(run.path / "preprocessing.json", steps)

@@ -181,7 +181,7 @@ class SnoopArgs:
     verifiers: Sequence[Any]
     start_layer: str | None
     end_layer: str | None
-    engine_kwargs: dict | None
+    engine_kwargs: EngineConfig | dict | None
     working_dir: str | os.PathLike
     output_dirname: str | None
     memory_budget_mb: float

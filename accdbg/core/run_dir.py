@@ -16,6 +16,8 @@ import shutil
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -344,11 +346,28 @@ def _note(folder: Path, text: str) -> None:
         pass
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write through a temporary file and a rename, so readers never see half a file."""
+@contextmanager
+def atomic_path(path: str | os.PathLike, durable: bool = False) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; renamed onto ``path`` when the block
+    ends cleanly (removed when it fails), so readers never see half a file. ``durable``:
+    fsync'd before the rename (a journal's report that must survive SIGKILL). Every atomic
+    write of the package goes through here."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        if durable:
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write through a temporary file and a rename (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def options_dict(*groups: Any, **values: Any) -> dict[str, Any]:

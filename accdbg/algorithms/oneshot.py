@@ -40,7 +40,7 @@ from accdbg.core.run_dir import (
     component_root,
     write_json_atomic,
 )
-from accdbg.core.tensor_store import TensorFolder, TensorRecord, safe_relpath, update_manifest
+from accdbg.core.tensor_store import TensorFolder, safe_relpath
 from accdbg.engines import run_inference_engine
 from accdbg.engines.options import EngineConfig
 from accdbg.engines.run import check_inference_engine
@@ -302,9 +302,8 @@ def run_oneshot(
             working_dir=working_dir,
             output_dirname=output_dirname,
             allow_nonfinite_inputs=allow_nonfinite_inputs,
+            conversion=conversion,
         )
-        if conversion is not None:
-            _carry_conversion(engine, conversion)
         seconds["inference_engine"] = time.perf_counter() - t
         t = time.perf_counter()
         target = _target(goldens, engine.results, input_list, input_tensors)
@@ -408,43 +407,6 @@ def run_oneshot(
             ranking.culprits,
             ver.inputs,
             worst,
-        )
-
-
-def _carry_conversion(engine, conversion) -> None:
-    """Map engine tensors to framework names and record their layouts, through the conversion.
-
-    The engine names tensors after the converted ONNX model; ``tensor_mapping.json`` becomes
-    engine name -> framework name (the ONNX-level file is kept as ``tensor_mapping_onnx.json``),
-    and each dumped tensor records its layout so verification transposes instead of guessing.
-    """
-    onnx_map = json.loads(engine.tensor_mapping.read_text(encoding="utf-8"))
-    write_json_atomic(engine.run_dir / "tensor_mapping_onnx.json", onnx_map)
-    composed = {
-        k: conversion.tensor_mapping[v]
-        for k, v in onnx_map.items()
-        if v in conversion.tensor_mapping
-    }
-    write_json_atomic(engine.tensor_mapping, composed)
-    onnx_of = {k: v for k, v in onnx_map.items()}
-
-    def layout(rec: TensorRecord) -> None:
-        perm = conversion.permutations.get(onnx_of.get(rec.name, rec.name))
-        if len(rec.shape) == 4 and perm is not None:
-            rec.layout = (
-                "NCHW"
-                if list(perm) == [0, 2, 3, 1]
-                else ("NHWC" if list(perm) == [0, 1, 2, 3] else None)
-            )
-
-    for result in engine.results:
-        update_manifest(result, layout)
-    missing = [k for k in onnx_map if k not in composed]
-    if missing:
-        log.info(
-            "%d engine tensor(s) have no framework counterpart (fused by the converter), e.g. %s",
-            len(missing),
-            ", ".join(missing[:5]),
         )
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -36,6 +37,9 @@ from accdbg.engines.source import build_feeds
 from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import write_graph_struct
+
+if TYPE_CHECKING:
+    from accdbg.frameworks.convert import Conversion
 
 log = logging.getLogger("accdbg.inference_engine")
 
@@ -149,12 +153,15 @@ def run_inference_engine(
     memory_budget_mb: float = 4096,
     options_record: dict | None = None,
     allow_nonfinite_inputs: bool = False,
+    conversion: Conversion | None = None,
     **keywords: object,
 ) -> EngineResult:
     """Run the model on the chosen engine and dump its intermediate tensors.
 
     Options: an :class:`~accdbg.engines.options.EngineConfig` (what the CLI parses), or the
-    flat keywords of its fields, e.g. ``runtime="htp", act_bitwidth=16, per_channel=True``."""
+    flat keywords of its fields, e.g. ``runtime="htp", act_bitwidth=16, per_channel=True``.
+    ``conversion``: the model is another framework's, converted to ONNX; the tensor mapping then
+    goes to the framework's names and each dumped tensor records its layout."""
     start = time.perf_counter()
     req = check_inference_engine(
         model_path,
@@ -243,6 +250,8 @@ def run_inference_engine(
         qnn_tensors = artifacts.qnn_tensor_names(model_net)
         _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
         mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
+        if conversion is not None:
+            mapping = _through_conversion(run.path, report.results, mapping, conversion)
         mapping_path = run.path / "tensor_mapping.json"
         write_json_atomic(mapping_path, mapping)
         struct_path = run.path / f"{stem}_graph_struct.json"
@@ -295,6 +304,41 @@ def _annotate_manifests(
 
     for root in results:
         update_manifest(root, annotate)
+
+
+def _through_conversion(
+    run_path: Path, results: list, onnx_map: dict[str, str], conversion: Conversion
+) -> dict[str, str]:
+    """Engine tensors mapped to framework names, and their layouts recorded, through the
+    conversion to ONNX: returns engine name -> framework name (the ONNX-level mapping is kept
+    as ``tensor_mapping_onnx.json``); each dumped tensor records its layout so verification
+    transposes instead of guessing."""
+    write_json_atomic(run_path / "tensor_mapping_onnx.json", onnx_map)
+    composed = {
+        k: conversion.tensor_mapping[v]
+        for k, v in onnx_map.items()
+        if v in conversion.tensor_mapping
+    }
+
+    def layout(rec: TensorRecord) -> None:
+        perm = conversion.permutations.get(onnx_map.get(rec.name, rec.name))
+        if len(rec.shape) == 4 and perm is not None:
+            rec.layout = (
+                "NCHW"
+                if list(perm) == [0, 2, 3, 1]
+                else ("NHWC" if list(perm) == [0, 1, 2, 3] else None)
+            )
+
+    for result in results:
+        update_manifest(Path(result), layout)
+    missing = [k for k in onnx_map if k not in composed]
+    if missing:
+        log.info(
+            "%d engine tensor(s) have no framework counterpart (fused by the converter), e.g. %s",
+            len(missing),
+            ", ".join(missing[:5]),
+        )
+    return composed
 
 
 def _report_partitioning(

@@ -153,7 +153,9 @@ def _calibration(model: onnx.ModelProto, built: models.Built) -> Calibration:
     x = parse_input_tensor(
         [built.input_name, ",".join(map(str, built.dims)), str(built.input_path)]
     )
-    return Calibration(*build_feeds(model, None, [x]))
+    calib = Calibration.from_inputs(model, None, [x])
+    assert calib == Calibration(*build_feeds(model, None, [x]))
+    return calib
 
 
 def test_prepare_model_quantizes_variants_from_one_config(tmp_path):

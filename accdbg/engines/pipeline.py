@@ -18,16 +18,18 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
+from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.engines import exposure
 from accdbg.engines.options import EngineConfig, LayerFilter, QuantOptions
 from accdbg.engines.prepare import fix_shapes, prepare_float_model
 from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
-from accdbg.engines.source import Feeds
+from accdbg.engines.source import Feeds, build_feeds
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.inference_engine")
@@ -41,6 +43,18 @@ class Calibration:
     feeds: Feeds
     dims: dict[str, tuple[int, ...]]
     dtypes: dict
+
+    @classmethod
+    def from_inputs(
+        cls,
+        model: onnx.ModelProto,
+        input_list: str | Path | None = None,
+        input_tensors: Sequence[InputTensor] = (),
+        allow_nonfinite: bool = False,
+    ) -> Calibration:
+        """Every ``-l`` line (else the ``-i`` files), each file checked, as the engine reads them."""
+        parsed = parse_input_list(input_list) if input_list else None
+        return cls(*build_feeds(model, parsed, input_tensors, allow_nonfinite))
 
 
 @dataclass

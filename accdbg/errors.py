@@ -17,10 +17,6 @@ class AccdbgError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
-class NotImplementedComponent(AccdbgError):
-    """A component or option that a later release fills in."""
-
-
 class Interrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM: stop cleanly (close the run as failed, stop child processes).
 

@@ -17,13 +17,36 @@ from tests import models  # noqa: E402
 def _rapidocr_model(name: str) -> Path:
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec is None or not spec.submodule_search_locations:
-        pytest.fail(
+        pytest.skip(
             "rapidocr-onnxruntime==1.4.4 is not installed; the test command installs it "
             "(pip install --no-deps rapidocr-onnxruntime==1.4.4)"
         )
     path = Path(spec.submodule_search_locations[0]) / "models" / name
     assert path.is_file(), path
     return path
+
+
+# Fixtures that start the QNN backend, a browser or a big framework: a test using one is in the
+# slow tier (``pytest -m "not slow"`` leaves it out). Tests that start them themselves carry
+# ``@pytest.mark.slow``.
+SLOW_FIXTURES = {"ppocr_det", "ppocr_cls", "ppocr_rec", "example_run", "blocks_run"}
+
+
+def pytest_ignore_collect(collection_path, config):
+    """In the fast tier, a module marked slow as a whole is not even imported (importing
+    TensorFlow or PyTorch alone takes seconds)."""
+    if config.getoption("markexpr", "").replace(" ", "") != "notslow":
+        return None
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        if "\npytestmark = pytest.mark.slow" in collection_path.read_text(encoding="utf-8"):
+            return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

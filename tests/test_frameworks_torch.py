@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import onnxruntime as ort
 import pytest
-import torch  # the test command installs accdbg[torch] (torch==2.13.0, the CPU build)
 
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import parse_input_tensor
@@ -17,6 +16,13 @@ from accdbg.core.tensor_store import TensorFolder
 from accdbg.frameworks.convert import convert_to_onnx
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from tests.helpers import one_line_error, run_cli
+
+torch = pytest.importorskip(
+    "torch",
+    reason="PyTorch is an optional framework: pip install accdbg[torch] (torch==2.13.0 first)",
+)
+
+pytestmark = pytest.mark.slow  # runs a big framework (and QNN)
 
 MODEL_SOURCE = '''
 import torch

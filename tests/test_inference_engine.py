@@ -44,6 +44,7 @@ def conv(tmp_path_factory):
     return built, inp, res, tmp
 
 
+@pytest.mark.slow
 def test_every_activation_comes_from_htp_on_the_quantization_grid(conv):
     built, _, res, _ = conv
     acts = _qdq_activations(res.qdq_model)
@@ -63,6 +64,7 @@ def test_every_activation_comes_from_htp_on_the_quantization_grid(conv):
     assert set(mapping) == set(folder.names())
 
 
+@pytest.mark.slow
 def test_htp_is_not_cpu_fake_quant(conv):
     built, inp, res, tmp = conv
     sim = run_inference_engine(
@@ -90,6 +92,7 @@ def test_htp_is_not_cpu_fake_quant(conv):
     )
 
 
+@pytest.mark.slow
 def test_tensor_mapping_points_at_golden_tensors_of_the_same_shape(conv):
     built, inp, res, tmp = conv
     gold = run_framework_diagnosis(
@@ -108,6 +111,7 @@ def test_tensor_mapping_points_at_golden_tensors_of_the_same_shape(conv):
     ]
 
 
+@pytest.mark.slow
 def test_native_output_and_filters(conv):
     built, inp, res, tmp = conv
     nat = run_inference_engine(
@@ -143,6 +147,7 @@ def test_native_output_and_filters(conv):
     assert {r.op_type for r in TensorFolder(only.results[0])} == {"Conv"}
 
 
+@pytest.mark.slow
 def test_debug_mode_off_dumps_outputs_only(conv):
     built, inp, res, tmp = conv
     off = run_inference_engine(
@@ -156,6 +161,7 @@ def test_debug_mode_off_dumps_outputs_only(conv):
     assert TensorFolder(off.results[0]).names() == ["pool"]
 
 
+@pytest.mark.slow
 def test_input_list_several_inferences_and_bad_lines(tmp_path, capsys):
     built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
     rng = np.random.default_rng(3)
@@ -219,6 +225,7 @@ def test_runtime_and_flag_errors(tmp_path, capsys, argv, expect):
     assert expect in one_line_error(err)
 
 
+@pytest.mark.slow
 def test_gpu_backend_that_cannot_start_is_an_error_not_a_cpu_run(tmp_path):
     built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
     inp = [parse_input_tensor(["x", "1,3,8,8", str(built.input_path)])]
@@ -239,6 +246,7 @@ def _with_unsupported_op(tmp_path):
     return path, [parse_input_tensor(["x", "1,3,8,8", str(built.input_path)])]
 
 
+@pytest.mark.slow
 def test_unsupported_ops_are_listed(tmp_path):
     path, inp = _with_unsupported_op(tmp_path)
     res = run_inference_engine(path, input_tensors=inp, working_dir=tmp_path / "w")
@@ -263,6 +271,7 @@ def test_unsupported_ops_are_listed(tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_missing_onnxruntime_qnn_names_the_package(monkeypatch, tmp_path):
     import sys
 
@@ -273,6 +282,7 @@ def test_missing_onnxruntime_qnn_names_the_package(monkeypatch, tmp_path):
         run_inference_engine(built.path, input_tensors=inp, working_dir=tmp_path / "w")
 
 
+@pytest.mark.slow
 def test_native_crash_is_reported_not_fatal():
     assert run_isolated(crashers.answer, 21, what="answering") == 42
     with pytest.raises(
@@ -283,6 +293,7 @@ def test_native_crash_is_reported_not_fatal():
         run_isolated(crashers.abort, what="testing an abort")
 
 
+@pytest.mark.slow
 def test_a_prestarted_child_warms_up_then_waits_for_its_work():
     child = Isolated.prestart("tests.crashers", what="answering")
     time.sleep(0.3)  # warm-up done, now waiting
@@ -318,6 +329,7 @@ def test_a_waiting_child_whose_parent_died_leaves_nothing_behind():
     assert not folder.exists()
 
 
+@pytest.mark.slow
 def test_fp16_precision_runs_float_model_on_htp(tmp_path):
     built = models.conv_net(tmp_path, channels=8, size=16, layers=3)
     inp = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
@@ -334,6 +346,7 @@ def test_fp16_precision_runs_float_model_on_htp(tmp_path):
     assert part["placement_counts"]["QNNExecutionProvider"] >= 1
 
 
+@pytest.mark.slow
 def test_compiled_stage_runs_an_epcontext_model(conv, tmp_path):
     import onnxruntime_qnn as q
 
@@ -364,6 +377,7 @@ def test_compiled_stage_runs_an_epcontext_model(conv, tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_profiling_output(conv, tmp_path):
     built, inp, res, _ = conv
     prof = run_inference_engine(
@@ -388,6 +402,7 @@ def ppocr_run(request, tmp_path_factory, ppocr_det, ppocr_input):
     return request.param, inp, res, tmp
 
 
+@pytest.mark.slow
 def test_real_ppocr_det_every_quantized_activation_from_htp(ppocr_run, ppocr_det):
     bits, inp, res, tmp = ppocr_run
     acts = _qdq_activations(res.qdq_model)
@@ -452,6 +467,7 @@ def test_qnn_preprocessing_keeps_metadata_and_survives_its_own_failure(
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+@pytest.mark.slow
 def test_a_busy_child_dies_within_a_second_of_its_parent(sig):
     """Whatever stops the tool - SIGKILL included, which no handler sees - its backend
     children stop with it, even in the middle of their work."""

@@ -162,6 +162,7 @@ def two_fault(tmp_path_factory):
     return m
 
 
+@pytest.mark.slow
 def test_oneshot_blames_everything_after_a_layerwise_only_a_and_b(two_fault):
     m = two_fault
     oneshot = oneshot_cosines(m.golden, m.engine.results[0])
@@ -184,6 +185,7 @@ def test_oneshot_blames_everything_after_a_layerwise_only_a_and_b(two_fault):
     assert "fails (pass >= 0.99)" in info[A] and info["s"] == ""
 
 
+@pytest.mark.slow
 def test_scores_and_activations_follow_from_the_dumped_outputs(two_fault):
     m = two_fault
     golden = TensorFolder(m.golden)
@@ -244,6 +246,7 @@ def fragment_json_files(run_dir: Path) -> list[Path]:
     return files
 
 
+@pytest.mark.slow
 def test_fragments_run_with_the_full_models_qnn_encodings(two_fault):
     m = two_fault
     full = qnn_encodings_by_tensor([m.engine.model_net_json])
@@ -269,6 +272,7 @@ def test_fragments_run_with_the_full_models_qnn_encodings(two_fault):
     assert b_scale == pytest.approx(0.1 / 255, rel=1e-3)  # B's overridden range is what QNN got
 
 
+@pytest.mark.slow
 def test_aimet_style_folder_without_manifest_and_missing_tensors(two_fault, tmp_path):
     m = two_fault
     golden = TensorFolder(m.golden)
@@ -314,6 +318,7 @@ def crash_on_pool(job):
     return run_part(job)
 
 
+@pytest.mark.slow
 def test_a_crashing_layer_is_isolated_and_the_rest_judged(two_fault, tmp_path, monkeypatch):
     m = two_fault
     monkeypatch.setattr(backend_module.Backend, "job_fn", staticmethod(crash_on_pool))
@@ -354,6 +359,7 @@ def test_failure_stage_maps_to_the_reference_status(stage, error, status):
     assert failure_status(PartReport(False, stage, error)) == status
 
 
+@pytest.mark.slow
 def test_span_and_skip_filters(two_fault, tmp_path):
     m = two_fault
     res = run_layerwise(
@@ -376,6 +382,7 @@ def test_span_and_skip_filters(two_fault, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_one_line_errors(two_fault, tmp_path):
     m = two_fault
     kw = dict(golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path)
@@ -459,6 +466,7 @@ def _minmax_scale(ranges: list[tuple[float, float]]) -> float:
         ("cumulative-layerwise", "cumulative_layerwise_snooping"),
     ],
 )
+@pytest.mark.slow
 def test_snooping_calibrates_on_every_input_list_line_like_the_engine(
     calibration_list, tmp_path, capsys, algorithm, folder
 ):

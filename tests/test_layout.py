@@ -297,6 +297,7 @@ def _qdq_conv(tmp_path):
     return models.save(graph, tmp_path / "qdq.onnx", opset=17)
 
 
+@pytest.mark.slow
 def test_real_qnn_graph_json_dims_are_channel_last(tmp_path):
     """The QNN execution provider's own graph JSON: the Conv output is [1, 6, 10, 5] (NHWC)
     with axis_format NOT_YET_DEFINED, so the layout comes from the shapes; its encoding is

@@ -13,6 +13,7 @@ import json
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from accdbg.core.inputs import parse_input_tensor
@@ -98,6 +99,7 @@ def _nms_inputs_in_qdq(qdq_path) -> tuple[list[str], dict[str, np.ndarray], set[
     return list(nms.input), inits, dq_outputs
 
 
+@pytest.mark.slow
 def test_nms_thresholds_stay_constant_and_cpu_nodes_carry_qnns_reason(tmp_path, capsys):
     path = _nms_model(tmp_path, static_output=False)
     boxes, scores, inputs = _inputs(tmp_path)
@@ -139,6 +141,7 @@ def test_nms_thresholds_stay_constant_and_cpu_nodes_carry_qnns_reason(tmp_path, 
         assert part["placement_counts"]["QNNExecutionProvider"] >= 1
 
 
+@pytest.mark.slow
 def test_nms_with_a_static_output_runs_on_qnn_and_selects_like_the_float_model(tmp_path):
     path = _nms_model(tmp_path, static_output=True)
     boxes, scores, inputs = _inputs(tmp_path)

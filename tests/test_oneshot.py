@@ -29,6 +29,7 @@ def _cos(a, b) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+@pytest.mark.slow
 def test_planted_layer_is_first_crossing_and_largest_drop(tmp_path):
     built = models.planted_chain(tmp_path, layers=6, bad=3)
     planted = built.expected["planted"]
@@ -81,6 +82,7 @@ def ppocr_planted(tmp_path_factory, ppocr_det, ppocr_input):
     return run_oneshot("onnx", path, inp, working_dir=tmp / "w"), "relu_2.tmp_0"
 
 
+@pytest.mark.slow
 def test_real_model_planted_layer_among_three_largest_drops(ppocr_planted):
     res, planted = ppocr_planted
     names = list(res.summary["Name"])
@@ -102,6 +104,7 @@ def ppocr_oneshot(tmp_path_factory, ppocr_det, ppocr_input):
     return run_oneshot("onnx", ppocr_det, inp, working_dir=tmp / "w", enable_tensor_inspection=True)
 
 
+@pytest.mark.slow
 def test_real_model_summary_is_complete(ppocr_oneshot):
     res = ppocr_oneshot
     dumped = TensorFolder(res.engine_run / "output" / "Result_0")
@@ -120,6 +123,7 @@ def test_real_model_summary_is_complete(ppocr_oneshot):
     assert len(pd.read_csv(insp / "summary.csv")) == len(csv)
 
 
+@pytest.mark.slow
 def test_clean_real_model_names_no_culprit(ppocr_oneshot):
     """The shipped model, nothing planted: the verdict is a diffuse error, not a layer."""
     res = ppocr_oneshot
@@ -130,6 +134,7 @@ def test_clean_real_model_names_no_culprit(ppocr_oneshot):
     assert len(s) > 200 and (s["SQNR ch_worst"] <= s["SQNR ch_median"] + 1e-9).all()
 
 
+@pytest.mark.slow
 def test_real_model_report_reads_at_1400_px(ppocr_oneshot, tmp_path):
     """PP-OCRv4 det's report: the layer adding the most error and the score columns are in
     view at 1400 px without scrolling the page sideways; one legend entry per kind of mark."""
@@ -187,6 +192,7 @@ def example_run(tmp_path_factory):
     return tmp, Path(report), proc.stderr
 
 
+@pytest.mark.slow
 def test_readme_command_finds_the_planted_layer(example_run):
     tmp, report, err = example_run
     assert "culprit #1: block1/conv/relu (Conv) - weight range" in err
@@ -202,6 +208,7 @@ def test_readme_command_finds_the_planted_layer(example_run):
         assert (tmp / "working_directory" / comp / "latest").is_dir()
 
 
+@pytest.mark.slow
 def test_report_renders_offline_in_chromium(example_run, tmp_path):
     _, report, _ = example_run
     html = report.read_text()
@@ -218,6 +225,7 @@ def test_report_renders_offline_in_chromium(example_run, tmp_path):
     assert errors == []
 
 
+@pytest.mark.slow
 def test_hostile_names_are_escaped_in_html_and_csv(tmp_path):
     evil = '<img src=x onerror="alert(1)">'
     # MatMul+Add are fused into a Gemm before quantization: the names go on tensors that survive
@@ -239,6 +247,7 @@ def test_hostile_names_are_escaped_in_html_and_csv(tmp_path):
     assert not any(str(c).startswith(("=", "+", "-", "@")) for c in cells)
 
 
+@pytest.mark.slow
 def test_config_file_with_command_line_override(tmp_path, capsys):
     built = models.planted_chain(tmp_path, layers=3, bad=1)
     cfg = tmp_path / "run.yaml"
@@ -266,6 +275,7 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
     assert code == 2 and "line 1" in one_line_error(err)
 
 
+@pytest.mark.slow
 def test_golden_directory_skips_framework_diagnosis(tmp_path, capsys):
     built = models.planted_chain(tmp_path, layers=3, bad=1)
     args = [
@@ -290,6 +300,7 @@ def test_golden_directory_skips_framework_diagnosis(tmp_path, capsys):
     assert len(pd.read_csv(tmp_path / "w" / "verification" / "second" / "summary.csv")) == 3
 
 
+@pytest.mark.slow
 def test_every_example_script_runs(tmp_path):
     out = tmp_path / "tiny"
     out.mkdir()
@@ -314,6 +325,7 @@ def test_every_example_script_runs(tmp_path):
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").iterdir()))
+@pytest.mark.slow
 def test_sample_configs_run(config, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     code, _, err = run_cli(capsys, "--config", f"configs/{config}", "-w", tmp_path / "w")
@@ -329,6 +341,7 @@ def test_sample_configs_run(config, tmp_path, capsys, monkeypatch):
         ("cumulative-layerwise", "cumulative_layerwise_snooping", "cumulative_layerwise.csv"),
     ],
 )
+@pytest.mark.slow
 def test_wrapper_runs_the_snooping_algorithms(tmp_path, capsys, algorithm, folder, report):
     built = models.planted_chain(tmp_path, layers=4, bad=1)
     code, _, err = run_cli(
@@ -377,6 +390,7 @@ def _lines(tmp: Path, base: Path, n: int) -> list[Path]:
     return raws
 
 
+@pytest.mark.slow
 def test_every_input_list_line_is_debugged_against_its_own_golden(tmp_path, capsys):
     built = models.planted_chain(tmp_path, layers=4, bad=1)
     raws = _lines(tmp_path, built.input_path, 3)
@@ -430,6 +444,7 @@ def test_every_input_list_line_is_debugged_against_its_own_golden(tmp_path, caps
     assert f'href="{agg.loc["layer2", "SQNR_worst_input"]}/SQNR/layer2.html"' in html
 
 
+@pytest.mark.slow
 def test_example_with_an_input_list_and_a_golden_of_one_input(tmp_path, capsys):
     """The tiny example: -i is one of the list's lines; a given golden of one input is
     compared with that input's result only."""
@@ -513,6 +528,7 @@ def ppocr_rec_oneshot(tmp_path_factory, ppocr_rec):
     return res, model, meta, references, characters, digest
 
 
+@pytest.mark.slow
 def test_real_rec_model_with_metadata_runs_as_shipped(ppocr_rec_oneshot, ppocr_rec):
     import hashlib
 

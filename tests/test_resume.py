@@ -115,6 +115,7 @@ def _check_partial_csv(folder: Path, stem: str, reference: pd.DataFrame) -> int:
     return finished
 
 
+@pytest.mark.slow
 def test_sigkill_mid_layerwise_resumes_from_the_last_finished_layer(small):
     tmp, built, inp = small
     kw = {"memory_budget_mb": TINY_BUDGET, "workers": 1}
@@ -161,6 +162,7 @@ def test_sigkill_mid_layerwise_resumes_from_the_last_finished_layer(small):
         )
 
 
+@pytest.mark.slow
 def test_sigint_mid_cumulative_resumes(small):
     tmp, built, inp = small
     # a pass mark no layer meets: every layer becomes a partition point, one run each
@@ -187,6 +189,7 @@ def test_sigint_mid_cumulative_resumes(small):
     assert res.sessions == len(ref.report) - done
 
 
+@pytest.mark.slow
 def test_the_input_list_is_part_of_the_recorded_options(small):
     tmp, built, inp = small
     lists = []
@@ -344,6 +347,7 @@ def _resumed_to_the_end(small, work: Path, ref) -> str:
     return proc.stderr
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_the_same_command_resumes_and_a_live_run_is_refused(
     small, cumulative_ref, tmp_path
 ):
@@ -380,6 +384,7 @@ def test_sigkill_mid_run_then_the_same_command_resumes_and_a_live_run_is_refused
     _resumed_to_the_end(small, work, cumulative_ref)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_cleanly_leaves_no_child_and_logs_the_signal(small, cumulative_ref, tmp_path):
     work = tmp_path / "w"
     staging = work / "cumulative_layerwise_snooping" / ".run.partial"

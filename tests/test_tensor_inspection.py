@@ -107,6 +107,7 @@ def pair(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_summary_numbers_match_numpy(pair):
     res = run_tensor_inspection(
         pair["golden"],
@@ -433,6 +434,7 @@ def _plot_all(plotter: Plotter, out: Path, seed: int, spread: float) -> None:
     plotter.save(out, f"tensor {seed}", "all 3,000 values", panels)
 
 
+@pytest.mark.slow
 def test_plots_of_one_tensor_carry_nothing_of_the_previous_one(tmp_path):
     """The plotter redraws only what changes over a kept background: a tensor drawn after
     another must give the very pixels a fresh plotter gives it."""
@@ -447,6 +449,7 @@ def test_plots_of_one_tensor_carry_nothing_of_the_previous_one(tmp_path):
         assert not np.array_equal(a, png_pixels(tmp_path / "first" / name)), name
 
 
+@pytest.mark.slow
 def test_copied_value_ticks_are_the_ones_each_plot_would_draw(tmp_path, monkeypatch):
     """Histograms, CDF and distribution share one x range, so their x ticks are drawn once
     and copied: the pictures must equal those of a plotter drawing every axis itself."""
@@ -480,6 +483,7 @@ def test_plots_keep_the_exact_plot_colors(tmp_path):
     assert has("Distribution_min-max.png", "white") and has("Distribution_min-max.png", "black")
 
 
+@pytest.mark.slow
 def test_out_dir_and_worker_processes_agree(pair):
     one = run_tensor_inspection(
         pair["golden"], pair["target"], out_dir=pair["tmp"] / "ver" / "ti1", workers=1
@@ -574,6 +578,7 @@ def det_runs(tmp_path_factory, ppocr_det, ppocr_input):
     return golden.run_dir, engine.results[0], tmp
 
 
+@pytest.mark.slow
 def test_ppocr_det_engine_dump(det_runs):
     golden_dir, result, tmp = det_runs
     golden, target = TensorFolder(golden_dir), TensorFolder(result)

@@ -932,6 +932,7 @@ def qnn_det(tmp_path_factory, ppocr_det, ppocr_input):
     return {"tmp": tmp, "golden": golden.run_dir, "engine": engine, "produced": produced}
 
 
+@pytest.mark.slow
 def test_ppocr_det_qnn_engine_verification(capsys, qnn_det):
     engine = qnn_det["engine"]
     t0 = time.perf_counter()
@@ -1042,6 +1043,7 @@ def listed(tmp_path_factory):
     return {"tmp": tmp, "golden": gold.run_dir, "engine": eng.run_dir, "raws": raws}
 
 
+@pytest.mark.slow
 def test_every_result_is_compared_with_the_golden_of_its_own_input(listed):
     res = run_verification(
         listed["golden"],
@@ -1079,6 +1081,7 @@ def test_every_result_is_compared_with_the_golden_of_its_own_input(listed):
     assert meta["inputs"]["Result_1"]["target"]["x"]["path"] == str(listed["raws"][1])
 
 
+@pytest.mark.slow
 def test_forged_pairing_is_refused_naming_both_files(capsys, listed):
     wd = listed["tmp"] / "forged"
     code, _, err = run_cli(
@@ -1104,6 +1107,7 @@ def test_forged_pairing_is_refused_naming_both_files(capsys, listed):
         run_verification(listed["golden"], swapped, working_dir=wd)
 
 
+@pytest.mark.slow
 def test_one_golden_is_compared_with_the_results_of_its_input_only(listed):
     res = run_verification(
         listed["golden"] / "Result_1",

@@ -128,25 +128,3 @@ def _fmt(d: float) -> str:
 
 def _join(old: str, new: str) -> str:
     return f"{old}; {new}" if old else new
-
-
-def inputs_from_graph_struct(struct: dict) -> dict[str, list[str]]:
-    """Layer output -> its input tensors, from a ``*_graph_struct.json``."""
-    out: dict[str, list[str]] = {}
-    for layer in struct.get("layers", []):
-        for o in layer.get("outputs", []):
-            out[o] = list(layer.get("inputs", []))
-    return out
-
-
-def console_lines(marks: Sequence[Attribution]) -> list[str]:
-    """What the console ends with: where the error starts and who adds the most."""
-    lines = []
-    for m in marks:
-        if m.largest_drops:
-            worst = ", ".join(f"{n} (drop {_fmt(d)})" for n, d in m.largest_drops)
-            lines.append(f"{m.label}: layers adding the most error: {worst}")
-        lines.append(
-            f"{m.label}: first layer crossing the threshold while its inputs did not: {m.first_crossing or 'none'}"
-        )
-    return lines

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from accdbg.core.run_dir import RunDir
+from accdbg.core.run_dir import RunDir, write_bytes_atomic
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.snooping")
@@ -47,9 +47,7 @@ class Journal:
                     )
                     break
             if len(good) != len([x for x in lines if x.strip()]):
-                tmp = path.with_name(path.name + ".tmp")
-                tmp.write_bytes(b"".join(g + b"\n" for g in good))
-                os.replace(tmp, path)
+                write_bytes_atomic(path, b"".join(g + b"\n" for g in good))
 
     def append(self, record: dict[str, Any]) -> None:
         data = (json.dumps(record, allow_nan=False) + "\n").encode("utf-8")

@@ -30,6 +30,7 @@ from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, snoop
 from accdbg.algorithms.statuses import ERR_PART, PART
 from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor
+from accdbg.engines.options import EngineConfig
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.snooping")
@@ -247,7 +248,7 @@ def run_cumulative_layerwise(
     verifiers: Sequence = ("CosineSimilarity",),
     start_layer: str | None = None,
     end_layer: str | None = None,
-    engine_kwargs: dict | None = None,
+    engine_kwargs: EngineConfig | dict | None = None,
     working_dir: str | os.PathLike = "working_directory",
     output_dirname: str | None = None,
     memory_budget_mb: float = 1024,

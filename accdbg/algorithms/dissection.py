@@ -39,10 +39,11 @@ from accdbg.algorithms.checkpoint import Journal
 from accdbg.algorithms.fragments import Layer, Part, QdqModel, SurgeryError, merge
 from accdbg.algorithms.golden import Golden, GoldenError
 from accdbg.algorithms.judging import Judge, finalize_row, judge_layer, restore_row
-from accdbg.algorithms.snooping import engine_options, find_layer, one_input_golden
+from accdbg.algorithms.snooping import find_layer, one_input_golden
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.inputs import InputTensor, parse_input_tensor
 from accdbg.core.tensor_store import TensorWriter
+from accdbg.engines.options import EngineConfig
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.dissection")
@@ -232,8 +233,8 @@ def run_dissection(
     partitions = check_dissection_options(
         maximum_dissection_iterations, auto_stop_iterations, partition_override
     )
-    kwargs = dict(engine_kwargs or {})
-    engine, options = engine_options(kwargs)
+    config = EngineConfig.coerce(engine_kwargs)
+    engine, options = config.check(), config.engine_options()
     qdq_path = Path(qdq_model).expanduser().absolute()
     if not qdq_path.is_file():
         raise AccdbgError(f"QDQ model {str(qdq_model)!r} does not exist")
@@ -276,7 +277,7 @@ def run_dissection(
         "maximum_dissection_iterations": maximum_dissection_iterations,
         "auto_stop_iterations": auto_stop_iterations,
         "partitions": plan,
-        "engine_kwargs": dict(sorted(kwargs.items())),
+        "engine_kwargs": config.keywords(),
     }
     with RunDir(working_dir, COMPONENT, output_dirname, resume=output_dirname is not None) as run:
         opt_path = run.path / f"{COMPONENT}_options.json"

@@ -26,6 +26,7 @@ from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, snoop
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor
+from accdbg.engines.options import EngineConfig
 
 log = logging.getLogger("accdbg.snooping")
 
@@ -178,7 +179,7 @@ def run_layerwise(
     verifiers: Sequence = ("CosineSimilarity",),
     start_layer: str | None = None,
     end_layer: str | None = None,
-    engine_kwargs: dict | None = None,
+    engine_kwargs: EngineConfig | dict | None = None,
     working_dir: str | os.PathLike = "working_directory",
     output_dirname: str | None = None,
     memory_budget_mb: float = DEFAULT_MEMORY_BUDGET_MB,
@@ -192,7 +193,8 @@ def run_layerwise(
     ``golden_dir``: golden tensors (framework diagnosis run, or a folder of ``<tensor>.raw``
     such as an AIMET layer-output dump); None runs framework diagnosis first. ``qdq_model``:
     the QDQ model to debug; None quantizes ``model_path`` as the inference engine does
-    (``engine_kwargs`` holds its options), calibrated like it on every line of ``input_list``
+    (``engine_kwargs``: an :class:`~accdbg.engines.options.EngineConfig` or its plain keywords,
+    e.g. ``{"act_bitwidth": 16}``), calibrated like it on every line of ``input_list``
     (a qnn-net-run input list; without it, on the ``input_tensors`` files). With ``output_dirname`` an interrupted run of that
     name is resumed. ``dump_qnn_json`` keeps each session's QNN graph JSON in ``qnn_json/``.
     ``model_explorer`` writes Model Explorer overlays of the table on ``model_path``'s graph.

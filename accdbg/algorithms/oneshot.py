@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from accdbg.algorithms.attribution import Attribution, attribute, inputs_from_graph_struct
+from accdbg.algorithms.attribution import Attribution, attribute
 from accdbg.algorithms.culprits import find_culprits, prepared_model
 from accdbg.algorithms.ranking import Culprit
 from accdbg.core.inputs import (
@@ -42,13 +42,15 @@ from accdbg.core.run_dir import (
 )
 from accdbg.core.tensor_store import TensorFolder, safe_relpath
 from accdbg.engines import run_inference_engine
-from accdbg.engines.run import check_engine_options, check_inference_engine
+from accdbg.engines.options import EngineConfig
+from accdbg.engines.run import check_inference_engine
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.diagnosis import (
     check_framework_diagnosis,
     check_model_path,
     run_framework_diagnosis,
 )
+from accdbg.mapping.graph_struct import inputs_of, load_graph_struct
 from accdbg.reports.html_report import write_report
 from accdbg.reports.summary import frame_records, json_value, write_csv
 from accdbg.verifiers import get_verifier
@@ -143,7 +145,7 @@ def check_oneshot(
     default_verifiers: Sequence = ("CosineSimilarity", "SQNR"),
     verifier_config: str | Path | None = None,
     golden_dir: str | Path | None = None,
-    engine_kwargs: dict | None = None,
+    engine_kwargs: EngineConfig | dict | None = None,
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
@@ -167,20 +169,20 @@ def check_oneshot(
             )
         for t in input_tensors:
             t.check(allow)
-    kwargs = {k: v for k, v in (engine_kwargs or {}).items() if k != "golden_dir_for_mapping"}
+    config = EngineConfig.coerce(engine_kwargs)
     if framework == "onnx":
         check_inference_engine(
             model_path,
             input_list,
             input_tensors,
+            config,
             working_dir=working_dir,
             output_dirname=output_dirname,
             allow_nonfinite_inputs=allow,
-            **kwargs,
         )
     else:  # the engine's model is converted later: check what can be checked now
         check_model_path(model_path, framework)
-        check_engine_options(**kwargs)
+        config.check()
         check_writable(component_root(working_dir, "conversion"))
         check_run_folder(working_dir, "inference_engine", output_dirname)
         if input_list:
@@ -215,7 +217,7 @@ def run_oneshot(
     verifier_config: str | Path | None = None,
     golden_dir: str | Path | None = None,
     enable_tensor_inspection: bool = False,
-    engine_kwargs: dict | None = None,
+    engine_kwargs: EngineConfig | dict | None = None,
     framework_kwargs: dict | None = None,
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
@@ -229,6 +231,7 @@ def run_oneshot(
     Explorer overlays (scores, culprit ranking, marks) on the source ONNX model (the
     converted one for other frameworks), linked from the report.
     """
+    config = EngineConfig.coerce(engine_kwargs)
     check_oneshot(
         framework,
         model_path,
@@ -237,7 +240,7 @@ def run_oneshot(
         default_verifiers,
         verifier_config,
         golden_dir,
-        engine_kwargs,
+        config,
         working_dir,
         output_dirname,
         allow_nonfinite_inputs,
@@ -287,21 +290,23 @@ def run_oneshot(
             # Started now: their start-up (imports, plot set-up) overlaps the engine run.
             pool = stack.enter_context(Workers())
         t = time.perf_counter()
-        kwargs = {
-            **(engine_kwargs or {}),
-            "golden_dir_for_mapping": next(iter(goldens.values())) if conversion is None else None,
-        }
+        mapping_dir = next(iter(goldens.values())) if conversion is None else None
         engine = run_inference_engine(
             engine_model,
             input_list=input_list,
             input_tensors=engine_inputs,
+            config=replace(
+                config,
+                dump=replace(
+                    config.dump,
+                    golden_dir_for_mapping=str(mapping_dir) if mapping_dir else None,
+                ),
+            ),
             working_dir=working_dir,
             output_dirname=output_dirname,
             allow_nonfinite_inputs=allow_nonfinite_inputs,
-            **kwargs,
+            conversion=conversion,
         )
-        if conversion is not None:
-            _carry_conversion(engine, conversion)
         seconds["inference_engine"] = time.perf_counter() - t
         t = time.perf_counter()
         target = _target(goldens, engine.results, input_list, input_tensors)
@@ -325,10 +330,8 @@ def run_oneshot(
         verifiers = {
             v["label"]: get_verifier(v["spec"]) for v in ver.verifiers if v.get("spec") is not None
         }
-        inputs_of = inputs_from_graph_struct(
-            json.loads(engine.graph_struct.read_text(encoding="utf-8"))
-        )
-        summary, marks = attribute(ver.summary, verifiers, inputs_of)
+        layer_inputs = inputs_of(load_graph_struct(engine.graph_struct))
+        summary, marks = attribute(ver.summary, verifiers, layer_inputs)
         several = len(ver.per_input) > 1
         worst = worst_input(ver.inputs, verifiers) if several else next(iter(ver.per_input))
         golden_w, target_w = ver.folders[worst]
@@ -376,7 +379,7 @@ def run_oneshot(
         _rewrite_summary(ver.run_dir, summary, marks, findings, worst if several else None)
         failed = [bool(f) for f in summary.get("Failed", pd.Series([""] * len(summary))).fillna("")]
         meta = (
-            f"model {Path(model_path).name} - engine {engine.engine_label} ({engine_kwargs.get('runtime', 'htp') if engine_kwargs else 'htp'})"
+            f"model {Path(model_path).name} - engine {engine.engine_label} ({config.backend.runtime})"
             f" - golden {golden_dir} - target {target}"
         )
         report = write_report(
@@ -429,43 +432,6 @@ def _overlays(run_dir, report, summary, verifiers, engine, conversion, model_pat
         except AccdbgError as exc:
             log.warning("model explorer: layers on CPU not marked: %s", exc)
     me.overlay_run(run_dir, [report], source, summary, "Name", verifiers, marks=marks)
-
-
-def _carry_conversion(engine, conversion) -> None:
-    """Map engine tensors to framework names and record their layouts, through the conversion.
-
-    The engine names tensors after the converted ONNX model; ``tensor_mapping.json`` becomes
-    engine name -> framework name (the ONNX-level file is kept as ``tensor_mapping_onnx.json``),
-    and each dumped tensor records its layout so verification transposes instead of guessing.
-    """
-    onnx_map = json.loads(engine.tensor_mapping.read_text(encoding="utf-8"))
-    write_json_atomic(engine.run_dir / "tensor_mapping_onnx.json", onnx_map)
-    composed = {
-        k: conversion.tensor_mapping[v]
-        for k, v in onnx_map.items()
-        if v in conversion.tensor_mapping
-    }
-    write_json_atomic(engine.tensor_mapping, composed)
-    onnx_of = {k: v for k, v in onnx_map.items()}
-    for result in engine.results:
-        path = result / "tensors.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
-        for rec in data["tensors"]:
-            perm = conversion.permutations.get(onnx_of.get(rec["name"], rec["name"]))
-            if len(rec["shape"]) == 4 and perm is not None:
-                rec["layout"] = (
-                    "NCHW"
-                    if list(perm) == [0, 2, 3, 1]
-                    else ("NHWC" if list(perm) == [0, 1, 2, 3] else None)
-                )
-        write_json_atomic(path, data)
-    missing = [k for k in onnx_map if k not in composed]
-    if missing:
-        log.info(
-            "%d engine tensor(s) have no framework counterpart (fused by the converter), e.g. %s",
-            len(missing),
-            ", ".join(missing[:5]),
-        )
 
 
 def _feeds_of(target: Path, engine_inputs: Sequence[InputTensor]) -> dict[str, np.ndarray]:

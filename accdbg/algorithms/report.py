@@ -10,7 +10,6 @@ The HTML is the oneshot report's page (chart per verifier, marks, filterable tab
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -96,12 +95,7 @@ def write_reports(
     df = frame(rows, judge.labels, cumulative)
     if ranking is not None:
         df = ranking.apply(df, "O/P Name")
-    csv_path = folder / f"{stem}.csv"
-    tmp = folder / f".{stem}.csv.tmp"
-    write_csv(df, tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, csv_path)
+    csv_path = write_csv(df, folder / f"{stem}.csv", durable=True)
     html_path = folder / f"{stem}.html"
     if not html:
         return df, csv_path, html_path

@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,30 +36,21 @@ from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import SKIP
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputTensor, parse_input_list
-from accdbg.core.run_dir import FINISHED, check_run_folder, check_writable, component_root
+from accdbg.core.run_dir import (
+    FINISHED,
+    check_run_folder,
+    check_writable,
+    component_root,
+    options_dict,
+)
 from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.base import EngineOptions, get_engine
-from accdbg.engines.quantize import check_quantizer_options
-from accdbg.engines.run import check_overrides
+from accdbg.engines.options import EngineConfig, LayerFilter
+from accdbg.engines.pipeline import Calibration, prepare_model
 from accdbg.engines.source import Feeds, build_feeds
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.snooping")
-
-# engine_kwargs (as the inference engine takes them) that shape a snooping run; the others
-# only concern a full engine run and are accepted without effect
-QUANT_KEYS = tuple(
-    "act_bitwidth weights_bitwidth bias_bitwidth act_quantizer param_quantizer per_channel "
-    "quantization_overrides ignore_encodings".split()
-)
-BACKEND_KEYS = tuple(
-    "engine runtime architecture precision soc_model perf_profile disable_cpu_fallback".split()
-)
-FILTER_KEYS = tuple("add_layer_outputs add_layer_types skip_layer_types skip_layer_outputs".split())
-IGNORED_KEYS = tuple(
-    "debug output_data_type profiling_level golden_dir_for_mapping stage framework_model_path "
-    "memory_budget_mb options_record".split()
-)
 
 
 @dataclass
@@ -79,39 +70,27 @@ class SnoopingResult:
 # ---------------------------------------------------------------- set-up
 
 
-def check_engine_kwargs(kwargs: dict | None) -> dict:
-    kwargs = dict(kwargs or {})
-    if "input_list" in kwargs:
+# engine options of a full engine run that mean nothing to snooping, accepted without effect
+NOT_SNOOPING = ("framework_model_path", "memory_budget_mb", "options_record")
+
+
+def check_engine_config(value: EngineConfig | dict | None) -> EngineConfig:
+    """The engine options as the inference engine takes them (an :class:`EngineConfig` or its
+    flat keywords), checked for what snooping can do."""
+    if isinstance(value, dict) and "input_list" in value:
         raise AccdbgError(
             "engine option 'input_list' is an argument of its own: pass input_list=... "
             "(the calibration data), not in engine_kwargs"
         )
-    known = set(QUANT_KEYS) | set(BACKEND_KEYS) | set(FILTER_KEYS) | set(IGNORED_KEYS)
-    unknown = sorted(k for k in kwargs if k not in known)
-    if unknown:
-        raise AccdbgError(
-            f"engine option {unknown[0]!r} is not known; expected some of: {', '.join(sorted(known))}"
-        )
-    if kwargs.get("stage") == "compiled":
+    if isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k not in NOT_SNOOPING}
+    config = EngineConfig.coerce(value)
+    if config.stage == "compiled":
         raise AccdbgError(
             "--stage compiled: a QNN context binary is sealed and cannot be cut into layers; "
             "give the QDQ model (--stage converted) or the float model"
         )
-    return kwargs
-
-
-def engine_options(kwargs: dict) -> tuple[str, EngineOptions]:
-    engine = kwargs.get("engine") or "qnn"
-    options = EngineOptions(
-        runtime=kwargs.get("runtime") or "htp",
-        architecture=kwargs.get("architecture") or "x86_64-linux-clang",
-        precision=kwargs.get("precision") or "int8",
-        soc_model=kwargs.get("soc_model"),
-        perf_profile=kwargs.get("perf_profile"),
-        disable_cpu_fallback=bool(kwargs.get("disable_cpu_fallback")),
-    )
-    get_engine(engine).check_host(options)
-    return engine, options
+    return config
 
 
 def is_qdq(model: onnx.ModelProto) -> bool:
@@ -120,37 +99,28 @@ def is_qdq(model: onnx.ModelProto) -> bool:
 
 def quantize(req: Request, out_dir: Path) -> Path:
     """The QDQ model exactly as the inference engine's source stage makes it: the engine's own
-    function, with the same feeds (every ``-l`` line, else the ``-i`` files), pre-processing,
-    quantizer and options; written into ``out_dir``, not run."""
-    from accdbg.engines.source import source_model
-
+    pipeline (:func:`~accdbg.engines.pipeline.prepare_model`), with the same feeds (every
+    ``-l`` line, else the ``-i`` files); written into ``out_dir``, not run."""
     assert req.feeds is not None
-    options = {
-        k: req.kwargs[k] for k in (*QUANT_KEYS, "precision") if req.kwargs.get(k) is not None
-    }
-    work = out_dir / ".quantize"
     t = time.perf_counter()
-    target, steps = source_model(
+    prepared = prepare_model(
         req.model,
         req.model_path.name.removesuffix(".onnx"),
-        req.feeds,
-        req.dims,
-        req.dtypes,
+        Calibration(req.feeds, req.dims, req.dtypes),
+        replace(req.config, stage="source"),
         out_dir,
-        work,
-        **options,
+        out_dir / ".quantize",
     )
-    for step in steps:
+    for step in prepared.steps:
         log.info("pre-processing: %s", step)
     log.info(
         "%s %s for QNN in %.1f s, pre-processing included -> %s",
-        "prepared" if options.get("precision") == "fp16" else "quantized",
+        "quantized" if req.config.quant.quantizes else "prepared",
         req.model_path.name,
         time.perf_counter() - t,
-        target.name,
+        prepared.path.name,
     )
-    shutil.rmtree(work, ignore_errors=True)
-    return target
+    return prepared.path
 
 
 def find_layer(qdq: QdqModel, name: str, flag: str) -> Layer:
@@ -166,7 +136,7 @@ def find_layer(qdq: QdqModel, name: str, flag: str) -> Layer:
 
 
 def select_span(
-    qdq: QdqModel, start: str | None, end: str | None, kwargs: dict
+    qdq: QdqModel, start: str | None, end: str | None, layers: LayerFilter
 ) -> tuple[list[Layer], dict[int, str]]:
     """The layers to debug, and why each other layer is skipped."""
     first = find_layer(qdq, start, "--start_layer").position if start else 0
@@ -176,29 +146,13 @@ def select_span(
             f"--start_layer {start!r} comes after --end_layer {end!r} in execution order"
         )
 
-    def split(v) -> set[str]:
-        if not v:
-            return set()
-        items = v.split(",") if isinstance(v, str) else v
-        return {str(i).strip() for i in items if str(i).strip()}
-
-    add_o, add_t = (
-        split(kwargs.get("add_layer_outputs")),
-        {t.lower() for t in split(kwargs.get("add_layer_types"))},
-    )
-    skip_o, skip_t = (
-        split(kwargs.get("skip_layer_outputs")),
-        {t.lower() for t in split(kwargs.get("skip_layer_types"))},
-    )
     span, skipped = [], {}
     for layer in qdq.layers:
-        names = {layer.name, layer.exposed.qdq_tensor}
+        reason = layers.skip_reason((layer.name, layer.exposed.qdq_tensor), layer.op_type)
         if not first <= layer.position <= last:
             skipped[layer.position] = "outside --start_layer/--end_layer"
-        elif (add_o or add_t) and not (names & add_o or layer.op_type.lower() in add_t):
-            skipped[layer.position] = "not in --add_layer_outputs/--add_layer_types"
-        elif names & skip_o or layer.op_type.lower() in skip_t:
-            skipped[layer.position] = "in --skip_layer_outputs/--skip_layer_types"
+        elif reason:
+            skipped[layer.position] = reason
         else:
             span.append(layer)
     return span, skipped
@@ -227,7 +181,7 @@ class SnoopArgs:
     verifiers: Sequence[Any]
     start_layer: str | None
     end_layer: str | None
-    engine_kwargs: dict | None
+    engine_kwargs: EngineConfig | dict | None
     working_dir: str | os.PathLike
     output_dirname: str | None
     memory_budget_mb: float
@@ -248,9 +202,7 @@ class Request:
     golden_dir: Path | None
     qdq_model: Path | None  # given (or the model itself when it is a QDQ model)
     judge: Judge
-    kwargs: dict
-    engine: str
-    options: EngineOptions
+    config: EngineConfig
     start_layer: str | None
     end_layer: str | None
     record: dict  # the options JSON
@@ -261,15 +213,23 @@ class Request:
     allow_nonfinite_inputs: bool = False
 
     @property
+    def engine(self) -> str:
+        return self.config.backend.engine
+
+    @property
+    def options(self) -> EngineOptions:
+        return self.config.engine_options()
+
+    @property
     def cumulative(self) -> bool:
         return self.algorithm == "cumulative_layerwise"
 
 
 def check_request(algorithm: str, args: SnoopArgs) -> Request:
     """Every argument checked (one-line errors), before any folder is created."""
-    kwargs = check_engine_kwargs(args.engine_kwargs)
+    config = check_engine_config(args.engine_kwargs)
     judge = Judge.from_specs(args.verifiers)
-    engine, options = engine_options(kwargs)
+    get_engine(config.backend.engine).check_host(config.engine_options())
     model_path = Path(args.model_path).expanduser().absolute()
     model = om.load_model(model_path)
     names = [vi.name for vi in om.real_inputs(model)]
@@ -291,20 +251,17 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
             f"--golden_output_reference_directory {str(args.golden_dir)!r} does not exist or is not a folder"
         )
     qdq = Path(args.qdq_model).expanduser().absolute() if args.qdq_model else None
-    if qdq is None and (is_qdq(model) or kwargs.get("stage") == "converted"):
+    if qdq is None and (is_qdq(model) or config.stage == "converted"):
         qdq = model_path
     if qdq is not None and not qdq.is_file():
         raise AccdbgError(f"QDQ model {str(args.qdq_model)!r} does not exist")
-    if qdq is None and kwargs.get("precision") != "fp16":
-        check_quantizer_options(
-            **{k: kwargs[k] for k in QUANT_KEYS[:5] if kwargs.get(k) is not None}
-        )
-        check_overrides(kwargs.get("quantization_overrides"), bool(kwargs.get("ignore_encodings")))
+    if qdq is None:
+        config.quant.check()
     check_run_folder(args.working_dir, f"{algorithm}_snooping", args.output_dirname, resume=True)
     if golden is None:
         check_writable(component_root(args.working_dir, "framework_diagnosis"))
     if qdq is not None:  # layer names are checked before anything is written
-        select_span(QdqModel.load(qdq), args.start_layer, args.end_layer, kwargs)
+        select_span(QdqModel.load(qdq), args.start_layer, args.end_layer, config.layers)
     elif args.start_layer or args.end_layer:
         om.check_tensor_names(
             model,
@@ -332,7 +289,7 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
         "verifiers": [v.label for v in judge.verifiers.values()],
         "start_layer": args.start_layer,
         "end_layer": args.end_layer,
-        "engine_kwargs": dict(sorted(kwargs.items())),
+        "engine_kwargs": options_dict(config),
         "working_dir": str(args.working_dir),
         "output_dirname": args.output_dirname,
         "memory_budget_mb": args.memory_budget_mb,
@@ -345,9 +302,7 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
         golden,
         qdq,
         judge,
-        kwargs,
-        engine,
-        options,
+        config,
         args.start_layer,
         args.end_layer,
         json.loads(json.dumps(record, default=str)),
@@ -547,7 +502,7 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
         qdq = QdqModel.load(qdq_path, set(golden.folder.names()))
         if not qdq.layers:
             raise AccdbgError(f"{qdq_path.name} has no layer to debug")
-        span, skipped = select_span(qdq, start_layer, end_layer, req.kwargs)
+        span, skipped = select_span(qdq, start_layer, end_layer, req.config.layers)
         backend = Backend(req.engine, req.options, scratch, run.path / "backend_logs")
         workers = args.workers
         if workers is None:

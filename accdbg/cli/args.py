@@ -1,10 +1,25 @@
-"""Reusable argument groups, so every component spells shared flags the same way."""
+"""Argument groups: each concept's flags declared once and parsed once into a typed object.
+
+A group (Polygraphy's ``tools/args`` are the model) has ``add(parser)``, which declares its
+flags, and ``parse(args)``, which turns the parsed namespace into the typed object the
+components take (checking what can be checked without reading a model). A component module
+lists the groups it uses in ``add_arguments`` and calls each group's ``parse`` once in ``run``.
+Defaults are the typed objects' own field defaults, so they are written once.
+
+Adding a flag: add the field to the typed object (with its default), declare the flag in the
+group's ``add`` with ``default=<Object>.<field>``, and set it in the group's ``parse``.
+Adding a component: a module with ``NAME``, ``HELP``, ``add_arguments`` and ``run``, registered
+in :data:`accdbg.cli.main.COMPONENTS`.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
+from accdbg.core import run_dir
+from accdbg.core.inputs import InputTensor, parse_input_tensor
 from accdbg.errors import AccdbgError
 
 
@@ -15,77 +30,18 @@ class Parser(argparse.ArgumentParser):
         raise AccdbgError(f"{message} (see: {self.prog} --help)")
 
 
-def add_common(parser: argparse.ArgumentParser, component: str) -> None:
-    g = parser.add_argument_group("common arguments")
-    g.add_argument(
-        "-w",
-        "--working_dir",
-        default="working_directory",
-        help="working directory; results go under <working_dir>/" + component,
-    )
-    g.add_argument(
-        "--output_dirname",
-        default=None,
-        help=f"run folder name under <working_dir>/{component} instead of the timestamp",
-    )
-    g.add_argument(
-        "-v", "--verbose", action="store_true", help="verbose logging, and tracebacks on errors"
-    )
+class ArgGroup:
+    """One concept's flags: :meth:`add` declares them, :meth:`parse` makes the typed object."""
 
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        raise NotImplementedError
 
-def add_model_explorer(parser: argparse.ArgumentParser) -> None:
-    """``--model_explorer`` (default) / ``--no_model_explorer``: the run's Model Explorer
-    overlays (about a second on a small model)."""
-    g = parser.add_argument_group("Model Explorer")
-    g.add_argument(
-        "--model_explorer",
-        dest="model_explorer",
-        action="store_true",
-        default=True,
-        help="write Model Explorer overlays of the results on the source model's graph, in "
-        "<run>/model_explorer/ (default; open them with --model_explorer_view RUN_DIR)",
-    )
-    g.add_argument(
-        "--no_model_explorer",
-        "--no-model_explorer",
-        dest="model_explorer",
-        action="store_false",
-        help="do not write the Model Explorer overlays",
-    )
-
-
-def add_model(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    g = parser.add_argument_group("model arguments")
-    g.add_argument(
-        "-f",
-        "--framework",
-        nargs="+",
-        required=required,
-        metavar="FRAMEWORK",
-        help="framework and optional version, e.g. 'onnx' or 'onnx 1.17' (case insensitive)",
-    )
-    g.add_argument("-m", "--model_path", required=required, help="path to the model file")
-    g.add_argument(
-        "-i",
-        "--input_tensor",
-        nargs="+",
-        action="append",
-        required=required,
-        metavar="INPUT_TENSOR",
-        help='"name" dims path [dtype], e.g. "data" 1,3,224,224 data.raw float32; repeat per input',
-    )
-    g.add_argument(
-        "-o",
-        "--output_tensor",
-        action="append",
-        default=[],
-        help="name of a graph output tensor that must be produced; repeatable",
-    )
-    add_allow_nonfinite(g)
+    def parse(self, args: argparse.Namespace) -> Any:
+        raise NotImplementedError
 
 
 def add_allow_nonfinite(group) -> None:
-    """``--allow_nonfinite_inputs``: run even when an input file holds NaN or Inf."""
+    """``--allow_nonfinite_inputs``, in whichever group declares a component's inputs."""
     group.add_argument(
         "--allow_nonfinite_inputs",
         action="store_true",
@@ -94,46 +50,229 @@ def add_allow_nonfinite(group) -> None:
     )
 
 
-def add_framework_runtime(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("framework runtime arguments")
-    g.add_argument(
-        "--disable_graph_optimization",
-        action="store_true",
-        help="disable onnxruntime graph optimizations (basic optimizations are on by default)",
-    )
-    g.add_argument(
-        "--onnx_custom_op_lib", default=None, help="path to an onnxruntime custom-op library"
-    )
-    g.add_argument(
-        "--memory_budget_mb",
-        type=float,
-        default=4096,
-        help="most megabytes of exposed tensors held at once; beyond it the dump is split over several runs (default 4096)",
-    )
-    g.add_argument(
-        "--include_constants",
-        action="store_true",
-        help="also dump the outputs of Constant nodes (parameters, not activations)",
-    )
+# ---------------------------------------------------------------- where a run goes
 
 
-def add_default_verifier(group, default_text: str = "CosineSimilarity") -> None:
-    """``--default_verifier`` / ``--defaultVerifier``, repeatable, with optional parameters."""
-    from accdbg.verifiers import verifier_names
+@dataclass(frozen=True)
+class RunPlace:
+    """Where a component writes: ``<working_dir>/<component>/<output_dirname or timestamp>``."""
 
-    group.add_argument(
-        "--default_verifier",
-        "--defaultVerifier",
-        dest="default_verifier",
-        action="append",
-        nargs="+",
-        metavar="VERIFIER",
-        help="verifier run on every tensor, optionally with parameters: 'rtolatol,rtolmargin,0.01,atolmargin,0.01' "
-        f"or 'TopK k 5'; repeat for several (default {default_text}). Names are case-insensitive: "
-        f"{', '.join(verifier_names())}",
-    )
+    working_dir: str = "working_directory"
+    output_dirname: str | None = None
+    verbose: bool = False
+
+    def keywords(self) -> dict[str, Any]:
+        return {"working_dir": self.working_dir, "output_dirname": self.output_dirname}
+
+
+class CommonArgs(ArgGroup):
+    def __init__(self, component: str):
+        self.component = component
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("common arguments")
+        g.add_argument(
+            "-w",
+            "--working_dir",
+            default=RunPlace.working_dir,
+            help="working directory; results go under <working_dir>/" + self.component,
+        )
+        g.add_argument(
+            "--output_dirname",
+            default=RunPlace.output_dirname,
+            help=f"run folder name under <working_dir>/{self.component} instead of the timestamp",
+        )
+        g.add_argument(
+            "-v", "--verbose", action="store_true", help="verbose logging, and tracebacks on errors"
+        )
+
+    def parse(self, args: argparse.Namespace) -> RunPlace:
+        return RunPlace(args.working_dir, args.output_dirname, bool(args.verbose))
+
+
+# ---------------------------------------------------------------- Model Explorer overlays
+
+
+class ModelExplorerArgs(ArgGroup):
+    """``--model_explorer`` (default) / ``--no_model_explorer``: the run's Model Explorer
+    overlays (about a second on a small model)."""
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("Model Explorer")
+        g.add_argument(
+            "--model_explorer",
+            dest="model_explorer",
+            action="store_true",
+            default=True,
+            help="write Model Explorer overlays of the results on the source model's graph, in "
+            "<run>/model_explorer/ (default; open them with --model_explorer_view RUN_DIR)",
+        )
+        g.add_argument(
+            "--no_model_explorer",
+            "--no-model_explorer",
+            dest="model_explorer",
+            action="store_false",
+            help="do not write the Model Explorer overlays",
+        )
+
+    def parse(self, args: argparse.Namespace) -> bool:
+        return bool(args.model_explorer)
+
+
+# ---------------------------------------------------------------- the model and its inputs
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The model, its framework (version checked) and the inputs it runs on."""
+
+    framework: str
+    model_path: str | None
+    input_tensors: list[InputTensor] = field(default_factory=list)
+    output_tensors: list[str] = field(default_factory=list)
+    allow_nonfinite_inputs: bool = False
+
+
+class ModelArgs(ArgGroup):
+    """``-f -m -i -o`` and ``--allow_nonfinite_inputs``. ``framework_default``: the framework
+    when ``-f`` is not given (the inference engine's ``onnx``); ``required`` makes -f/-m/-i
+    required flags."""
+
+    def __init__(self, required: bool = True, framework_default: str | None = None):
+        self.required = required
+        self.framework_default = framework_default
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        req = self.required
+        g = parser.add_argument_group("model arguments")
+        g.add_argument(
+            "-f",
+            "--framework",
+            nargs="+",
+            required=req,
+            default=[self.framework_default] if self.framework_default else None,
+            metavar="FRAMEWORK",
+            help="framework and optional version, e.g. 'onnx' or 'onnx 1.17' (case insensitive)",
+        )
+        g.add_argument("-m", "--model_path", required=req, help="path to the model file")
+        g.add_argument(
+            "-i",
+            "--input_tensor",
+            nargs="+",
+            action="append",
+            required=req,
+            default=None if req else [],
+            metavar="INPUT_TENSOR",
+            help='"name" dims path [dtype], e.g. "data" 1,3,224,224 data.raw float32; repeat per input',
+        )
+        g.add_argument(
+            "-o",
+            "--output_tensor",
+            action="append",
+            default=[],
+            help="name of a graph output tensor that must be produced; repeatable",
+        )
+        add_allow_nonfinite(g)
+        self.group = g
+
+    def parse(self, args: argparse.Namespace) -> ModelSpec:
+        from accdbg.frameworks.versions import check_framework
+
+        return ModelSpec(
+            framework=check_framework(args.framework),
+            model_path=args.model_path,
+            input_tensors=[parse_input_tensor(v) for v in args.input_tensor or []],
+            output_tensors=list(args.output_tensor or []),
+            allow_nonfinite_inputs=bool(args.allow_nonfinite_inputs),
+        )
+
+
+# ---------------------------------------------------------------- framework runtime
+
+
+@dataclass(frozen=True)
+class FrameworkOptions:
+    """How the framework runs the float model (framework diagnosis)."""
+
+    disable_graph_optimization: bool = False
+    onnx_custom_op_lib: str | None = None
+    memory_budget_mb: float = 4096
+    include_constants: bool = False
+
+    def keywords(self) -> dict[str, Any]:
+        return {
+            "disable_graph_optimization": self.disable_graph_optimization,
+            "onnx_custom_op_lib": self.onnx_custom_op_lib,
+            "memory_budget_mb": self.memory_budget_mb,
+            "include_constants": self.include_constants,
+        }
+
+
+class FrameworkArgs(ArgGroup):
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("framework runtime arguments")
+        g.add_argument(
+            "--disable_graph_optimization",
+            action="store_true",
+            help="disable onnxruntime graph optimizations (basic optimizations are on by default)",
+        )
+        g.add_argument(
+            "--onnx_custom_op_lib",
+            default=FrameworkOptions.onnx_custom_op_lib,
+            help="path to an onnxruntime custom-op library",
+        )
+        g.add_argument(
+            "--memory_budget_mb",
+            type=float,
+            default=FrameworkOptions.memory_budget_mb,
+            help="most megabytes of exposed tensors held at once; beyond it the dump is split over "
+            f"several runs (default {FrameworkOptions.memory_budget_mb:g})",
+        )
+        g.add_argument(
+            "--include_constants",
+            action="store_true",
+            help="also dump the outputs of Constant nodes (parameters, not activations)",
+        )
+
+    def parse(self, args: argparse.Namespace) -> FrameworkOptions:
+        return FrameworkOptions(
+            bool(args.disable_graph_optimization),
+            args.onnx_custom_op_lib,
+            float(args.memory_budget_mb),
+            bool(args.include_constants),
+        )
+
+
+# ---------------------------------------------------------------- verifiers
+
+
+class VerifierArgs(ArgGroup):
+    """``--default_verifier`` / ``--defaultVerifier``, repeatable, with optional parameters;
+    parses into the list of verifier specs (``default`` when none is given)."""
+
+    def __init__(self, default: tuple[str, ...] = ("CosineSimilarity",)):
+        self.default = default
+
+    def add(self, parser: argparse.ArgumentParser, group=None) -> None:
+        from accdbg.verifiers import verifier_names
+
+        g = group or parser.add_argument_group("verifiers")
+        g.add_argument(
+            "--default_verifier",
+            "--defaultVerifier",
+            dest="default_verifier",
+            action="append",
+            nargs="+",
+            metavar="VERIFIER",
+            help="verifier run on every tensor, optionally with parameters: 'rtolatol,rtolmargin,0.01,"
+            f"atolmargin,0.01' or 'TopK k 5'; repeat for several (default {' and '.join(self.default)})."
+            f" Names are case-insensitive: {', '.join(verifier_names())}",
+        )
+
+    def parse(self, args: argparse.Namespace) -> list:
+        return args.default_verifier or list(self.default)
 
 
 def options_dict(args: argparse.Namespace) -> dict:
-    """Every option of a run, JSON-ready, for ``<component>_options.json``."""
-    return {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    """Every flag of a run as given, JSON-ready, for ``<component>_options.json``."""
+    return run_dir.options_dict(args)

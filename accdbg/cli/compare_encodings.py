@@ -22,6 +22,9 @@ HELP = "compare the encodings of a QNN model_net.json with AIMET encodings (Exce
 log = logging.getLogger("accdbg")
 
 
+COMMON = A.CommonArgs(NAME)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("compare arguments")
     g.add_argument(
@@ -63,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="0.6.1",
         help="AIMET format of the exported file (default: 0.6.1, the legacy dict form)",
     )
-    A.add_common(parser, NAME)
+    COMMON.add(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
         params_only=args.params_only,
         activations_only=args.activations_only,
         specific_node=args.specific_node,
-        working_dir=args.working_dir,
-        output_dirname=args.output_dirname,
+        **COMMON.parse(args).keywords(),
         options_record=A.options_dict(args),
     )
     if result.node_report:

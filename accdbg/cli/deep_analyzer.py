@@ -16,6 +16,7 @@ from accdbg.core.inputs import parse_input_tensor
 from accdbg.errors import AccdbgError
 
 NAME = "deep_analyzer"
+VERIFIERS = A.VerifierArgs(default=("CosineSimilarity", "SQNR"))
 HELP = "model dissection over existing framework diagnosis, inference engine and verification runs"
 ANALYZERS = ("modelDissectionAnalyzer",)
 log = logging.getLogger("accdbg")
@@ -80,13 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="INPUT_TENSOR",
         help="model input files as for the other components (default: the files the golden run records)",
     )
-    A.add_default_verifier(g, default_text="CosineSimilarity and SQNR")
+    VERIFIERS.add(parser, g)
     add_dissection_arguments(g)
     e = parser.add_argument_group("backend")
     e.add_argument("-r", "--runtime", default="htp", help="QNN runtime (default htp)")
     e.add_argument("--engine", default="qnn", type=str.lower, help="qnn (default) or simulation")
-    A.add_model_explorer(parser)
-    A.add_common(parser, NAME)
+    A.ModelExplorerArgs().add(parser)
+    A.CommonArgs(NAME).add(parser)
 
 
 def engine_qdq_model(folder: str | Path) -> Path:
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         inputs,
         verification_dir=args.verification_results,
         problem_inference_tensor=args.problem_inference_tensor,
-        verifiers=args.default_verifier or ["CosineSimilarity", "SQNR"],
+        verifiers=VERIFIERS.parse(args),
         maximum_dissection_iterations=args.maximum_dissection_iterations,
         auto_stop_iterations=args.auto_stop_iterations,
         partition_override=args.partition_override,

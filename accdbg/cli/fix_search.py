@@ -81,8 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     q.add_argument("--act_quantizer", choices=QUANTIZERS, default="tf")
     q.add_argument("--per_channel_quantization", action="store_true")
     add_search_arguments(parser)
-    A.add_model_explorer(parser)
-    A.add_common(parser, NAME)
+    A.ModelExplorerArgs().add(parser)
+    A.CommonArgs(NAME).add(parser)
 
 
 def search_kwargs(args: argparse.Namespace) -> dict:

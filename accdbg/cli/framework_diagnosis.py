@@ -6,8 +6,6 @@ import argparse
 import logging
 
 from accdbg.cli import args as A
-from accdbg.core.inputs import parse_input_tensor
-from accdbg.frameworks import versions as framework_versions
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 
 NAME = "framework_diagnosis"
@@ -15,8 +13,13 @@ HELP = "run the float model in its framework and dump every intermediate tensor 
 log = logging.getLogger("accdbg")
 
 
+MODEL = A.ModelArgs(required=True)
+FRAMEWORK = A.FrameworkArgs()
+COMMON = A.CommonArgs(NAME)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    A.add_model(parser)
+    MODEL.add(parser)
     parser.add_argument(
         "-l",
         "--input_list",
@@ -24,32 +27,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="qnn-net-run input list: one golden per line, in Result_N/ (-i gives the names, "
         "dims and types; plain paths follow the model's input order)",
     )
-    A.add_framework_runtime(parser)
-    A.add_common(parser, NAME)
-
-
-def check_framework(values: list[str]) -> str:
-    """``['onnx', '1.17']`` -> ``'onnx'``, after checking the optional version."""
-    return framework_versions.check_framework(values)
+    FRAMEWORK.add(parser)
+    COMMON.add(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    framework = check_framework(args.framework)
-    inputs = [parse_input_tensor(v) for v in args.input_tensor]
+    model = MODEL.parse(args)
     result = run_framework_diagnosis(
-        framework,
-        args.model_path,
-        inputs,
-        output_tensors=args.output_tensor,
-        working_dir=args.working_dir,
-        output_dirname=args.output_dirname,
-        disable_graph_optimization=args.disable_graph_optimization,
-        onnx_custom_op_lib=args.onnx_custom_op_lib,
-        memory_budget_mb=args.memory_budget_mb,
-        include_constants=args.include_constants,
+        model.framework,
+        model.model_path,
+        model.input_tensors,
+        output_tensors=model.output_tensors,
         options_record=A.options_dict(args),
         input_list=args.input_list,
-        allow_nonfinite_inputs=args.allow_nonfinite_inputs,
+        allow_nonfinite_inputs=model.allow_nonfinite_inputs,
+        **COMMON.parse(args).keywords(),
+        **FRAMEWORK.parse(args).keywords(),
     )
     log.info(
         "framework diagnosis: %d tensors, %.1f MB in %.1f s -> %s",

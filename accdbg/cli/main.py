@@ -28,8 +28,8 @@ from accdbg.errors import AccdbgError, Interrupted, describe
 
 PROG = "qnn-accuracy-debugger"
 
-# component flag -> module implementing it (None: not implemented yet)
-COMPONENTS: dict[str, str | None] = {
+# component flag -> module implementing it
+COMPONENTS: dict[str, str] = {
     "framework_diagnosis": "accdbg.cli.framework_diagnosis",
     "inference_engine": "accdbg.cli.inference_engine",
     "verification": "accdbg.cli.verification",
@@ -39,7 +39,7 @@ COMPONENTS: dict[str, str | None] = {
     "fix_search": "accdbg.cli.fix_search",
     "model_explorer_view": "accdbg.cli.model_explorer_view",
 }
-WRAPPER: str | None = "accdbg.cli.wrapper"
+WRAPPER = "accdbg.cli.wrapper"
 # ``--deep_analyzer NAME`` takes a value: with ``--inference_results`` it runs alone over
 # existing runs, otherwise the wrapper runs it after oneshot
 DEEP_ANALYZER = "accdbg.cli.deep_analyzer"
@@ -137,8 +137,7 @@ def top_level_help() -> str:
         "components:",
     ]
     for name, module in COMPONENTS.items():
-        desc = importlib.import_module(module).HELP if module else "(not implemented yet)"
-        lines.append(f"  --{name:<22} {desc}")
+        lines.append(f"  --{name:<22} {importlib.import_module(module).HELP}")
     lines.append(
         f"  --{'deep_analyzer NAME':<22} {importlib.import_module(DEEP_ANALYZER).HELP} "
         "(with --inference_results; without, after oneshot)"
@@ -270,23 +269,14 @@ def _main(argv: list[str]) -> int:
     elif component is None:
         if not rest or any(a in ("-h", "--help") for a in rest):
             print(top_level_help())
-            if WRAPPER is not None:
-                wrapper = importlib.import_module(WRAPPER)
-                print("\nWithout a component flag (" + wrapper.HELP + "):\n")
-                print(build_parser(wrapper.NAME, wrapper).format_help())
+            wrapper = importlib.import_module(WRAPPER)
+            print("\nWithout a component flag (" + wrapper.HELP + "):\n")
+            print(build_parser(wrapper.NAME, wrapper).format_help())
             return 0
-        if WRAPPER is None:
-            raise AccdbgError(
-                "the end-to-end wrapper (no component flag) is not implemented yet; "
-                "choose a component, e.g. --framework_diagnosis"
-            )
         module = importlib.import_module(WRAPPER)
         component = module.NAME
     else:
-        module_name = COMPONENTS[component]
-        if module_name is None:
-            raise AccdbgError(f"--{component} is not implemented yet")
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(COMPONENTS[component])
     parser = build_parser(component, module)
     rest, config = take_config(rest)
     appended = apply_config(parser, config) if config else {}

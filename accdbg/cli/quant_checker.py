@@ -144,8 +144,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=4096,
         help="most megabytes of activations computed at once (default 4096)",
     )
-    A.add_model_explorer(parser)
-    A.add_common(parser, NAME)
+    A.ModelExplorerArgs().add(parser)
+    A.CommonArgs(NAME).add(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,6 +20,9 @@ HELP = "plots, samples and min/max against calibrated ranges for every tensor of
 log = logging.getLogger("accdbg")
 
 
+COMMON = A.CommonArgs(NAME)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("required arguments")
     g.add_argument(
@@ -87,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="processes sharing the work (default: 2 on a multi-core machine, 1 for a few tensors)",
     )
-    A.add_common(parser, NAME)
+    COMMON.add(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
         verifiers=args.verifier,
         data_type=args.data_type,
         target_encodings=args.target_encodings,
-        working_dir=args.working_dir,
-        output_dirname=args.output_dirname,
+        **COMMON.parse(args).keywords(),
         tensor_mapping=args.tensor_mapping,
         max_plot_points=args.max_plot_points,
         max_csv_rows=args.max_csv_rows,

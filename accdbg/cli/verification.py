@@ -7,7 +7,7 @@ import logging
 
 from accdbg.cli import args as A
 from accdbg.errors import AccdbgError
-from accdbg.verifiers import verifier_names
+from accdbg.frameworks.versions import check_framework
 from accdbg.verifiers.verification import run_verification
 
 NAME = "verification"
@@ -15,19 +15,14 @@ HELP = "compare the golden tensors with the inference engine's, layer by layer, 
 log = logging.getLogger("accdbg")
 
 
+COMMON = A.CommonArgs(NAME)
+VERIFIERS = A.VerifierArgs(default=("CosineSimilarity",))
+EXPLORER = A.ModelExplorerArgs()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("verification arguments")
-    g.add_argument(
-        "--default_verifier",
-        "--defaultVerifier",
-        dest="default_verifier",
-        action="append",
-        nargs="+",
-        metavar="VERIFIER",
-        help=f"verifier run on every tensor, optionally with parameters: 'rtolatol,rtolmargin,0.01,"
-        f"atolmargin,0.01' or 'TopK k 5'; repeat for several (default CosineSimilarity). "
-        f"Names are case-insensitive: {', '.join(verifier_names())}",
-    )
+    VERIFIERS.add(parser, g)
     g.add_argument(
         "--golden_output_reference_directory",
         "--goldenOutputReferenceDirectory",
@@ -105,13 +100,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FRAMEWORK",
         help="framework and optional version, e.g. onnx (only onnx is supported)",
     )
-    A.add_model_explorer(parser)
-    A.add_common(parser, NAME)
+    EXPLORER.add(parser)
+    COMMON.add(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.engine and args.engine[0].lower() != "qnn":
         raise AccdbgError(f"-e/--engine {args.engine[0]!r} is not supported; expected QNN")
+    if args.framework:
+        check_framework(args.framework)
     if (args.engine or args.framework) and not args.model_path:
         raise AccdbgError(
             "-e/--engine and -f/--framework only serve to build a tensor mapping: add -m/--model_path"
@@ -119,18 +116,17 @@ def run(args: argparse.Namespace) -> int:
     result = run_verification(
         args.golden_output_reference_directory,
         args.inference_results,
-        default_verifiers=args.default_verifier or ["CosineSimilarity"],
+        default_verifiers=VERIFIERS.parse(args),
         tensor_mapping=args.tensor_mapping,
         graph_struct=args.graph_struct,
         verifier_config=args.verifier_config,
         qnn_model_json_path=args.qnn_model_json_path,
-        working_dir=args.working_dir,
-        output_dirname=args.output_dirname,
+        **COMMON.parse(args).keywords(),
         model_path=args.model_path,
         framework=args.framework[0] if args.framework else None,
         discover=not args.no_discover,
         options_record=A.options_dict(args),
-        model_explorer=args.model_explorer,
+        model_explorer=EXPLORER.parse(args),
     )
     failing = {
         v["label"]: int(

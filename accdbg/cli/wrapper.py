@@ -9,8 +9,7 @@ from accdbg.cli import args as A
 from accdbg.cli.deep_analyzer import ANALYZERS as DEEP_ANALYZERS
 from accdbg.cli.deep_analyzer import add_dissection_arguments
 from accdbg.cli.fix_search import add_search_arguments, search_kwargs
-from accdbg.cli.inference_engine import add_engine_arguments, engine_kwargs
-from accdbg.core.inputs import parse_input_tensor
+from accdbg.cli.inference_engine import EngineArgs
 from accdbg.core.run_dir import RunDir, check_run_folder
 from accdbg.errors import AccdbgError
 
@@ -20,12 +19,20 @@ ALGORITHMS = ("oneshot-layerwise", "cumulative-layerwise", "layerwise", "binary"
 log = logging.getLogger("accdbg")
 
 
+MODEL = A.ModelArgs(required=True)
+ENGINE = EngineArgs(runtime_required=False)
+FRAMEWORK = A.FrameworkArgs()
+VERIFIERS = A.VerifierArgs(default=("CosineSimilarity", "SQNR"))
+EXPLORER = A.ModelExplorerArgs()
+COMMON = A.CommonArgs(NAME)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    A.add_model(parser)
-    add_engine_arguments(parser, required=False)
-    A.add_framework_runtime(parser)
+    MODEL.add(parser)
+    ENGINE.add(parser)
+    FRAMEWORK.add(parser)
     g = parser.add_argument_group("verification and debugging")
-    A.add_default_verifier(g, default_text="CosineSimilarity and SQNR")
+    VERIFIERS.add(parser, g)
     g.add_argument(
         "--verifier_config",
         "--verifierConfig",
@@ -44,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--enable_tensor_inspection", action="store_true", help="plots and statistics per layer"
     )
-    g.add_argument("--debugging_algorithm", choices=ALGORITHMS, default="oneshot-layerwise")
+    g.add_argument("--debugging_algorithm", choices=ALGORITHMS, default=ALGORITHMS[0])
     g.add_argument(
         "--start_layer", help="(layerwise, cumulative-layerwise) first layer output to debug"
     )
@@ -78,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="modelDissectionAnalyzer: after oneshot, dissect the model backwards from the problem tensor",
     )
     add_dissection_arguments(d)
-    A.add_model_explorer(parser)
+    EXPLORER.add(parser)
     g.add_argument(
         "--suggest_fixes",
         action="store_true",
@@ -86,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(the --fix_search component; ONNX models)",
     )
     add_search_arguments(parser)
-    A.add_common(parser, NAME)
+    COMMON.add(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,49 +107,43 @@ def run(args: argparse.Namespace) -> int:
         from accdbg.algorithms.binary import check_binary_options
 
         check_binary_options(args.verifier, args.subgraph_relative_weight, args.min_graph_size)
+    if args.start_layer or args.end_layer:
+        if args.debugging_algorithm in ("oneshot-layerwise", "binary"):
+            raise AccdbgError(
+                "--start_layer/--end_layer apply to layerwise and cumulative-layerwise only"
+            )
+    model, config, place = MODEL.parse(args), ENGINE.parse(args), COMMON.parse(args)
+    framework, inputs = model.framework, model.input_tensors
+    verifiers = VERIFIERS.parse(args)
+    explorer = EXPLORER.parse(args)
+    oneshot = args.debugging_algorithm == "oneshot-layerwise"
+    allow = model.allow_nonfinite_inputs
+    # Everything is checked before the first component starts: a refused command writes
+    # nothing and moves no `latest`.
     if args.deep_analyzer:
         from accdbg.algorithms.dissection import check_dissection_options
 
         check_dissection_options(
             args.maximum_dissection_iterations, args.auto_stop_iterations, args.partition_override
         )
-        check_run_folder(args.working_dir, "deep_analyzer", args.output_dirname, resume=True)
-    if args.start_layer or args.end_layer:
-        if args.debugging_algorithm in ("oneshot-layerwise", "binary"):
-            raise AccdbgError(
-                "--start_layer/--end_layer apply to layerwise and cumulative-layerwise only"
-            )
-    framework = args.framework[0].lower()
-    inputs = [parse_input_tensor(v) for v in args.input_tensor]
-    verifiers = args.default_verifier or ["CosineSimilarity", "SQNR"]
-    kwargs = engine_kwargs(args)
-    fw_kwargs = dict(
-        disable_graph_optimization=args.disable_graph_optimization,
-        onnx_custom_op_lib=args.onnx_custom_op_lib,
-        memory_budget_mb=args.memory_budget_mb,
-        include_constants=args.include_constants,
-    )
-    oneshot = args.debugging_algorithm == "oneshot-layerwise"
-    allow = args.allow_nonfinite_inputs
-    # Everything is checked before the first component starts: a refused command writes
-    # nothing and moves no `latest`.
-    check_run_folder(args.working_dir, NAME, args.output_dirname, resume=not oneshot)
+        check_run_folder(place.working_dir, "deep_analyzer", place.output_dirname, resume=True)
+    check_run_folder(place.working_dir, NAME, place.output_dirname, resume=not oneshot)
     if args.suggest_fixes:
-        _check_suggest_fixes(args, framework)
+        _check_suggest_fixes(args, framework, config, place)
     if oneshot:
         from accdbg.algorithms.oneshot import check_oneshot, run_oneshot
 
         check_oneshot(
             framework,
-            args.model_path,
+            model.model_path,
             inputs,
             args.input_list,
             verifiers,
             args.verifier_config,
             args.golden_output_reference_directory,
-            kwargs,
-            args.working_dir,
-            args.output_dirname,
+            config,
+            place.working_dir,
+            place.output_dirname,
             allow,
         )
     else:
@@ -161,16 +162,15 @@ def run(args: argparse.Namespace) -> int:
             verifiers=verifiers,
             start_layer=args.start_layer,
             end_layer=args.end_layer,
-            engine_kwargs=kwargs,
-            working_dir=args.working_dir,
-            output_dirname=args.output_dirname,
+            engine_kwargs=config,
             allow_nonfinite_inputs=allow,
-            model_explorer=args.model_explorer,
+            model_explorer=explorer,
+            **place.keywords(),
         )
         check_request(
             "binary" if binary else "layerwise" if layerwise else "cumulative_layerwise",
             SnoopArgs(
-                args.model_path,
+                model.model_path,
                 inputs,
                 qdq_model=None,
                 memory_budget_mb=args.memory_budget_mb,
@@ -179,60 +179,60 @@ def run(args: argparse.Namespace) -> int:
                 **{**snoop_kwargs, "verifiers": [args.verifier.upper()] if binary else verifiers},
             ),
         )
-    with RunDir(args.working_dir, NAME, args.output_dirname, resume=not oneshot) as run:
+    with RunDir(place.working_dir, NAME, place.output_dirname, resume=not oneshot) as run:
         run.write_options(A.options_dict(args))
         if oneshot:
             result = run_oneshot(
                 framework,
-                args.model_path,
+                model.model_path,
                 inputs,
                 input_list=args.input_list,
-                output_tensors=args.output_tensor,
+                output_tensors=model.output_tensors,
                 default_verifiers=verifiers,
                 verifier_config=args.verifier_config,
                 golden_dir=args.golden_output_reference_directory,
                 enable_tensor_inspection=args.enable_tensor_inspection,
-                engine_kwargs=kwargs,
-                framework_kwargs=fw_kwargs,
-                working_dir=args.working_dir,
-                output_dirname=args.output_dirname,
+                engine_kwargs=config,
+                framework_kwargs=FRAMEWORK.parse(args).keywords(),
                 allow_nonfinite_inputs=allow,
-                model_explorer=args.model_explorer,
+                model_explorer=explorer,
+                **place.keywords(),
             )
             if args.deep_analyzer:
-                _dissect(args, result, inputs, verifiers, kwargs)
+                _dissect(args, result, inputs, verifiers, config, place, explorer)
         elif binary:
             from accdbg.algorithms.binary import run_binary
 
             result = run_binary(
-                args.model_path,
+                model.model_path,
                 inputs,
                 input_list=args.input_list,
                 golden_dir=args.golden_output_reference_directory,
                 verifier=args.verifier,
                 subgraph_relative_weight=args.subgraph_relative_weight,
                 min_graph_size=args.min_graph_size,
-                engine_kwargs=kwargs,
-                working_dir=args.working_dir,
-                output_dirname=args.output_dirname,
+                engine_kwargs=config,
                 allow_nonfinite_inputs=allow,
-                model_explorer=args.model_explorer,
+                model_explorer=explorer,
+                **place.keywords(),
             )
             log.info("report: %s", result.html)
         else:
             fn = run_layerwise if layerwise else run_cumulative_layerwise
-            result = fn(args.model_path, inputs, **snoop_kwargs)
+            result = fn(model.model_path, inputs, **snoop_kwargs)
             log.info("report: %s", result.html)
         if args.suggest_fixes:
-            _suggest_fixes(args, inputs, result.summary if oneshot else result.report)
+            diagnosis = result.summary if oneshot else result.report
+            _suggest_fixes(args, model, config, place, explorer, diagnosis)
     return 0
 
 
-def _dissect(args: argparse.Namespace, one, inputs, verifiers, kwargs: dict) -> None:
+def _dissect(args: argparse.Namespace, one, inputs, verifiers, config, place, explorer) -> None:
     """The deep analyzer over the oneshot run's dumps: its golden, QDQ model and verification."""
     from accdbg.algorithms.dissection import run_dissection
     from accdbg.cli.deep_analyzer import engine_qdq_model
 
+    backend = config.backend
     result = run_dissection(
         engine_qdq_model(one.engine_run),
         one.golden_dir,
@@ -243,15 +243,18 @@ def _dissect(args: argparse.Namespace, one, inputs, verifiers, kwargs: dict) -> 
         maximum_dissection_iterations=args.maximum_dissection_iterations,
         auto_stop_iterations=args.auto_stop_iterations,
         partition_override=args.partition_override,
-        engine_kwargs={k: kwargs[k] for k in ("runtime", "engine", "architecture") if k in kwargs},
-        working_dir=args.working_dir,
-        output_dirname=args.output_dirname,
-        model_explorer=args.model_explorer,
+        engine_kwargs={
+            "runtime": backend.runtime,
+            "engine": backend.engine,
+            "architecture": backend.architecture,
+        },
+        model_explorer=explorer,
+        **place.keywords(),
     )
     log.info("report: %s", result.html)
 
 
-def _check_suggest_fixes(args: argparse.Namespace, framework: str) -> None:
+def _check_suggest_fixes(args: argparse.Namespace, framework: str, config, place) -> None:
     """``--suggest_fixes``: refused before any component starts when the search cannot run."""
     from accdbg.algorithms.fixes.search import COMPONENT, check_search_options
 
@@ -260,11 +263,11 @@ def _check_suggest_fixes(args: argparse.Namespace, framework: str) -> None:
             f"--suggest_fixes searches fixes of ONNX models; -f {framework}: run --fix_search on the "
             "converted model (conversion/<run>/) with --diagnosis"
         )
-    if args.quantization_overrides and not args.ignore_encodings:
+    if config.quant.overrides is not None:
         raise AccdbgError(
             "--suggest_fixes starts from the quantizer flags; it does not take -qo overrides as its baseline"
         )
-    if args.stage != "source" or args.precision != "int8":
+    if config.stage != "source" or not config.quant.quantizes:
         raise AccdbgError(
             "--suggest_fixes needs --stage source and --precision int8 (it quantizes)"
         )
@@ -276,27 +279,27 @@ def _check_suggest_fixes(args: argparse.Namespace, framework: str) -> None:
         args.search_workers,
     )
     check_run_folder(
-        args.working_dir, COMPONENT, args.output_dirname, resume=args.output_dirname is not None
+        place.working_dir, COMPONENT, place.output_dirname, resume=place.output_dirname is not None
     )
 
 
-def _suggest_fixes(args: argparse.Namespace, inputs, diagnosis) -> None:
+def _suggest_fixes(args: argparse.Namespace, model, config, place, explorer, diagnosis) -> None:
     from accdbg.algorithms.fixes import run_fix_search
 
+    q = config.quant
     run_fix_search(
-        args.model_path,
-        inputs,
+        model.model_path,
+        model.input_tensors,
         input_list=args.input_list,
         diagnosis=diagnosis,
-        runtime=args.runtime,
-        act_bitwidth=args.act_bitwidth,
-        weights_bitwidth=args.weights_bitwidth,
-        act_quantizer=args.act_quantizer,
-        param_quantizer=args.param_quantizer,
-        per_channel=args.per_channel_quantization,
-        working_dir=args.working_dir,
-        output_dirname=args.output_dirname,
-        allow_nonfinite_inputs=args.allow_nonfinite_inputs,
-        model_explorer=args.model_explorer,
+        runtime=config.backend.runtime,
+        act_bitwidth=q.act_bitwidth,
+        weights_bitwidth=q.weights_bitwidth,
+        act_quantizer=q.act_quantizer,
+        param_quantizer=q.param_quantizer,
+        per_channel=q.per_channel,
+        allow_nonfinite_inputs=model.allow_nonfinite_inputs,
+        model_explorer=explorer,
+        **place.keywords(),
         **search_kwargs(args),
     )

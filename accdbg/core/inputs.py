@@ -26,6 +26,10 @@ class InputTensor:
     def nbytes(self) -> int:
         return int(np.prod(self.dims)) * self.dtype.itemsize
 
+    def record(self) -> list[str]:
+        """As the flag spells it, for options records: ``[name, "1,3,8,8", path, dtype]``."""
+        return [self.name, ",".join(map(str, self.dims)), str(self.path), self.dtype.name]
+
     def load(self) -> np.ndarray:
         """Read the raw file, checking its size against dims x dtype."""
         check_raw_size(self.path, self.dims, self.dtype, f"--input_tensor {self.name!r}")
@@ -254,9 +258,3 @@ def inputs_per_line(
             check_raw_size(t.path, t.dims, t.dtype, f"{where}: input {t.name!r}")
         out.append(line)
     return out
-
-
-def write_input_list(path: Path, inputs: list[InputTensor]) -> Path:
-    """Write a one-line ``name:=path`` input list for the given inputs."""
-    path.write_text(" ".join(f"{t.name}:={t.path}" for t in inputs) + "\n", encoding="utf-8")
-    return path

@@ -7,6 +7,7 @@ name is never touched.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -345,11 +346,65 @@ def _note(folder: Path, text: str) -> None:
         pass
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write through a temporary file and a rename, so readers never see half a file."""
+@contextmanager
+def atomic_path(path: str | os.PathLike, durable: bool = False) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; renamed onto ``path`` when the block
+    ends cleanly (removed when it fails), so readers never see half a file. ``durable``:
+    fsync'd before the rename (a journal's report that must survive SIGKILL). Every atomic
+    write of the package goes through here."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        if durable:
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write through a temporary file and a rename (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def options_dict(*groups: Any, **values: Any) -> dict[str, Any]:
+    """A run's options, JSON-ready, for ``<component>_options.json`` - the one way every
+    component writes that record. ``groups`` are typed option objects (dataclasses: their
+    fields, nested groups flattened) or parsed argument namespaces; ``values`` are added as
+    given. Paths become strings and tuples lists; names starting with ``_`` are left out."""
+    out: dict[str, Any] = {}
+
+    def add(obj: Any) -> None:
+        items = (
+            {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+            if dataclasses.is_dataclass(obj)
+            else vars(obj)
+        )
+        for key, value in items.items():
+            if dataclasses.is_dataclass(value) and not hasattr(value, "record"):
+                add(value)
+            elif not key.startswith("_"):
+                out[key] = _plain(value)
+
+    for group in groups:
+        add(group)
+    out.update({k: _plain(v) for k, v in values.items()})
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "record") and callable(value.record):
+        return value.record()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -393,13 +448,3 @@ def detach_log_file(handler: logging.Handler | None) -> None:
         handler.close()
         if not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
             logger.setLevel(getattr(handler, "_accdbg_saved_level", logger.level))
-
-
-@contextmanager
-def extra_log_file(path: Path) -> Iterator[None]:
-    """Also send the package's log to ``path`` for the duration (used by the wrapper)."""
-    handler = attach_log_file(path)
-    try:
-        yield
-    finally:
-        detach_log_file(handler)

@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +143,22 @@ class TensorWriter:
         path = self.root / MANIFEST_NAME
         write_bytes_atomic(path, (json.dumps(data, indent=1) + "\n").encode("utf-8"))
         return path
+
+
+def update_manifest(root: str | os.PathLike, annotate: Callable[[TensorRecord], None]) -> Path:
+    """Annotate a written folder's ``tensors.json`` in place - the one way for a component to
+    add to another's manifest (e.g. the engine's QNN names, a conversion's layouts).
+    ``annotate`` changes a record's ``extra`` or ``layout``; names, files, dtypes and shapes
+    stay. The manifest is rewritten atomically, in the writer's format."""
+    folder = TensorFolder(root)
+    if not folder.has_manifest:
+        raise AccdbgError(f"{str(folder.root)!r} has no {MANIFEST_NAME} to update")
+    for rec in folder:
+        annotate(rec)
+    data = {**folder.meta, "tensors": [_record_dict(r) for r in folder]}
+    path = folder.root / MANIFEST_NAME
+    write_bytes_atomic(path, (json.dumps(data, indent=1) + "\n").encode("utf-8"))
+    return path
 
 
 def _record_dict(r: TensorRecord) -> dict[str, Any]:

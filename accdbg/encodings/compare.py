@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from accdbg.core.run_dir import RunDir, write_json_atomic
+from accdbg.core.run_dir import RunDir, options_dict, write_json_atomic
 from accdbg.encodings.aimet import AimetEncodings, aimet_dict, load_aimet
 from accdbg.encodings.matching import RULES, loose, match_names
 from accdbg.encodings.model import ACTIVATION, PARAM, Encoding
@@ -353,16 +353,16 @@ def compare_encodings(
     with RunDir(working_dir, COMPONENT, output_dirname) as run:
         run.write_options(
             options_record
-            or {
-                "input": str(qnn_json),
-                "aimet_encodings_json": str(aimet_json),
-                "precision": precision,
-                "params_only": params_only,
-                "activations_only": activations_only,
-                "specific_node": specific_node,
-                "working_dir": str(working_dir),
-                "output_dirname": output_dirname,
-            }
+            or options_dict(
+                input=qnn_json,
+                aimet_encodings_json=aimet_json,
+                precision=precision,
+                params_only=params_only,
+                activations_only=activations_only,
+                specific_node=specific_node,
+                working_dir=working_dir,
+                output_dirname=output_dirname,
+            )
         )
         log.info(
             "QNN graph %s: %d quantized tensors; AIMET %s (%s form): %d params, %d activations",

@@ -31,14 +31,13 @@ per-tensor encoding has lists of length one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 PARAM = "param"
 ACTIVATION = "activation"
-KINDS = (PARAM, ACTIVATION)
 
 PER_TENSOR = "PER_TENSOR"
 PER_CHANNEL = "PER_CHANNEL"
@@ -110,13 +109,6 @@ class Encoding:
     @property
     def is_float(self) -> bool:
         return self.dtype == "float"
-
-    @property
-    def per_tensor(self) -> bool:
-        return self.channels <= 1 and self.enc_type == PER_TENSOR
-
-    def renamed(self, name: str) -> Encoding:
-        return replace(self, name=name)
 
     @classmethod
     def from_scale_offset(

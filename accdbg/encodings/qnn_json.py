@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from accdbg.encodings.model import (
     qnn_offset_to_aimet,
 )
 from accdbg.errors import AccdbgError
+from accdbg.mapping.qnn_json import QnnGraph
 
 # Qnn_DataType_t codes: 0x0X.. class (0 int, 1 uint, 2 float, 3 sfixed, 4 ufixed, 5 bool), low byte = bits
 DATATYPE_NAMES = {
@@ -99,23 +99,6 @@ def datatype_bits(code: int) -> tuple[str, int, bool]:
     )
     bits = int(f"{code & 0xFF:x}")  # the low byte spells the bit count in hex digits: 0x32 -> 32
     return cls, bits, cls in ("int", "sfixed")
-
-
-@dataclass
-class QnnGraph:
-    """The parts of a QNN graph JSON that encodings need."""
-
-    path: Path
-    tensors: dict[str, dict[str, Any]]
-    nodes: dict[str, dict[str, Any]]
-
-    def producers(self) -> dict[str, str]:
-        """Tensor name -> name of the node that writes it."""
-        out: dict[str, str] = {}
-        for name, node in self.nodes.items():
-            for t in node.get("output_names") or []:
-                out.setdefault(t, name)
-        return out
 
 
 def resolve_qnn_json(path: str | os.PathLike) -> list[Path]:

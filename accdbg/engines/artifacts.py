@@ -93,8 +93,9 @@ def golden_names(folder: Path | None) -> set[str] | None:
     return set(TensorFolder(folder).names())
 
 
-def graph_struct(model_name: str, exposed: list[Exposed], shapes: dict[str, list[int]]) -> dict:
-    """Layers in execution order, as verification orders its rows."""
+def graph_struct_layers(exposed: list[Exposed], shapes: dict[str, list[int]]) -> list[dict]:
+    """Layers in execution order, as verification orders its rows (written by
+    :func:`accdbg.mapping.graph_struct.write_graph_struct`)."""
     layers = []
     dumped = {e.qdq_tensor: e.name for e in exposed}  # inputs under the names rows use
     for i, e in enumerate(sorted(exposed, key=lambda e: e.index)):
@@ -111,4 +112,4 @@ def graph_struct(model_name: str, exposed: list[Exposed], shapes: dict[str, list
                 "quantized": e.quantized,
             }
         )
-    return {"format": "accdbg-graph-struct/1", "model": model_name, "layers": layers}
+    return layers

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 import onnxruntime as ort
@@ -82,7 +81,3 @@ def base_session_options(verbose_log: bool) -> ort.SessionOptions:
     so.log_severity_level = 0 if verbose_log else 3
     so.log_verbosity_level = 0
     return so
-
-
-def model_arg(model: bytes | str | Path) -> bytes | str:
-    return str(model) if isinstance(model, Path) else model

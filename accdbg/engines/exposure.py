@@ -17,14 +17,17 @@ golden and target files line up; the QDQ names stay in the manifest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from accdbg.core import onnx_model as om
+
+if TYPE_CHECKING:
+    from accdbg.engines.options import LayerFilter
 
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 
@@ -91,15 +94,10 @@ def _scalar(inits: dict[str, onnx.TensorProto], name: str) -> np.ndarray | None:
 def select(
     model: onnx.ModelProto,
     framework_names: set[str] | None = None,
-    add_outputs: Iterable[str] = (),
-    add_types: Iterable[str] = (),
-    skip_types: Iterable[str] = (),
-    skip_outputs: Iterable[str] = (),
+    layers: LayerFilter | None = None,
 ) -> list[Exposed]:
-    """Every layer output of the QDQ (or float) model, in execution order, after filters.
-
-    ``add_*`` restrict the dump to the named outputs / op types (union); ``skip_*`` remove.
-    """
+    """Every layer output of the QDQ (or float) model, in execution order, that ``layers``
+    keeps (all of them without a filter)."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     graph_inputs = {i.name for i in graph.input}
@@ -174,19 +172,10 @@ def select(
     exposed = list(chosen.values())
     # graph inputs are given, not computed
     exposed = [e for e in exposed if e.qdq_tensor not in graph_inputs]
-    add_o, add_t = set(add_outputs), {t.lower() for t in add_types}
-    skip_o, skip_t = set(skip_outputs), {t.lower() for t in skip_types}
-    if add_o or add_t:
+    if layers is not None:
         exposed = [
-            e
-            for e in exposed
-            if e.name in add_o or e.qdq_tensor in add_o or e.op_type.lower() in add_t
+            e for e in exposed if layers.skip_reason((e.name, e.qdq_tensor), e.op_type) is None
         ]
-    exposed = [
-        e
-        for e in exposed
-        if e.name not in skip_o and e.qdq_tensor not in skip_o and e.op_type.lower() not in skip_t
-    ]
     # two QDQ tensors can claim the same framework name (e.g. re-quantization): keep the first
     seen: set[str] = set()
     unique = []

@@ -11,13 +11,13 @@ Stages (``--stage``), mapped onto ONNX artefacts:
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -27,20 +27,23 @@ from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.isolate import Isolated
 from accdbg.core.provenance import inputs_record
-from accdbg.core.run_dir import RunDir, check_run_folder, write_json_atomic
-from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, records_table
+from accdbg.core.run_dir import RunDir, check_run_folder, options_dict, write_json_atomic
+from accdbg.core.tensor_store import TensorFolder, TensorRecord, records_table, update_manifest
 from accdbg.engines import artifacts, exposure, partitioning
-from accdbg.engines.base import EngineOptions, get_engine
-from accdbg.engines.prepare import fix_shapes
-from accdbg.engines.quantize import check_quantizer_options
-from accdbg.engines.source import build_feeds, source_model
+from accdbg.engines.base import Engine
+from accdbg.engines.options import OUTPUT_DATA_TYPES, STAGES, EngineConfig
+from accdbg.engines.pipeline import Calibration, prepare_model, select_layers
+from accdbg.engines.source import build_feeds
 from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
 from accdbg.errors import AccdbgError
+from accdbg.mapping.graph_struct import write_graph_struct
+
+if TYPE_CHECKING:
+    from accdbg.frameworks.convert import Conversion
 
 log = logging.getLogger("accdbg.inference_engine")
 
-STAGES = ("source", "converted", "compiled")
-OUTPUT_DATA_TYPES = ("float_only", "native_only", "float_and_native")
+__all__ = ["OUTPUT_DATA_TYPES", "STAGES", "EngineResult", "run_inference_engine"]
 FUSION_TOLERANCE = 1e-6
 
 
@@ -61,71 +64,17 @@ class EngineResult:
     seconds: float
 
 
-def check_overrides(path: str | Path | None, ignore: bool) -> None:
-    """``-qo``: the file exists and is AIMET encodings (checked before any run starts)."""
-    if path is None or ignore:
-        return
-    if not Path(path).is_file():
-        raise AccdbgError(f"-qo/--quantization_overrides {str(path)!r} does not exist")
-    from accdbg.encodings.aimet import read_aimet
-
-    read_aimet(Path(path))
-
-
-def check_engine_options(
-    stage: str = "source",
-    engine: str = "qnn",
-    runtime: str = "htp",
-    architecture: str = "x86_64-linux-clang",
-    precision: str = "int8",
-    output_data_type: str = "float_only",
-    soc_model: str | None = None,
-    profiling_level: str | None = None,
-    disable_cpu_fallback: bool = False,
-    perf_profile: str | None = None,
-    quantization_overrides: str | Path | None = None,
-    ignore_encodings: bool = False,
-    act_bitwidth: int = 8,
-    weights_bitwidth: int = 8,
-    bias_bitwidth: int = 32,
-    act_quantizer: str = "tf",
-    param_quantizer: str = "tf",
-    **_: object,
-) -> tuple:
-    """The options that do not depend on the model, checked: ``(engine, EngineOptions)``."""
-    if stage not in STAGES:
-        raise AccdbgError(f"--stage {stage!r} is not known; expected one of: {', '.join(STAGES)}")
-    if output_data_type not in OUTPUT_DATA_TYPES:
-        raise AccdbgError(
-            f"-odt {output_data_type!r} is not known; expected one of: {', '.join(OUTPUT_DATA_TYPES)}"
-        )
-    if precision not in ("int8", "fp16"):
-        raise AccdbgError(f"--precision {precision!r} is not known; expected int8 or fp16")
-    eng = get_engine(engine)
-    options = EngineOptions(
-        runtime=runtime,
-        architecture=architecture,
-        precision=precision,
-        soc_model=soc_model,
-        profiling_level=profiling_level,
-        disable_cpu_fallback=disable_cpu_fallback,
-        perf_profile=perf_profile,
-    )
-    eng.check_host(options)
-    if stage == "source" and precision == "int8":
-        check_quantizer_options(
-            act_bitwidth, weights_bitwidth, bias_bitwidth, act_quantizer, param_quantizer
-        )
-        check_overrides(quantization_overrides, ignore_encodings)
-    return eng, options
+def check_engine_options(config: EngineConfig | None = None, **keywords: object) -> Engine:
+    """The options that do not depend on the model, checked; returns the engine."""
+    return (config or EngineConfig.from_keywords(**keywords)).check()
 
 
 @dataclass
 class EngineRequest:
     """A checked inference-engine request: everything a run needs before it writes."""
 
-    eng: object
-    options: EngineOptions
+    eng: Engine
+    config: EngineConfig
     model_path: Path
     model: onnx.ModelProto
     feeds: list
@@ -133,22 +82,28 @@ class EngineRequest:
     dtypes: dict
     fw_names: set[str] | None
 
+    @property
+    def calibration(self) -> Calibration:
+        return Calibration(self.feeds, self.dims, self.dtypes)
+
 
 def check_inference_engine(
     model_path: str | Path | None,
     input_list: str | Path | None = None,
     input_tensors: Sequence[InputTensor] = (),
-    stage: str = "source",
-    precision: str = "int8",
+    config: EngineConfig | None = None,
     framework_model_path: str | Path | None = None,
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
-    **options: object,
+    **keywords: object,
 ) -> EngineRequest:
     """Every input of an engine run checked - options, run folder, model, each input file's
-    size and NaN/Inf, ``-qo`` - without writing anything."""
-    eng, engine_options = check_engine_options(stage=stage, precision=precision, **options)
+    size and NaN/Inf, ``-qo`` - without writing anything. Options: ``config``, or the API's
+    flat keywords (``runtime='htp', act_bitwidth=16``), or both (keywords win)."""
+    config = _config(config, keywords)
+    stage, precision = config.stage, config.quant.precision
+    eng = config.check()
     check_run_folder(working_dir, "inference_engine", output_dirname)
     if model_path is None:
         raise AccdbgError(f"-m/--model_path is required for --stage {stage}")
@@ -176,75 +131,60 @@ def check_inference_engine(
         fw_names = set(om.all_tensor_names(model))
     else:
         fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
-    return EngineRequest(eng, engine_options, model_path, model, feeds, dims, dtypes, fw_names)
+    return EngineRequest(eng, config, model_path, model, feeds, dims, dtypes, fw_names)
+
+
+def _config(config: EngineConfig | dict | None, keywords: dict) -> EngineConfig:
+    if config is None or isinstance(config, dict):
+        return EngineConfig.from_keywords(**{**(config or {}), **keywords})
+    if keywords:
+        return EngineConfig.from_keywords(**{**config.keywords(), **keywords})
+    return config
 
 
 def run_inference_engine(
     model_path: str | Path | None = None,
     input_list: str | Path | None = None,
     input_tensors: Sequence[InputTensor] = (),
-    runtime: str = "htp",
-    architecture: str = "x86_64-linux-clang",
-    stage: str = "source",
-    engine: str = "qnn",
-    act_bitwidth: int = 8,
-    weights_bitwidth: int = 8,
-    bias_bitwidth: int = 32,
-    act_quantizer: str = "tf",
-    param_quantizer: str = "tf",
-    per_channel: bool = False,
-    quantization_overrides: str | Path | None = None,
-    ignore_encodings: bool = False,
-    precision: str = "int8",
-    debug: bool = True,
-    output_data_type: str = "float_only",
-    add_layer_outputs: Sequence[str] = (),
-    add_layer_types: Sequence[str] = (),
-    skip_layer_types: Sequence[str] = (),
-    skip_layer_outputs: Sequence[str] = (),
-    profiling_level: str | None = None,
-    perf_profile: str | None = None,
-    soc_model: str | None = None,
-    disable_cpu_fallback: bool = False,
-    golden_dir_for_mapping: str | Path | None = None,
+    config: EngineConfig | None = None,
     framework_model_path: str | Path | None = None,
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
     memory_budget_mb: float = 4096,
     options_record: dict | None = None,
     allow_nonfinite_inputs: bool = False,
+    conversion: Conversion | None = None,
+    **keywords: object,
 ) -> EngineResult:
-    """Run the model on the chosen engine and dump its intermediate tensors."""
+    """Run the model on the chosen engine and dump its intermediate tensors.
+
+    Options: an :class:`~accdbg.engines.options.EngineConfig` (what the CLI parses), or the
+    flat keywords of its fields, e.g. ``runtime="htp", act_bitwidth=16, per_channel=True``.
+    ``conversion``: the model is another framework's, converted to ONNX; the tensor mapping then
+    goes to the framework's names and each dumped tensor records its layout."""
     start = time.perf_counter()
     req = check_inference_engine(
         model_path,
         input_list,
         input_tensors,
-        stage=stage,
-        precision=precision,
+        config,
         framework_model_path=framework_model_path,
         working_dir=working_dir,
         output_dirname=output_dirname,
         allow_nonfinite_inputs=allow_nonfinite_inputs,
-        engine=engine,
-        runtime=runtime,
-        architecture=architecture,
-        output_data_type=output_data_type,
-        soc_model=soc_model,
-        profiling_level=profiling_level,
-        disable_cpu_fallback=disable_cpu_fallback,
-        perf_profile=perf_profile,
-        quantization_overrides=quantization_overrides,
-        ignore_encodings=ignore_encodings,
-        act_bitwidth=act_bitwidth,
-        weights_bitwidth=weights_bitwidth,
-        bias_bitwidth=bias_bitwidth,
-        act_quantizer=act_quantizer,
-        param_quantizer=param_quantizer,
+        **keywords,
     )
-    eng, options, model_path, model = req.eng, req.options, req.model_path, req.model
-    feeds, dims, dtypes, fw_names = req.feeds, req.dims, req.dtypes, req.fw_names
-    gold = artifacts.golden_names(Path(golden_dir_for_mapping)) if golden_dir_for_mapping else None
+    config = req.config
+    stage, runtime, debug = config.stage, config.backend.runtime, config.dump.debug
+    eng, options, model_path, model = (
+        req.eng,
+        req.config.engine_options(),
+        req.model_path,
+        req.model,
+    )
+    feeds, fw_names = req.feeds, req.fw_names
+    mapping_dir = config.dump.golden_dir_for_mapping
+    gold = artifacts.golden_names(Path(mapping_dir)) if mapping_dir else None
 
     with (
         RunDir(working_dir, "inference_engine", output_dirname) as run,
@@ -254,74 +194,32 @@ def run_inference_engine(
     ):
         run.write_options(
             options_record
-            or {
-                "model_path": str(model_path),
-                "stage": stage,
-                "engine": engine,
-                "runtime": runtime,
-                "architecture": architecture,
-                "act_bitwidth": act_bitwidth,
-                "weights_bitwidth": weights_bitwidth,
-                "bias_bitwidth": bias_bitwidth,
-                "act_quantizer": act_quantizer,
-                "param_quantizer": param_quantizer,
-                "per_channel": per_channel,
-                "precision": precision,
-                "debug": debug,
-                "input_list": str(input_list) if input_list else None,
-            }
+            or options_dict(
+                model_path=model_path,
+                input_list=input_list,
+                memory_budget_mb=memory_budget_mb,
+                **config.keywords(),
+            )
         )
-        work = run.path / ".work"
-        work.mkdir()
-        steps: list[str] = []
         stem = model_path.name.removesuffix(".onnx")
         log.info("engine: %s, runtime %s, stage %s", eng.label, runtime, stage)
-        if stage == "source":
-            target, steps = source_model(
-                model,
-                stem,
-                feeds,
-                dims,
-                dtypes,
-                run.path,
-                work,
-                act_bitwidth=act_bitwidth,
-                weights_bitwidth=weights_bitwidth,
-                bias_bitwidth=bias_bitwidth,
-                act_quantizer=act_quantizer,
-                param_quantizer=param_quantizer,
-                per_channel=per_channel,
-                quantization_overrides=quantization_overrides,
-                ignore_encodings=ignore_encodings,
-                precision=precision,
+        prepared = prepare_model(
+            model, stem, req.calibration, config, run.path, run.path / ".work", model_path
+        )
+        target, steps = prepared.path, prepared.steps
+        if stage == "compiled" and debug:
+            log.warning(
+                "a compiled QNN context exposes only its graph outputs; run --stage converted to dump intermediates"
             )
-        elif stage == "converted":
-            target = run.path / f"{stem}.onnx"
-            onnx.save(fix_shapes(model, dims, steps), str(target))
-        else:
-            target = model_path
-            if debug:
-                log.warning(
-                    "a compiled QNN context exposes only its graph outputs; run --stage converted to dump intermediates"
-                )
         for s in steps:
             log.info("pre-processing: %s", s)
         target_model = onnx.load(str(target), load_external_data=False)
         selected = (
-            []
-            if stage == "compiled"
-            else exposure.select(
-                target_model,
-                fw_names,
-                add_layer_outputs,
-                add_layer_types,
-                skip_layer_types,
-                skip_layer_outputs,
-            )
+            [] if stage == "compiled" else select_layers(target_model, config.layers, fw_names)
         )
         json_dir = run.path / "qnn_json"
         options.json_graph_dir = None if eng.simulation else str(json_dir)
-        if profiling_level:
+        if config.backend.profiling_level:
             options.profiling_path = str(run.path / "qnn_profiling.csv")
         job = Job(
             engine=eng.name,
@@ -331,7 +229,7 @@ def run_inference_engine(
             feeds=feeds,
             output_root=str(run.path / "output"),
             native_log=str(run.path / "backend_log.txt"),
-            output_data_type=output_data_type,
+            output_data_type=config.dump.output_data_type,
             memory_budget_bytes=int(memory_budget_mb * 2**20),
             meta={
                 "component": "inference_engine",
@@ -352,16 +250,17 @@ def run_inference_engine(
         qnn_tensors = artifacts.qnn_tensor_names(model_net)
         _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
         mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
+        if conversion is not None:
+            mapping = _through_conversion(run.path, report.results, mapping, conversion)
         mapping_path = run.path / "tensor_mapping.json"
         write_json_atomic(mapping_path, mapping)
         struct_path = run.path / f"{stem}_graph_struct.json"
-        write_json_atomic(struct_path, artifacts.graph_struct(stem, selected, report.shapes))
-        _report_partitioning(
-            run.path, plain, eng.label, target_model, stage == "source" and precision != "fp16"
+        write_graph_struct(
+            struct_path, stem, artifacts.graph_struct_layers(selected, report.shapes)
         )
+        _report_partitioning(run.path, plain, eng.label, target_model, prepared.quantized_here)
         _report_fusion(diffs)
         write_json_atomic(run.path / "preprocessing.json", steps)
-        shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(run.path / "output" / ".scratch", ignore_errors=True)
     results = [run.path / "output" / Path(r).name for r in report.results]
     table = records_table(TensorFolder(results[0])) if results else pd.DataFrame()
@@ -390,20 +289,56 @@ def run_inference_engine(
 def _annotate_manifests(
     results: list[Path], selected: list[exposure.Exposed], qnn_tensors: dict
 ) -> None:
+    """Each dumped tensor's QNN name and axis format, from the QNN graph JSON."""
     if not qnn_tensors:
         return
     names = {e.name: artifacts.qnn_name_for(e, qnn_tensors) for e in selected}
+
+    def annotate(rec: TensorRecord) -> None:
+        qn = names.get(rec.name)
+        if qn:
+            rec.extra["qnn_name"] = qn
+            axis = qnn_tensors[qn].get("axis_format")
+            if axis:
+                rec.extra["qnn_axis_format"] = axis
+
     for root in results:
-        path = root / MANIFEST_NAME
-        data = json.loads(path.read_text(encoding="utf-8"))
-        for rec in data["tensors"]:
-            qn = names.get(rec["name"])
-            if qn:
-                rec.setdefault("extra", {})["qnn_name"] = qn
-                axis = qnn_tensors[qn].get("axis_format")
-                if axis:
-                    rec["extra"]["qnn_axis_format"] = axis
-        write_json_atomic(path, data)
+        update_manifest(root, annotate)
+
+
+def _through_conversion(
+    run_path: Path, results: list, onnx_map: dict[str, str], conversion: Conversion
+) -> dict[str, str]:
+    """Engine tensors mapped to framework names, and their layouts recorded, through the
+    conversion to ONNX: returns engine name -> framework name (the ONNX-level mapping is kept
+    as ``tensor_mapping_onnx.json``); each dumped tensor records its layout so verification
+    transposes instead of guessing."""
+    write_json_atomic(run_path / "tensor_mapping_onnx.json", onnx_map)
+    composed = {
+        k: conversion.tensor_mapping[v]
+        for k, v in onnx_map.items()
+        if v in conversion.tensor_mapping
+    }
+
+    def layout(rec: TensorRecord) -> None:
+        perm = conversion.permutations.get(onnx_map.get(rec.name, rec.name))
+        if len(rec.shape) == 4 and perm is not None:
+            rec.layout = (
+                "NCHW"
+                if list(perm) == [0, 2, 3, 1]
+                else ("NHWC" if list(perm) == [0, 1, 2, 3] else None)
+            )
+
+    for result in results:
+        update_manifest(Path(result), layout)
+    missing = [k for k in onnx_map if k not in composed]
+    if missing:
+        log.info(
+            "%d engine tensor(s) have no framework counterpart (fused by the converter), e.g. %s",
+            len(missing),
+            ", ".join(missing[:5]),
+        )
+    return composed
 
 
 def _report_partitioning(

@@ -24,7 +24,7 @@ from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor, inputs_per_line, parse_input_list
 from accdbg.core.progress import progress
 from accdbg.core.provenance import inputs_record
-from accdbg.core.run_dir import RunDir, check_run_folder
+from accdbg.core.run_dir import RunDir, check_run_folder, options_dict
 from accdbg.core.tensor_store import TensorWriter, records_table
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.base import RunnerOptions, get_runner_class
@@ -130,19 +130,16 @@ def run_framework_diagnosis(
             options.scratch_dir = run.path / ".scratch"
             run.write_options(
                 options_record
-                or {
-                    "framework": framework,
-                    "model_path": str(model_path),
-                    "input_tensor": [
-                        [t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name]
-                        for t in inputs
-                    ],
-                    "output_tensor": list(output_tensors),
-                    "disable_graph_optimization": disable_graph_optimization,
-                    "onnx_custom_op_lib": str(onnx_custom_op_lib) if onnx_custom_op_lib else None,
-                    "memory_budget_mb": memory_budget_mb,
-                    "input_list": str(input_list) if input_list is not None else None,
-                }
+                or options_dict(
+                    framework=framework,
+                    model_path=model_path,
+                    input_tensor=inputs,
+                    output_tensor=output_tensors,
+                    disable_graph_optimization=disable_graph_optimization,
+                    onnx_custom_op_lib=onnx_custom_op_lib,
+                    memory_budget_mb=memory_budget_mb,
+                    input_list=input_list,
+                )
             )
             log.info(
                 "model %s: %d tensors to dump in %d run(s)%s",

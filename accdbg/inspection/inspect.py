@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from accdbg.core.progress import progress
-from accdbg.core.run_dir import RunDir, write_json_atomic
+from accdbg.core.run_dir import RunDir, options_dict, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, TensorRecord, safe_relpath
 from accdbg.errors import AccdbgError
 from accdbg.inspection.encodings import CalibratedRange, TargetEncodings, load_target_encodings
@@ -679,20 +679,18 @@ def run_tensor_inspection(
     jobs = _jobs(pairs, golden, target, encodings)
     if workers is None:
         workers = min(2, os.cpu_count() or 1) if len(jobs) >= PARALLEL_FROM else 1
-    options = options_record or {
-        "golden_data": str(golden_data),
-        "target_data": str(target_data),
-        "verifier": [label for label, _ in labelled],
-        "data_type": data_type,
-        "target_encodings": str(target_encodings) if target_encodings else None,
-        "tensor_mapping": tensor_mapping
-        if isinstance(tensor_mapping, Mapping) or tensor_mapping is None
-        else str(tensor_mapping),
-        "max_plot_points": max_plot_points,
-        "max_csv_rows": max_csv_rows,
-        "seed": seed,
-        "workers": len(workers) + 1 if isinstance(workers, Workers) else workers,
-    }
+    options = options_record or options_dict(
+        golden_data=golden_data,
+        target_data=target_data,
+        verifier=[label for label, _ in labelled],
+        data_type=data_type,
+        target_encodings=target_encodings or None,
+        tensor_mapping=tensor_mapping,
+        max_plot_points=max_plot_points,
+        max_csv_rows=max_csv_rows,
+        seed=seed,
+        workers=len(workers) + 1 if isinstance(workers, Workers) else workers,
+    )
 
     def body(out_root: Path) -> pd.DataFrame:
         log.info(

@@ -1,14 +1,19 @@
-"""The inference graph's layers in execution order (``<model>_graph_struct.json``).
+"""The inference graph's layers in execution order (``<model>_graph_struct.json``): its one
+reader and writer.
 
-Verification uses it to order the summary rows and to name each row's layer type.
+The inference engine writes it (:func:`write_graph_struct`); verification orders the summary
+rows and names each row's layer type from it, and the ranking follows each layer's inputs
+(:func:`inputs_of`), all through :func:`load_graph_struct`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from accdbg.core.jsonio import read_json
+from accdbg.core.run_dir import write_json_atomic
 from accdbg.errors import AccdbgError
 
 GRAPH_STRUCT_FORMAT = "accdbg-graph-struct/1"
@@ -21,6 +26,7 @@ class Layer:
     type: str
     outputs: tuple[str, ...]
     layouts: dict[str, str] = field(default_factory=dict, hash=False)
+    inputs: tuple[str, ...] = ()
 
 
 def load_graph_struct(path: str | os.PathLike, what: str = "--graph_struct") -> list[Layer]:
@@ -44,6 +50,7 @@ def load_graph_struct(path: str | os.PathLike, what: str = "--graph_struct") -> 
                 type=str(item.get("type", "")),
                 outputs=tuple(str(o) for o in item.get("outputs", [])),
                 layouts=dict(item.get("layouts") or {}),
+                inputs=tuple(str(i) for i in item.get("inputs") or []),
             )
         )
     layers.sort(key=lambda layer: layer.index)
@@ -57,3 +64,16 @@ def execution_order(layers: list[Layer]) -> dict[str, tuple[int, str]]:
         for out in layer.outputs:
             order.setdefault(out, (pos, layer.type))
     return order
+
+
+def inputs_of(layers: list[Layer]) -> dict[str, list[str]]:
+    """Layer output -> the tensors its layer reads."""
+    return {out: list(layer.inputs) for layer in layers for out in layer.outputs}
+
+
+def write_graph_struct(path: str | os.PathLike, model: str, layers: list[dict]) -> None:
+    """``{"format", "model", "layers": [{index, name, type, inputs, outputs, ...}]}``,
+    atomically; ``layers`` in execution order."""
+    write_json_atomic(
+        Path(path), {"format": GRAPH_STRUCT_FORMAT, "model": model, "layers": list(layers)}
+    )

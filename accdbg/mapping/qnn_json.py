@@ -1,9 +1,11 @@
-"""What verification needs from a QNN graph JSON (``model_net.json``): dims, axis formats
-and activation encodings of each tensor.
+"""The QNN graph JSON (``model_net.json``): its one reader, :class:`QnnGraph`.
 
 Both the JSON of Qualcomm's converter and the one onnxruntime's QNN execution provider
 writes (``dump_json_qnn_graph``) have ``graph.tensors.<name>`` with ``dims``,
-``axis_format``, ``src_axis_format`` and ``quant_params``.
+``axis_format``, ``src_axis_format``, ``data_type`` and ``quant_params``, and ``graph.nodes``.
+:class:`QnnGraph` holds those objects by QNN name; :meth:`QnnGraph.find` gives what
+verification needs of a tensor (dims, axis formats, its quantization step), and
+:mod:`accdbg.encodings.qnn_json` reads the same object's encodings in AIMET's convention.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ _PER_AXIS = {1, 3}
 
 
 @dataclass(frozen=True)
-class Encoding:
-    """A tensor's quantization: ``scale`` is one step (an array for per-axis encodings)."""
+class StepEncoding:
+    """A tensor's quantization step as verification uses it: ``scale`` is one step (an array
+    for per-axis encodings). The full encoding, in AIMET's convention, is
+    :class:`accdbg.encodings.model.Encoding`."""
 
     scale: float | np.ndarray
     offset: int | np.ndarray = 0
@@ -54,7 +58,7 @@ class QnnTensor:
     dims: tuple[int, ...]
     axis_format: str | None
     src_axis_format: str | None
-    encoding: Encoding | None
+    encoding: StepEncoding | None
     data_type: int | None
 
 
@@ -73,7 +77,9 @@ def bitwidth_of(data_type: Any) -> int | None:
         return None
 
 
-def encoding_from_quant_params(qp: dict[str, Any] | None, data_type: Any = None) -> Encoding | None:
+def encoding_from_quant_params(
+    qp: dict[str, Any] | None, data_type: Any = None
+) -> StepEncoding | None:
     if not isinstance(qp, dict) or qp.get("definition") != QNN_DEFINITION_DEFINED:
         return None
     bw = bitwidth_of(data_type)
@@ -89,31 +95,51 @@ def encoding_from_quant_params(qp: dict[str, Any] | None, data_type: Any = None)
             offset = np.asarray(per.get("offsets") or [0] * len(scales))
         else:
             return None
-        return Encoding(scale, offset, per.get("bitwidth", bw), int(per.get("axis", 0)))
+        return StepEncoding(scale, offset, per.get("bitwidth", bw), int(per.get("axis", 0)))
     so = qp.get("scale_offset") or qp.get("bw_scale_offset") or {}
     scale = float(so.get("scale", 0.0) or 0.0)
     if scale <= 0:
         return None
-    return Encoding(scale, int(so.get("offset", 0)), so.get("bitwidth", bw))
+    return StepEncoding(scale, int(so.get("offset", 0)), so.get("bitwidth", bw))
 
 
 class QnnGraph:
-    """The tensors of a QNN graph JSON, found by QNN name, ONNX name or sanitized name."""
+    """A QNN graph JSON: ``tensors`` and ``nodes`` are its JSON objects by QNN name.
 
-    def __init__(self, path: str | os.PathLike, what: str = "--qnn_model_json_path"):
-        self.path = Path(path).expanduser()
-        data = read_json(self.path, what)
-        graph = data.get("graph") if isinstance(data, dict) else None
-        tensors = graph.get("tensors") if isinstance(graph, dict) else None
-        if not isinstance(tensors, dict):
-            raise AccdbgError(
-                f"{what} {str(path)!r} is not a QNN graph JSON (expected graph.tensors with dims and axis_format)"
-            )
-        self.tensors: dict[str, QnnTensor] = {}
-        for name, t in tensors.items():
+    ``QnnGraph(path)`` reads one file; ``QnnGraph(path, tensors, nodes)`` wraps objects
+    already read (e.g. the QNN EP's partitions merged by
+    :func:`accdbg.encodings.qnn_json.load_qnn_graph`)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None,
+        tensors: dict[str, Any] | None = None,
+        nodes: dict[str, Any] | None = None,
+        what: str = "--qnn_model_json_path",
+    ):
+        self.path = Path(path).expanduser() if path is not None else None
+        if tensors is None:
+            if self.path is None:
+                raise AccdbgError(f"{what}: no QNN graph JSON given")
+            data = read_json(self.path, what)
+            graph = data.get("graph") if isinstance(data, dict) else None
+            tensors = graph.get("tensors") if isinstance(graph, dict) else None
+            if not isinstance(tensors, dict):
+                raise AccdbgError(
+                    f"{what} {str(path)!r} is not a QNN graph JSON (expected graph.tensors with dims and axis_format)"
+                )
+            nodes = graph.get("nodes") or {}
+        self.tensors: dict[str, Any] = dict(tensors)
+        self.nodes: dict[str, Any] = dict(nodes or {})
+        self._typed: dict[str, QnnTensor] = {}
+
+    def tensor(self, name: str) -> QnnTensor | None:
+        """The tensor named ``name`` (its QNN name) with its dims, axis formats and step."""
+        if name not in self._typed:
+            t = self.tensors.get(name)
             if not isinstance(t, dict):
-                continue
-            self.tensors[name] = QnnTensor(
+                return None
+            self._typed[name] = QnnTensor(
                 name=name,
                 dims=tuple(int(d) for d in t.get("dims") or ()),
                 axis_format=t.get("axis_format"),
@@ -121,12 +147,15 @@ class QnnGraph:
                 encoding=encoding_from_quant_params(t.get("quant_params"), t.get("data_type")),
                 data_type=t.get("data_type"),
             )
+        return self._typed[name]
 
     def find(self, *names: str | None) -> QnnTensor | None:
+        """The first of ``names`` found, by QNN name or as QNN's converters sanitize it."""
         for name in names:
             if not name:
                 continue
             for candidate in (name, qnn_sanitize(name)):
-                if candidate in self.tensors:
-                    return self.tensors[candidate]
+                found = self.tensor(candidate)
+                if found is not None:
+                    return found
         return None

@@ -21,6 +21,7 @@ from openpyxl.comments import Comment
 from openpyxl.styles import Font, PatternFill
 from openpyxl.utils import get_column_letter
 
+from accdbg.core.run_dir import atomic_path
 from accdbg.reports.cells import safe_cell
 
 RED = "FFC7CE"  # Excel's "light red fill"
@@ -108,7 +109,6 @@ def write_workbook(path: str | os.PathLike, sheets: Sequence[Sheet]) -> Path:
     wb.remove(wb.active)
     for sheet in sheets:
         _write_sheet(wb.create_sheet(title=sheet.title[:31]), sheet)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    wb.save(tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        wb.save(tmp)
     return path

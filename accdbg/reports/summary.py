@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from accdbg.core.run_dir import write_json_atomic
+from accdbg.core.run_dir import atomic_path, write_json_atomic
 from accdbg.reports.cells import escape, safe_cell, safe_frame
 
 PASS, FAIL, NA = "pass", "fail", "na"
@@ -93,9 +93,11 @@ def csv_ready(df: pd.DataFrame) -> pd.DataFrame:
     return safe_frame(out)
 
 
-def write_csv(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+def write_csv(df: pd.DataFrame, path: str | os.PathLike, durable: bool = False) -> Path:
+    """The table as CSV (cells that could become formulas defused), written atomically."""
     path = Path(path)
-    csv_ready(df).to_csv(path, index=False, encoding="utf-8")
+    with atomic_path(path, durable) as tmp:
+        csv_ready(df).to_csv(tmp, index=False, encoding="utf-8")
     return path
 
 

@@ -27,12 +27,12 @@ import pandas as pd
 from accdbg.core.jsonio import read_json
 from accdbg.core.progress import progress
 from accdbg.core.provenance import describe_inputs, input_files, recorded_inputs, same_inputs
-from accdbg.core.run_dir import RunDir, write_json_atomic
+from accdbg.core.run_dir import RunDir, options_dict, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, TensorRecord, safe_relpath
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import execution_order, load_graph_struct
 from accdbg.mapping.layout import Alignment, normalize_layout, reconcile
-from accdbg.mapping.qnn_json import Encoding, QnnGraph, QnnTensor
+from accdbg.mapping.qnn_json import QnnGraph, QnnTensor, StepEncoding
 from accdbg.mapping.tensor_mapping import (
     Pairing,
     build_tensor_mapping,
@@ -315,7 +315,7 @@ def _fmt_shape(shape) -> list[int]:
 
 def _target_view(
     rec: TensorRecord, qnn: QnnTensor | None
-) -> tuple[tuple[int, ...], str | None, Encoding | None]:
+) -> tuple[tuple[int, ...], str | None, StepEncoding | None]:
     """The target's shape, layout and encoding, from its record first, then the QNN JSON.
 
     The QNN JSON describes the QNN tensor: its axis format applies to the dump only when the
@@ -327,7 +327,7 @@ def _target_view(
     extra = rec.extra or {}
     if "scale" in extra and extra["scale"] is not None:
         scale = extra["scale"]
-        encoding = Encoding(
+        encoding = StepEncoding(
             np.asarray(scale, dtype=np.float64) if isinstance(scale, list) else float(scale),
             extra.get("offset", 0),
             extra.get("bitwidth"),
@@ -360,7 +360,7 @@ def _golden_view(rec: TensorRecord, qnn: QnnTensor | None) -> tuple[tuple[int, .
     return shape, layout
 
 
-def _scale_for(encoding: Encoding | None, target_shape, alignment: Alignment):
+def _scale_for(encoding: StepEncoding | None, target_shape, alignment: Alignment):
     """The quantization step broadcast to the aligned target (per-axis scales move with it)."""
     if encoding is None:
         return None
@@ -1065,18 +1065,18 @@ def run_verification(
             log.log(level, "%s", note)
         run.write_options(
             options_record
-            or {
-                "golden_output_reference_directory": str(golden_dir),
-                "inference_results": str(inference_results),
-                "default_verifier": [cv.verifier.label for cv in verifiers if cv.tensors is None],
-                "verifier_config": str(verifier_config) if verifier_config else None,
-                "tensor_mapping": sources.get("tensor_mapping"),
-                "graph_struct": sources.get("graph_struct"),
-                "qnn_model_json_path": sources.get("qnn_model_json_path"),
-                "model_path": str(model_path) if model_path else None,
-                "working_dir": str(working_dir),
-                "output_dirname": output_dirname,
-            }
+            or options_dict(
+                golden_output_reference_directory=golden_dir,
+                inference_results=inference_results,
+                default_verifier=[cv.verifier.label for cv in verifiers if cv.tensors is None],
+                verifier_config=verifier_config or None,
+                tensor_mapping=sources.get("tensor_mapping"),
+                graph_struct=sources.get("graph_struct"),
+                qnn_model_json_path=sources.get("qnn_model_json_path"),
+                model_path=model_path or None,
+                working_dir=working_dir,
+                output_dirname=output_dirname,
+            )
         )
         if mapping is not None and model_path is not None and tensor_mapping is None:
             write_json_atomic(run.path / "tensor_mapping.json", mapping)

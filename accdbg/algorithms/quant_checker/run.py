@@ -39,9 +39,11 @@ from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.run_dir import RunDir, check_run_folder, write_json_atomic
 from accdbg.encodings.aimet import aimet_dict
 from accdbg.encodings.model import ACTIVATION
+from accdbg.engines.options import QuantOptions
+from accdbg.engines.pipeline import load_overrides
 from accdbg.engines.prepare import prepare_float_model
 from accdbg.engines.quantize import QUANTIZERS, check_quantizer_options
-from accdbg.engines.source import build_feeds, load_overrides
+from accdbg.engines.source import build_feeds
 from accdbg.errors import AccdbgError
 from accdbg.inspection.inspect import assign_folders
 from accdbg.reports.summary import write_csv
@@ -307,7 +309,15 @@ def _run(
     prepared_path, steps = prepare_float_model(model, dims, work)
     kept = models_dir / f"{stem}.prepared.onnx"
     shutil.copyfile(prepared_path, kept)
-    overrides = load_overrides(quantization_overrides, False, kept)  # as the engine applies -qo
+    # as the engine applies -qo
+    overrides = load_overrides(
+        QuantOptions(
+            quantization_overrides=None
+            if quantization_overrides is None
+            else str(quantization_overrides)
+        ),
+        kept,
+    )
     encodings, paths, qsteps = quantize_variants(
         kept, variants, feeds, dims, dtypes, models_dir, act_bw, w_bw, b_bw, overrides
     )

@@ -1,0 +1,177 @@
+"""One model-preparation pipeline: the model a run gives QNN, made from the user's model.
+
+Every caller that needs the model QNN runs goes through :func:`prepare_model` - the inference
+engine, layerwise and cumulative-layerwise snooping, and anything that quantizes variants of a
+model (a fix search: ``config.with_quant(act_bitwidth=16)``). So the model snooping debugs is the
+one the engine runs: same input-list lines (the calibration feeds of
+:func:`~accdbg.engines.source.build_feeds`), same pre-processing
+(:func:`~accdbg.engines.prepare.prepare_float_model`), same ``-qo`` overrides and quantizer. Which
+layer outputs are dumped or debugged is :func:`select_layers`, with the same
+:class:`~accdbg.engines.options.LayerFilter`.
+
+Stages (``--stage``): ``source`` float ONNX, pre-processed then quantized (or fp16);
+``converted`` the user's QDQ model, shapes fixed; ``compiled`` an EPContext model, as is.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.engines import exposure
+from accdbg.engines.options import EngineConfig, LayerFilter, QuantOptions
+from accdbg.engines.prepare import fix_shapes, prepare_float_model
+from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
+from accdbg.engines.source import Feeds, build_feeds
+from accdbg.errors import AccdbgError
+
+log = logging.getLogger("accdbg.inference_engine")
+
+
+@dataclass
+class Calibration:
+    """The inferences a model is calibrated on (every ``-l`` line, else the ``-i`` files),
+    with each input's dims and dtype, as :func:`~accdbg.engines.source.build_feeds` makes them."""
+
+    feeds: Feeds
+    dims: dict[str, tuple[int, ...]]
+    dtypes: dict
+
+    @classmethod
+    def from_inputs(
+        cls,
+        model: onnx.ModelProto,
+        input_list: str | Path | None = None,
+        input_tensors: Sequence[InputTensor] = (),
+        allow_nonfinite: bool = False,
+    ) -> Calibration:
+        """Every ``-l`` line (else the ``-i`` files), each file checked, as the engine reads them."""
+        parsed = parse_input_list(input_list) if input_list else None
+        return cls(*build_feeds(model, parsed, input_tensors, allow_nonfinite))
+
+
+@dataclass
+class PreparedModel:
+    """The model to run, what was done to make it, and the float model it was quantized from."""
+
+    path: Path  # <stem>.qdq.onnx, <stem>.fp16.onnx, <stem>.onnx (converted) or the EPContext model
+    stage: str
+    steps: list[str] = field(default_factory=list)
+    float_model: Path | None = None  # <stem>.prepared.onnx (source stage): the ranking's evidence
+
+    @property
+    def quantized_here(self) -> bool:
+        return self.stage == "source" and self.path.name.endswith(".qdq.onnx")
+
+    def load(self) -> onnx.ModelProto:
+        return onnx.load(str(self.path), load_external_data=False)
+
+
+def prepare_model(
+    model: onnx.ModelProto,
+    stem: str,
+    calibration: Calibration,
+    config: EngineConfig,
+    out_dir: Path,
+    work_dir: Path | None = None,
+    source_path: Path | None = None,
+) -> PreparedModel:
+    """The model ``config`` says QNN runs, written into ``out_dir`` (``work_dir`` holds the
+    intermediates and is removed; default ``out_dir/.prepare``). ``source_path`` is the model's
+    file, used as is in the compiled stage."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if config.stage == "compiled":
+        assert source_path is not None, "the compiled stage runs the given EPContext file"
+        return PreparedModel(Path(source_path), "compiled")
+    if config.stage == "converted":
+        steps: list[str] = []
+        target = out_dir / f"{stem}.onnx"
+        onnx.save(fix_shapes(model, calibration.dims, steps), str(target))
+        return PreparedModel(target, "converted", steps)
+    work = work_dir or out_dir / ".prepare"
+    try:
+        return _source(model, stem, calibration, config.quant, out_dir, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _source(
+    model: onnx.ModelProto,
+    stem: str,
+    calibration: Calibration,
+    quant: QuantOptions,
+    out_dir: Path,
+    work: Path,
+) -> PreparedModel:
+    """Pre-process a float model for QNN and quantize it, calibrated on every feed."""
+    work.mkdir(parents=True, exist_ok=True)
+    prepared, steps = prepare_float_model(model, calibration.dims, work)
+    # kept: the float weights the QDQ model is quantized from (the culprit ranking's evidence)
+    float_model = out_dir / f"{stem}.prepared.onnx"
+    shutil.copyfile(prepared, float_model)
+    if not quant.quantizes:
+        target = out_dir / f"{stem}.fp16.onnx"
+        shutil.copyfile(prepared, target)
+        steps.append("no quantization: float model on HTP in fp16")
+        return PreparedModel(target, "source", steps, float_model)
+    target = out_dir / f"{stem}.qdq.onnx"
+    t = time.perf_counter()
+    kept: list[str] = []
+    feeds = calibration.feeds
+    quantize_for_qnn(
+        prepared,
+        target,
+        FeedsReader(
+            [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds],
+            calibration.dims,
+            calibration.dtypes,
+        ),
+        quant.act_bitwidth,
+        quant.weights_bitwidth,
+        quant.bias_bitwidth,
+        quant.act_quantizer,
+        quant.param_quantizer,
+        quant.per_channel,
+        load_overrides(quant, prepared),
+        notes=kept,
+    )
+    steps.extend(kept)
+    steps.append(
+        f"quantized for QNN ({quant.describe()}) with {len(feeds)} calibration input(s) "
+        f"in {time.perf_counter() - t:.1f} s"
+    )
+    return PreparedModel(target, "source", steps, float_model)
+
+
+def load_overrides(quant: QuantOptions, model_path: Path) -> dict | None:
+    """``-qo`` AIMET encodings as onnxruntime tensor overrides for the prepared model."""
+    if quant.overrides is None:
+        if quant.quantization_overrides is not None:
+            log.info("--ignore_encodings: not applying %s", quant.quantization_overrides)
+        return None
+    from accdbg.encodings.aimet import read_aimet
+    from accdbg.encodings.overrides import aimet_to_tensor_quant_overrides
+
+    if not quant.overrides.is_file():
+        raise AccdbgError(
+            f"-qo/--quantization_overrides {str(quant.quantization_overrides)!r} does not exist"
+        )
+    return aimet_to_tensor_quant_overrides(
+        read_aimet(quant.overrides), onnx.load(str(model_path), load_external_data=False)
+    )
+
+
+def select_layers(
+    model: onnx.ModelProto,
+    layers: LayerFilter,
+    framework_names: set[str] | None = None,
+) -> list[exposure.Exposed]:
+    """The layer outputs of the prepared model, in execution order, that ``layers`` keeps."""
+    return exposure.select(model, framework_names, layers)

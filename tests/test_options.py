@@ -1,0 +1,199 @@
+"""Typed options and the one model-preparation pipeline.
+
+The CLI parses each argument group once into a typed object; the Python API's flat keywords
+build the same object; ``<component>_options.json`` is written from it by one function; and
+the engine and snooping prepare the model through the same :func:`prepare_model`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from accdbg.cli.args import CommonArgs, ModelArgs
+from accdbg.cli.inference_engine import EngineArgs
+from accdbg.core.inputs import parse_input_tensor
+from accdbg.core.run_dir import options_dict
+from accdbg.engines import exposure
+from accdbg.engines.options import (
+    BackendOptions,
+    DumpOptions,
+    EngineConfig,
+    LayerFilter,
+    QuantOptions,
+)
+from accdbg.engines.pipeline import Calibration, prepare_model, select_layers
+from accdbg.engines.source import build_feeds
+from accdbg.errors import AccdbgError
+from tests import models
+
+
+def _parse(group, argv: list[str]):
+    parser = argparse.ArgumentParser()
+    group.add(parser)
+    return group.parse(parser.parse_args(argv))
+
+
+def test_engine_flags_parse_into_their_groups():
+    config = _parse(
+        EngineArgs(runtime_required=True),
+        ["-r", "dspv73", "-abw", "16", "--per_channel_quantization", "-qo", "e.json",
+         "--ignore_encodings", "--skip_layer_types", "Add, Relu", "--debug_mode_off",
+         "--stage", "converted", "--engine", "SIMULATION"],
+    )  # fmt: skip
+    assert config.stage == "converted"
+    assert config.quant == QuantOptions(
+        act_bitwidth=16, per_channel=True, quantization_overrides="e.json", ignore_encodings=True
+    )
+    assert config.quant.overrides is None  # ignored
+    assert config.backend == BackendOptions(engine="simulation", runtime="dspv73")
+    assert config.layers == LayerFilter(skip_layer_types=("Add", "Relu"))
+    assert config.dump == DumpOptions(debug=False)
+
+
+def test_flag_defaults_are_the_dataclass_defaults():
+    """One place for defaults: the wrapper's engine flags parse into EngineConfig()."""
+    assert _parse(EngineArgs(runtime_required=False), []) == EngineConfig()
+    assert EngineConfig().backend.runtime == "htp"
+    with pytest.raises(SystemExit):  # the component requires -r, like the reference tool
+        _parse(EngineArgs(runtime_required=True), [])
+
+
+def test_api_keywords_build_the_same_config_and_round_trip():
+    kw = dict(runtime="htp", act_bitwidth=16, per_channel=True, skip_layer_types="Add",
+              debug=False, stage="converted", engine="simulation")  # fmt: skip
+    config = EngineConfig.from_keywords(**kw)
+    assert config.quant.act_bitwidth == 16 and config.quant.per_channel
+    assert config.layers.skip_layer_types == ("Add",)
+    assert config.dump.debug is False and config.stage == "converted"
+    assert EngineConfig.from_keywords(**config.keywords()) == config
+    assert set(config.keywords()) == set(EngineConfig.keyword_names())
+    assert EngineConfig.coerce(config) is config
+    assert EngineConfig.coerce(None) == EngineConfig()
+
+
+def test_unknown_api_keyword_is_one_line_naming_it():
+    with pytest.raises(AccdbgError) as info:
+        EngineConfig.from_keywords(act_bitwdith=16)
+    msg = str(info.value)
+    assert "engine option 'act_bitwdith' is not known" in msg and "act_bitwidth" in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    "config, error",
+    [
+        (EngineConfig(stage="sauce"), "--stage 'sauce' is not known"),
+        (EngineConfig(quant=QuantOptions(precision="int4")), "--precision 'int4' is not known"),
+        (EngineConfig(quant=QuantOptions(bias_bitwidth=8)), "-bbw/--bias_bitwidth 8"),
+        (EngineConfig(dump=DumpOptions(output_data_type="x")), "-odt 'x' is not known"),
+        (EngineConfig(backend=BackendOptions(engine="tpu")), "--engine 'tpu' is not known"),
+        (
+            EngineConfig(quant=QuantOptions(quantization_overrides="/no/such.json")),
+            "-qo/--quantization_overrides '/no/such.json' does not exist",
+        ),
+    ],
+)
+def test_config_check_names_the_flag(config, error):
+    with pytest.raises(AccdbgError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        config.check()
+
+
+def test_fp16_and_converted_do_not_check_the_quantizer():
+    bad = QuantOptions(bias_bitwidth=8, precision="fp16")
+    EngineConfig(quant=bad).check()
+    EngineConfig(stage="converted", quant=QuantOptions(bias_bitwidth=8)).check()
+
+
+def test_layer_filter_add_is_a_union_and_skip_removes():
+    f = LayerFilter(add_layer_outputs="a", add_layer_types=["conv"], skip_layer_outputs=["c"])
+    assert f.skip_reason({"a"}, "Relu") is None
+    assert f.skip_reason({"b"}, "Conv") is None  # types are case-insensitive
+    assert f.skip_reason({"b"}, "Relu") == "not in --add_layer_outputs/--add_layer_types"
+    assert f.skip_reason({"c", "c_q"}, "Conv") == "in --skip_layer_outputs/--skip_layer_types"
+    assert LayerFilter().skip_reason({"x"}, "Add") is None
+
+
+def test_model_group_checks_the_framework_version_and_parses_inputs(tmp_path):
+    raw = tmp_path / "x.raw"
+    np.zeros(8, np.float32).tofile(raw)
+    spec = _parse(ModelArgs(), ["-f", "ONNX", "-m", "m.onnx", "-i", "x", "2,4", str(raw)])
+    assert spec.framework == "onnx" and spec.input_tensors[0].dims == (2, 4)
+    with pytest.raises(AccdbgError, match="-f/--framework onnx 0.1: the installed version"):
+        _parse(ModelArgs(), ["-f", "onnx", "0.1", "-m", "m.onnx", "-i", "x", "2,4", str(raw)])
+    assert _parse(CommonArgs("c"), ["-w", "W"]).keywords() == {
+        "working_dir": "W",
+        "output_dirname": None,
+    }
+
+
+def test_options_record_is_flat_plain_json(tmp_path):
+    config = EngineConfig.from_keywords(act_bitwidth=16, skip_layer_types="Add")
+    np.zeros(8, np.float32).tofile(tmp_path / "x.raw")
+    x = parse_input_tensor(["x", "2,4", str(tmp_path / "x.raw")])
+    record = options_dict(config, model_path=tmp_path / "m.onnx", input_tensor=[x])
+    assert record["act_bitwidth"] == 16 and record["runtime"] == "htp"
+    assert record["skip_layer_types"] == ["Add"]  # tuples as lists
+    assert record["model_path"] == str(tmp_path / "m.onnx")
+    assert record["input_tensor"] == [["x", "2,4", str(tmp_path / "x.raw"), "float32"]]
+    assert not any(isinstance(v, (QuantOptions, LayerFilter)) for v in record.values())
+    names = {
+        f.name for g in (QuantOptions, BackendOptions, LayerFilter, DumpOptions) for f in fields(g)
+    }
+    assert names | {"stage", "model_path", "input_tensor"} == set(record)
+
+
+def _calibration(model: onnx.ModelProto, built: models.Built) -> Calibration:
+    x = parse_input_tensor(
+        [built.input_name, ",".join(map(str, built.dims)), str(built.input_path)]
+    )
+    calib = Calibration.from_inputs(model, None, [x])
+    assert calib == Calibration(*build_feeds(model, None, [x]))
+    return calib
+
+
+def test_prepare_model_quantizes_variants_from_one_config(tmp_path):
+    """The pipeline's entry point as a fix search would call it: one float model, two
+    quantization variants, each in its own folder; the activations' zero points take the
+    variant's bit width, and the float model it was quantized from is kept."""
+    built = models.conv_net(tmp_path, layers=2)
+    model = onnx.load(str(built.path))
+    calib = _calibration(model, built)
+    base = EngineConfig()
+    p8 = prepare_model(model, "net", calib, base, tmp_path / "a8")
+    p16 = prepare_model(model, "net", calib, base.with_quant(act_bitwidth=16), tmp_path / "a16")
+    assert p8.path == tmp_path / "a8" / "net.qdq.onnx" and p8.quantized_here
+    assert p8.float_model == tmp_path / "a8" / "net.prepared.onnx" and p8.float_model.is_file()
+    assert not (tmp_path / "a8" / ".prepare").exists()  # intermediates removed
+
+    def act_zero_point_types(path: Path) -> set:
+        m = onnx.load(str(path))
+        inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+        weights = {i.name for i in m.graph.initializer}
+        return {
+            inits[n.input[2]].dtype.name
+            for n in m.graph.node
+            if n.op_type == "QuantizeLinear" and n.input[0] not in weights and len(n.input) > 2
+        }
+
+    assert act_zero_point_types(p8.path) == {"uint8"}
+    assert act_zero_point_types(p16.path) == {"uint16"}
+    assert any("A16W8" in s for s in p16.steps)
+    fp16 = prepare_model(model, "net", calib, base.with_quant(precision="fp16"), tmp_path / "f")
+    assert fp16.path.name == "net.fp16.onnx" and not fp16.quantized_here
+    assert not any(n.op_type == "QuantizeLinear" for n in fp16.load().graph.node)
+
+
+def test_select_layers_applies_the_same_filter_as_snooping(tmp_path):
+    built = models.conv_net(tmp_path, layers=2)
+    model = onnx.load(str(built.path))
+    every = exposure.select(model)
+    kept = select_layers(model, LayerFilter(skip_layer_types=("Relu",)))
+    assert [e.name for e in kept] == [e.name for e in every if e.op_type != "Relu"]
+    assert len(kept) < len(every)

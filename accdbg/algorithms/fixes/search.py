@@ -45,6 +45,7 @@ from accdbg.algorithms.fixes.measure import (
 from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.isolate import Isolated
 from accdbg.core.run_dir import write_json_atomic
+from accdbg.engines.options import EngineConfig
 from accdbg.engines.prepare import prepare_float_model
 from accdbg.engines.run import check_engine_options
 from accdbg.engines.source import build_feeds
@@ -128,7 +129,7 @@ def run_fix_search(
     fix changed (and show the diagnosis' culprit ranking) in ``model_explorer/``."""
     t0 = time.perf_counter()
     check_search_options(target_sqnr, target_gap, max_16bit_tensors, time_budget, workers)
-    _, options = check_engine_options(
+    config = EngineConfig.from_keywords(
         runtime=runtime,
         act_bitwidth=act_bitwidth,
         weights_bitwidth=weights_bitwidth,
@@ -136,6 +137,8 @@ def run_fix_search(
         param_quantizer=param_quantizer,
         **{k: v for k, v in (engine_kwargs or {}).items() if k in ("soc_model", "architecture")},
     )
+    check_engine_options(config)
+    options = config.engine_options()
     model_path = Path(model_path).expanduser().absolute()
     from accdbg.core import onnx_model as om
 

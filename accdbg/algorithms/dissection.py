@@ -211,7 +211,7 @@ def run_dissection(
     maximum_dissection_iterations: int = DEFAULT_ITERATIONS,
     auto_stop_iterations: int | None = None,
     partition_override: str | os.PathLike | list | None = None,
-    engine_kwargs: dict | None = None,
+    engine_kwargs: EngineConfig | dict | None = None,
     working_dir: str | os.PathLike = "working_directory",
     output_dirname: str | None = None,
     model_explorer: bool = True,

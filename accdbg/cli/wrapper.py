@@ -232,7 +232,6 @@ def _dissect(args: argparse.Namespace, one, inputs, verifiers, config, place, ex
     from accdbg.algorithms.dissection import run_dissection
     from accdbg.cli.deep_analyzer import engine_qdq_model
 
-    backend = config.backend
     result = run_dissection(
         engine_qdq_model(one.engine_run),
         one.golden_dir,
@@ -243,11 +242,7 @@ def _dissect(args: argparse.Namespace, one, inputs, verifiers, config, place, ex
         maximum_dissection_iterations=args.maximum_dissection_iterations,
         auto_stop_iterations=args.auto_stop_iterations,
         partition_override=args.partition_override,
-        engine_kwargs={
-            "runtime": backend.runtime,
-            "engine": backend.engine,
-            "architecture": backend.architecture,
-        },
+        engine_kwargs=config,
         model_explorer=explorer,
         **place.keywords(),
     )

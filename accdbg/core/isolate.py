@@ -75,6 +75,17 @@ def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def exit_description(code: int | None) -> str:
+    """How a child ended, from its return code: ``crashed with SIGSEGV``, ``exited with code 1``."""
+    if code is None or code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"crashed with {name}"
+
+
 class Isolated:
     """A child Python computing ``fn(*args)``; :meth:`result` waits and returns or raises.
 
@@ -175,12 +186,8 @@ class Isolated:
         try:
             hint = f" - see {self.log_hint}" if self.log_hint else ""
             if code < 0:
-                try:
-                    name = signal.Signals(-code).name
-                except ValueError:
-                    name = f"signal {-code}"
                 raise AccdbgError(
-                    f"{self.who} crashed with {name} while {self.what}; the tool survived{hint}"
+                    f"{self.who} {exit_description(code)} while {self.what}; the tool survived{hint}"
                 )
             if not self._result.exists():
                 raise AccdbgError(f"{self.who} exited with code {code} while {self.what}{hint}")

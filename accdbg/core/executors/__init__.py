@@ -6,6 +6,7 @@ fix-search candidate). A *worker* is an object built once per worker process or 
 Whichever executor runs them, the same items give the same values.
 """
 
+from accdbg.core.executors import local, ray_executor  # noqa: F401 - they register themselves
 from accdbg.core.executors.base import (
     EXECUTORS,
     Executor,

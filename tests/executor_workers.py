@@ -73,14 +73,12 @@ class Unbuildable:
 class QnnSession:
     """One QNN HTP session, built once per worker, run on an input generated from the item."""
 
-    def __init__(self, model_path: str, log_path: str):
-        from accdbg.engines.base import EngineOptions
-        from accdbg.engines.worker import Job, JobReport, checked_session
+    def __init__(self, model_path: str):
+        from accdbg.engines.base import EngineOptions, get_engine
 
-        self.options = EngineOptions(runtime="htp")
-        self.job = Job("qnn", self.options, model_path, [], [], "", log_path)
-        self.sess = checked_session(self.job, model_path, self.options, "test session", JobReport())
+        self.sess = get_engine("qnn").create_session(model_path, EngineOptions(runtime="htp"))
         self.input = self.sess.get_inputs()[0]
+        assert "QNNExecutionProvider" in self.sess.get_providers()
 
     def __call__(self, item: int) -> bytes:
         x = np.random.default_rng(item).random((1, 3, 32, 32), dtype=np.float32)

@@ -275,7 +275,7 @@ def test_a_qnn_session_per_worker_gives_the_same_bytes_on_every_executor(
 ):
     spec = WorkerSpec(
         "tests.executor_workers:QnnSession",
-        {"model_path": str(tiny_qdq), "log_path": str(tmp_path / "qnn_log.txt")},
+        {"model_path": str(tiny_qdq)},
     )
     items = ITEMS[:4]
     runs = {

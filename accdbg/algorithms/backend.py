@@ -1,7 +1,8 @@
-"""Running a part of the model on the backend, once, in a child process.
+"""Running parts of the model on the backend, each once, in worker processes.
 
-The QNN backend is native code: each part runs in a fresh child
-(:mod:`accdbg.core.isolate`), so a crash becomes a status for the layers of that part.
+The QNN backend is native code: each part runs in a worker process of an executor
+(:mod:`accdbg.core.executors`; by default local, crash-isolated processes kept for the
+whole run), so a crash becomes a status for the layers of that part.
 Only paths and small facts travel: golden feeds are raw files the child reads itself, and
 the outputs come back as ``.npy`` files. A stage file written by the child tells where a
 crash happened (session creation or run), which decides the ``err_*`` status.
@@ -9,10 +10,13 @@ crash happened (session creation or run), which decides the ``err_*`` status.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -20,7 +24,8 @@ import onnx
 from accdbg.algorithms.fragments import Part
 from accdbg.algorithms.statuses import ERR_CNTX, ERR_CON, ERR_EXEC, ERR_LIB
 from accdbg.core import onnx_model as om
-from accdbg.core.isolate import Isolated
+from accdbg.core.executors import Executor, ExecutorConfig, get_executor
+from accdbg.core.executors.calls import function_spec
 from accdbg.engines.base import EngineOptions, get_engine
 from accdbg.errors import AccdbgError
 
@@ -135,91 +140,129 @@ def failure_status(report: PartReport) -> str:
 
 
 @dataclass
-class Handle:
-    job: PartJob
-    child: Isolated | None
-    work: Path
+class PartRun:
+    """One part to run; ``token`` is the caller's, handed back with the part's result."""
+
+    token: Any
+    part: Part
+    feeds: dict
+    outputs: list[str]
+    label: str
+    json_dir: Path | None = None
 
 
 class Backend:
-    """Runs parts on the chosen engine - in a fresh child process per part for native
-    backends, so a crash is a status, not our death - and counts the sessions created."""
+    """Runs parts on the chosen engine through an executor - by default persistent local
+    worker processes for native backends, so a crash is a status, not our death (the part is
+    retried once on a fresh process, then reported failed) - and counts the sessions created."""
 
-    job_fn = staticmethod(run_part)  # module-level, so the child process can import it
+    job_fn = staticmethod(run_part)  # module-level, so the worker processes can import it
 
-    def __init__(self, engine: str, options: EngineOptions, scratch: Path, logs: Path):
+    def __init__(
+        self,
+        engine: str,
+        options: EngineOptions,
+        scratch: Path,
+        logs: Path,
+        executor: ExecutorConfig | None = None,
+        workers: int | None = None,
+    ):
         self.engine = get_engine(engine)
         self.engine_name = engine
         self.options = options
         self.scratch, self.logs = scratch, logs
         self.sessions = 0
-        self.peak_rss_mb: float | None = None  # the largest backend child's own peak
+        self.peak_rss_mb: float | None = None  # the largest backend worker's own peak
         self._n = 0
+        if executor is None:  # native engines in local worker processes, two at a time
+            if workers is None:
+                workers = min(2, os.cpu_count() or 1) if self.engine.isolated else 1
+            executor = ExecutorConfig(
+                "local" if self.engine.isolated else "serial", max(1, workers)
+            )
+        executor.check()
+        self.executor_config = executor
+        self._executor: Executor | None = None
 
     @property
     def concurrent(self) -> bool:
         return self.engine.isolated
 
-    def start(
-        self, part: Part, feeds: dict, outputs: list[str], label: str, json_dir: Path | None = None
-    ) -> Handle:
-        """Start running ``part`` (in the background for native engines)."""
+    @property
+    def workers(self) -> int:
+        return self.executor_config.workers
+
+    def _job(self, run: PartRun) -> tuple[PartJob, Path]:
+        """The part's model written into its own work folder, and its job."""
         self._n += 1
-        work = self.scratch / f"{self._n:04d}-{label}"
+        work = self.scratch / f"{self._n:04d}-{run.label}"
         work.mkdir(parents=True, exist_ok=True)
         model_path = work / "model.onnx"
-        if part.model.ByteSize() < om.TWO_GIB:
-            onnx.save(part.model, str(model_path))
+        if run.part.model.ByteSize() < om.TWO_GIB:
+            onnx.save(run.part.model, str(model_path))
         else:
             onnx.save(
-                part.model, str(model_path), save_as_external_data=True, location="model.data"
+                run.part.model, str(model_path), save_as_external_data=True, location="model.data"
             )
         self.logs.mkdir(parents=True, exist_ok=True)
         options = replace(
-            self.options, json_graph_dir=str(json_dir) if json_dir else None, profiling_level=None
+            self.options,
+            json_graph_dir=str(run.json_dir) if run.json_dir else None,
+            profiling_level=None,
         )
         job = PartJob(
             self.engine_name,
             options,
             str(model_path),
-            feeds,
-            outputs,
+            run.feeds,
+            run.outputs,
             str(work / "out"),
-            str(self.logs / f"{label}.txt"),
+            str(self.logs / f"{run.label}.txt"),
             str(work / "stage"),
         )
-        if not self.engine.isolated:
-            return Handle(job, None, work)
-        child = Isolated(
-            self.job_fn,
-            job,
-            what=f"running {label} on {self.engine.label}",
-            log_hint=job.native_log,
-        )
-        return Handle(job, child, work)
+        return job, work
 
-    def finish(self, handle: Handle) -> tuple[PartReport, dict[str, np.ndarray]]:
-        """Wait for a part; its report and its outputs (loaded, the files removed)."""
-        job = handle.job
-        if handle.child is None:
-            report = self.job_fn(job)
-        else:
-            try:
-                report = handle.child.result()
-            except KeyboardInterrupt:
-                handle.child.kill()
-                raise
-            except AccdbgError as exc:  # the backend crashed: the stage file says where
-                stage_file = Path(job.stage_file)
-                stage = stage_file.read_text(encoding="utf-8") if stage_file.exists() else "session"
-                report = PartReport(
-                    False, "run" if stage in ("run", "done") else "session", str(exc), sessions=1
-                )
+    def run_many(
+        self, runs: Iterable[PartRun]
+    ) -> Iterator[tuple[Any, PartReport, dict[str, np.ndarray]]]:
+        """Each part on the executor's workers: its token, report and outputs, as parts
+        complete (not in order). ``runs`` is read lazily, as workers free up: a caller may
+        add to what it yields from while results come."""
+        jobs: dict[str, tuple[PartRun, PartJob, Path]] = {}
+
+        def items() -> Iterator[tuple[str, PartJob]]:
+            for run in runs:
+                job, work = self._job(run)
+                jobs[work.name] = (run, job, work)
+                yield work.name, job
+
+        if self._executor is None:
+            self._executor = get_executor(self.executor_config)
+        for outcome in self._executor.map(function_spec(self.job_fn), items()):
+            run, job, work = jobs.pop(outcome.key)
+            report = outcome.value if outcome.ok else self._failed(job, outcome.error or "")
+            yield run.token, *self._collect(job, work, report)
+
+    def _failed(self, job: PartJob, error: str) -> PartReport:
+        """The part's worker crashed (retries spent) or failed: the stage file says where."""
+        stage_file = Path(job.stage_file)
+        stage = stage_file.read_text(encoding="utf-8") if stage_file.exists() else "session"
+        return PartReport(
+            False,
+            "run" if stage in ("run", "done") else "session",
+            f"{self.engine.label}: {error} - see {job.native_log}",
+            sessions=1,
+        )
+
+    def _collect(
+        self, job: PartJob, work: Path, report: PartReport
+    ) -> tuple[PartReport, dict[str, np.ndarray]]:
+        """The part's report and its outputs (loaded, the files removed)."""
         self.sessions += report.sessions
         if report.peak_rss_mb is not None:
             self.peak_rss_mb = max(self.peak_rss_mb or 0.0, report.peak_rss_mb)
         values = {name: np.load(path) for name, path in report.outputs.items()}
-        shutil.rmtree(handle.work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
         if report.ok:
             Path(job.native_log).unlink(missing_ok=True)  # kept only to explain failures
         return report, values
@@ -227,4 +270,13 @@ class Backend:
     def run(
         self, part: Part, feeds: dict, outputs: list[str], label: str, json_dir: Path | None = None
     ) -> tuple[PartReport, dict[str, np.ndarray]]:
-        return self.finish(self.start(part, feeds, outputs, label, json_dir))
+        ((_, report, values),) = self.run_many(
+            [PartRun(None, part, feeds, outputs, label, json_dir)]
+        )
+        return report, values
+
+    def close(self) -> None:
+        """Stop the worker processes (the run is over, or interrupted)."""
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None

@@ -21,7 +21,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,14 @@ import numpy as np
 import pandas as pd
 
 from accdbg.algorithms import checkpoint
-from accdbg.algorithms.backend import Backend, failure_status
+from accdbg.algorithms.backend import Backend, PartRun, failure_status
 from accdbg.algorithms.checkpoint import Journal
 from accdbg.algorithms.fragments import QDQ_OPS, Part, QdqModel
 from accdbg.algorithms.golden import Golden, GoldenError
 from accdbg.algorithms.mixed import FloatModel, op_list, partly_quantized
 from accdbg.algorithms.snooping import OPTION_KEYS, SnoopArgs, check_request, set_up
 from accdbg.core import onnx_model as om
+from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.errors import AccdbgError
@@ -169,24 +170,21 @@ class _Search:
                 self._fill(sg, rec)
             else:
                 todo.append(sg)
-        while todo:
-            batch, todo = todo[: self.workers], todo[self.workers :]
-            started = []
-            for sg in batch:
+
+        def runs() -> Iterator[PartRun]:  # built as workers free up, not all at once
+            for sg in todo:
                 quantized = set(self.ops[sg.first : sg.last])
                 model, notes = partly_quantized(self.qdq, quantized, self.weights)
                 part = Part(model, {x: x for x in self.qdq.graph_inputs}, {}, self.outputs)
                 label = f"subgraph_{sg.first:05d}_{sg.last:05d}"
-                started.append(
-                    (sg, notes, self.backend.start(part, self._feeds(), self.outputs, label))
-                )
-            for sg, notes, handle in started:
-                before = self.backend.sessions
-                report, values = self.backend.finish(handle)
+                yield PartRun((sg, notes), part, self._feeds(), self.outputs, label)
+
+        if todo:
+            for (sg, notes), report, values in self.backend.run_many(runs()):
                 rec: dict[str, Any] = {
                     "kind": "subgraph",
                     "key": sg.key,
-                    "sessions": self.backend.sessions - before,
+                    "sessions": report.sessions,
                     "notes": notes,
                     "cpu_ops": sorted({f"{op}:{name}" for op, name in report.cpu_nodes}),
                 }
@@ -349,13 +347,15 @@ def run_binary(
     workers: int | None = None,
     allow_nonfinite_inputs: bool = False,
     model_explorer: bool = True,
+    executor: ExecutorConfig | None = None,
 ) -> BinaryResult:
     """Binary snooping; writes ``<working_dir>/binary_snooping/<run>/binary_snooping.{csv,json,html}``.
 
     Arguments as :func:`accdbg.algorithms.layerwise.run_layerwise`, plus ``verifier`` (mse or
     sqnr), ``subgraph_relative_weight`` and ``min_graph_size`` (see the module). With
     ``model_explorer``, Model Explorer overlays of the per-layer ranking, the subgraphs the
-    search ended on marked, go to ``model_explorer/`` on ``model_path``'s graph.
+    search ended on marked, go to ``model_explorer/`` on ``model_path``'s graph. ``executor``:
+    where the models of each step run, as in :func:`~accdbg.algorithms.layerwise.run_layerwise`.
     """
     t0 = time.perf_counter()
     label = check_binary_options(verifier, subgraph_relative_weight, min_graph_size)
@@ -377,6 +377,7 @@ def run_binary(
             workers,
             False,
             allow_nonfinite_inputs,
+            executor=executor,
         ),
     )
     req.record.update(
@@ -401,9 +402,14 @@ def run_binary(
         weights = FloatModel(om.load_model(prepared) if prepared.is_file() else None)
         # the float half runs in fp16 on HTP (QNN leaves float ops to the CPU otherwise)
         options_fp16 = replace(req.options, precision="fp16")
-        backend = Backend(req.engine, options_fp16, scratch, run.path / "backend_logs")
-        if workers is None:
-            workers = min(2, os.cpu_count() or 1) if backend.concurrent else 1
+        backend = Backend(
+            req.engine,
+            options_fp16,
+            scratch,
+            run.path / "backend_logs",
+            executor=executor,
+            workers=workers,
+        )
         try:
             search = _Search(
                 qdq,
@@ -414,13 +420,16 @@ def run_binary(
                 float(subgraph_relative_weight),
                 int(min_graph_size),
                 weights,
-                max(1, workers),
+                backend.workers,
             )
         except GoldenError as exc:
             raise AccdbgError(f"binary snooping needs the golden model outputs: {exc}") from None
         if search.resumed:
             log.info("binary: resuming %s: %d model(s) already scored", run.path, search.resumed)
-        search.run()
+        try:
+            search.run()
+        finally:  # the worker processes stop with the search, however it ended
+            backend.close()
         result = _write(search, run.path, req, label, golden_root, qdq_path, prepared.is_file())
         journal.append({"kind": "done", "sessions": backend.sessions})
         if model_explorer:

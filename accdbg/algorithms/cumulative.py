@@ -29,6 +29,7 @@ from accdbg.algorithms.judging import error_row, failing, judge_layer, orig_outp
 from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, snoop
 from accdbg.algorithms.statuses import ERR_PART, PART
 from accdbg.core.batching import plan_batches
+from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor
 from accdbg.engines.options import EngineConfig
 from accdbg.errors import AccdbgError
@@ -256,6 +257,7 @@ def run_cumulative_layerwise(
     dump_qnn_json: bool = False,
     allow_nonfinite_inputs: bool = False,
     model_explorer: bool = True,
+    executor: ExecutorConfig | None = None,
 ) -> SnoopingResult:
     """Judge layers from partition point to partition point; writes
     ``<working_dir>/cumulative_layerwise_snooping/<run>/cumulative_layerwise.csv``.

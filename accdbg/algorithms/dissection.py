@@ -299,16 +299,19 @@ def run_dissection(
         for it in iterations:
             if it.number in done:
                 it.row = restore_row(done[it.number]["row"], judge.labels)
-        _score(
-            [it for it in iterations if not it.row],
-            qdq,
-            problem,
-            golden,
-            judge,
-            backend,
-            journal,
-            run.path,
-        )
+        try:
+            _score(
+                [it for it in iterations if not it.row],
+                qdq,
+                problem,
+                golden,
+                judge,
+                backend,
+                journal,
+                run.path,
+            )
+        finally:  # its worker process stops with the scoring, however it ended
+            backend.close()
         kept = _auto_stop(iterations, judge, auto_stop_iterations)
         from accdbg.algorithms.culprits import prepared_model
         from accdbg.algorithms.local import local_nsr

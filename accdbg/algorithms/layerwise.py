@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from accdbg.algorithms.backend import failure_status
+from accdbg.algorithms.backend import PartRun, failure_status
 from accdbg.algorithms.fragments import Layer, Part, SurgeryError, merge
 from accdbg.algorithms.golden import GoldenError
 from accdbg.algorithms.judging import error_row, judge_layer
 from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, snoop
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.batching import plan_batches
+from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor
 from accdbg.engines.options import EngineConfig
 
@@ -107,28 +108,22 @@ def _loop(ctx: Context) -> None:
         ctx.workers,
     )
     queue = deque(batches)
-    running: deque = deque()
     started = 0
-    try:
-        while queue or running:
-            while queue and len(running) < ctx.workers:
-                batch = queue.popleft()
-                merged = merge([f.part for f in batch], ctx.qdq.model, f"layerwise_{len(batch)}")
-                feeds = {k: v for f in batch for k, v in f.feeds.items()}
-                label = f"batch_{started:04d}"
-                started += 1
-                json_dir = ctx.run_path / "qnn_json" / label if ctx.dump_qnn_json else None
-                running.append(
-                    (
-                        batch,
-                        merged,
-                        ctx.backend.start(merged, feeds, list(merged.outputs), label, json_dir),
-                    )
-                )
-            batch, merged, handle = running.popleft()
-            sessions_before = ctx.backend.sessions
-            report, values = ctx.backend.finish(handle)
-            sessions = ctx.backend.sessions - sessions_before
+
+    def runs():  # read lazily: a failed batch's halves join the queue while others run
+        nonlocal started
+        while queue:
+            batch = queue.popleft()
+            merged = merge([f.part for f in batch], ctx.qdq.model, f"layerwise_{len(batch)}")
+            feeds = {k: v for f in batch for k, v in f.feeds.items()}
+            label = f"batch_{started:04d}"
+            started += 1
+            json_dir = ctx.run_path / "qnn_json" / label if ctx.dump_qnn_json else None
+            yield PartRun((batch, merged), merged, feeds, list(merged.outputs), label, json_dir)
+
+    while queue:
+        for (batch, merged), report, values in ctx.backend.run_many(runs()):
+            sessions = report.sessions
             if report.ok:
                 cpu = {name for _, name in report.cpu_nodes}
                 rows, dumped = [], []
@@ -164,10 +159,6 @@ def _loop(ctx: Context) -> None:
                 )
                 queue.appendleft(batch[half:])
                 queue.appendleft(batch[:half])
-    finally:
-        for _, _, handle in running:
-            if handle.child is not None:
-                handle.child.kill()
 
 
 def run_layerwise(
@@ -187,6 +178,7 @@ def run_layerwise(
     dump_qnn_json: bool = False,
     allow_nonfinite_inputs: bool = False,
     model_explorer: bool = True,
+    executor: ExecutorConfig | None = None,
 ) -> SnoopingResult:
     """Judge every layer alone; writes ``<working_dir>/layerwise_snooping/<run>/layerwise.csv``.
 
@@ -198,6 +190,8 @@ def run_layerwise(
     (a qnn-net-run input list; without it, on the ``input_tensors`` files). With ``output_dirname`` an interrupted run of that
     name is resumed. ``dump_qnn_json`` keeps each session's QNN graph JSON in ``qnn_json/``.
     ``model_explorer`` writes Model Explorer overlays of the table on ``model_path``'s graph.
+    ``executor``: where the parts run (:class:`~accdbg.core.executors.ExecutorConfig`; default
+    ``workers`` local worker processes, two on a multi-core host).
     """
     # locals() here are exactly the arguments above
     return snoop("layerwise", _loop, SnoopArgs(**locals()))

@@ -35,6 +35,7 @@ from accdbg.algorithms.judging import CPU_INFO, Judge, base_row, finalize_row, r
 from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import SKIP
 from accdbg.core import onnx_model as om
+from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.run_dir import (
     FINISHED,
@@ -189,6 +190,7 @@ class SnoopArgs:
     dump_qnn_json: bool
     allow_nonfinite_inputs: bool = False
     model_explorer: bool = True
+    executor: ExecutorConfig | None = None  # where the parts run (default: local workers)
 
 
 @dataclass
@@ -227,6 +229,8 @@ class Request:
 
 def check_request(algorithm: str, args: SnoopArgs) -> Request:
     """Every argument checked (one-line errors), before any folder is created."""
+    if args.executor is not None:
+        args.executor.check()
     config = check_engine_config(args.engine_kwargs)
     judge = Judge.from_specs(args.verifiers)
     get_engine(config.backend.engine).check_host(config.engine_options())
@@ -503,10 +507,15 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
         if not qdq.layers:
             raise AccdbgError(f"{qdq_path.name} has no layer to debug")
         span, skipped = select_span(qdq, start_layer, end_layer, req.config.layers)
-        backend = Backend(req.engine, req.options, scratch, run.path / "backend_logs")
-        workers = args.workers
-        if workers is None:
-            workers = min(2, os.cpu_count() or 1) if backend.concurrent else 1
+        backend = Backend(
+            req.engine,
+            req.options,
+            scratch,
+            run.path / "backend_logs",
+            executor=args.executor,
+            workers=args.workers,
+        )
+        workers = backend.workers
         ctx = Context(
             req,
             run.path,
@@ -542,7 +551,10 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
             len(skipped),
         )
         if todo and not journal.of_kind("done"):
-            loop(ctx)
+            try:
+                loop(ctx)
+            finally:  # the worker processes stop with the loop, however it ended
+                backend.close()
         if not journal.of_kind("done"):
             journal.append({"kind": "done", "sessions": backend.sessions})
         df, csv_path, html_path = ctx.write(final=True)

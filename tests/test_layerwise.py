@@ -309,6 +309,31 @@ def test_aimet_style_folder_without_manifest_and_missing_tensors(two_fault, tmp_
     )
 
 
+@pytest.mark.slow  # runs QNN, and Ray when installed
+@pytest.mark.parametrize("executor", ["serial", "local", "ray"])
+def test_the_executor_does_not_change_the_table(two_fault, tmp_path, executor):
+    """The parts run in this process, in 1 local worker, or on 2 Ray actors: the same table,
+    to the bit, as the default (2 local workers)."""
+    from accdbg.core.executors import ExecutorConfig
+
+    if executor == "ray":
+        pytest.importorskip("ray", reason="the Ray executor needs pip install 'accdbg[ray]'")
+    m = two_fault
+    config = ExecutorConfig(executor, 2 if executor == "ray" else 1)
+    res = run_layerwise(
+        m.path,
+        m.inputs,
+        golden_dir=m.golden,
+        qdq_model=m.engine.qdq_model,
+        working_dir=tmp_path,
+        executor=config,
+    )
+    ref = m.layerwise.report
+    scores = ["O/P Name", "Status", "CosineSimilarity"]
+    pd.testing.assert_frame_equal(res.report[scores], ref[scores])
+    assert (res.report["Status"] == "").all()
+
+
 def crash_on_pool(job):
     """A backend that dies with SIGSEGV while running any model holding the Pool layer."""
     model = onnx.load(job.model_path, load_external_data=False)

@@ -13,16 +13,12 @@ not finished.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import shutil
-import signal
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +38,9 @@ from accdbg.algorithms.fixes.measure import (
     measure_many,
     save_reference,
 )
+from accdbg.core.executors import Executor, ExecutorConfig, get_executor
+from accdbg.core.executors.calls import function_spec
 from accdbg.core.inputs import InputTensor, parse_input_list
-from accdbg.core.isolate import Isolated
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.engines.options import EngineConfig
 from accdbg.engines.prepare import prepare_float_model
@@ -122,13 +119,18 @@ def run_fix_search(
     allow_nonfinite_inputs: bool = False,
     engine_kwargs: dict | None = None,
     model_explorer: bool = True,
+    executor: ExecutorConfig | None = None,
 ) -> FixSearchResult:
     """Search a fix for a float ONNX model's quantization on QNN HTP; returns the candidates
     as a DataFrame (:attr:`FixSearchResult.candidates`) and writes ``fix_search/<run>/``.
     With ``model_explorer``, Model Explorer overlays mark on the model's graph what the best
-    fix changed (and show the diagnosis' culprit ranking) in ``model_explorer/``."""
+    fix changed (and show the diagnosis' culprit ranking) in ``model_explorer/``.
+    ``executor``: where candidates are measured (:class:`~accdbg.core.executors.ExecutorConfig`;
+    default ``workers`` local worker processes)."""
     t0 = time.perf_counter()
     check_search_options(target_sqnr, target_gap, max_16bit_tensors, time_budget, workers)
+    if executor is not None:
+        executor.check()
     config = EngineConfig.from_keywords(
         runtime=runtime,
         act_bitwidth=act_bitwidth,
@@ -198,10 +200,13 @@ def run_fix_search(
         cands, notes = C.propose(prepared, culprits, per_channel, act_bitwidth, act_quantizer)
         for n in notes:
             log.info("fix search: %s", n)
-        search = _Search(setup, run.path, journal, workers, wtype)
-        rows, accepted = search.greedy(
-            cands, target_sqnr, target_gap, max_16bit_tensors, time_budget
-        )
+        search = _Search(setup, run.path, journal, workers, wtype, executor)
+        try:
+            rows, accepted = search.greedy(
+                cands, target_sqnr, target_gap, max_16bit_tensors, time_budget
+            )
+        finally:  # the measuring workers stop with the search, however it ended
+            search.close()
         for r in rows:  # the run folder's final name, not the one it is written under
             if isinstance(r.get("reason"), str):
                 r["reason"] = r["reason"].replace(str(run.path), str(run.final_path))
@@ -308,7 +313,15 @@ def _axes(model: onnx.ModelProto) -> dict[str, int]:
 
 
 class _Search:
-    def __init__(self, setup: _Setup, root: Path, journal: Journal, workers: int, wtype: str):
+    def __init__(
+        self,
+        setup: _Setup,
+        root: Path,
+        journal: Journal,
+        workers: int,
+        wtype: str,
+        executor: ExecutorConfig | None = None,
+    ):
         self.s, self.root, self.journal, self.workers, self.wtype = (
             setup,
             root,
@@ -319,9 +332,9 @@ class _Search:
         self.done = {r["config"]: r["result"] for r in journal.of_kind("measured")}
         self.sessions = 0
         self.count = len(self.done)
-        self._lock = threading.Lock()
-        self._children: set[Isolated] = set()
-        self._stopping = False
+        # candidates are measured by worker processes kept for the whole search
+        self.executor_config = executor or ExecutorConfig("local", workers)
+        self._executor: Executor | None = None
 
     # ------------------------------------------------------------------ one measurement
     def _spec(self, changes: list[C.Change], folder: str) -> tuple[Spec | None, dict]:
@@ -386,59 +399,13 @@ class _Search:
         self.done[key] = clean
         return _restore(clean)
 
-    def _isolated(self, specs: list[Spec]) -> list[dict[str, Any]] | str:
-        """Measure ``specs`` in one child; the crash message when the child died natively."""
-        what = f"measuring {len(specs)} fix candidate(s): {specs[0].key}" + (
-            " ..." if len(specs) > 1 else ""
-        )
-        child = Isolated(
-            measure_many, specs, what=what, log_hint=str(Path(specs[0].out_dir) / "backend_log.txt")
-        )
-        with self._lock:
-            if self._stopping:  # interrupted: no new child
-                child.kill()
-                return "the search was interrupted"
-            self._children.add(child)
-        try:
-            return child.result()
-        except AccdbgError as exc:
-            return str(exc)
-        finally:
-            with self._lock:
-                self._children.discard(child)
-
-    def _chunk(self, items: list[tuple[str, Spec, dict]]) -> list[dict[str, Any]]:
-        """One worker's share: measured in one child, or - when that child crashes - each
-        candidate alone, so the crash is pinned on the candidate that caused it."""
-        results = self._isolated([spec for _, spec, _ in items])
-        if not isinstance(results, str):
-            return results
-        if len(items) == 1:
-            return [{"status": "crashed", "reason": results, "sessions": 1}]
-        alone = []
-        for _, spec, _ in items:
-            one = self._isolated([spec])
-            alone.append(
-                {"status": "crashed", "reason": one, "sessions": 1}
-                if isinstance(one, str)
-                else one[0]
-            )
-        return alone
-
-    def _stop_children(self) -> None:
-        """Ctrl-C or SIGTERM: the measuring children stop now, not after their candidates."""
-        with self._lock:
-            self._stopping = True
-            children = list(self._children)
-        for child in children:  # its waiting thread sees it die and cleans up
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGKILL)
-
     def _many(self, configs: list[list[C.Change]]) -> list[dict[str, Any]]:
-        """Measure each config (journaled ones are taken back, not measured again), spread
-        over the worker processes."""
+        """Measure each config (journaled ones are taken back, not measured again), each on
+        a worker of the executor, journaled as each finishes. A worker that crashes on a
+        candidate (a native QNN crash) is replaced; the candidate is retried once, then its
+        result is the crash, and the search goes on."""
         out: dict[int, dict[str, Any]] = {}
-        todo: list[tuple[int, str, Spec, dict]] = []
+        todo: dict[str, tuple[int, str, Spec, dict]] = {}
         for i, cfg in enumerate(configs):
             key = C.config_key(cfg)
             if key in self.done:
@@ -448,33 +415,29 @@ class _Search:
             if spec is None:  # refused before any session (e.g. the float output changed)
                 out[i] = self._finish(key, {}, extra)
             else:
-                todo.append((i, key, spec, extra))
+                todo[extra["folder"]] = (i, key, spec, extra)
         if todo:
-            n = min(self.workers, len(todo))
-            chunks = [todo[k::n] for k in range(n)]
-            if n == 1:
-                self._finish_chunk(
-                    chunks[0], self._chunk([(k, s, e) for _, k, s, e in chunks[0]]), out
-                )
-            else:
-                pool = ThreadPoolExecutor(max_workers=n)
-                try:
-                    futures = {
-                        pool.submit(self._chunk, [(k, s, e) for _, k, s, e in ch]): ch
-                        for ch in chunks
-                    }
-                    for fut in as_completed(futures):  # journaled as each worker finishes
-                        self._finish_chunk(futures[fut], fut.result(), out)
-                except BaseException:
-                    self._stop_children()
-                    raise
-                finally:
-                    pool.shutdown(wait=True, cancel_futures=True)
+            if self._executor is None:
+                self._executor = get_executor(self.executor_config)
+            # measure_many looked up here, at call time: tests replace it with a crasher
+            worker = function_spec(measure_many)
+            items = [(folder, [spec]) for folder, (_, _, spec, _) in todo.items()]
+            for o in self._executor.map(worker, items):
+                i, key, spec, extra = todo[o.key]
+                if o.ok:
+                    res = o.value[0]
+                else:
+                    log_file = Path(spec.out_dir) / "backend_log.txt"
+                    res = {"status": "crashed", "reason": f"{o.error} - see {log_file}"}
+                    res["sessions"] = o.attempts
+                out[i] = self._finish(key, res, extra)
         return [out[i] for i in range(len(configs))]
 
-    def _finish_chunk(self, chunk: list, results: list[dict[str, Any]], out: dict) -> None:
-        for (i, key, _, extra), res in zip(chunk, results, strict=True):
-            out[i] = self._finish(key, res, extra)
+    def close(self) -> None:
+        """Stop the measuring worker processes (the search is over, or interrupted)."""
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
 
     def _run(self, changes: list[C.Change]) -> dict[str, Any]:
         return self._many([changes])[0]

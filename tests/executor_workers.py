@@ -84,3 +84,12 @@ class QnnSession:
         x = np.random.default_rng(item).random((1, 3, 32, 32), dtype=np.float32)
         (out,) = self.sess.run(None, {self.input.name: x})
         return np.ascontiguousarray(out).tobytes()
+
+
+class Chatty:
+    """Writes to its native stdout and stderr, as QNN's libraries do."""
+
+    def __call__(self, item: int) -> int:
+        os.write(1, f"native out {item}\n".encode())
+        os.write(2, f"native err {item}\n".encode())
+        return item

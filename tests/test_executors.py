@@ -4,6 +4,7 @@ their item and retried; the worker's own errors are not; nothing outlives close(
 from __future__ import annotations
 
 import builtins
+import logging
 import signal
 import sys
 import time
@@ -175,6 +176,17 @@ def test_ctrl_c_in_the_parent_stops_every_worker(tmp_path):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) != 0
     assert not wait_gone(workers)
+
+
+def test_what_workers_print_goes_to_the_log_not_the_console(caplog, capfd):
+    with caplog.at_level(logging.INFO, logger="accdbg.native"):
+        out = run_all(ExecutorConfig("local", 1), WorkerSpec("tests.executor_workers:Chatty"))
+    assert [out[k].value for k, _ in ITEMS] == [i for _, i in ITEMS]
+    logged = [r.getMessage() for r in caplog.records if r.name == "accdbg.native"]
+    for _, i in ITEMS:
+        assert f"[worker-0] native out {i}" in logged and f"[worker-0] native err {i}" in logged
+    console = capfd.readouterr()
+    assert "native" not in console.out and "native" not in console.err
 
 
 def test_bad_configs_are_one_line_errors():

@@ -32,7 +32,15 @@ from accdbg.core.executors.base import (
     WorkerSpec,
     register_executor,
 )
-from accdbg.core.isolate import MAX_NATIVE_LINES, child_env, exit_description, native_log
+from accdbg.core.folder_lock import FolderLock
+from accdbg.core.isolate import (
+    JOB_PREFIX,
+    MAX_NATIVE_LINES,
+    _sweep_dead_jobs,
+    child_env,
+    exit_description,
+    native_log,
+)
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.executors")
@@ -124,13 +132,18 @@ class LocalExecutor(Executor):
         self._spec: WorkerSpec | None = None
         self._procs: list[_Process] = []
         self._started = 0
-        self._tmp = tempfile.TemporaryDirectory(prefix="accdbg-workers-")
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._owner: FolderLock | None = None
         # a forgotten executor (a notebook) still stops its processes
         self._finalizer = weakref.finalize(self, _kill_all, self._procs)
 
     def _start(self, spec: WorkerSpec) -> _Process:
+        if self._tmp is None:  # the processes' output files; also after a close()
+            self._tmp = tempfile.TemporaryDirectory(prefix=JOB_PREFIX)
+            # held while this process lives: the folder of a killed parent is swept later
+            self._owner = FolderLock.take(Path(self._tmp.name), create=True)
+            _sweep_dead_jobs()
         folder = Path(self._tmp.name)
-        folder.mkdir(exist_ok=True)  # also after a close(): an executor can be used again
         proc = _Process(spec, f"worker-{self._started}", folder)
         self._started += 1
         self._procs.append(proc)
@@ -231,4 +244,9 @@ class LocalExecutor(Executor):
 
     def close(self) -> None:
         self._stop()
-        self._tmp.cleanup()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        if self._owner is not None:
+            self._owner.release()
+            self._owner = None

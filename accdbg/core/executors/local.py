@@ -59,7 +59,7 @@ class _Process:
     def __init__(self, spec: WorkerSpec, name: str, folder: Path):
         self.name, self.task = name, None
         self.output = folder / f"{name}.txt"
-        self._logged = 0
+        self._offset = self._logged = self._dropped = 0
         ours, theirs = multiprocessing.Pipe()
         cmd = [
             sys.executable,
@@ -95,19 +95,28 @@ class _Process:
             code = self.proc.returncode
         return exit_description(code)
 
-    def log_output(self) -> None:
-        """What the process printed since the last call, into the log."""
+    def log_output(self, final: bool = False) -> None:
+        """What the process printed since the last call (whole lines; everything when
+        ``final``), into the log - the first ``MAX_NATIVE_LINES`` lines, then a count."""
         try:
-            lines = self.output.read_text(encoding="utf-8", errors="replace").splitlines()
+            with open(self.output, "rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
         except OSError:
             return
-        lines = [line.rstrip() for line in lines if line.strip()]
-        new, self._logged = lines[self._logged :], len(lines)
-        room = max(0, MAX_NATIVE_LINES - (self._logged - len(new)))
-        for line in new[:room]:
-            native_log.info("[%s] %s", self.name, line)
-        if len(new) > room:
-            native_log.info("[%s] ... %d more lines not kept", self.name, len(new) - room)
+        if not final:
+            data = data[: data.rfind(b"\n") + 1]
+        self._offset += len(data)
+        for line in data.decode("utf-8", errors="replace").splitlines():
+            if not line.strip():
+                continue
+            if self._logged < MAX_NATIVE_LINES:
+                native_log.info("[%s] %s", self.name, line.rstrip())
+                self._logged += 1
+            else:
+                self._dropped += 1
+        if final and self._dropped:
+            native_log.info("[%s] ... %d more lines not kept", self.name, self._dropped)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -152,7 +161,7 @@ class LocalExecutor(Executor):
 
     def _drop(self, proc: _Process) -> None:
         proc.kill()
-        proc.log_output()
+        proc.log_output(final=True)
         self._procs.remove(proc)
 
     def map(self, spec: WorkerSpec, items: Iterable[tuple[str, Any]]) -> Iterator[ItemOutcome]:

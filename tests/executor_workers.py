@@ -93,3 +93,12 @@ class Chatty:
         os.write(1, f"native out {item}\n".encode())
         os.write(2, f"native err {item}\n".encode())
         return item
+
+
+class Where:
+    """Which accdbg the worker imported."""
+
+    def __call__(self, item: int) -> str:
+        import accdbg
+
+        return accdbg.__file__

@@ -71,6 +71,10 @@ def test_every_item_gets_its_own_value(config):
     assert sum(calls.values()) == len(ITEMS)
     if config.name == "local":
         assert 1 <= len(calls) <= config.workers
+        import accdbg  # the workers import this very accdbg (a source tree is handed on)
+
+        where = run_all(config, WorkerSpec("tests.executor_workers:Where"))
+        assert {o.value for o in where.values()} == {accdbg.__file__}
         assert all(pid != __import__("os").getpid() for pid in calls)
 
 
@@ -241,6 +245,10 @@ def test_ray_gives_the_values_of_the_local_workers(ray_local):
         np.testing.assert_array_equal(ray_out[key].value["value"], numpy_expected(item, 48))
     # the actors run in their own processes, with this tree's accdbg and tests
     assert all(o.value["pid"] != __import__("os").getpid() for o in ray_out.values())
+    import accdbg
+
+    where = {o.value for o in ray_local.map(WorkerSpec("tests.executor_workers:Where"), ITEMS)}
+    assert where == {accdbg.__file__}
 
 
 @pytest.mark.slow  # starts Ray

@@ -26,13 +26,18 @@ class WorkerSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def build(self) -> Any:
-        module, _, name = self.target.partition(":")
-        if not module or not name:
-            raise AccdbgError(f"worker {self.target!r}: expected 'package.module:Class'")
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-        return obj(**self.kwargs)
+        return resolve(self.target)(**self.kwargs)
+
+
+def resolve(target: str) -> Any:
+    """The object named ``"package.module:name"`` (a worker class, a function)."""
+    module, _, name = target.partition(":")
+    if not module or not name:
+        raise AccdbgError(f"worker {target!r}: expected 'package.module:name'")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 @dataclass
@@ -121,7 +126,14 @@ class SerialExecutor(Executor):
     name = "serial"
 
     def map(self, spec: WorkerSpec, items: Iterable[tuple[str, Any]]) -> Iterator[ItemOutcome]:
-        worker = spec.build()
+        try:
+            worker = spec.build()
+        except AccdbgError:
+            raise
+        except Exception as exc:  # as the local and ray executors say it
+            raise AccdbgError(
+                f"the worker {spec.target} could not be built: {one_line(exc)}"
+            ) from exc
         for key, item in items:
             try:
                 yield ItemOutcome(key, worker(item), worker="serial")

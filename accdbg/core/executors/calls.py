@@ -4,22 +4,17 @@ worker processes still pay their start-up (imports, the QNN library) once, not p
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-from accdbg.core.executors.base import WorkerSpec
+from accdbg.core.executors.base import WorkerSpec, resolve
 
 
 class FunctionWorker:
     """``fn(item)`` for ``fn`` given as ``"package.module:function"``."""
 
     def __init__(self, fn: str):
-        module, _, name = fn.partition(":")
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-        self.fn = obj
+        self.fn = resolve(fn)
 
     def __call__(self, item: Any) -> Any:
         return self.fn(item)

@@ -7,6 +7,7 @@ import logging
 
 from accdbg.cli import args as A
 from accdbg.core.inputs import parse_input_tensor
+from accdbg.engines.options import EngineConfig
 from accdbg.engines.qnn import RUNTIMES
 from accdbg.engines.quantize import QUANTIZERS
 from accdbg.errors import AccdbgError
@@ -105,12 +106,14 @@ def run(args: argparse.Namespace) -> int:
         [parse_input_tensor(v) for v in args.input_tensor],
         input_list=args.input_list,
         diagnosis=args.diagnosis,
-        runtime=args.runtime,
-        act_bitwidth=args.act_bitwidth,
-        weights_bitwidth=args.weights_bitwidth,
-        act_quantizer=args.act_quantizer,
-        param_quantizer=args.param_quantizer,
-        per_channel=args.per_channel_quantization,
+        engine_kwargs=EngineConfig.from_keywords(
+            runtime=args.runtime,
+            act_bitwidth=args.act_bitwidth,
+            weights_bitwidth=args.weights_bitwidth,
+            act_quantizer=args.act_quantizer,
+            param_quantizer=args.param_quantizer,
+            per_channel=args.per_channel_quantization,
+        ),
         working_dir=args.working_dir,
         output_dirname=args.output_dirname,
         allow_nonfinite_inputs=args.allow_nonfinite_inputs,

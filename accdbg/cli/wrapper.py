@@ -251,21 +251,18 @@ def _dissect(args: argparse.Namespace, one, inputs, verifiers, config, place, ex
 
 def _check_suggest_fixes(args: argparse.Namespace, framework: str, config, place) -> None:
     """``--suggest_fixes``: refused before any component starts when the search cannot run."""
-    from accdbg.algorithms.fixes.search import COMPONENT, check_search_options
+    from accdbg.algorithms.fixes.search import (
+        COMPONENT,
+        check_search_config,
+        check_search_options,
+    )
 
     if framework != "onnx":
         raise AccdbgError(
             f"--suggest_fixes searches fixes of ONNX models; -f {framework}: run --fix_search on the "
             "converted model (conversion/<run>/) with --diagnosis"
         )
-    if config.quant.overrides is not None:
-        raise AccdbgError(
-            "--suggest_fixes starts from the quantizer flags; it does not take -qo overrides as its baseline"
-        )
-    if config.stage != "source" or not config.quant.quantizes:
-        raise AccdbgError(
-            "--suggest_fixes needs --stage source and --precision int8 (it quantizes)"
-        )
+    check_search_config(config)
     check_search_options(
         args.target_sqnr,
         args.target_gap,
@@ -281,18 +278,12 @@ def _check_suggest_fixes(args: argparse.Namespace, framework: str, config, place
 def _suggest_fixes(args: argparse.Namespace, model, config, place, explorer, diagnosis) -> None:
     from accdbg.algorithms.fixes import run_fix_search
 
-    q = config.quant
     run_fix_search(
         model.model_path,
         model.input_tensors,
         input_list=args.input_list,
         diagnosis=diagnosis,
-        runtime=config.backend.runtime,
-        act_bitwidth=q.act_bitwidth,
-        weights_bitwidth=q.weights_bitwidth,
-        act_quantizer=q.act_quantizer,
-        param_quantizer=q.param_quantizer,
-        per_channel=q.per_channel,
+        engine_kwargs=config,
         allow_nonfinite_inputs=model.allow_nonfinite_inputs,
         model_explorer=explorer,
         **place.keywords(),

@@ -8,7 +8,7 @@ import logging
 from accdbg.cli import args as A
 from accdbg.cli.deep_analyzer import ANALYZERS as DEEP_ANALYZERS
 from accdbg.cli.deep_analyzer import add_dissection_arguments
-from accdbg.cli.fix_search import add_search_arguments, search_kwargs
+from accdbg.cli.fix_search import SEARCH
 from accdbg.cli.inference_engine import EngineArgs
 from accdbg.core.run_dir import RunDir, check_run_folder
 from accdbg.errors import AccdbgError
@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="then search a fix for the culprits found, every candidate measured on QNN HTP "
         "(the --fix_search component; ONNX models)",
     )
-    add_search_arguments(parser)
+    SEARCH.add(parser)
     COMMON.add(parser)
 
 
@@ -263,13 +263,7 @@ def _check_suggest_fixes(args: argparse.Namespace, framework: str, config, place
             "converted model (conversion/<run>/) with --diagnosis"
         )
     check_search_config(config)
-    check_search_options(
-        args.target_sqnr,
-        args.target_gap,
-        args.max_16bit_tensors,
-        args.time_budget,
-        args.search_workers,
-    )
+    check_search_options(**SEARCH.parse(args).keywords())
     check_run_folder(
         place.working_dir, COMPONENT, place.output_dirname, resume=place.output_dirname is not None
     )
@@ -287,5 +281,5 @@ def _suggest_fixes(args: argparse.Namespace, model, config, place, explorer, dia
         allow_nonfinite_inputs=model.allow_nonfinite_inputs,
         model_explorer=explorer,
         **place.keywords(),
-        **search_kwargs(args),
+        **SEARCH.parse(args).keywords(),
     )

@@ -276,7 +276,10 @@ def check_search_config(config: EngineConfig) -> None:
         )
 
 
-def check_search_options(target_sqnr, target_gap, max_16bit, time_budget, workers) -> None:
+def check_search_options(
+    target_sqnr=None, target_gap=None, max_16bit_tensors=None, time_budget=None, workers=None
+) -> None:
+    max_16bit = max_16bit_tensors
     if target_gap is not None and not 0 < target_gap <= 1:
         raise AccdbgError(f"--target_gap {target_gap}: expected a share in (0, 1], e.g. 0.9")
     if max_16bit is not None and max_16bit < 0:

@@ -27,17 +27,19 @@ import pandas as pd
 from accdbg.core.jsonio import read_json
 from accdbg.core.progress import progress
 from accdbg.core.provenance import describe_inputs, input_files, recorded_inputs, same_inputs
-from accdbg.core.run_dir import RunDir, options_dict, write_json_atomic
+from accdbg.core.run_dir import RunDir, options_dict
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, TensorRecord, safe_relpath
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import execution_order, load_graph_struct
 from accdbg.mapping.layout import Alignment, normalize_layout, reconcile
 from accdbg.mapping.qnn_json import QnnGraph, QnnTensor, StepEncoding
 from accdbg.mapping.tensor_mapping import (
+    MAPPING_FILE,
     Pairing,
     build_tensor_mapping,
     load_tensor_mapping,
     pair_tensors,
+    write_tensor_mapping,
 )
 from accdbg.reports.summary import (
     inputs_html,
@@ -1069,7 +1071,7 @@ def run_verification(
     sources: dict[str, str] = {}
 
     if tensor_mapping is None and discover and not engine_vs_engine and model_path is None:
-        found = _discover(target_run, "tensor_mapping.json")
+        found = _discover(target_run, MAPPING_FILE)
         if found:
             tensor_mapping, sources["tensor_mapping"] = (
                 found,
@@ -1137,7 +1139,7 @@ def run_verification(
             )
         )
         if mapping is not None and model_path is not None and tensor_mapping is None:
-            write_json_atomic(run.path / "tensor_mapping.json", mapping)
+            write_tensor_mapping(run.path / MAPPING_FILE, mapping)
         per_input: dict[str, pd.DataFrame] = {}
         several = len(folders) > 1
         for key, (g_folder, t_folder) in folders.items():

@@ -1,9 +1,10 @@
 """One model-preparation pipeline: the model a run gives QNN, made from the user's model.
 
 Every caller that needs the model QNN runs goes through :func:`prepare_model` - the inference
-engine, layerwise and cumulative-layerwise snooping, and anything that quantizes variants of a
-model (a fix search: ``config.with_quant(act_bitwidth=16)``). So the model snooping debugs is the
-one the engine runs: same input-list lines (the calibration feeds of
+engine, layerwise and cumulative-layerwise snooping - or through its two halves when it
+quantizes many variants of one model: :func:`prepare_float` once, :func:`quantize_prepared`
+per variant, with its quantizer options and per-tensor overrides (the fix search, the
+quantization checker). So the model snooping debugs is the one the engine runs: same input-list lines (the calibration feeds of
 :func:`~accdbg.engines.source.build_feeds`), same pre-processing
 (:func:`~accdbg.engines.prepare.prepare_float_model`), same ``-qo`` overrides and quantizer. Which
 layer outputs are dumped or debugged is :func:`select_layers`, with the same

@@ -4,11 +4,11 @@ Every caller that needs the model QNN runs goes through :func:`prepare_model` - 
 engine, layerwise and cumulative-layerwise snooping - or through its two halves when it
 quantizes many variants of one model: :func:`prepare_float` once, :func:`quantize_prepared`
 per variant, with its quantizer options and per-tensor overrides (the fix search, the
-quantization checker). So the model snooping debugs is the one the engine runs: same input-list lines (the calibration feeds of
-:func:`~accdbg.engines.source.build_feeds`), same pre-processing
-(:func:`~accdbg.engines.prepare.prepare_float_model`), same ``-qo`` overrides and quantizer. Which
-layer outputs are dumped or debugged is :func:`select_layers`, with the same
-:class:`~accdbg.engines.options.LayerFilter`.
+quantization checker). So the model snooping debugs is the one the engine runs: same
+input-list lines (the calibration feeds of :func:`~accdbg.engines.source.build_feeds`), same
+pre-processing (:func:`~accdbg.engines.prepare.prepare_float_model`), same ``-qo`` overrides
+and quantizer. Which layer outputs are dumped or debugged is :func:`select_layers`, with the
+same :class:`~accdbg.engines.options.LayerFilter`.
 
 Stages (``--stage``): ``source`` float ONNX, pre-processed then quantized (or fp16);
 ``converted`` the user's QDQ model, shapes fixed; ``compiled`` an EPContext model, as is.

@@ -18,6 +18,14 @@ class Built:
     dims: tuple[int, ...]
     expected: dict[str, np.ndarray]  # tensor name -> value computed with numpy
 
+    def flags(self, framework: bool = True) -> list:
+        """The command line's flags for this model and its one input (``-f onnx -m -i``)."""
+        dims = ",".join(map(str, self.dims))
+        return [
+            *(("-f", "onnx") if framework else ()),
+            *("-m", self.path, "-i", self.input_name, dims, self.input_path),
+        ]
+
 
 def save(graph: onnx.GraphProto, path: Path, opset: int = 17) -> Path:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

@@ -44,10 +44,9 @@ def chain(tmp: Path) -> SimpleNamespace:
     )
 
 
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    m = chain(tmp_path_factory.mktemp("binary"))
-    m.result = run_binary(
+def search(m: SimpleNamespace):
+    """Binary snooping of the chain's engine run, down to single ops, into ``w/.../run``."""
+    return run_binary(
         m.built.path,
         m.inputs,
         golden_dir=m.golden,
@@ -56,6 +55,12 @@ def planted(tmp_path_factory):
         working_dir=m.tmp / "w",
         output_dirname="run",
     )
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    m = chain(tmp_path_factory.mktemp("binary"))
+    m.result = search(m)
     return m
 
 
@@ -173,15 +178,7 @@ def test_resume_scores_only_what_the_journal_lacks(planted):
     records = [json.loads(line) for line in journal.read_text().splitlines()]
     kept = [rec for rec in records if rec["kind"] != "done"][:-2]  # as if killed: 2 models lost
     journal.write_text("".join(json.dumps(rec) + "\n" for rec in kept))
-    again = run_binary(
-        planted.built.path,
-        planted.inputs,
-        golden_dir=planted.golden,
-        qdq_model=planted.engine.qdq_model,
-        min_graph_size=1,
-        working_dir=planted.tmp / "w",
-        output_dirname="run",
-    )
+    again = search(planted)
     assert again.new_sessions == 2
     assert again.subgraphs["Score"].tolist() == pytest.approx(
         r.subgraphs["Score"].tolist(), rel=1e-6
@@ -251,14 +248,7 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, expected):
     built = models.planted_chain(tmp_path, layers=2, bad=1)
     code, _, err = run_cli(
         capsys,
-        "-f",
-        "onnx",
-        "-m",
-        built.path,
-        "-i",
-        "x",
-        "1,3,16,16",
-        built.input_path,
+        *built.flags(),
         "--debugging_algorithm",
         "binary",
         *flags,

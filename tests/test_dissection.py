@@ -146,14 +146,7 @@ def test_wrapper_runs_it_after_oneshot_and_standalone_reuses_the_runs(planted, c
     built = planted.built
     code, _, err = run_cli(
         capsys,
-        "-f",
-        "onnx",
-        "-m",
-        built.path,
-        "-i",
-        "x",
-        "1,3,16,16",
-        built.input_path,
+        *built.flags(),
         "--deep_analyzer",
         "modelDissectionAnalyzer",
         "-w",

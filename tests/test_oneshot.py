@@ -279,14 +279,7 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
 def test_golden_directory_skips_framework_diagnosis(tmp_path, capsys):
     built = models.planted_chain(tmp_path, layers=3, bad=1)
     args = [
-        "-f",
-        "onnx",
-        "-m",
-        built.path,
-        "-i",
-        "x",
-        "1,3,16,16",
-        built.input_path,
+        *built.flags(),
         "-w",
         tmp_path / "w",
     ]
@@ -346,14 +339,7 @@ def test_wrapper_runs_the_snooping_algorithms(tmp_path, capsys, algorithm, folde
     built = models.planted_chain(tmp_path, layers=4, bad=1)
     code, _, err = run_cli(
         capsys,
-        "-f",
-        "onnx",
-        "-m",
-        built.path,
-        "-i",
-        "x",
-        "1,3,16,16",
-        built.input_path,
+        *built.flags(),
         "-r",
         "htp",
         "--debugging_algorithm",

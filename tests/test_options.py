@@ -28,7 +28,13 @@ from accdbg.engines.options import (
     LayerFilter,
     QuantOptions,
 )
-from accdbg.engines.pipeline import Calibration, prepare_model, select_layers
+from accdbg.engines.pipeline import (
+    Calibration,
+    prepare_float,
+    prepare_model,
+    quantize_prepared,
+    select_layers,
+)
 from accdbg.engines.source import build_feeds
 from accdbg.errors import AccdbgError
 from tests import models
@@ -188,6 +194,45 @@ def test_prepare_model_quantizes_variants_from_one_config(tmp_path):
     fp16 = prepare_model(model, "net", calib, base.with_quant(precision="fp16"), tmp_path / "f")
     assert fp16.path.name == "net.fp16.onnx" and not fp16.quantized_here
     assert not any(n.op_type == "QuantizeLinear" for n in fp16.load().graph.node)
+
+
+def test_one_prepared_model_quantized_with_per_tensor_overrides(tmp_path):
+    """The fix search's and the checker's path: prepared once, then variants of it, one with
+    a per-tensor override (TensorQuantOverrides, JSON form) that only its tensor takes."""
+    built = models.conv_net(tmp_path, layers=2)
+    model = onnx.load(str(built.path))
+    calib = _calibration(model, built)
+    prepared = prepare_float(model, "net", calib, tmp_path / "p")
+    assert prepared.path == tmp_path / "p" / "net.prepared.onnx"
+    assert not (tmp_path / "p" / ".prepare").exists()  # intermediates removed
+
+    def zero_point_types(path: Path) -> dict[str, str]:
+        m = onnx.load(str(path))
+        inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+        return {
+            n.input[0]: inits[n.input[2]].dtype.name
+            for n in m.graph.node
+            if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits
+        }
+
+    plain = quantize_prepared(prepared.path, "plain", calib, QuantOptions(), tmp_path / "q")
+    plain_types = zero_point_types(plain.path)
+    graph_inputs = {i.name for i in onnx.load(str(prepared.path)).graph.input}
+    target = next(n for n in plain_types if n not in graph_inputs)  # an activation QNN gets
+    wide = quantize_prepared(
+        prepared.path,
+        "wide",
+        Calibration.from_feeds(calib.feeds),  # as a child process rebuilds it
+        QuantOptions(),
+        tmp_path / "q",
+        {target: [{"quant_type": "QUInt16"}]},
+    )
+    wide_types = zero_point_types(wide.path)
+    assert plain_types[target] == "uint8" and wide_types[target] == "uint16"
+    others = {k: v for k, v in wide_types.items() if k != target and k in plain_types}
+    assert others and all(v == plain_types[k] for k, v in others.items())
+    assert wide.path.name == "wide.qdq.onnx" and wide.float_model == prepared.path
+    assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["plain.qdq.onnx", "wide.qdq.onnx"]
 
 
 def test_select_layers_applies_the_same_filter_as_snooping(tmp_path):

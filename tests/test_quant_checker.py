@@ -196,12 +196,7 @@ def test_cli_console_ends_with_finding_and_report(planted, tmp_path, capsys):
     code, _, err = run_cli(
         capsys,
         "--quant_checker",
-        "-m",
-        built.path,
-        "-i",
-        "x",
-        "1,3,16,16",
-        built.input_path,
+        *built.flags(framework=False),
         "--quantizers",
         "tf",
         "--per_channel_variants",

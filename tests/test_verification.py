@@ -1136,3 +1136,45 @@ def test_a_file_changed_between_the_runs_is_refused(tmp_path, mlp):
     )
     res = run_verification(second.run_dir, third.run_dir, ["MSE"], working_dir=tmp_path / "w")
     assert (res.summary["MSE"] == 0).all()
+
+
+# ------------------------------------------------------------------ a caller's annotation
+
+
+def test_annotation_goes_into_the_summary_before_the_run_is_finished(tmp_path):
+    """A caller's columns, JSON keys and page (oneshot's) are written once, by verification,
+    while the run is still being written: nothing rewrites the finished run."""
+    from accdbg.verifiers.verification import SummaryAnnotation
+
+    g, t = TensorWriter(tmp_path / "g"), TensorWriter(tmp_path / "t")
+    a = np.linspace(-1, 1, 24, dtype=np.float32)
+    for i, name in enumerate(("a", "b")):
+        g.write(name, a * (i + 1), index=i)
+        t.write(name, a * (i + 1) + 0.01 * i, index=i)
+    for w in (g, t):
+        w.save_manifest()
+    seen = {}
+
+    def annotate(draft):
+        seen["dir"], seen["finished"] = draft.run_dir, (draft.run_dir / "summary.csv").exists()
+        table = draft.summary.assign(note=[f"row {i}" for i in range(len(draft.summary))])
+
+        def page(path):
+            path.write_text("<html>the caller's page</html>", encoding="utf-8")
+            return path
+
+        return SummaryAnnotation(table, {"findings": ["x first"]}, page)
+
+    res = run_verification(
+        g.root, t.root, ["MSE"], working_dir=tmp_path / "w", output_dirname="v", annotate=annotate
+    )
+    run = tmp_path / "w" / "verification" / "v"
+    assert res.run_dir == run and seen["dir"] != run and not seen["finished"]  # still staging
+    csv = pd.read_csv(run / "summary.csv")
+    assert list(csv["note"]) == ["row 0", "row 1"] and list(res.summary["note"]) == list(
+        csv["note"]
+    )
+    data = json.loads((run / "summary.json").read_text())
+    assert data["findings"] == ["x first"] and data["columns"][-1] == "note"
+    assert len(data["passed"]["MSE"]) == 2 and not seen["dir"].exists()  # renamed once, after
+    assert (run / "summary.html").read_text() == "<html>the caller's page</html>"

@@ -8,7 +8,6 @@ dump, no manifest) works too; its flat tensors take their shape from the model.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import numpy as np
 
 from accdbg.core.inputs import InputTensor
 from accdbg.core.tensor_store import TensorFolder, safe_relpath
-from accdbg.mapping.qnn_json import qnn_sanitize
+from accdbg.mapping.names import qnn_aliases
 
 
 class GoldenError(Exception):
@@ -38,7 +37,7 @@ class Golden:
         self.scratch = scratch
         self._aliases: dict[str, str] = {}
         for name in self.folder.names():
-            for alias in (safe_relpath(name), qnn_sanitize(name), re.sub(r"\W", "_", name)):
+            for alias in (safe_relpath(name), *qnn_aliases(name)):
                 self._aliases.setdefault(alias, name)
 
     def name_for(self, *candidates: str | None) -> str | None:
@@ -48,7 +47,7 @@ class Golden:
         for c in candidates:
             if not c:
                 continue
-            for alias in (safe_relpath(c), qnn_sanitize(c), re.sub(r"\W", "_", c)):
+            for alias in (safe_relpath(c), *qnn_aliases(c)):
                 if alias in self._aliases:
                     return self._aliases[alias]
         return None

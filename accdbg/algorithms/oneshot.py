@@ -1,8 +1,9 @@
 """Oneshot-layerwise: framework diagnosis, QNN engine and verification in one run.
 
 It shows where the error *appears*. On top of the verification summary it marks where the
-error *enters* (see :mod:`accdbg.algorithms.attribution`), rewrites the summary files with
-those columns, and writes the HTML report.
+error *enters* (see :mod:`accdbg.algorithms.attribution`) and ranks the culprits; those
+columns and the HTML report go into verification's summary files as verification writes them
+(an annotation step, :class:`_Annotator`), never rewritten after that run is finished.
 
 Every input-list line is debugged: framework diagnosis makes one golden per line, each
 ``Result_N`` is verified against its own golden (verification refuses dumps of different
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -38,10 +40,9 @@ from accdbg.core.run_dir import (
     check_run_folder,
     check_writable,
     component_root,
-    write_json_atomic,
 )
 from accdbg.core.tensor_store import TensorFolder, safe_relpath
-from accdbg.engines import run_inference_engine
+from accdbg.engines import EngineResult, run_inference_engine
 from accdbg.engines.options import EngineConfig
 from accdbg.engines.run import check_inference_engine
 from accdbg.errors import AccdbgError
@@ -52,10 +53,11 @@ from accdbg.frameworks.diagnosis import (
 )
 from accdbg.mapping.graph_struct import inputs_of, load_graph_struct
 from accdbg.reports.html_report import write_report
-from accdbg.reports.summary import frame_records, json_value, write_csv
 from accdbg.verifiers import get_verifier
 from accdbg.verifiers.base import Verifier
 from accdbg.verifiers.verification import (
+    SummaryAnnotation,
+    VerificationResult,
     check_verifiers,
     find_results,
     run_verification,
@@ -313,6 +315,18 @@ def run_oneshot(
         graph_outputs = [
             o.name for o in onnx.load(str(engine.qdq_model), load_external_data=False).graph.output
         ]
+        notes = _Annotator(
+            engine=engine,
+            engine_inputs=engine_inputs,
+            seconds=seconds,
+            started=t,
+            title=f"accdbg oneshot-layerwise: {Path(model_path).name}",
+            meta=(
+                f"model {Path(model_path).name} - engine {engine.engine_label} "
+                f"({config.backend.runtime}) - golden {golden_dir} - target {target}"
+            ),
+            inspection=pool,
+        )
         ver = run_verification(
             golden_dir,
             target,
@@ -324,16 +338,60 @@ def run_oneshot(
             working_dir=working_dir,
             output_dirname=output_dirname,
             outputs=graph_outputs,
-            model_explorer=False,  # written below, with the culprit ranking
+            model_explorer=model_explorer,  # with the ranking and marks: they are in the summary
+            annotate=notes,
         )
-        seconds["verification"] = time.perf_counter() - t
+        if ver.overlay_seconds is not None:
+            seconds["model explorer overlays"] = ver.overlay_seconds
+        report = ver.run_dir / "summary.html"
+        for line in notes.findings:
+            log.info("%s", line)
+        log.info("report: %s", report)
+        return OneshotResult(
+            golden_dir,
+            engine.run_dir,
+            ver.run_dir,
+            ver.summary,
+            notes.marks,
+            report,
+            seconds,
+            notes.findings,
+            notes.culprits,
+            ver.inputs,
+            notes.worst,
+        )
+
+
+@dataclass
+class _Annotator:
+    """Oneshot's part of the verification summary, computed inside the verification run
+    (:class:`~accdbg.verifiers.verification.SummaryAnnotation`): where the error enters
+    (marks), the culprit ranking on the worst input, tensor inspection, and the HTML report
+    as ``summary.html``. What it found stays on the object for :class:`OneshotResult`."""
+
+    engine: EngineResult
+    engine_inputs: Sequence[InputTensor]
+    seconds: dict[str, float]
+    started: float
+    title: str
+    meta: str
+    inspection: Any = None  # the tensor inspection's worker pool, when it runs
+    marks: list[Attribution] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    culprits: list[Culprit] = field(default_factory=list)
+    worst: str | None = None
+
+    def __call__(self, ver: VerificationResult) -> SummaryAnnotation:
+        seconds, engine = self.seconds, self.engine
+        seconds["verification"] = time.perf_counter() - self.started
         verifiers = {
             v["label"]: get_verifier(v["spec"]) for v in ver.verifiers if v.get("spec") is not None
         }
         layer_inputs = inputs_of(load_graph_struct(engine.graph_struct))
-        summary, marks = attribute(ver.summary, verifiers, layer_inputs)
+        summary, self.marks = attribute(ver.summary, verifiers, layer_inputs)
         several = len(ver.per_input) > 1
         worst = worst_input(ver.inputs, verifiers) if several else next(iter(ver.per_input))
+        self.worst = worst
         golden_w, target_w = ver.folders[worst]
         t = time.perf_counter()
         ranking = find_culprits(
@@ -342,19 +400,20 @@ def run_oneshot(
             ver.per_input[worst] if several else summary,
             "Name",
             verifiers,
-            feeds=_feeds_of(target_w, engine_inputs),
+            feeds=_feeds_of(target_w, self.engine_inputs),
             float_model=prepared_model(engine.qdq_model),
             golden_name=json.loads(engine.tensor_mapping.read_text(encoding="utf-8")),
             target=target_w,
         )
         summary = ranking.apply(summary, "Name")
         seconds["culprit ranking"] = time.perf_counter() - t
-        findings = list(ranking.findings)
+        self.culprits = ranking.culprits
+        self.findings = list(ranking.findings)
         if several:
-            findings.append(_worst_line(ver.inputs, worst, verifiers))
+            self.findings.append(_worst_line(ver.inputs, worst, verifiers))
         labels = [v["label"] for v in ver.verifiers]
         links = _detail_links(ver.run_dir, summary, labels, several)
-        if enable_tensor_inspection:
+        if self.inspection is not None:
             t = time.perf_counter()
             from accdbg.inspection import run_tensor_inspection
 
@@ -367,7 +426,7 @@ def run_oneshot(
                 verifiers=[v["spec"] for v in ver.verifiers],
                 tensor_mapping=engine.tensor_mapping,
                 out_dir=insp_dir,
-                workers=pool,
+                workers=self.inspection,
             )
             for name in summary["Name"]:
                 folder = insp_dir / safe_relpath(str(name))
@@ -376,62 +435,32 @@ def run_oneshot(
                         ("plots", str(folder.relative_to(ver.run_dir)) + "/Histograms.png")
                     )
             seconds["tensor_inspection"] = time.perf_counter() - t
-        _rewrite_summary(ver.run_dir, summary, marks, findings, worst if several else None)
         failed = [bool(f) for f in summary.get("Failed", pd.Series([""] * len(summary))).fillna("")]
-        meta = (
-            f"model {Path(model_path).name} - engine {engine.engine_label} ({config.backend.runtime})"
-            f" - golden {golden_dir} - target {target}"
-        )
-        report = write_report(
-            ver.run_dir / "summary.html",
-            summary,
-            verifiers,
-            marks,
-            title=f"accdbg oneshot-layerwise: {Path(model_path).name}",
-            meta=meta,
-            links=links,
-            failed=failed,
-            notes=[f"{k}: {v:.1f} s" for k, v in seconds.items()],
-            findings=findings,
-            inputs=ver.inputs if several else None,
-            input_pages={k: f"{k}/summary.html" for k in ver.per_input},
-        )
-        if model_explorer:
-            t = time.perf_counter()
-            _overlays(ver.run_dir, report, summary, verifiers, engine, conversion, model_path)
-            seconds["model explorer overlays"] = time.perf_counter() - t
-        for line in findings:
-            log.info("%s", line)
-        log.info("report: %s", report)
-        return OneshotResult(
-            golden_dir,
-            engine.run_dir,
-            ver.run_dir,
-            summary,
-            marks,
-            report,
-            seconds,
-            findings,
-            ranking.culprits,
-            ver.inputs,
-            worst,
-        )
+        notes = [f"{k}: {v:.1f} s" for k, v in seconds.items()]
 
+        def page(path: Path) -> Path:
+            return write_report(
+                path,
+                summary,
+                verifiers,
+                self.marks,
+                title=self.title,
+                meta=self.meta,
+                links=links,
+                failed=failed,
+                notes=notes,
+                findings=self.findings,
+                inputs=ver.inputs if several else None,
+                input_pages={k: f"{k}/summary.html" for k in ver.per_input},
+            )
 
-def _overlays(run_dir, report, summary, verifiers, engine, conversion, model_path) -> None:
-    """Model Explorer overlays on the source model: the float ONNX model, or the converted
-    one (the engine's tensor names are its names); layers on the CPU marked."""
-    from accdbg.reports import model_explorer as me
-
-    source = Path(model_path) if conversion is None else Path(conversion.onnx_path)
-    marks = {}
-    partitioning = engine.run_dir / "partitioning.json"
-    if partitioning.is_file():
-        try:
-            marks["on CPU"] = me.cpu_marks(partitioning, engine.qdq_model)
-        except AccdbgError as exc:
-            log.warning("model explorer: layers on CPU not marked: %s", exc)
-    me.overlay_run(run_dir, [report], source, summary, "Name", verifiers, marks=marks)
+        extra: dict[str, Any] = {
+            "attribution": [m.__dict__ for m in self.marks],
+            "findings": list(self.findings),
+        }
+        if several:
+            extra["culprit_ranking_input"] = worst
+        return SummaryAnnotation(summary, extra, page)
 
 
 def _feeds_of(target: Path, engine_inputs: Sequence[InputTensor]) -> dict[str, np.ndarray]:
@@ -459,26 +488,6 @@ def _worst_line(table: pd.DataFrame, worst: str, verifiers: dict[str, Verifier])
         f"the culprit ranking is on the worst of {len(table)} inputs: {worst} ({row['Files']})"
         + (f" - {', '.join(scores)}" if scores else "")
     )
-
-
-def _rewrite_summary(
-    run_dir: Path,
-    summary: pd.DataFrame,
-    marks: Sequence[Attribution],
-    findings: Sequence[str],
-    worst: str | None = None,
-) -> None:
-    """Add the attribution columns and marks to verification's summary.csv/json, keeping the rest."""
-    write_csv(summary, run_dir / "summary.csv")
-    path = run_dir / "summary.json"
-    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    data["columns"] = list(map(str, summary.columns))
-    data["rows"] = frame_records(summary)
-    data["attribution"] = [json_value(m.__dict__) for m in marks]
-    data["findings"] = list(findings)
-    if worst is not None:
-        data["culprit_ranking_input"] = worst
-    write_json_atomic(path, data)
 
 
 def _detail_links(

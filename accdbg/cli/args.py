@@ -143,28 +143,10 @@ class ModelArgs(ArgGroup):
         self.framework_default = framework_default
 
     def add(self, parser: argparse.ArgumentParser) -> None:
-        req = self.required
         g = parser.add_argument_group("model arguments")
-        g.add_argument(
-            "-f",
-            "--framework",
-            nargs="+",
-            required=req,
-            default=[self.framework_default] if self.framework_default else None,
-            metavar="FRAMEWORK",
-            help="framework and optional version, e.g. 'onnx' or 'onnx 1.17' (case insensitive)",
-        )
-        g.add_argument("-m", "--model_path", required=req, help="path to the model file")
-        g.add_argument(
-            "-i",
-            "--input_tensor",
-            nargs="+",
-            action="append",
-            required=req,
-            default=None if req else [],
-            metavar="INPUT_TENSOR",
-            help='"name" dims path [dtype], e.g. "data" 1,3,224,224 data.raw float32; repeat per input',
-        )
+        self.add_framework(g)
+        self.add_model(g)
+        self.add_inputs(g)
         g.add_argument(
             "-o",
             "--output_tensor",
@@ -174,6 +156,37 @@ class ModelArgs(ArgGroup):
         )
         add_allow_nonfinite(g)
         self.group = g
+
+    # each flag declared once, here; other model groups (:class:`CalibrationArgs`) reuse them
+    def add_framework(self, g, help: str | None = None) -> None:
+        g.add_argument(
+            "-f",
+            "--framework",
+            nargs="+",
+            required=self.required,
+            default=[self.framework_default] if self.framework_default else None,
+            metavar="FRAMEWORK",
+            help=help
+            or "framework and optional version, e.g. 'onnx' or 'onnx 1.17' (case insensitive)",
+        )
+
+    def add_model(self, g, help: str = "path to the model file", required: bool | None = None):
+        req = self.required if required is None else required
+        g.add_argument("-m", "--model_path", required=req, help=help)
+
+    def add_inputs(self, g, help: str | None = None) -> None:
+        req = self.required
+        g.add_argument(
+            "-i",
+            "--input_tensor",
+            nargs="+",
+            action="append",
+            required=req,
+            default=None if req else [],
+            metavar="INPUT_TENSOR",
+            help=help
+            or '"name" dims path [dtype], e.g. "data" 1,3,224,224 data.raw float32; repeat per input',
+        )
 
     def parse(self, args: argparse.Namespace) -> ModelSpec:
         from accdbg.frameworks.versions import check_framework
@@ -276,3 +289,59 @@ class VerifierArgs(ArgGroup):
 def options_dict(args: argparse.Namespace) -> dict:
     """Every flag of a run as given, JSON-ready, for ``<component>_options.json``."""
     return run_dir.options_dict(args)
+
+
+# ---------------------------------------------------------------- a float model to quantize
+
+
+@dataclass(frozen=True)
+class CalibrationSpec:
+    """A float model a component quantizes itself, and the inputs it is calibrated (and
+    measured) on: ``-l`` lines, else the ``-i`` files."""
+
+    model_path: str
+    framework: str = "onnx"
+    input_tensors: list[InputTensor] = field(default_factory=list)
+    input_list: str | None = None
+    allow_nonfinite_inputs: bool = False
+
+
+class CalibrationArgs(ModelArgs):
+    """``-m`` (required), ``-i`` and ``-l`` (optional), ``--allow_nonfinite_inputs``, and
+    ``-f`` (default onnx) when ``framework_help`` is given - :class:`ModelArgs`' flags, for the
+    fix search and the quantization checker. The help texts say what the inputs serve."""
+
+    def __init__(
+        self,
+        model_help: str,
+        input_tensor_help: str,
+        input_list_help: str,
+        framework_help: str | None = None,
+        title: str = "model arguments",
+    ):
+        super().__init__(required=False, framework_default="onnx")
+        self.helps = (model_help, input_tensor_help, input_list_help, framework_help)
+        self.title = title
+
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        model_help, input_tensor_help, input_list_help, framework_help = self.helps
+        g = parser.add_argument_group(self.title)
+        self.add_model(g, model_help, required=True)
+        if framework_help is not None:
+            self.add_framework(g, framework_help)
+        self.add_inputs(g, input_tensor_help)
+        g.add_argument("-l", "--input_list", help=input_list_help)
+        add_allow_nonfinite(g)
+        self.group = g
+
+    def parse(self, args: argparse.Namespace) -> CalibrationSpec:
+        from accdbg.frameworks.versions import check_framework
+
+        framework = getattr(args, "framework", None)
+        return CalibrationSpec(
+            model_path=args.model_path,
+            framework=check_framework(framework) if framework else "onnx",
+            input_tensors=[parse_input_tensor(v) for v in args.input_tensor or []],
+            input_list=args.input_list,
+            allow_nonfinite_inputs=bool(args.allow_nonfinite_inputs),
+        )

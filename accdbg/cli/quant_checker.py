@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import asdict, dataclass
+from typing import Any
 
+from accdbg.algorithms.quant_checker.run import MAX_PLOT_POINTS, PLOT_CHOICES, PLOT_LIMIT, SEED
+from accdbg.algorithms.quant_checker.tables import SQNR_THRESHOLD
+from accdbg.algorithms.quant_checker.variants import PER_CHANNEL_CHOICES
 from accdbg.cli import args as A
-from accdbg.core.inputs import parse_input_tensor
+from accdbg.engines.options import QuantOptions
+from accdbg.engines.quantize import QUANTIZERS
 
 NAME = "quant_checker"
 HELP = (
@@ -20,162 +26,202 @@ HELP = (
 log = logging.getLogger("accdbg")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from accdbg.algorithms.quant_checker.run import MAX_PLOT_POINTS, PLOT_CHOICES, PLOT_LIMIT, SEED
-    from accdbg.algorithms.quant_checker.tables import SQNR_THRESHOLD
-    from accdbg.algorithms.quant_checker.variants import PER_CHANNEL_CHOICES
-    from accdbg.engines.quantize import QUANTIZERS
+@dataclass(frozen=True)
+class VariantOptions:
+    """Which quantizer variants are compared, at which bitwidths, with which ``-qo``."""
 
-    g = parser.add_argument_group("model and calibration data")
-    g.add_argument("-m", "--model_path", required=True, help="the float model (ONNX, or see -f)")
-    g.add_argument(
-        "-f",
-        "--framework",
-        nargs="+",
-        default=["onnx"],
-        help="framework and optional version (default onnx); tflite, tensorflow and pytorch "
-        "models are converted to ONNX first (needs -i)",
-    )
-    g.add_argument(
-        "-l",
-        "--input_list",
-        help="calibration inputs, one inference per line (qnn-net-run style); without -l and -i "
-        "only the weights are checked",
-    )
-    g.add_argument(
-        "-i",
-        "--input_tensor",
-        nargs="+",
-        action="append",
-        default=[],
-        metavar="INPUT_TENSOR",
-        help='"name" dims path [dtype]: input dims (and the one calibration input when no -l)',
-    )
-    A.add_allow_nonfinite(g)
-    q = parser.add_argument_group("variants")
-    q.add_argument(
-        "--quantizers",
-        default=",".join(QUANTIZERS),
-        help=f"comma-separated --act_quantizer/--param_quantizer values to compare "
-        f"(default {','.join(QUANTIZERS)})",
-    )
-    q.add_argument(
-        "--per_channel_variants",
-        choices=PER_CHANNEL_CHOICES,
-        default="both",
-        help="each quantizer with per-tensor and per-channel weights (both, default), or only one",
-    )
-    q.add_argument(
-        "-abw",
-        "--act_bitwidth",
-        "--activation_width",
-        dest="act_bitwidth",
-        type=int,
-        choices=(8, 16),
-        default=8,
-    )
-    q.add_argument(
-        "-wbw",
-        "--weights_bitwidth",
-        "--weight_width",
-        dest="weights_bitwidth",
-        type=int,
-        choices=(8, 16),
-        default=8,
-    )
-    q.add_argument(
-        "-bbw",
-        "--bias_bitwidth",
-        "--bias_width",
-        dest="bias_bitwidth",
-        type=int,
-        choices=(8, 32),
-        default=32,
-        help="32 (QNN's QDQ path takes int32 biases only)",
-    )
-    q.add_argument(
-        "-qo",
-        "--quantization_overrides",
-        help="AIMET encodings JSON (legacy or 1.0.0) applied to every variant, as the engine applies -qo",
-    )
-    c = parser.add_argument_group("checks and output")
-    c.add_argument(
-        "--sqnr_threshold",
-        type=float,
-        default=SQNR_THRESHOLD,
-        help=f"a tensor fails a variant below this SQNR in dB (default {SQNR_THRESHOLD:g}, as Qualcomm's checker)",
-    )
-    c.add_argument(
-        "--plots",
-        choices=PLOT_CHOICES,
-        default="failing",
-        help="which tensors get histogram, CDF, difference and min/max plots (default: failing)",
-    )
-    c.add_argument(
-        "--generate_histogram",
-        dest="plots",
-        action="store_const",
-        const="all",
-        help="same as --plots all",
-    )
-    c.add_argument(
-        "--per_channel_plots",
-        "--per_channel_histogram",
-        dest="per_channel_plots",
-        action="store_true",
-        help="also plot each channel's range and SQNR (Per_channel.png) for the plotted tensors",
-    )
-    c.add_argument(
-        "--plot_limit",
-        type=int,
-        default=PLOT_LIMIT,
-        help=f"with --plots failing, plot at most this many, best-ranked first (default {PLOT_LIMIT})",
-    )
-    c.add_argument(
-        "--max_plot_points",
-        type=int,
-        default=MAX_PLOT_POINTS,
-        help=f"largest random sample of a tensor kept for its plots (default {MAX_PLOT_POINTS:,})",
-    )
-    c.add_argument("--seed", type=int, default=SEED, help=f"seed of the samples (default {SEED})")
-    c.add_argument(
-        "--memory_budget_mb",
-        type=float,
-        default=4096,
-        help="most megabytes of activations computed at once (default 4096)",
-    )
-    A.ModelExplorerArgs().add(parser)
-    A.CommonArgs(NAME).add(parser)
+    quantizers: str = ",".join(QUANTIZERS)
+    per_channel_variants: str = "both"
+    act_bitwidth: int = QuantOptions.act_bitwidth
+    weights_bitwidth: int = QuantOptions.weights_bitwidth
+    bias_bitwidth: int = QuantOptions.bias_bitwidth
+    quantization_overrides: str | None = None
+
+    def keywords(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class VariantArgs(A.ArgGroup):
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        V = VariantOptions
+        q = parser.add_argument_group("variants")
+        q.add_argument(
+            "--quantizers",
+            default=V.quantizers,
+            help=f"comma-separated --act_quantizer/--param_quantizer values to compare "
+            f"(default {V.quantizers})",
+        )
+        q.add_argument(
+            "--per_channel_variants",
+            choices=PER_CHANNEL_CHOICES,
+            default=V.per_channel_variants,
+            help="each quantizer with per-tensor and per-channel weights (both, default), or only one",
+        )
+        q.add_argument(
+            "-abw",
+            "--act_bitwidth",
+            "--activation_width",
+            dest="act_bitwidth",
+            type=int,
+            choices=(8, 16),
+            default=V.act_bitwidth,
+        )
+        q.add_argument(
+            "-wbw",
+            "--weights_bitwidth",
+            "--weight_width",
+            dest="weights_bitwidth",
+            type=int,
+            choices=(8, 16),
+            default=V.weights_bitwidth,
+        )
+        q.add_argument(
+            "-bbw",
+            "--bias_bitwidth",
+            "--bias_width",
+            dest="bias_bitwidth",
+            type=int,
+            choices=(8, 32),
+            default=V.bias_bitwidth,
+            help="32 (QNN's QDQ path takes int32 biases only)",
+        )
+        q.add_argument(
+            "-qo",
+            "--quantization_overrides",
+            default=V.quantization_overrides,
+            help="AIMET encodings JSON (legacy or 1.0.0) applied to every variant, as the engine applies -qo",
+        )
+
+    def parse(self, args: argparse.Namespace) -> VariantOptions:
+        return VariantOptions(
+            args.quantizers,
+            args.per_channel_variants,
+            args.act_bitwidth,
+            args.weights_bitwidth,
+            args.bias_bitwidth,
+            args.quantization_overrides,
+        )
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """What fails, what is plotted, and how much is held at once."""
+
+    sqnr_threshold: float = SQNR_THRESHOLD
+    plots_mode: str = "failing"
+    per_channel_plots: bool = False
+    plot_limit: int = PLOT_LIMIT
+    max_plot_points: int = MAX_PLOT_POINTS
+    seed: int = SEED
+    memory_budget_mb: float = 4096
+
+    def keywords(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CheckArgs(A.ArgGroup):
+    def add(self, parser: argparse.ArgumentParser) -> None:
+        C = CheckOptions
+        c = parser.add_argument_group("checks and output")
+        c.add_argument(
+            "--sqnr_threshold",
+            type=float,
+            default=C.sqnr_threshold,
+            help=f"a tensor fails a variant below this SQNR in dB (default {C.sqnr_threshold:g}, "
+            "as Qualcomm's checker)",
+        )
+        c.add_argument(
+            "--plots",
+            choices=PLOT_CHOICES,
+            default=C.plots_mode,
+            help="which tensors get histogram, CDF, difference and min/max plots (default: failing)",
+        )
+        c.add_argument(
+            "--generate_histogram",
+            dest="plots",
+            action="store_const",
+            const="all",
+            help="same as --plots all",
+        )
+        c.add_argument(
+            "--per_channel_plots",
+            "--per_channel_histogram",
+            dest="per_channel_plots",
+            action="store_true",
+            help="also plot each channel's range and SQNR (Per_channel.png) for the plotted tensors",
+        )
+        c.add_argument(
+            "--plot_limit",
+            type=int,
+            default=C.plot_limit,
+            help=f"with --plots failing, plot at most this many, best-ranked first (default {C.plot_limit})",
+        )
+        c.add_argument(
+            "--max_plot_points",
+            type=int,
+            default=C.max_plot_points,
+            help=f"largest random sample of a tensor kept for its plots (default {C.max_plot_points:,})",
+        )
+        c.add_argument(
+            "--seed", type=int, default=C.seed, help=f"seed of the samples (default {C.seed})"
+        )
+        c.add_argument(
+            "--memory_budget_mb",
+            type=float,
+            default=C.memory_budget_mb,
+            help=f"most megabytes of activations computed at once (default {C.memory_budget_mb:g})",
+        )
+
+    def parse(self, args: argparse.Namespace) -> CheckOptions:
+        return CheckOptions(
+            args.sqnr_threshold,
+            args.plots,
+            bool(args.per_channel_plots),
+            args.plot_limit,
+            args.max_plot_points,
+            args.seed,
+            args.memory_budget_mb,
+        )
+
+
+MODEL = A.CalibrationArgs(
+    model_help="the float model (ONNX, or see -f)",
+    framework_help="framework and optional version (default onnx); tflite, tensorflow and "
+    "pytorch models are converted to ONNX first (needs -i)",
+    input_list_help="calibration inputs, one inference per line (qnn-net-run style); without -l "
+    "and -i only the weights are checked",
+    input_tensor_help='"name" dims path [dtype]: input dims (and the one calibration input when no -l)',
+    title="model and calibration data",
+)
+VARIANTS = VariantArgs()
+CHECKS = CheckArgs()
+EXPLORER = A.ModelExplorerArgs()
+COMMON = A.CommonArgs(NAME)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    MODEL.add(parser)
+    VARIANTS.add(parser)
+    CHECKS.add(parser)
+    EXPLORER.add(parser)
+    COMMON.add(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from accdbg.algorithms.quant_checker import run_quant_checker
-    from accdbg.frameworks.versions import check_framework
 
-    framework = check_framework(args.framework)
+    model = MODEL.parse(args)
     result = run_quant_checker(
-        args.model_path,
-        framework=framework,
-        input_list=args.input_list,
-        input_tensors=[parse_input_tensor(v) for v in args.input_tensor],
-        quantizers=args.quantizers,
-        per_channel_variants=args.per_channel_variants,
-        act_bitwidth=args.act_bitwidth,
-        weights_bitwidth=args.weights_bitwidth,
-        bias_bitwidth=args.bias_bitwidth,
-        sqnr_threshold=args.sqnr_threshold,
-        plots_mode=args.plots,
-        per_channel_plots=args.per_channel_plots,
-        plot_limit=args.plot_limit,
-        max_plot_points=args.max_plot_points,
-        seed=args.seed,
-        memory_budget_mb=args.memory_budget_mb,
-        quantization_overrides=args.quantization_overrides,
-        working_dir=args.working_dir,
-        output_dirname=args.output_dirname,
-        allow_nonfinite_inputs=args.allow_nonfinite_inputs,
+        model.model_path,
+        framework=model.framework,
+        input_list=model.input_list,
+        input_tensors=model.input_tensors,
+        **VARIANTS.parse(args).keywords(),
+        **CHECKS.parse(args).keywords(),
+        **COMMON.parse(args).keywords(),
+        allow_nonfinite_inputs=model.allow_nonfinite_inputs,
         options_record=A.options_dict(args),
-        model_explorer=args.model_explorer,
+        model_explorer=EXPLORER.parse(args),
     )
     del result  # the findings and the report path are logged by the run
     return 0

@@ -8,7 +8,7 @@ import logging
 from accdbg.cli import args as A
 from accdbg.cli.deep_analyzer import ANALYZERS as DEEP_ANALYZERS
 from accdbg.cli.deep_analyzer import add_dissection_arguments
-from accdbg.cli.fix_search import add_search_arguments, search_kwargs
+from accdbg.cli.fix_search import SEARCH
 from accdbg.cli.inference_engine import EngineArgs
 from accdbg.core.run_dir import RunDir, check_run_folder
 from accdbg.errors import AccdbgError
@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="then search a fix for the culprits found, every candidate measured on QNN HTP "
         "(the --fix_search component; ONNX models)",
     )
-    add_search_arguments(parser)
+    SEARCH.add(parser)
     COMMON.add(parser)
 
 
@@ -251,28 +251,19 @@ def _dissect(args: argparse.Namespace, one, inputs, verifiers, config, place, ex
 
 def _check_suggest_fixes(args: argparse.Namespace, framework: str, config, place) -> None:
     """``--suggest_fixes``: refused before any component starts when the search cannot run."""
-    from accdbg.algorithms.fixes.search import COMPONENT, check_search_options
+    from accdbg.algorithms.fixes.search import (
+        COMPONENT,
+        check_search_config,
+        check_search_options,
+    )
 
     if framework != "onnx":
         raise AccdbgError(
             f"--suggest_fixes searches fixes of ONNX models; -f {framework}: run --fix_search on the "
             "converted model (conversion/<run>/) with --diagnosis"
         )
-    if config.quant.overrides is not None:
-        raise AccdbgError(
-            "--suggest_fixes starts from the quantizer flags; it does not take -qo overrides as its baseline"
-        )
-    if config.stage != "source" or not config.quant.quantizes:
-        raise AccdbgError(
-            "--suggest_fixes needs --stage source and --precision int8 (it quantizes)"
-        )
-    check_search_options(
-        args.target_sqnr,
-        args.target_gap,
-        args.max_16bit_tensors,
-        args.time_budget,
-        args.search_workers,
-    )
+    check_search_config(config)
+    check_search_options(**SEARCH.parse(args).keywords())
     check_run_folder(
         place.working_dir, COMPONENT, place.output_dirname, resume=place.output_dirname is not None
     )
@@ -281,20 +272,14 @@ def _check_suggest_fixes(args: argparse.Namespace, framework: str, config, place
 def _suggest_fixes(args: argparse.Namespace, model, config, place, explorer, diagnosis) -> None:
     from accdbg.algorithms.fixes import run_fix_search
 
-    q = config.quant
     run_fix_search(
         model.model_path,
         model.input_tensors,
         input_list=args.input_list,
         diagnosis=diagnosis,
-        runtime=config.backend.runtime,
-        act_bitwidth=q.act_bitwidth,
-        weights_bitwidth=q.weights_bitwidth,
-        act_quantizer=q.act_quantizer,
-        param_quantizer=q.param_quantizer,
-        per_channel=q.per_channel,
+        engine_kwargs=config,
         allow_nonfinite_inputs=model.allow_nonfinite_inputs,
         model_explorer=explorer,
         **place.keywords(),
-        **search_kwargs(args),
+        **SEARCH.parse(args).keywords(),
     )

@@ -16,7 +16,6 @@ symmetric encoding that QNN does not hold symmetric is a mismatch.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import os
 import time
@@ -35,6 +34,7 @@ from accdbg.encodings.pairs import FIELDS, VALUE_FIELDS, PairResult, compare_pai
 from accdbg.encodings.qnn_json import QnnGraph, load_qnn_graph, qnn_encodings
 from accdbg.encodings.report import write_encodings_workbook
 from accdbg.errors import AccdbgError
+from accdbg.mapping.tensor_mapping import MAPPING_FILE, load_tensor_mapping
 
 log = logging.getLogger("accdbg.compare_encodings")
 
@@ -142,15 +142,13 @@ def summary_frame(
 
 def _load_mapping(qnn_path: Path) -> dict[str, str] | None:
     folder = qnn_path if qnn_path.is_dir() else qnn_path.parent
-    path = folder / "tensor_mapping.json"
+    path = folder / MAPPING_FILE
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = load_tensor_mapping(path, "tensor_mapping.json")
+    except AccdbgError as exc:
         log.warning("ignoring %s: %s", path, exc)
-        return None
-    if not isinstance(data, dict):
         return None
     log.info("using tensor name mapping %s (%d names)", path, len(data))
     return {str(k): str(v) for k, v in data.items() if isinstance(v, str)}

@@ -38,8 +38,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from accdbg.encodings.qnn_json import QnnGraph
+from accdbg.mapping.names import converter_loose as loose
+from accdbg.mapping.names import converter_sanitize as sanitize
 
-_NON_WORD = re.compile(r"\W+")
 _TOKEN = re.compile(r"_token_\d+$")
 _OUTPUT = re.compile(r"^(.*)_output_(\d+)$")
 LAYOUT_OPS = {"Transpose", "Reshape"}
@@ -53,16 +54,6 @@ RULES = (
     "graph_producer",
     "graph_layout_copy",
 )
-
-
-def sanitize(name: str) -> str:
-    """The QNN converter's tensor/node name sanitization."""
-    name = _NON_WORD.sub("_", name)
-    return name if name[:1].isalpha() else "_" + name
-
-
-def loose(name: str) -> str:
-    return sanitize(name).lstrip("_")
 
 
 @dataclass(frozen=True)

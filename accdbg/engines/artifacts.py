@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines.exposure import Exposed
+from accdbg.mapping.tensor_mapping import map_to_golden
 
 
 def merge_qnn_json(json_dir: Path, out_path: Path, qdq_model: Path | None = None) -> Path | None:
@@ -59,32 +59,13 @@ def qnn_name_for(e: Exposed, qnn_tensors: dict[str, dict]) -> str | None:
     return None
 
 
-def _sanitize(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]", "_", name).lower()
-
-
 def tensor_mapping(exposed: list[Exposed], golden_names: set[str] | None) -> dict[str, str]:
-    """Inference tensor name -> framework tensor name.
-
-    From the float model when known (exact names); else best effort against a golden folder:
-    exact, then equal after sanitizing (QNN-style names), then the QDQ name.
-    """
-    mapping: dict[str, str] = {}
-    by_sanitized = {_sanitize(n): n for n in (golden_names or set())}
-    for e in exposed:
-        if e.framework_name:
-            mapping[e.name] = e.framework_name
-            continue
-        if golden_names is None:
-            continue
-        for cand in (e.name, e.qdq_tensor):
-            if cand in golden_names:
-                mapping[e.name] = cand
-                break
-            if _sanitize(cand) in by_sanitized:
-                mapping[e.name] = by_sanitized[_sanitize(cand)]
-                break
-    return mapping
+    """Inference tensor name -> framework tensor name, from the float model's names when
+    known, else best effort against a golden folder (the exposed name, then the QDQ name):
+    :func:`accdbg.mapping.tensor_mapping.map_to_golden`."""
+    return map_to_golden(
+        ((e.name, e.framework_name, (e.name, e.qdq_tensor)) for e in exposed), golden_names
+    )
 
 
 def golden_names(folder: Path | None) -> set[str] | None:

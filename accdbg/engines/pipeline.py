@@ -1,13 +1,14 @@
 """One model-preparation pipeline: the model a run gives QNN, made from the user's model.
 
 Every caller that needs the model QNN runs goes through :func:`prepare_model` - the inference
-engine, layerwise and cumulative-layerwise snooping, and anything that quantizes variants of a
-model (a fix search: ``config.with_quant(act_bitwidth=16)``). So the model snooping debugs is the
-one the engine runs: same input-list lines (the calibration feeds of
-:func:`~accdbg.engines.source.build_feeds`), same pre-processing
-(:func:`~accdbg.engines.prepare.prepare_float_model`), same ``-qo`` overrides and quantizer. Which
-layer outputs are dumped or debugged is :func:`select_layers`, with the same
-:class:`~accdbg.engines.options.LayerFilter`.
+engine, layerwise and cumulative-layerwise snooping - or through its two halves when it
+quantizes many variants of one model: :func:`prepare_float` once, :func:`quantize_prepared`
+per variant, with its quantizer options and per-tensor overrides (the fix search, the
+quantization checker). So the model snooping debugs is the one the engine runs: same
+input-list lines (the calibration feeds of :func:`~accdbg.engines.source.build_feeds`), same
+pre-processing (:func:`~accdbg.engines.prepare.prepare_float_model`), same ``-qo`` overrides
+and quantizer. Which layer outputs are dumped or debugged is :func:`select_layers`, with the
+same :class:`~accdbg.engines.options.LayerFilter`.
 
 Stages (``--stage``): ``source`` float ONNX, pre-processed then quantized (or fp16);
 ``converted`` the user's QDQ model, shapes fixed; ``compiled`` an EPContext model, as is.
@@ -18,17 +19,19 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 
 from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.engines import exposure
 from accdbg.engines.options import EngineConfig, LayerFilter, QuantOptions
 from accdbg.engines.prepare import fix_shapes, prepare_float_model
-from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
+from accdbg.engines.quantize import FeedsReader, overrides_for_ort, quantize_for_qnn
 from accdbg.engines.source import Feeds, build_feeds
 from accdbg.errors import AccdbgError
 
@@ -56,6 +59,14 @@ class Calibration:
         parsed = parse_input_list(input_list) if input_list else None
         return cls(*build_feeds(model, parsed, input_tensors, allow_nonfinite))
 
+    @classmethod
+    def from_feeds(cls, feeds: Feeds) -> Calibration:
+        """Feeds already built (name -> (path, dims, dtype name) per inference), e.g. sent
+        to a child process: the dims and dtypes are theirs."""
+        dims = {n: tuple(d) for f in feeds for n, (_, d, _) in f.items()}
+        dtypes = {n: np.dtype(t) for f in feeds for n, (_, _, t) in f.items()}
+        return cls(list(feeds), dims, dtypes)
+
 
 @dataclass
 class PreparedModel:
@@ -82,10 +93,12 @@ def prepare_model(
     out_dir: Path,
     work_dir: Path | None = None,
     source_path: Path | None = None,
+    tensor_overrides: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> PreparedModel:
     """The model ``config`` says QNN runs, written into ``out_dir`` (``work_dir`` holds the
     intermediates and is removed; default ``out_dir/.prepare``). ``source_path`` is the model's
-    file, used as is in the compiled stage."""
+    file, used as is in the compiled stage. ``tensor_overrides``: per-tensor quantizer settings
+    on top of ``config.quant`` (see :func:`quantize_prepared`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if config.stage == "compiled":
         assert source_path is not None, "the compiled stage runs the given EPContext file"
@@ -96,58 +109,98 @@ def prepare_model(
         onnx.save(fix_shapes(model, calibration.dims, steps), str(target))
         return PreparedModel(target, "converted", steps)
     work = work_dir or out_dir / ".prepare"
+    prepared = prepare_float(model, stem, calibration, out_dir, work)
+    quantized = quantize_prepared(
+        prepared.path, stem, calibration, config.quant, out_dir, tensor_overrides, work
+    )
+    return replace(quantized, steps=prepared.steps + quantized.steps)
+
+
+def prepare_float(
+    model: onnx.ModelProto,
+    stem: str,
+    calibration: Calibration,
+    out_dir: Path,
+    work_dir: Path | None = None,
+) -> PreparedModel:
+    """The source stage's first half: the float model pre-processed for QNN (shapes, opset,
+    folding, QNN pre-processing) as ``out_dir/<stem>.prepared.onnx`` - what every variant is
+    quantized from (:func:`quantize_prepared`) and the culprit ranking's float evidence.
+    ``work_dir`` (default ``out_dir/.prepare``) holds the intermediates and is removed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = work_dir or out_dir / ".prepare"
+    work.mkdir(parents=True, exist_ok=True)
     try:
-        return _source(model, stem, calibration, config.quant, out_dir, work)
+        prepared, steps = prepare_float_model(model, calibration.dims, work)
+        target = out_dir / f"{stem}.prepared.onnx"
+        shutil.copyfile(prepared, target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return PreparedModel(target, "source", steps, target)
 
 
-def _source(
-    model: onnx.ModelProto,
+def quantize_prepared(
+    prepared: Path,
     stem: str,
     calibration: Calibration,
     quant: QuantOptions,
     out_dir: Path,
-    work: Path,
+    tensor_overrides: Mapping[str, list[dict[str, Any]]] | None = None,
+    work_dir: Path | None = None,
 ) -> PreparedModel:
-    """Pre-process a float model for QNN and quantize it, calibrated on every feed."""
-    work.mkdir(parents=True, exist_ok=True)
-    prepared, steps = prepare_float_model(model, calibration.dims, work)
-    # kept: the float weights the QDQ model is quantized from (the culprit ranking's evidence)
-    float_model = out_dir / f"{stem}.prepared.onnx"
-    shutil.copyfile(prepared, float_model)
+    """The source stage's second half: a prepared float model (:func:`prepare_float`)
+    quantized as ``quant`` says into ``out_dir/<stem>.qdq.onnx``, calibrated on every feed
+    (fp16 precision: copied as ``<stem>.fp16.onnx``). One call per variant of one model (a
+    fix search, the quantization checker); calls share nothing, so they can run in other
+    processes at once.
+
+    ``tensor_overrides`` are onnxruntime's ``TensorQuantOverrides`` in JSON form (a
+    ``quant_type`` by name, e.g. ``"QUInt16"``), merged over the ``-qo`` overrides tensor by
+    tensor. The quantizer writes scratch models beside its input, so it quantizes a private
+    copy in ``work_dir`` (default ``out_dir/.quantize-<stem>``, removed).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prepared = Path(prepared)
     if not quant.quantizes:
         target = out_dir / f"{stem}.fp16.onnx"
         shutil.copyfile(prepared, target)
-        steps.append("no quantization: float model on HTP in fp16")
-        return PreparedModel(target, "source", steps, float_model)
+        return PreparedModel(
+            target, "source", ["no quantization: float model on HTP in fp16"], prepared
+        )
     target = out_dir / f"{stem}.qdq.onnx"
+    work = work_dir or out_dir / f".quantize-{stem}"
+    work.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     kept: list[str] = []
-    feeds = calibration.feeds
-    quantize_for_qnn(
-        prepared,
-        target,
-        FeedsReader(
-            [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds],
-            calibration.dims,
-            calibration.dtypes,
-        ),
-        quant.act_bitwidth,
-        quant.weights_bitwidth,
-        quant.bias_bitwidth,
-        quant.act_quantizer,
-        quant.param_quantizer,
-        quant.per_channel,
-        load_overrides(quant, prepared),
-        notes=kept,
+    try:
+        scratch = work / prepared.name
+        shutil.copyfile(prepared, scratch)
+        overrides = dict(load_overrides(quant, scratch) or {})
+        overrides.update(overrides_for_ort(tensor_overrides or {}))
+        quantize_for_qnn(
+            scratch,
+            target,
+            FeedsReader(
+                [{n: Path(p) for n, (p, _, _) in f.items()} for f in calibration.feeds],
+                calibration.dims,
+                calibration.dtypes,
+            ),
+            quant.act_bitwidth,
+            quant.weights_bitwidth,
+            quant.bias_bitwidth,
+            quant.act_quantizer,
+            quant.param_quantizer,
+            quant.per_channel,
+            overrides or None,
+            notes=kept,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    kept.append(
+        f"quantized for QNN ({quant.describe()}) with {len(calibration.feeds)} calibration "
+        f"input(s) in {time.perf_counter() - t:.1f} s"
     )
-    steps.extend(kept)
-    steps.append(
-        f"quantized for QNN ({quant.describe()}) with {len(feeds)} calibration input(s) "
-        f"in {time.perf_counter() - t:.1f} s"
-    )
-    return PreparedModel(target, "source", steps, float_model)
+    return PreparedModel(target, "source", kept, prepared)
 
 
 def load_overrides(quant: QuantOptions, model_path: Path) -> dict | None:

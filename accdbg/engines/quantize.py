@@ -24,9 +24,10 @@ takes; ``-bbw 8`` is refused with that reason).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -114,6 +115,21 @@ def quant_type(bits: int, symmetric: bool, what: str) -> QuantType:
     if (bits, symmetric) not in table:
         raise AccdbgError(f"{what} {bits} is not supported; expected 8 or 16")
     return table[(bits, symmetric)]
+
+
+def overrides_for_ort(overrides: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict:
+    """``TensorQuantOverrides`` in JSON form (``quant_type`` as a name, e.g. ``"QUInt16"``:
+    what a journal or ``best_overrides.json`` holds) in onnxruntime's form."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, entries in overrides.items():
+        conv = []
+        for e in entries:
+            e = dict(e)
+            if isinstance(e.get("quant_type"), str):
+                e["quant_type"] = QuantType[e["quant_type"]]
+            conv.append(e)
+        out[name] = conv
+    return out
 
 
 def check_quantizer_options(

@@ -37,6 +37,12 @@ from accdbg.engines.source import build_feeds
 from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import write_graph_struct
+from accdbg.mapping.tensor_mapping import (
+    MAPPING_FILE,
+    ONNX_MAPPING_FILE,
+    through_conversion,
+    write_tensor_mapping,
+)
 
 if TYPE_CHECKING:
     from accdbg.frameworks.convert import Conversion
@@ -252,8 +258,7 @@ def run_inference_engine(
         mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
         if conversion is not None:
             mapping = _through_conversion(run.path, report.results, mapping, conversion)
-        mapping_path = run.path / "tensor_mapping.json"
-        write_json_atomic(mapping_path, mapping)
+        write_tensor_mapping(run.path / MAPPING_FILE, mapping)
         struct_path = run.path / f"{stem}_graph_struct.json"
         write_graph_struct(
             struct_path, stem, artifacts.graph_struct_layers(selected, report.shapes)
@@ -277,7 +282,7 @@ def run_inference_engine(
         tensors=table,
         qdq_model=run.path / Path(target).name if stage != "compiled" else Path(target),
         model_net_json=(run.path / "model_net.json") if model_net else None,
-        tensor_mapping=run.path / "tensor_mapping.json",
+        tensor_mapping=run.path / MAPPING_FILE,
         graph_struct=run.path / struct_path.name,
         engine_label=eng.label,
         report=report,
@@ -313,12 +318,8 @@ def _through_conversion(
     conversion to ONNX: returns engine name -> framework name (the ONNX-level mapping is kept
     as ``tensor_mapping_onnx.json``); each dumped tensor records its layout so verification
     transposes instead of guessing."""
-    write_json_atomic(run_path / "tensor_mapping_onnx.json", onnx_map)
-    composed = {
-        k: conversion.tensor_mapping[v]
-        for k, v in onnx_map.items()
-        if v in conversion.tensor_mapping
-    }
+    write_tensor_mapping(run_path / ONNX_MAPPING_FILE, onnx_map)
+    composed = through_conversion(onnx_map, conversion.tensor_mapping)
 
     def layout(rec: TensorRecord) -> None:
         perm = conversion.permutations.get(onnx_map.get(rec.name, rec.name))

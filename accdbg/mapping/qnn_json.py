@@ -11,7 +11,6 @@ verification needs of a tensor (dims, axis formats, its quantization step), and
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 
 from accdbg.core.jsonio import read_json
 from accdbg.errors import AccdbgError
+from accdbg.mapping.names import qnn_sanitize
 
 QNN_DEFINITION_DEFINED = 1
 # quant_params.encoding: 0 scale/offset, 1 per-axis, 2 bitwidth scale/offset, 3 bitwidth per-axis
@@ -60,12 +60,6 @@ class QnnTensor:
     src_axis_format: str | None
     encoding: StepEncoding | None
     data_type: int | None
-
-
-def qnn_sanitize(name: str) -> str:
-    """Tensor names as QNN's converters write them: non-word characters become ``_``."""
-    clean = re.sub(r"\W", "_", name)
-    return "_" + clean if clean[:1].isdigit() else clean
 
 
 def bitwidth_of(data_type: Any) -> int | None:

@@ -5,18 +5,29 @@ engine writes it; the reference also accepts the reverse, so the direction is ta
 names found in the two folders. Without a mapping, tensors are matched by exact name.
 A mapping can also be built from the ONNX model (``-m``): every node output that exists on
 both sides, the target name taken as is or as QNN's converters sanitize it.
+
+This module owns the file: the inference engine builds its mapping with
+:func:`map_to_golden` (and :func:`through_conversion` for a converted model) and writes it with
+:func:`write_tensor_mapping`; verification and compare encodings read it with
+:func:`load_tensor_mapping`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from accdbg.core import onnx_model as om
 from accdbg.core.jsonio import read_json
+from accdbg.core.run_dir import write_json_atomic
 from accdbg.errors import AccdbgError
-from accdbg.mapping.qnn_json import qnn_sanitize
+from accdbg.mapping.names import match_key, qnn_sanitize
+
+MAPPING_FILE = "tensor_mapping.json"  # {engine name: framework name}, beside output/
+ONNX_MAPPING_FILE = "tensor_mapping_onnx.json"  # the same to ONNX names, for a converted model
 
 log = logging.getLogger("accdbg.verification")
 
@@ -36,6 +47,46 @@ def load_tensor_mapping(
                 f"got {type(value).__name__}"
             )
     return data
+
+
+def write_tensor_mapping(path: str | os.PathLike, mapping: Mapping[str, str | None]) -> Path:
+    """Write a ``{inference name: framework name}`` mapping (whole, atomically)."""
+    write_json_atomic(Path(path), dict(mapping))
+    return Path(path)
+
+
+def map_to_golden(
+    tensors: Iterable[tuple[str, str | None, Sequence[str]]],
+    golden_names: set[str] | None,
+) -> dict[str, str]:
+    """Inference tensor name -> framework tensor name, for ``(name, known framework name,
+    candidate names)`` triples: the known name when the float model gave one; else, best
+    effort against a golden folder's names, each candidate exact, then equal by
+    :func:`~accdbg.mapping.names.match_key`."""
+    mapping: dict[str, str] = {}
+    by_key = {match_key(n): n for n in (golden_names or set())}
+    for name, known, candidates in tensors:
+        if known:
+            mapping[name] = known
+            continue
+        if golden_names is None:
+            continue
+        for cand in candidates:
+            if cand in golden_names:
+                mapping[name] = cand
+                break
+            if match_key(cand) in by_key:
+                mapping[name] = by_key[match_key(cand)]
+                break
+    return mapping
+
+
+def through_conversion(
+    onnx_map: Mapping[str, str], framework_names: Mapping[str, str]
+) -> dict[str, str]:
+    """Engine name -> framework name, composed through a conversion's ONNX -> framework
+    names (engine tensors the conversion does not name are left out)."""
+    return {k: framework_names[v] for k, v in onnx_map.items() if v in framework_names}
 
 
 def build_tensor_mapping(

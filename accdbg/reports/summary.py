@@ -218,19 +218,25 @@ def write_summary(
     notes: Iterable[str] = (),
     stem: str = "summary",
     before: str = "",
+    extra: Mapping[str, Any] | None = None,
+    page: Callable[[Path], Path] | None = None,
 ) -> dict[str, Path]:
     """``<stem>.csv``, ``<stem>.html`` and ``<stem>.json`` for a summary table.
 
     The JSON holds ``meta`` (verifiers, thresholds, inputs...), the column list, one object
-    per row, and ``passed``: per verifier column, each row's verdict (true/false/null).
-    ``before`` is HTML shown above the table (see :func:`inputs_html`).
+    per row, ``passed``: per verifier column, each row's verdict (true/false/null), then
+    ``extra``'s keys. ``before`` is HTML shown above the table (see :func:`inputs_html`);
+    ``page`` writes a page of the caller's own (given its path) in place of the table page.
     """
     folder = Path(folder)
-    paths = {
-        "csv": write_csv(df, folder / f"{stem}.csv"),
-        "html": write_html(
+    html_path = folder / f"{stem}.html"
+    paths = {"csv": write_csv(df, folder / f"{stem}.csv")}
+    if page is not None:
+        paths["html"] = page(html_path)
+    else:
+        paths["html"] = write_html(
             df,
-            folder / f"{stem}.html",
+            html_path,
             title,
             notes,
             cell_class=verdict_classes(passed or {}),
@@ -242,8 +248,7 @@ def write_summary(
                 )
             ),
             before=before,
-        ),
-    }
+        )
     data = {
         **json_value(dict(meta)),
         "columns": list(map(str, df.columns)),
@@ -251,6 +256,7 @@ def write_summary(
     }
     if passed is not None:
         data["passed"] = {k: list(v) for k, v in passed.items()}
+    data.update(json_value(dict(extra or {})))
     write_json_atomic(folder / f"{stem}.json", data)
     paths["json"] = folder / f"{stem}.json"
     return paths

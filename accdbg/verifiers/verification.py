@@ -15,7 +15,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,17 +27,19 @@ import pandas as pd
 from accdbg.core.jsonio import read_json
 from accdbg.core.progress import progress
 from accdbg.core.provenance import describe_inputs, input_files, recorded_inputs, same_inputs
-from accdbg.core.run_dir import RunDir, options_dict, write_json_atomic
+from accdbg.core.run_dir import RunDir, options_dict
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, TensorRecord, safe_relpath
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import execution_order, load_graph_struct
 from accdbg.mapping.layout import Alignment, normalize_layout, reconcile
 from accdbg.mapping.qnn_json import QnnGraph, QnnTensor, StepEncoding
 from accdbg.mapping.tensor_mapping import (
+    MAPPING_FILE,
     Pairing,
     build_tensor_mapping,
     load_tensor_mapping,
     pair_tensors,
+    write_tensor_mapping,
 )
 from accdbg.reports.summary import (
     inputs_html,
@@ -79,6 +81,59 @@ class VerificationResult:
     seconds: float
     inputs: pd.DataFrame | None = None
     folders: dict[str, tuple[Path, Path]] = field(default_factory=dict)
+    overlay_seconds: float | None = None  # the Model Explorer overlays' part of ``seconds``
+
+
+@dataclass
+class SummaryAnnotation:
+    """What a caller adds to a verification run's top-level summary, applied before the
+    summary files are written and the run is renamed finished (oneshot: attribution marks,
+    culprit ranking, findings, its own report page).
+
+    ``summary`` replaces the table (same rows, more columns); ``json`` holds more keys for
+    ``summary.json``; ``page``, when given, writes ``summary.html`` (its path in, the path
+    written out) in place of verification's table page.
+    """
+
+    summary: pd.DataFrame
+    json: dict[str, Any] = field(default_factory=dict)
+    page: Callable[[Path], Path] | None = None
+
+
+#: Called with the run as verified so far (``run_dir`` is the folder being written, not yet
+#: renamed); what it returns goes into the top-level summary files, written once.
+Annotator = Callable[[VerificationResult], SummaryAnnotation]
+
+
+@dataclass
+class SummaryPage:
+    """One summary table and what is written with it (:func:`write_summary`)."""
+
+    df: pd.DataFrame
+    title: str
+    meta: dict[str, Any]
+    passed: dict[str, list[bool | None]]
+    notes: list[str]
+    before: str = ""
+
+    def write(self, folder: Path, annotation: SummaryAnnotation | None = None) -> None:
+        """``summary.csv/json/html`` in ``folder``, with the annotation's columns and keys."""
+        if annotation is None:
+            write_summary(
+                self.df, folder, self.title, self.meta, self.passed, self.notes, before=self.before
+            )
+            return
+        write_summary(
+            annotation.summary,
+            folder,
+            self.title,
+            self.meta,
+            self.passed,
+            self.notes,
+            before=self.before,
+            extra=annotation.json,
+            page=annotation.page,
+        )
 
 
 @dataclass
@@ -650,8 +705,9 @@ def verify_input(
     plan: Plan,
     out_dir: Path,
     title: str,
-) -> tuple[pd.DataFrame, dict[str, list[bool | None]]]:
-    """Compare one target folder with its golden folder; write its summary and details."""
+) -> tuple[pd.DataFrame, dict[str, list[bool | None]], SummaryPage]:
+    """Compare one target folder with its golden folder; write its per-tensor details and
+    return its summary page (written by the caller: the top-level one may be annotated)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pairing, pairs, by_name = plan_pairs(golden, target, plan)
     log.info(
@@ -696,8 +752,7 @@ def verify_input(
         "sources": plan.sources,
         "not_compared": {"golden_only": pairing.golden_only, "target_only": pairing.target_only},
     }
-    write_summary(df, out_dir, title, meta, passed, notes=_notes(plan, df, passed))
-    return df, passed
+    return df, passed, SummaryPage(df, title, meta, passed, _notes(plan, df, passed))
 
 
 def _verify_rows(golden, target, plan, pairs, by_name, writer, everywhere, single, multi):
@@ -972,6 +1027,7 @@ def run_verification(
     options_record: dict | None = None,
     outputs: Sequence[str] | None = None,
     model_explorer: bool = True,
+    annotate: Annotator | None = None,
 ) -> VerificationResult:
     """Compare golden and inference tensors; write ``<working_dir>/verification/<run>/``.
 
@@ -988,6 +1044,10 @@ def run_verification(
     With ``model_explorer``, Model Explorer overlays of the scores (and of the layers the
     engine left on the CPU) go to ``model_explorer/`` on the ONNX model (``model_path``, else
     the engine run's own), linked from ``summary.html``.
+
+    ``annotate`` (oneshot) is called once every input is verified, with the run so far; its
+    :class:`SummaryAnnotation` goes into the top-level ``summary.csv/json/html`` (and the
+    overlays) before they are written: no one rewrites them after the run is finished.
     """
     start = time.perf_counter()
     verifiers = _resolve_verifiers(default_verifiers, verifier_config)
@@ -1011,7 +1071,7 @@ def run_verification(
     sources: dict[str, str] = {}
 
     if tensor_mapping is None and discover and not engine_vs_engine and model_path is None:
-        found = _discover(target_run, "tensor_mapping.json")
+        found = _discover(target_run, MAPPING_FILE)
         if found:
             tensor_mapping, sources["tensor_mapping"] = (
                 found,
@@ -1079,15 +1139,16 @@ def run_verification(
             )
         )
         if mapping is not None and model_path is not None and tensor_mapping is None:
-            write_json_atomic(run.path / "tensor_mapping.json", mapping)
+            write_tensor_mapping(run.path / MAPPING_FILE, mapping)
         per_input: dict[str, pd.DataFrame] = {}
-        per_passed: dict[str, dict[str, list[bool | None]]] = {}
         several = len(folders) > 1
         for key, (g_folder, t_folder) in folders.items():
             out = run.path / key if several else run.path
             title = f"Verification {key}" if several else "Verification"
-            df, passed = verify_input(g_folder, t_folder, plan, out, title)
-            per_input[key], per_passed[key] = df, passed
+            df, _, page = verify_input(g_folder, t_folder, plan, out, title)
+            per_input[key] = df
+            if several:
+                page.write(out)
         table = inputs_table(
             per_input,
             {k: (g.meta, t.meta) for k, (g, t) in folders.items()},
@@ -1117,20 +1178,37 @@ def run_verification(
                 "its Result_N folder (linked in the table of inputs)."
             ]
             notes += _notes(plan, aggregate, passed)
-            write_summary(
+            page = SummaryPage(
                 aggregate,
-                run.path,
                 "Verification (all inputs)",
                 meta,
                 passed,
                 notes,
                 before=inputs_html(table, {k: f"{k}/summary.html" for k in per_input}),
             )
-            summary = aggregate
-        else:
-            summary = next(iter(per_input.values()))
+        summary = page.df
+        folder_pairs = {k: (g.root, t.root) for k, (g, t) in folders.items()}
+        info = [{**cv.verifier.describe(), "label": cv.label} for cv in verifiers]
+        annotation = None
+        if annotate is not None:
+            draft = VerificationResult(
+                run.path,
+                summary,
+                per_input,
+                aggregate,
+                info,
+                time.perf_counter() - start,
+                table,
+                folder_pairs,
+            )
+            annotation = annotate(draft)
+            summary = annotation.summary
+        page.write(run.path, annotation)
+        overlay_seconds = None
         if model_explorer:
+            t = time.perf_counter()
             _overlays(run, summary, verifiers, model_path, framework, target_run)
+            overlay_seconds = time.perf_counter() - t
         seconds = time.perf_counter() - start
         log.info(
             "verification: %d rows, %d inputs in %.1f s -> %s",
@@ -1144,8 +1222,9 @@ def run_verification(
         summary,
         per_input,
         aggregate,
-        [{**cv.verifier.describe(), "label": cv.label} for cv in verifiers],
+        info,
         seconds,
         table,
-        {k: (g.root, t.root) for k, (g, t) in folders.items()},
+        folder_pairs,
+        overlay_seconds,
     )

@@ -2,8 +2,8 @@
 
 :func:`measure` runs in a child process (:class:`~accdbg.core.isolate.Isolated`), so a
 native crash of QNN is a result, not the end of the search. It quantizes the candidate's
-float model with the engine's own pipeline (:func:`~accdbg.engines.quantize.quantize_for_qnn`,
-the same calibration reader and options as ``--inference_engine``), runs only the graph
+float model with the engine's own pipeline (:func:`~accdbg.engines.pipeline.quantize_prepared`,
+the same calibration and options as ``--inference_engine``), runs only the graph
 outputs (no debug dump) over every ``-l`` line, and compares them with the float outputs.
 The QNN graph JSON says whether the change *landed*: the datatype and encoding QNN holds for
 each tensor the candidate changed.
@@ -12,7 +12,6 @@ each tensor the candidate changed.
 from __future__ import annotations
 
 import math
-import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ import numpy as np
 import onnx
 
 from accdbg.engines.base import EngineOptions
+from accdbg.engines.options import QuantOptions
 from accdbg.errors import AccdbgError
 
 # QNN data type codes' class byte: 0x04 ufixed, 0x03 sfixed (low byte: bits in hex digits)
@@ -39,29 +39,9 @@ class Spec:
     feeds: list  # per inference: name -> (path, dims, dtype name)
     reference: str  # .npz of the float outputs, o{i}_{j}: input i, output j
     options: EngineOptions
-    act_bitwidth: int = 8
-    weights_bitwidth: int = 8
-    act_quantizer: str = "tf"
-    param_quantizer: str = "tf"
-    per_channel: bool = False
-    overrides: dict = field(default_factory=dict)  # JSON form (see overrides_for_ort)
+    quant: QuantOptions = field(default_factory=QuantOptions)
+    overrides: dict = field(default_factory=dict)  # TensorQuantOverrides, JSON form
     landed: list = field(default_factory=list)  # (what, tensor): what in act16|w16|per_channel
-
-
-def overrides_for_ort(overrides: dict[str, list[dict[str, Any]]]) -> dict:
-    """JSON overrides (``quant_type`` as a name, e.g. ``"QUInt16"``) in onnxruntime's form."""
-    from onnxruntime.quantization import QuantType
-
-    out: dict[str, list[dict[str, Any]]] = {}
-    for name, entries in overrides.items():
-        conv = []
-        for e in entries:
-            e = dict(e)
-            if isinstance(e.get("quant_type"), str):
-                e["quant_type"] = QuantType[e["quant_type"]]
-            conv.append(e)
-        out[name] = conv
-    return out
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
@@ -242,38 +222,25 @@ def measure(spec: Spec) -> dict[str, Any]:
     """Quantize, run on QNN, score. Never raises for a candidate QNN refuses: the refusal and
     QNN's reason are the result."""
     from accdbg.engines.artifacts import merge_qnn_json
-    from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
+    from accdbg.engines.pipeline import Calibration, quantize_prepared
     from accdbg.engines.worker import Job, JobReport, checked_run, checked_session
 
     out = Path(spec.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rec: dict[str, Any] = {"key": spec.key, "status": "ok", "reason": ""}
-    qdq_path = out / "candidate.qdq.onnx"
-    dims = {n: tuple(d) for f in spec.feeds for n, (_, d, _) in f.items()}
-    dtypes = {n: np.dtype(t) for f in spec.feeds for n, (_, _, t) in f.items()}
-    # a private copy: onnxruntime's quantizer writes scratch models beside its input, and the
-    # candidates quantizing the same float model at once must not share them
-    scratch = out / ".quantize"
-    scratch.mkdir(exist_ok=True)
-    float_model = scratch / "float.onnx"
-    shutil.copyfile(spec.float_model, float_model)
     try:
-        quantize_for_qnn(
-            float_model,
-            qdq_path,
-            FeedsReader(
-                [{n: Path(p) for n, (p, _, _) in f.items()} for f in spec.feeds], dims, dtypes
-            ),
-            spec.act_bitwidth,
-            spec.weights_bitwidth,
-            32,
-            spec.act_quantizer,
-            spec.param_quantizer,
-            spec.per_channel,
-            overrides_for_ort(spec.overrides) or None,
-            notes=[],
-        )
+        # the pipeline quantizes a private copy in out/.quantize: the candidates quantizing
+        # the same float model at once share no scratch file
+        qdq_path = quantize_prepared(
+            Path(spec.float_model),
+            "candidate",
+            Calibration.from_feeds(spec.feeds),
+            spec.quant,
+            out,
+            spec.overrides,
+            out / ".quantize",
+        ).path
     except AccdbgError as exc:
         return {**rec, "status": "quantization failed", "reason": str(exc)}
     except Exception as exc:  # onnxruntime's quantizer refusing the overrides
@@ -283,8 +250,6 @@ def measure(spec: Spec) -> dict[str, Any]:
             "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             "trace": traceback.format_exc(limit=3),
         }
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     rec["quantize s"] = time.perf_counter() - t0
     _save_activation_encodings(qdq_path, out / "activation_encodings.json")
     json_dir = out / "qnn_json"

@@ -146,8 +146,8 @@ def write(
         settings,
         setup.options.runtime,
         final / "best.encodings",
-        setup.weights_bitwidth,
-        setup.param_quantizer,
+        setup.quant.weights_bitwidth,
+        setup.quant.param_quantizer,
     )
     (path / "reproduce.txt").write_text(cmd + "\n", encoding="utf-8")
     write_json_atomic(

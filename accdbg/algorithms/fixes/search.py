@@ -18,12 +18,11 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import pandas as pd
 
@@ -40,12 +39,11 @@ from accdbg.algorithms.fixes.measure import (
 )
 from accdbg.core.executors import Executor, ExecutorConfig, get_executor
 from accdbg.core.executors.calls import function_spec
-from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.inputs import InputTensor
 from accdbg.core.run_dir import write_json_atomic
-from accdbg.engines.options import EngineConfig
-from accdbg.engines.prepare import prepare_float_model
+from accdbg.engines.options import EngineConfig, QuantOptions
+from accdbg.engines.pipeline import Calibration, prepare_float, quantize_prepared
 from accdbg.engines.run import check_engine_options
-from accdbg.engines.source import build_feeds
 from accdbg.engines.worker import _load_feeds
 from accdbg.errors import AccdbgError
 
@@ -90,12 +88,14 @@ class _Setup:
     feeds: list
     reference: Path
     options: Any
-    per_channel: bool
-    act_bitwidth: int
-    act_quantizer: str
-    weights_bitwidth: int
-    param_quantizer: str
+    quant: QuantOptions  # the baseline: the run's quantizer options
     axes: dict[str, int]
+
+    def quant_of(self, settings: Mapping[str, Any]) -> QuantOptions:
+        """The quantizer options of a candidate's settings (:func:`C.settings`) over the
+        baseline's; its per-tensor overrides go beside them."""
+        keys = ("per_channel", "act_bitwidth", "act_quantizer")
+        return replace(self.quant, **{k: settings[k] for k in keys if k in settings})
 
 
 def run_fix_search(
@@ -103,12 +103,7 @@ def run_fix_search(
     input_tensors: Sequence[InputTensor] = (),
     input_list: str | Path | None = None,
     diagnosis: pd.DataFrame | str | Path | None = None,
-    runtime: str = "htp",
-    act_bitwidth: int = 8,
-    weights_bitwidth: int = 8,
-    act_quantizer: str = "tf",
-    param_quantizer: str = "tf",
-    per_channel: bool = False,
+    engine_kwargs: EngineConfig | Mapping[str, Any] | None = None,
     target_sqnr: float | None = None,
     target_gap: float | None = None,
     max_16bit_tensors: int | None = None,
@@ -117,30 +112,34 @@ def run_fix_search(
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
-    engine_kwargs: dict | None = None,
     model_explorer: bool = True,
     executor: ExecutorConfig | None = None,
+    **engine_keywords: Any,
 ) -> FixSearchResult:
     """Search a fix for a float ONNX model's quantization on QNN HTP; returns the candidates
     as a DataFrame (:attr:`FixSearchResult.candidates`) and writes ``fix_search/<run>/``.
-    With ``model_explorer``, Model Explorer overlays mark on the model's graph what the best
-    fix changed (and show the diagnosis' culprit ranking) in ``model_explorer/``.
-    ``executor``: where candidates are measured (:class:`~accdbg.core.executors.ExecutorConfig`;
-    default ``workers`` local worker processes)."""
+
+    ``engine_kwargs`` is the baseline: the :class:`~accdbg.engines.options.EngineConfig` of
+    the run that diagnosed the model (or a dict of its keywords); plain engine keywords
+    (``act_bitwidth=16``, ``runtime="htp"``, ``per_channel=True`` ...) override it. Every
+    candidate is quantized by the engine's pipeline (:func:`~accdbg.engines.pipeline.
+    quantize_prepared`) with that baseline, its own quantizer settings and per-tensor
+    overrides. With ``model_explorer``, Model Explorer overlays mark on the model's graph
+    what the best fix changed (and show the diagnosis' culprit ranking) in
+    ``model_explorer/``. ``executor``: where candidates are measured
+    (:class:`~accdbg.core.executors.ExecutorConfig`; default ``workers`` local worker
+    processes)."""
     t0 = time.perf_counter()
     check_search_options(target_sqnr, target_gap, max_16bit_tensors, time_budget, workers)
+    config = EngineConfig.coerce(engine_kwargs)
+    if engine_keywords:
+        config = EngineConfig.from_keywords(**{**config.keywords(), **engine_keywords})
+    check_search_config(config)
     if executor is not None:
         executor.check()
-    config = EngineConfig.from_keywords(
-        runtime=runtime,
-        act_bitwidth=act_bitwidth,
-        weights_bitwidth=weights_bitwidth,
-        act_quantizer=act_quantizer,
-        param_quantizer=param_quantizer,
-        **{k: v for k, v in (engine_kwargs or {}).items() if k in ("soc_model", "architecture")},
-    )
     check_engine_options(config)
     options = config.engine_options()
+    quant = config.quant
     model_path = Path(model_path).expanduser().absolute()
     from accdbg.core import onnx_model as om
 
@@ -149,19 +148,19 @@ def run_fix_search(
         raise AccdbgError(
             f"--fix_search: {str(model_path)!r} is already quantized (QDQ); give the float model"
         )
-    parsed = parse_input_list(input_list) if input_list else None
-    feeds, dims, dtypes = build_feeds(model, parsed, input_tensors, allow_nonfinite_inputs)
+    calibration = Calibration.from_inputs(model, input_list, input_tensors, allow_nonfinite_inputs)
+    feeds = calibration.feeds
     culprits = C.read_diagnosis(diagnosis)
     workers = max(1, workers or os.cpu_count() or 1)
     record = {
         "model_path": str(model_path),
         "input_list": str(input_list) if input_list else None,
-        "per_channel": per_channel,
-        "act_bitwidth": act_bitwidth,
-        "act_quantizer": act_quantizer,
-        "weights_bitwidth": weights_bitwidth,
-        "param_quantizer": param_quantizer,
-        "runtime": runtime,
+        "per_channel": quant.per_channel,
+        "act_bitwidth": quant.act_bitwidth,
+        "act_quantizer": quant.act_quantizer,
+        "weights_bitwidth": quant.weights_bitwidth,
+        "param_quantizer": quant.param_quantizer,
+        "runtime": config.backend.runtime,
         "target_sqnr": target_sqnr,
         "target_gap": target_gap,
         "max_16bit_tensors": max_16bit_tensors,
@@ -176,28 +175,19 @@ def run_fix_search(
         journal = Journal(run.path / checkpoint.JOURNAL)
         work = run.path / ".work"
         work.mkdir(exist_ok=True)
-        prepared_path, _ = prepare_float_model(model, dims, work)
+        prepared_path = prepare_float(model, "model", calibration, work, work / ".prepare").path
         prepared = onnx.load(str(prepared_path))
         reference = run.path / "float_outputs.npz"
         save_reference(reference, float_outputs(prepared_path, feeds))
-        wtype = "QInt8" if param_quantizer == "symmetric" else "QUInt8"
-        if weights_bitwidth == 16:
+        wtype = "QInt8" if quant.param_quantizer == "symmetric" else "QUInt8"
+        if quant.weights_bitwidth == 16:
             wtype = wtype.replace("8", "16")
         setup = _Setup(
-            model_path,
-            prepared,
-            prepared_path,
-            feeds,
-            reference,
-            options,
-            per_channel,
-            act_bitwidth,
-            act_quantizer,
-            weights_bitwidth,
-            param_quantizer,
-            _axes(prepared),
+            model_path, prepared, prepared_path, feeds, reference, options, quant, _axes(prepared)
         )
-        cands, notes = C.propose(prepared, culprits, per_channel, act_bitwidth, act_quantizer)
+        cands, notes = C.propose(
+            prepared, culprits, quant.per_channel, quant.act_bitwidth, quant.act_quantizer
+        )
         for n in notes:
             log.info("fix search: %s", n)
         search = _Search(setup, run.path, journal, workers, wtype, executor)
@@ -265,32 +255,36 @@ def run_fix_search(
 def _ensure_qdq(setup: _Setup, folder: Path, settings: dict) -> None:
     """The best candidate's QDQ model, quantized again when an earlier finish of this run
     pruned it (a resumed search can pick another best); quantization is deterministic."""
-    from accdbg.algorithms.fixes.measure import overrides_for_ort
-    from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
-
-    target = folder / "candidate.qdq.onnx"
-    if target.exists():
+    if (folder / "candidate.qdq.onnx").exists():
         return
     float_model = folder / "float.onnx" if (folder / "float.onnx").exists() else setup.prepared_path
-    feeds = setup.feeds
-    dims = {n: tuple(d) for f in feeds for n, (_, d, _) in f.items()}
-    dtypes = {n: np.dtype(t) for f in feeds for n, (_, _, t) in f.items()}
-    quantize_for_qnn(
+    quantize_prepared(
         float_model,
-        target,
-        FeedsReader([{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds], dims, dtypes),
-        settings.get("act_bitwidth", setup.act_bitwidth),
-        setup.weights_bitwidth,
-        32,
-        settings.get("act_quantizer", setup.act_quantizer),
-        setup.param_quantizer,
-        settings.get("per_channel", setup.per_channel),
-        overrides_for_ort(settings.get("overrides") or {}) or None,
-        notes=[],
+        "candidate",
+        Calibration.from_feeds(setup.feeds),
+        setup.quant_of(settings),
+        folder,
+        settings.get("overrides") or {},
     )
 
 
-def check_search_options(target_sqnr, target_gap, max_16bit, time_budget, workers) -> None:
+def check_search_config(config: EngineConfig) -> None:
+    """The search starts from the quantizer options and quantizes: refused before it starts
+    when the config says otherwise (``--suggest_fixes`` checks it before oneshot too)."""
+    if config.quant.overrides is not None:
+        raise AccdbgError(
+            "--suggest_fixes starts from the quantizer flags; it does not take -qo overrides as its baseline"
+        )
+    if config.stage != "source" or not config.quant.quantizes:
+        raise AccdbgError(
+            "--suggest_fixes needs --stage source and --precision int8 (it quantizes)"
+        )
+
+
+def check_search_options(
+    target_sqnr=None, target_gap=None, max_16bit_tensors=None, time_budget=None, workers=None
+) -> None:
+    max_16bit = max_16bit_tensors
     if target_gap is not None and not 0 < target_gap <= 1:
         raise AccdbgError(f"--target_gap {target_gap}: expected a share in (0, 1], e.g. 0.9")
     if max_16bit is not None and max_16bit < 0:
@@ -343,7 +337,13 @@ class _Search:
             c.target: C.act16_region(s.prepared, c.target) for c in changes if c.kind == "act16"
         }
         st = C.settings(
-            changes, s.per_channel, s.act_bitwidth, s.act_quantizer, self.wtype, s.axes, regions
+            changes,
+            s.quant.per_channel,
+            s.quant.act_bitwidth,
+            s.quant.act_quantizer,
+            self.wtype,
+            s.axes,
+            regions,
         )
         out_dir = self.root / "candidates" / folder
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -370,11 +370,7 @@ class _Search:
             feeds=s.feeds,
             reference=str(s.reference),
             options=s.options,
-            act_bitwidth=st["act_bitwidth"],
-            weights_bitwidth=s.weights_bitwidth,
-            act_quantizer=st["act_quantizer"],
-            param_quantizer=s.param_quantizer,
-            per_channel=st["per_channel"],
+            quant=s.quant_of(st),
             overrides=st["overrides"],
             landed=st["landed"],
         )

@@ -40,8 +40,7 @@ from accdbg.core.run_dir import RunDir, check_run_folder, write_json_atomic
 from accdbg.encodings.aimet import aimet_dict
 from accdbg.encodings.model import ACTIVATION
 from accdbg.engines.options import QuantOptions
-from accdbg.engines.pipeline import load_overrides
-from accdbg.engines.prepare import prepare_float_model
+from accdbg.engines.pipeline import Calibration, prepare_float
 from accdbg.engines.quantize import QUANTIZERS, check_quantizer_options
 from accdbg.engines.source import build_feeds
 from accdbg.errors import AccdbgError
@@ -306,21 +305,18 @@ def _run(
     models_dir, enc_dir = out / "models", out / "encodings"
     models_dir.mkdir()
     enc_dir.mkdir()
-    prepared_path, steps = prepare_float_model(model, dims, work)
-    kept = models_dir / f"{stem}.prepared.onnx"
-    shutil.copyfile(prepared_path, kept)
-    # as the engine applies -qo
-    overrides = load_overrides(
-        QuantOptions(
-            quantization_overrides=None
-            if quantization_overrides is None
-            else str(quantization_overrides)
-        ),
-        kept,
+    calibration = Calibration(feeds, dims, dtypes)
+    float_model = prepare_float(model, stem, calibration, models_dir, work / "prepare")
+    kept, steps = float_model.path, list(float_model.steps)
+    base = QuantOptions(  # -qo applies to every variant, as the engine applies it
+        act_bitwidth=act_bw,
+        weights_bitwidth=w_bw,
+        bias_bitwidth=b_bw,
+        quantization_overrides=None
+        if quantization_overrides is None
+        else str(quantization_overrides),
     )
-    encodings, paths, qsteps = quantize_variants(
-        kept, variants, feeds, dims, dtypes, models_dir, act_bw, w_bw, b_bw, overrides
-    )
+    encodings, paths, qsteps = quantize_variants(kept, variants, calibration, models_dir, base)
     steps += qsteps
     for v, encs in encodings.items():
         write_json_atomic(enc_dir / f"{v.name}.encodings", aimet_dict(encs.values(), "0.6.1"))

@@ -3,9 +3,9 @@ pipeline, so what is checked is what the engine would deploy.
 
 A variant is one ``--act_quantizer``/``--param_quantizer`` value (the same for both, as in
 Qualcomm's quantization checker) with or without ``--per_channel_quantization``. The float
-model is pre-processed once (:func:`~accdbg.engines.prepare.prepare_float_model`, as the
-engine's source stage does) and quantized once per variant with
-:func:`~accdbg.engines.quantize.quantize_for_qnn`, calibrated on every feed. onnxruntime takes
+model is pre-processed once (:func:`~accdbg.engines.pipeline.prepare_float`, the engine's
+source stage) and quantized once per variant with
+:func:`~accdbg.engines.pipeline.quantize_prepared`, calibrated on every feed. onnxruntime takes
 weight ranges from min/max whatever the quantizer, so ``tf``, ``enhanced`` and ``adjusted``
 share their weight encodings (their activation encodings differ); ``symmetric`` makes both
 symmetric. Cross-layer equalization is not a variant: onnxruntime's quantizer has none (the
@@ -18,17 +18,15 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-
-import numpy as np
 
 from accdbg.encodings.model import Encoding
 from accdbg.encodings.qdq import qdq_encodings
-from accdbg.engines.quantize import ACT_CALIBRATION, QUANTIZERS, FeedsReader, quantize_for_qnn
-from accdbg.engines.source import Feeds
+from accdbg.engines.options import QuantOptions
+from accdbg.engines.pipeline import Calibration, quantize_prepared
+from accdbg.engines.quantize import ACT_CALIBRATION, QUANTIZERS
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.quant_checker")
@@ -53,6 +51,15 @@ class Variant:
             return f"activations {act}; weights symmetric min/max, per-channel"
         sym = "symmetric" if self.quantizer == "symmetric" else "asymmetric"
         return f"activations {act}; weights {sym} min/max, per-tensor"
+
+    def quant(self, base: QuantOptions) -> QuantOptions:
+        """``base`` (bitwidths, ``-qo``) with this variant's quantizers and per-channel flag."""
+        return replace(
+            base,
+            act_quantizer=self.quantizer,
+            param_quantizer=self.quantizer,
+            per_channel=self.per_channel,
+        )
 
 
 class _ToLog(logging.Filter):
@@ -101,48 +108,25 @@ def parse_variants(quantizers: str | Sequence[str], per_channel: str = "both") -
 def quantize_variants(
     prepared: Path,
     variants: Sequence[Variant],
-    feeds: Feeds,
-    dims: dict[str, tuple[int, ...]],
-    dtypes: dict[str, np.dtype],
+    calibration: Calibration,
     out_dir: Path,
-    act_bitwidth: int = 8,
-    weights_bitwidth: int = 8,
-    bias_bitwidth: int = 32,
-    overrides: dict | None = None,
+    base: QuantOptions,
 ) -> tuple[dict[Variant, dict[str, Encoding]], dict[Variant, Path], list[str]]:
-    """Quantize the prepared model once per variant into ``out_dir/<variant>.qdq.onnx``;
-    returns each variant's encodings (by float tensor name), model paths and the steps taken."""
-    reader = FeedsReader([{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds], dims, dtypes)
+    """Quantize the prepared model once per variant (``base`` with the variant's quantizers)
+    into ``out_dir/<variant>.qdq.onnx``; returns each variant's encodings (by float tensor
+    name), model paths and the steps taken."""
     encodings: dict[Variant, dict[str, Encoding]] = {}
     paths: dict[Variant, Path] = {}
     steps: list[str] = []
     for v in variants:
-        target = out_dir / f"{v.name}.qdq.onnx"
-        t = time.perf_counter()
-        notes: list[str] = []
         chatter = io.StringIO()  # onnxruntime's calibrators print(); that goes to the log
         with contextlib.redirect_stdout(chatter), _root_records_to_log():
-            quantize_for_qnn(
-                prepared,
-                target,
-                reader,
-                act_bitwidth,
-                weights_bitwidth,
-                bias_bitwidth,
-                v.quantizer,
-                v.quantizer,
-                v.per_channel,
-                overrides,
-                notes=notes,
-            )
+            done = quantize_prepared(prepared, v.name, calibration, v.quant(base), out_dir)
         if chatter.getvalue().strip():
             log.debug("%s quantizer output:\n%s", v.name, chatter.getvalue().rstrip())
-        encodings[v] = qdq_encodings(target)
-        paths[v] = target
-        steps += notes
-        steps.append(
-            f"{v.name}: quantized (A{act_bitwidth}W{weights_bitwidth}, {v.describe()}) "
-            f"with {len(feeds)} calibration input(s) in {time.perf_counter() - t:.1f} s"
-        )
+        encodings[v] = qdq_encodings(done.path)
+        paths[v] = done.path
+        steps += done.steps[:-1]  # the quantizer's notes, then what was done
+        steps.append(f"{v.name}: {done.steps[-1]} ({v.describe()})")
         log.info("%s", steps[-1])
     return encodings, paths, steps

@@ -1,6 +1,6 @@
 """One fix candidate, measured on the backend: quantize, one QNN session, N plain runs.
 
-:func:`measure` runs in a child process (:class:`~accdbg.core.isolate.Isolated`), so a
+:func:`measure` runs in an executor's worker process (:mod:`accdbg.core.executors`), so a
 native crash of QNN is a result, not the end of the search. It quantizes the candidate's
 float model with the engine's own pipeline (:func:`~accdbg.engines.pipeline.quantize_prepared`,
 the same calibration and options as ``--inference_engine``), runs only the graph
@@ -212,9 +212,8 @@ def activation_changes(a: Path, b: Path) -> tuple[int, int] | None:
 
 
 def measure_many(specs: list[Spec]) -> list[dict[str, Any]]:
-    """Several candidates in one child, in turn: the child's start-up (imports, the QNN
-    library) is paid once. A native crash loses the whole list; the caller then measures
-    each alone to find the one that crashes."""
+    """The candidates of one work item, in turn (the search sends one per item, so a native
+    crash is its candidate's; the worker process is replaced and the item retried once)."""
     return [measure(s) for s in specs]
 
 

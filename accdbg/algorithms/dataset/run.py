@@ -19,7 +19,9 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import resource
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -327,6 +329,8 @@ def run_dataset(
                     scored_now += int(outcome.ok)
         seconds["scoring"] = time.perf_counter() - t
         state.keep.prune()
+        for scratch in (run.path / "logs").glob(".scratch-*"):
+            shutil.rmtree(scratch, ignore_errors=True)
         t = time.perf_counter()
         result = _finish(
             run.path,
@@ -392,8 +396,6 @@ class _Journal(Journal):
     """``items.jsonl``: one line per finished item, appended, flushed and fsynced."""
 
     def append(self, record: dict[str, Any]) -> None:
-        import os
-
         data = (json.dumps(record) + "\n").encode("utf-8")
         with open(self.path, "ab") as fh:
             fh.write(data)
@@ -436,10 +438,7 @@ class _State:
         if rec.get("error") is not None:
             self.failed[index] = str(rec["error"])
             for folder in self.keep.folders_of(index):
-                if folder.exists():
-                    import shutil
-
-                    shutil.rmtree(folder, ignore_errors=True)
+                shutil.rmtree(folder, ignore_errors=True)
             return
         self.failed.pop(index, None)
         values = np.asarray(rec["values"], dtype=float)

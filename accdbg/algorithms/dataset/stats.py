@@ -62,8 +62,11 @@ def partial(golden: np.ndarray, target: np.ndarray, edges: np.ndarray | None):
         row[P_GMIN], row[P_GMAX] = float(g.min()), float(g.max())
         row[P_TMIN], row[P_TMAX] = float(t.min()), float(t.max())
     if edges is not None:
-        # index 0: below the first edge (clipped low); HIST_WIDTH - 1: above the last
-        idx = np.searchsorted(edges, g, side="right")
+        # uniform edges: a bin index by arithmetic (searchsorted costs 10x more on big
+        # tensors); 0 is below the first edge (clipped low), HIST_WIDTH - 1 above the last
+        width = (edges[-1] - edges[0]) / BINS
+        idx = np.floor((g - edges[0]) / width).astype(np.int64) + 1
+        np.clip(idx, 0, HIST_WIDTH - 1, out=idx)
         hist = np.bincount(idx, minlength=HIST_WIDTH).astype(np.int64)
     return row, hist
 

@@ -398,3 +398,40 @@ def test_a_failing_item_is_reported_and_the_run_finishes(runs, monkeypatch):
     assert row["error"] == "planted failure on this input"
     assert len(ds.kept) == 1
     shutil.rmtree(ds.run_dir)
+
+
+def test_report_escapes_names_and_links_the_kept_tensors(tmp_path):
+    """A layer or file name holding HTML is text on the page; the kept input links to its
+    golden and QNN manifests; the page needs no network."""
+    from accdbg.reports.dataset_report import write_dataset_report
+
+    evil = "<script>alert(1)</script>"
+    layers = pd.DataFrame(
+        {
+            "Name": [evil, "b"],
+            "Order": [0, 1],
+            "SQNR_median": [20.0, 30.0],
+            "SQNR_p5": [18.0, 29.0],
+            "SQNR_p95": [22.0, 31.0],
+            "top_contributor_inputs": [2, 0],
+        }
+    )
+    inputs = pd.DataFrame(
+        {"Input": ["Result_0", "Result_1"], "Line": [1, 2], "Files": [evil, "x.raw"]}
+    )
+    page = write_dataset_report(
+        tmp_path / "r.html",
+        title=f"t {evil}",
+        findings=[f"culprit #1: {evil}"],
+        layers=layers,
+        inputs=inputs,
+        labels=["SQNR"],
+        units={"SQNR": "dB"},
+        thresholds={"SQNR": 20.0},
+        kept_links={"Result_0": ("golden/Result_0/tensors.json", "target/Result_0/tensors.json")},
+    ).read_text()
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert 'href="golden/Result_0/tensors.json"' in page
+    assert 'href="target/Result_0/tensors.json"' in page
+    assert "<script src=" not in page

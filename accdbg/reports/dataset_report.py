@@ -39,7 +39,7 @@ def band_figure(
     names = [str(n) for n in layers["Name"]]
     x = list(range(len(names)))
     for row, lab in enumerate(shown, start=1):
-        hover = [f"{n}<br>{lab} median %{{y:.4g}}" for n in map(escape, names)]
+        hover = [f"{n}<br>{escape(lab)} median %{{y:.4g}}" for n in map(escape, names)]
         fig.add_trace(
             go.Scatter(
                 x=x,
@@ -111,13 +111,17 @@ def top_figure(layers: pd.DataFrame) -> go.Figure | None:
     )
     if df.empty:
         return None
+    x = list(range(len(df)))  # positions, not names: two long names may share a tail
     fig = go.Figure(
         go.Bar(
-            x=[escape(short_name(str(n), 40)) for n in df["Name"]],
+            x=x,
             y=list(df["top_contributor_inputs"]),
             hovertext=[escape(str(n)) for n in df["Name"]],
             marker={"color": "#e07b00"},
         )
+    )
+    fig.update_xaxes(
+        tickmode="array", tickvals=x, ticktext=[escape(short_name(str(n), 40)) for n in df["Name"]]
     )
     fig.update_layout(
         height=360,

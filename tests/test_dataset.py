@@ -435,3 +435,33 @@ def test_report_escapes_names_and_links_the_kept_tensors(tmp_path):
     assert 'href="golden/Result_0/tensors.json"' in page
     assert 'href="target/Result_0/tensors.json"' in page
     assert "<script src=" not in page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["local", "ray"])
+def test_other_executors_write_the_same_bytes(runs, name):
+    """Two local worker processes, or two Ray actors, score the same inputs into the same
+    score and layer tables, byte for byte, and keep the same inputs."""
+    from accdbg.core.executors import EXECUTORS
+
+    if name not in EXECUTORS:
+        pytest.skip(f"the {name!r} executor is not registered in this tree")
+    if name == "ray":
+        pytest.importorskip(
+            "ray", reason="the ray extra is not installed (pip install accdbg[ray])"
+        )
+    root, lst, _, full = runs
+    ds = run_dataset(
+        "onnx",
+        MODEL,
+        [_image_tensor()],
+        input_list=lst,
+        engine_kwargs={"runtime": "htp"},
+        executor=ExecutorConfig(name=name, workers=2),
+        keep_worst=2,
+        working_dir=root / "wd",
+        output_dirname=f"by_{name}",
+    )
+    for table in ("scores.csv", "layers.csv"):
+        assert (ds.run_dir / table).read_bytes() == (full.run_dir / table).read_bytes(), table
+    assert ds.kept == full.kept

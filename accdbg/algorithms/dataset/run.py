@@ -15,6 +15,7 @@ from the journal in input-list order, so they are the same whatever ran them.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
@@ -23,6 +24,7 @@ import os
 import resource
 import shutil
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -379,11 +381,27 @@ def _prepare(req: _Request, out: Path) -> PreparedModel:
 
 
 def _jsonable(value: Any) -> Any:
+    """Arrays as their exact bytes, zlib-compressed, base64 (a third of the JSON text of
+    their numbers: the journal grows by about the score table's size per input)."""
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        data = zlib.compress(np.ascontiguousarray(value).tobytes(), 6)
+        return {
+            "dtype": value.dtype.str,
+            "shape": list(value.shape),
+            "zlib_b64": base64.b64encode(data).decode("ascii"),
+        }
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def _array(value: Any, dtype) -> np.ndarray:
+    """An array journalled by :func:`_jsonable` (or a plain list)."""
+    if isinstance(value, dict) and "zlib_b64" in value:
+        raw = zlib.decompress(base64.b64decode(value["zlib_b64"]))
+        arr = np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(value["shape"])
+        return arr.astype(dtype, copy=True)
+    return np.asarray(value, dtype=dtype)
 
 
 def _record(value: dict[str, Any], attempts: int) -> dict[str, Any]:
@@ -441,7 +459,7 @@ class _State:
                 shutil.rmtree(folder, ignore_errors=True)
             return
         self.failed.pop(index, None)
-        values = np.asarray(rec["values"], dtype=float)
+        values = _array(rec["values"], float)
         if values.shape[0] != self.n_layers:
             raise AccdbgError(
                 f"{JOURNAL}: {rec['key']} has {values.shape[0]} layers, the model {self.n_layers}; "
@@ -459,8 +477,8 @@ class _State:
             "replayed": replayed,
         }
         self.partials[index] = (
-            np.asarray(rec["partials"], dtype=float),
-            np.asarray(rec["hists"], dtype=np.int64),
+            _array(rec["partials"], float),
+            _array(rec["hists"], np.int64),
         )
         if not replayed:
             self.seconds.append(float(rec.get("seconds") or math.nan))

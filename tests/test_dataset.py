@@ -367,6 +367,14 @@ def test_an_interrupted_run_resumes_and_scores_only_the_missing_items(runs, monk
     assert sorted(again.kept) == sorted(full.kept)
     lines = (again.run_dir / "items.jsonl").read_text().splitlines()
     assert sorted(json.loads(x)["index"] for x in lines) == [0, 1, 2, 3]
+    calls.clear()
+    third = run_dataset("onnx", MODEL, [_image_tensor()], **kwargs)  # finished: nothing to do
+    assert calls == [] and third.scored_now == 0
+    assert (third.run_dir / "scores.csv").read_bytes() == (full.run_dir / "scores.csv").read_bytes()
+    from accdbg.errors import AccdbgError
+
+    with pytest.raises(AccdbgError, match="holds a run with another keep_worst"):
+        run_dataset("onnx", MODEL, [_image_tensor()], **{**kwargs, "keep_worst": 1})
 
 
 @pytest.mark.slow

@@ -130,6 +130,9 @@ class DatasetWorker:
         self.session = checked_session(
             self.job, exposed_model, options, "debug session creation", self.report
         )
+        # the session logs verbosely (placement is read from it), so every run would add
+        # its lines: each run's native output goes to a file holding only the latest input's
+        self.job = replace(self.job, native_log=str(logs / f"backend_run_{os.getpid()}.txt"))
 
     # ------------------------------------------------------------------ one input
 
@@ -146,6 +149,7 @@ class DatasetWorker:
         start = time.perf_counter()
         feed = item["feed"]
         golden = self._golden(feed)
+        Path(self.job.native_log).write_bytes(b"")
         target = checked_run(self.session, self.target_names, feed, self.job, self.report)
         values = np.full((len(self.exposed), len(self.columns)), np.nan)
         statuses, faileds = [], []

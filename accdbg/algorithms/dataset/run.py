@@ -568,10 +568,10 @@ def _finish(
     failed = {f"Result_{i}": e for i, e in sorted(state.failed.items())}
     for key, error in failed.items():
         findings.append(f"{key} failed, not scored: {error}")
-    figures = _figures(state, root)
     write_csv(scores, root / "scores.csv")
     write_csv(layer_df, root / "layers.csv")
     write_csv(inputs, root / "inputs.csv")
+    figures = _figures(state, root)  # the run folder with its tables (not yet the report)
     write_json_atomic(
         root / "dataset_summary.json",
         {

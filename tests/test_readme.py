@@ -71,10 +71,10 @@ def block_with(flag: str) -> str:
 
 
 def test_every_fenced_block_is_executed_by_a_test():
-    """Eight blocks: the two first are run by test_oneshot and test_packaging, the six others
+    """Nine blocks: the two first are run by test_oneshot and test_packaging, the seven others
     here. A new block fails this test until a test runs it."""
     blocks = fenced_blocks()
-    assert len(blocks) == 8, "a README block was added or removed: run it in tests/test_readme.py"
+    assert len(blocks) == 9, "a README block was added or removed: run it in tests/test_readme.py"
     assert blocks[0].startswith("pip install -e . && qnn-accuracy-debugger -f onnx")
     assert "python -m pytest -q" in blocks[1]
     assert "test_readme" not in blocks[1]  # the full suite, unchanged
@@ -85,6 +85,7 @@ def test_every_fenced_block_is_executed_by_a_test():
         "--framework_diagnosis",
         "--verification",
         "--model_explorer_view",
+        "--dataset_mode",
     }
     assert "--fix_search" in fix_search_block()
 
@@ -316,3 +317,34 @@ def test_fix_search_block_searches_from_the_verification_run(blocks_run, scratch
     for name in ("fixes.html", "best.encodings", "best_overrides.json", "reproduce.txt"):
         assert (run / name).is_file(), name
     assert "--inference_engine" in (run / "reproduce.txt").read_text()
+
+
+@pytest.mark.slow  # runs the block on QNN
+def test_dataset_block_streams_the_list_and_keeps_the_worst(scratch):
+    """The dataset block with ``--keep_input 2``: both inputs scored layer by layer into the
+    tables, the report written, and exactly the worst input and line 2 keep their tensors."""
+    from accdbg.core.executors import EXECUTORS
+
+    root, layers = scratch
+    argv = command(block_with("--dataset_mode"), ("--keep_input",))
+    if "local" not in EXECUTORS:  # the local executor lives on its own branch until merged
+        argv += ["--executor", "serial"]
+    argv += ["--output_dirname", "readme_dataset"]
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.chdir(root)
+        assert main(argv) == 0, argv
+    finally:
+        mp.undo()
+    run = root / "working_directory" / "dataset" / "readme_dataset"
+    scores = pd.read_csv(run / "scores.csv")
+    assert sorted(set(scores["Input"])) == ["Result_0", "Result_1"]
+    assert set(scores["Name"]) >= set(layers) - {"conv1"}  # Conv+Relu fuse into one layer
+    inputs = pd.read_csv(run / "inputs.csv")
+    worst = inputs.loc[inputs["final CosineSimilarity"].idxmin(), "Input"]
+    kept = sorted({worst, "Result_1"})
+    for side in ("golden", "target"):
+        assert sorted(p.name for p in (run / side).iterdir()) == kept
+    assert (run / "dataset_report.html").is_file() and (run / "layers.csv").is_file()
+    options = json.loads((run / "dataset_options.json").read_text())
+    assert options["keep_worst"] == 1 and options["keep_input"] == [2]

@@ -10,10 +10,12 @@ from typing import Any
 
 __all__ = [
     "BinaryResult",
+    "DatasetResult",
     "DissectionResult",
     "SnoopingResult",
     "run_binary",
     "run_cumulative_layerwise",
+    "run_dataset",
     "run_dissection",
     "run_layerwise",
 ]
@@ -22,6 +24,8 @@ _MORE = {
     "BinaryResult": "accdbg.algorithms.binary",
     "run_dissection": "accdbg.algorithms.dissection",
     "DissectionResult": "accdbg.algorithms.dissection",
+    "run_dataset": "accdbg.algorithms.dataset",
+    "DatasetResult": "accdbg.algorithms.dataset",
 }
 
 

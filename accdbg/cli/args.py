@@ -286,6 +286,54 @@ class VerifierArgs(ArgGroup):
         return args.default_verifier or list(self.default)
 
 
+# ---------------------------------------------------------------- executors
+
+
+class ExecutorArgs(ArgGroup):
+    """``--executor``, ``--workers``, ``--ray_address``: where independent work items run
+    (one input of a dataset run, ...); parses into an
+    :class:`~accdbg.core.executors.ExecutorConfig`."""
+
+    CHOICES = ("local", "ray", "serial")
+
+    def add(self, parser: argparse.ArgumentParser, group=None) -> None:
+        from accdbg.core.executors import ExecutorConfig
+
+        g = group or parser.add_argument_group("executor (where work items run)")
+        g.add_argument(
+            "--executor",
+            choices=self.CHOICES,
+            default=ExecutorConfig.name,
+            help="local: crash-isolated worker processes on this machine (default); ray: Ray "
+            "actors (pip install accdbg[ray]), on --ray_address or a local Ray instance; "
+            "serial: every item in this process, one after another (debugging)",
+        )
+        g.add_argument(
+            "--workers",
+            type=int,
+            default=ExecutorConfig.workers,
+            help=f"worker processes or actors, each holding one QNN session (default {ExecutorConfig.workers})",
+        )
+        g.add_argument(
+            "--ray_address",
+            default=ExecutorConfig.ray_address,
+            help="address of a running Ray cluster (--executor ray), e.g. ray://head:10001",
+        )
+
+    def parse(self, args: argparse.Namespace):
+        from accdbg.core.executors import ExecutorConfig
+
+        if args.ray_address and args.executor != "ray":
+            raise AccdbgError(
+                f"--ray_address is for --executor ray, not --executor {args.executor}"
+            )
+        config = ExecutorConfig(
+            name=args.executor, workers=int(args.workers), ray_address=args.ray_address
+        )
+        config.check()
+        return config
+
+
 def options_dict(args: argparse.Namespace) -> dict:
     """Every flag of a run as given, JSON-ready, for ``<component>_options.json``."""
     return run_dir.options_dict(args)

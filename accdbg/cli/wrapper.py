@@ -24,6 +24,7 @@ ENGINE = EngineArgs(runtime_required=False)
 FRAMEWORK = A.FrameworkArgs()
 VERIFIERS = A.VerifierArgs(default=("CosineSimilarity", "SQNR"))
 EXPLORER = A.ModelExplorerArgs()
+EXECUTOR = A.ExecutorArgs()
 COMMON = A.CommonArgs(NAME)
 
 
@@ -85,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="modelDissectionAnalyzer: after oneshot, dissect the model backwards from the problem tensor",
     )
     add_dissection_arguments(d)
+    add_dataset_arguments(parser)
     EXPLORER.add(parser)
     g.add_argument(
         "--suggest_fixes",
@@ -94,6 +96,81 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     SEARCH.add(parser)
     COMMON.add(parser)
+
+
+def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
+    from accdbg.algorithms.dataset import AUTO_THRESHOLD
+
+    g = parser.add_argument_group("dataset mode (oneshot-layerwise over many inputs, streamed)")
+    g.add_argument(
+        "--dataset_mode",
+        action="store_true",
+        help="stream every -l line through golden and QNN, score it and drop its tensors "
+        f"(automatic when -l has more than {AUTO_THRESHOLD} lines); ONNX models",
+    )
+    g.add_argument(
+        "--keep_worst",
+        type=int,
+        default=1,
+        metavar="K",
+        help="keep the full tensors of the K inputs whose final outputs score worst (default 1; "
+        "the culprit ranking runs on the worst)",
+    )
+    g.add_argument(
+        "--keep_input",
+        type=int,
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="also keep the tensors of this input-list line (1-based); repeatable",
+    )
+    EXECUTOR.add(parser, g)
+
+
+def _dataset_run(args: argparse.Namespace, model, config, place, verifiers) -> None:
+    """Oneshot-layerwise over the input list, streamed (``--dataset_mode`` or a long -l)."""
+    from accdbg.algorithms.dataset import check_dataset, run_dataset
+
+    refused = [
+        flag
+        for flag, on in (
+            ("--deep_analyzer", args.deep_analyzer),
+            ("--suggest_fixes", args.suggest_fixes),
+            ("--enable_tensor_inspection", args.enable_tensor_inspection),
+        )
+        if on
+    ]
+    if refused:
+        raise AccdbgError(
+            f"{refused[0]} does not run in dataset mode; run it on one input (without "
+            "--dataset_mode, -l with at most the automatic threshold of lines)"
+        )
+    executor = EXECUTOR.parse(args)
+    kwargs = dict(
+        default_verifiers=verifiers,
+        verifier_config=args.verifier_config,
+        engine_kwargs=config,
+        executor=executor,
+        keep_worst=args.keep_worst,
+        keep_inputs=list(args.keep_input),
+        golden_dir=args.golden_output_reference_directory,
+        allow_nonfinite_inputs=model.allow_nonfinite_inputs,
+        **place.keywords(),
+    )
+    check_dataset(model.framework, model.model_path, model.input_tensors, args.input_list, **kwargs)
+    check_run_folder(place.working_dir, NAME, place.output_dirname, resume=True)
+    with RunDir(place.working_dir, NAME, place.output_dirname, resume=True) as run:
+        run.write_options(A.options_dict(args))
+        kwargs.pop("verifier_config")
+        kwargs.pop("golden_dir")
+        run_dataset(
+            model.framework,
+            model.model_path,
+            model.input_tensors,
+            args.input_list,
+            framework_kwargs=FRAMEWORK.parse(args).keywords(),
+            **kwargs,
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +194,25 @@ def run(args: argparse.Namespace) -> int:
     verifiers = VERIFIERS.parse(args)
     explorer = EXPLORER.parse(args)
     oneshot = args.debugging_algorithm == "oneshot-layerwise"
+    from accdbg.algorithms.dataset import AUTO_THRESHOLD, wants_dataset_mode
+
+    if args.dataset_mode and not oneshot:
+        raise AccdbgError(
+            f"--dataset_mode runs oneshot-layerwise, not --debugging_algorithm {args.debugging_algorithm}"
+        )
+    if oneshot and wants_dataset_mode(args.input_list, args.dataset_mode):
+        if not args.dataset_mode:
+            log.info(
+                "-l %s has more than %d lines: dataset mode (streamed; --keep_worst %d)",
+                args.input_list,
+                AUTO_THRESHOLD,
+                args.keep_worst,
+            )
+        _dataset_run(args, model, config, place, verifiers)
+        return 0
+    if args.keep_input or args.keep_worst != 1:
+        flag = "--keep_input" if args.keep_input else "--keep_worst"
+        raise AccdbgError(f"{flag} applies in dataset mode: add --dataset_mode")
     allow = model.allow_nonfinite_inputs
     # Everything is checked before the first component starts: a refused command writes
     # nothing and moves no `latest`.

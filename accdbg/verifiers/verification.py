@@ -572,8 +572,25 @@ def _verify_pair(
         row["Status"] = alignment.note
         return row, {}
     t_arr = alignment.apply(t_raw).astype(np.float64)  # one copy: transpose and cast together
+    results = score_pair(
+        row, g_arr, t_arr, _scale_for(encoding, t_shape, alignment), g_layout, verifiers
+    )
+    return row, results
+
+
+def score_pair(
+    row: dict[str, Any],
+    g_arr: np.ndarray,
+    t_arr: np.ndarray,
+    scale: float | np.ndarray | None,
+    g_layout: str | None,
+    verifiers: Sequence[ConfiguredVerifier],
+) -> dict[str, VerifierResult]:
+    """Two aligned float64 arrays through every verifier: fills the row's target range,
+    per-channel scores and notes, returns each verifier's result. The one scoring step of a
+    pair, whether the arrays were read from dumps or are still in memory (a dataset run)."""
     row["target_min"], row["target_max"] = finite_range(t_arr)
-    pair = TensorPair(g_arr, t_arr, _scale_for(encoding, t_shape, alignment))
+    pair = TensorPair(g_arr, t_arr, scale)
     results = {cv.label: cv.verifier.verify(pair) for cv in verifiers}
     if not pair.notes and not pair.problem:
         row.update(_per_channel(pair, g_arr.shape, g_layout, row["LayerType"], verifiers))
@@ -586,7 +603,7 @@ def _verify_pair(
     ]
     if notes:
         row["Status"] = "; ".join(notes)
-    return row, results
+    return results
 
 
 def _per_channel(
@@ -1002,6 +1019,13 @@ def _resolve_verifiers(
             "no verifier: give --default_verifier (e.g. CosineSimilarity) or --verifier_config"
         )
     return _label_verifiers(items)
+
+
+def configured_verifiers(
+    default_verifiers: Sequence[Any], verifier_config: str | os.PathLike | None = None
+) -> list[ConfiguredVerifier]:
+    """The verifiers of a run with their column labels, as verification resolves them."""
+    return _resolve_verifiers(default_verifiers, verifier_config)
 
 
 def check_verifiers(

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -308,3 +309,35 @@ def test_a_qnn_session_per_worker_gives_the_same_bytes_on_every_executor(
     assert all(o.ok for o in ref.values()) and len({o.value for o in ref.values()}) == len(items)
     for name, run in runs.items():
         assert {k: o.value for k, o in run.items()} == {k: o.value for k, o in ref.items()}, name
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ([], None),
+        (["--executor", "serial"], ExecutorConfig("serial", 1)),
+        (
+            ["--executor", "ray", "--workers", "3", "--ray_address", "h:1"],
+            ExecutorConfig("ray", 3, "h:1"),
+        ),
+        (["--workers", "2"], ExecutorConfig("local", 2)),
+    ],
+)
+def test_the_command_line_hands_its_executor_to_snooping(tmp_path, monkeypatch, flags, expected):
+    """--executor/--workers/--ray_address reach the snooping API as one ExecutorConfig, and
+    nothing given leaves the algorithm its own default (None)."""
+    import accdbg.algorithms as algorithms
+    from accdbg.cli.main import main
+
+    seen = {}
+
+    def fake_layerwise(model_path, inputs, **kwargs):
+        seen.update(kwargs)
+        return types.SimpleNamespace(html=tmp_path / "fake.html")
+
+    monkeypatch.setattr(algorithms, "run_layerwise", fake_layerwise)
+    argv = ["-f", "onnx", "-m", str(TINY_CNN / "model.onnx"), "-i", "image", "1,3,32,32"]
+    argv += [str(TINY_CNN / "input.raw"), "-r", "htp", "-w", str(tmp_path / "wd")]
+    argv += ["--debugging_algorithm", "layerwise", *flags]
+    assert main(argv) == 0
+    assert seen["executor"] == expected

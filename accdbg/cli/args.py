@@ -291,8 +291,9 @@ class VerifierArgs(ArgGroup):
 
 class ExecutorArgs(ArgGroup):
     """``--executor``, ``--workers``, ``--ray_address``: where independent work items run
-    (one input of a dataset run, ...); parses into an
-    :class:`~accdbg.core.executors.ExecutorConfig`."""
+    (an input of a dataset run, a snooping sub-model, a fix-search candidate); parses into an
+    :class:`~accdbg.core.executors.ExecutorConfig`, or None when none was given (each
+    algorithm then keeps its own default: local processes, as many as it runs at once)."""
 
     CHOICES = ("local", "ray", "serial")
 
@@ -303,7 +304,7 @@ class ExecutorArgs(ArgGroup):
         g.add_argument(
             "--executor",
             choices=self.CHOICES,
-            default=ExecutorConfig.name,
+            default=None,
             help="local: crash-isolated worker processes on this machine (default); ray: Ray "
             "actors (pip install accdbg[ray]), on --ray_address or a local Ray instance; "
             "serial: every item in this process, one after another (debugging)",
@@ -311,8 +312,9 @@ class ExecutorArgs(ArgGroup):
         g.add_argument(
             "--workers",
             type=int,
-            default=ExecutorConfig.workers,
-            help=f"worker processes or actors, each holding one QNN session (default {ExecutorConfig.workers})",
+            default=None,
+            help="worker processes or actors, each holding one QNN session (default "
+            f"{ExecutorConfig.workers} for a dataset run; snooping and the fix search: theirs)",
         )
         g.add_argument(
             "--ray_address",
@@ -321,14 +323,19 @@ class ExecutorArgs(ArgGroup):
         )
 
     def parse(self, args: argparse.Namespace):
+        """The executor config given, or None (no executor flag on the command line)."""
         from accdbg.core.executors import ExecutorConfig
 
         if args.ray_address and args.executor != "ray":
             raise AccdbgError(
-                f"--ray_address is for --executor ray, not --executor {args.executor}"
+                f"--ray_address is for --executor ray, not --executor {args.executor or 'local'}"
             )
+        if args.executor is None and args.workers is None:
+            return None
         config = ExecutorConfig(
-            name=args.executor, workers=int(args.workers), ray_address=args.ray_address
+            name=args.executor or ExecutorConfig.name,
+            workers=int(args.workers if args.workers is not None else ExecutorConfig.workers),
+            ray_address=args.ray_address,
         )
         config.check()
         return config

@@ -117,6 +117,7 @@ MODEL = A.CalibrationArgs(
 BASELINE = BaselineArgs()
 SEARCH = SearchArgs()
 EXPLORER = A.ModelExplorerArgs()
+EXECUTOR = A.ExecutorArgs()
 COMMON = A.CommonArgs(NAME)
 
 
@@ -129,6 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     BASELINE.add(parser)
     SEARCH.add(parser)
+    EXECUTOR.add(parser)
     EXPLORER.add(parser)
     COMMON.add(parser)
 
@@ -147,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         engine_kwargs=BASELINE.parse(args),
         allow_nonfinite_inputs=model.allow_nonfinite_inputs,
         model_explorer=EXPLORER.parse(args),
+        executor=EXECUTOR.parse(args),
         **COMMON.parse(args).keywords(),
         **SEARCH.parse(args).keywords(),
     )

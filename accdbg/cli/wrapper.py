@@ -124,12 +124,13 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LINE",
         help="also keep the tensors of this input-list line (1-based); repeatable",
     )
-    EXECUTOR.add(parser, g)
+    EXECUTOR.add(parser)
 
 
 def _dataset_run(args: argparse.Namespace, model, config, place, verifiers) -> None:
     """Oneshot-layerwise over the input list, streamed (``--dataset_mode`` or a long -l)."""
     from accdbg.algorithms.dataset import check_dataset, run_dataset
+    from accdbg.core.executors import ExecutorConfig
 
     refused = [
         flag
@@ -145,7 +146,7 @@ def _dataset_run(args: argparse.Namespace, model, config, place, verifiers) -> N
             f"{refused[0]} does not run in dataset mode; run it on one input (without "
             "--dataset_mode, -l with at most the automatic threshold of lines)"
         )
-    executor = EXECUTOR.parse(args)
+    executor = EXECUTOR.parse(args) or ExecutorConfig()
     kwargs = dict(
         default_verifiers=verifiers,
         verifier_config=args.verifier_config,
@@ -193,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     framework, inputs = model.framework, model.input_tensors
     verifiers = VERIFIERS.parse(args)
     explorer = EXPLORER.parse(args)
+    executor = EXECUTOR.parse(args)
     oneshot = args.debugging_algorithm == "oneshot-layerwise"
     from accdbg.algorithms.dataset import AUTO_THRESHOLD, wants_dataset_mode
 
@@ -213,6 +215,11 @@ def run(args: argparse.Namespace) -> int:
     if args.keep_input or args.keep_worst != 1:
         flag = "--keep_input" if args.keep_input else "--keep_worst"
         raise AccdbgError(f"{flag} applies in dataset mode: add --dataset_mode")
+    if executor is not None and oneshot and not args.suggest_fixes:
+        log.warning(
+            "--executor/--workers apply to dataset mode, snooping and --suggest_fixes; the "
+            "oneshot's inference engine runs in its own two local processes"
+        )
     allow = model.allow_nonfinite_inputs
     # Everything is checked before the first component starts: a refused command writes
     # nothing and moves no `latest`.
@@ -261,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
             engine_kwargs=config,
             allow_nonfinite_inputs=allow,
             model_explorer=explorer,
+            executor=executor,
             **place.keywords(),
         )
         check_request(
@@ -272,7 +280,10 @@ def run(args: argparse.Namespace) -> int:
                 memory_budget_mb=args.memory_budget_mb,
                 workers=None,
                 dump_qnn_json=False,
-                **{**snoop_kwargs, "verifiers": [args.verifier.upper()] if binary else verifiers},
+                **{
+                    **{k: v for k, v in snoop_kwargs.items() if k != "executor"},
+                    "verifiers": [args.verifier.upper()] if binary else verifiers,
+                },
             ),
         )
     with RunDir(place.working_dir, NAME, place.output_dirname, resume=not oneshot) as run:
@@ -310,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
                 engine_kwargs=config,
                 allow_nonfinite_inputs=allow,
                 model_explorer=explorer,
+                executor=executor,
                 **place.keywords(),
             )
             log.info("report: %s", result.html)
@@ -319,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
             log.info("report: %s", result.html)
         if args.suggest_fixes:
             diagnosis = result.summary if oneshot else result.report
-            _suggest_fixes(args, model, config, place, explorer, diagnosis)
+            _suggest_fixes(args, model, config, place, explorer, diagnosis, executor)
     return 0
 
 
@@ -365,7 +377,9 @@ def _check_suggest_fixes(args: argparse.Namespace, framework: str, config, place
     )
 
 
-def _suggest_fixes(args: argparse.Namespace, model, config, place, explorer, diagnosis) -> None:
+def _suggest_fixes(
+    args: argparse.Namespace, model, config, place, explorer, diagnosis, executor=None
+) -> None:
     from accdbg.algorithms.fixes import run_fix_search
 
     run_fix_search(
@@ -376,6 +390,7 @@ def _suggest_fixes(args: argparse.Namespace, model, config, place, explorer, dia
         engine_kwargs=config,
         allow_nonfinite_inputs=model.allow_nonfinite_inputs,
         model_explorer=explorer,
+        executor=executor,
         **place.keywords(),
         **SEARCH.parse(args).keywords(),
     )

@@ -473,3 +473,16 @@ def test_other_executors_write_the_same_bytes(runs, name):
     for table in ("scores.csv", "layers.csv"):
         assert (ds.run_dir / table).read_bytes() == (full.run_dir / table).read_bytes(), table
     assert ds.kept == full.kept
+
+
+def test_the_band_is_one_polygon_per_run_of_known_layers():
+    """A layer without scores breaks the band; +inf (identical tensors) is drawn at the top."""
+    from accdbg.reports.dataset_report import band_polygons
+
+    low = pd.Series([1.0, 2.0, np.nan, 3.0, np.inf])
+    high = pd.Series([2.0, 3.0, 4.0, 5.0, np.inf])
+    assert band_polygons(low, high) == [
+        ([0.0, 1.0, 1.0, 0.0], [2.0, 3.0, 2.0, 1.0]),
+        ([3.0, 4.0, 4.0, 3.0], [5.0, 5.0, 5.0, 3.0]),
+    ]
+    assert band_polygons(pd.Series([np.nan]), pd.Series([np.nan])) == []

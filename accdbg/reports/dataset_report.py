@@ -27,6 +27,32 @@ BAND_COLOR = "rgba(31,95,168,0.2)"
 LINE_COLOR = "#1f5fa8"
 
 
+def band_polygons(low: pd.Series, high: pd.Series) -> list[tuple[list[float], list[float]]]:
+    """The band as one closed polygon per run of layers where both ends are known: a layer
+    without a score (not compared) breaks the band instead of a fill drawn across it. An
+    infinite end (identical tensors: SQNR +inf) is drawn at the panel's largest finite value."""
+    lo = pd.to_numeric(low, errors="coerce").astype(float).to_numpy()
+    hi = pd.to_numeric(high, errors="coerce").astype(float).to_numpy()
+    both = [v for v in [*lo, *hi] if math.isfinite(v)]
+    if not both:
+        return []
+    top, bottom = max(both), min(both)
+    lo = lo.clip(bottom, top)  # NaN stays NaN; +-inf to the finite extremes
+    hi = hi.clip(bottom, top)
+    polygons, run = [], []
+    for i in [*range(len(lo)), None]:
+        if i is not None and not (math.isnan(lo[i]) or math.isnan(hi[i])):
+            run.append(i)
+            continue
+        if run:
+            xs = [float(j) for j in run]
+            polygons.append(
+                (xs + xs[::-1], [float(hi[j]) for j in run] + [float(lo[j]) for j in run[::-1]])
+            )
+        run = []
+    return polygons
+
+
 def band_figure(
     layers: pd.DataFrame,
     labels: Sequence[str],
@@ -40,34 +66,25 @@ def band_figure(
     x = list(range(len(names)))
     for row, lab in enumerate(shown, start=1):
         hover = [f"{n}<br>{escape(lab)} median %{{y:.4g}}" for n in map(escape, names)]
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=finite(layers[f"{lab}_p95"]),
-                mode="lines",
-                line={"width": 0},
-                showlegend=False,
-                hoverinfo="skip",
-            ),
-            row=row,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=finite(layers[f"{lab}_p5"]),
-                mode="lines",
-                line={"width": 0},
-                fill="tonexty",
-                fillcolor=BAND_COLOR,
-                name="5-95 % of inputs",
-                showlegend=row == 1,
-                legendgroup="band",
-                hoverinfo="skip",
-            ),
-            row=row,
-            col=1,
-        )
+        first = True
+        for xs, ys in band_polygons(layers[f"{lab}_p5"], layers[f"{lab}_p95"]):
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    mode="lines",
+                    line={"width": 0},
+                    fill="toself",
+                    fillcolor=BAND_COLOR,
+                    name="5-95 % of inputs",
+                    showlegend=row == 1 and first,
+                    legendgroup="band",
+                    hoverinfo="skip",
+                ),
+                row=row,
+                col=1,
+            )
+            first = False
         fig.add_trace(
             go.Scatter(
                 x=x,

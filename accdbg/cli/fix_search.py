@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from accdbg.cli import args as A
-from accdbg.engines.options import BackendOptions, EngineConfig, QuantOptions
+from accdbg.cli.inference_engine import add_quantizer_arguments
+from accdbg.engines.options import BackendOptions, EngineConfig
 from accdbg.engines.qnn import RUNTIMES
-from accdbg.engines.quantize import QUANTIZERS
 from accdbg.errors import AccdbgError
 
 NAME = "fix_search"
@@ -87,16 +87,9 @@ class BaselineArgs(A.ArgGroup):
     :class:`~accdbg.engines.options.EngineConfig` (defaults: the engine's own)."""
 
     def add(self, parser: argparse.ArgumentParser) -> None:
-        Q = QuantOptions
         q = parser.add_argument_group("the baseline quantization (as --inference_engine)")
         q.add_argument("-r", "--runtime", choices=RUNTIMES, default=BackendOptions.runtime)
-        q.add_argument("-abw", "--act_bitwidth", type=int, choices=(8, 16), default=Q.act_bitwidth)
-        q.add_argument(
-            "-wbw", "--weights_bitwidth", type=int, choices=(8, 16), default=Q.weights_bitwidth
-        )
-        q.add_argument("-pq", "--param_quantizer", choices=QUANTIZERS, default=Q.param_quantizer)
-        q.add_argument("--act_quantizer", choices=QUANTIZERS, default=Q.act_quantizer)
-        q.add_argument("--per_channel_quantization", action="store_true", default=Q.per_channel)
+        add_quantizer_arguments(q)
 
     def parse(self, args: argparse.Namespace) -> EngineConfig:
         return EngineConfig.from_keywords(

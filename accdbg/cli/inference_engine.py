@@ -51,6 +51,19 @@ IGNORED = (
 CONVERTER_ARTEFACTS = ("qnn_model_cpp_path", "qnn_model_bin_path", "extra_converter_args")
 
 
+def add_quantizer_arguments(group) -> None:
+    """The quantizer's flags, one declaration for the engine and the fix search's baseline:
+    bitwidths, quantizer schemes, per-channel weights (defaults: :class:`QuantOptions`)."""
+    Q = QuantOptions
+    group.add_argument("-abw", "--act_bitwidth", type=int, choices=(8, 16), default=Q.act_bitwidth)
+    group.add_argument(
+        "-wbw", "--weights_bitwidth", type=int, choices=(8, 16), default=Q.weights_bitwidth
+    )
+    group.add_argument("-pq", "--param_quantizer", choices=QUANTIZERS, default=Q.param_quantizer)
+    group.add_argument("--act_quantizer", choices=QUANTIZERS, default=Q.act_quantizer)
+    group.add_argument("--per_channel_quantization", action="store_true", default=Q.per_channel)
+
+
 class EngineArgs(A.ArgGroup):
     """The inference-engine flags (shared with the end-to-end wrapper), parsed into an
     :class:`~accdbg.engines.options.EngineConfig`. ``runtime_required``: ``-r`` must be given
@@ -96,10 +109,7 @@ class EngineArgs(A.ArgGroup):
             help="qnn (default, the real QNN runtime) or simulation (onnxruntime CPU fake-quant, not QNN)",
         )
         q = parser.add_argument_group("quantization (source stage)")
-        q.add_argument("-abw", "--act_bitwidth", type=int, choices=(8, 16), default=Q.act_bitwidth)
-        q.add_argument(
-            "-wbw", "--weights_bitwidth", type=int, choices=(8, 16), default=Q.weights_bitwidth
-        )
+        add_quantizer_arguments(q)
         q.add_argument(
             "-bbw",
             "--bias_bitwidth",
@@ -108,9 +118,6 @@ class EngineArgs(A.ArgGroup):
             default=Q.bias_bitwidth,
             help="32 (QNN's QDQ path takes int32 biases only)",
         )
-        q.add_argument("-pq", "--param_quantizer", choices=QUANTIZERS, default=Q.param_quantizer)
-        q.add_argument("--act_quantizer", choices=QUANTIZERS, default=Q.act_quantizer)
-        q.add_argument("--per_channel_quantization", action="store_true")
         q.add_argument(
             "-qo",
             "--quantization_overrides",

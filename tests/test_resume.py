@@ -357,15 +357,21 @@ def test_sigkill_mid_run_then_the_same_command_resumes_and_a_live_run_is_refused
     proc = _start(cmd)
     try:
         _mid_run(proc, staging / JOURNAL, rows=1)
-        # the same command while the first one lives: refused, nothing of it touched
-        second = subprocess.run(
-            cmd,
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        # the same command while the first one lives: refused, nothing of it touched. The
+        # first is held (SIGSTOP) meanwhile: its persistent workers would finish the run
+        # while the second command starts up.
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            second = subprocess.run(
+                cmd,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
         assert second.returncode == 2
         assert f"being written by another run (pid {proc.pid} " in second.stderr, second.stderr
         assert proc.poll() is None

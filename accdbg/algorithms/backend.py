@@ -26,6 +26,7 @@ from accdbg.algorithms.statuses import ERR_CNTX, ERR_CON, ERR_EXEC, ERR_LIB
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import Executor, ExecutorConfig, get_executor
 from accdbg.core.executors.calls import function_spec
+from accdbg.core.memory import own_peak_rss_mb
 from accdbg.engines.base import EngineOptions, get_engine
 from accdbg.errors import AccdbgError
 
@@ -55,18 +56,6 @@ class PartReport:
     run_seconds: float = 0.0
     sessions: int = 0
     peak_rss_mb: float | None = None  # the child's own high-water mark
-
-
-def own_peak_rss_mb() -> float | None:
-    """This process's peak RSS since its exec (``VmHWM``; Linux). ``getrusage`` would not do:
-    a child's ``ru_maxrss`` keeps the parent's high-water mark from before its exec."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 def _mark(path: str, stage: str) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +27,7 @@ from accdbg.algorithms.dataset.stats import HIST_WIDTH, PARTIAL_WIDTH, encoding_
 from accdbg.core import onnx_model as om
 from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor
+from accdbg.core.memory import own_peak_rss_mb
 from accdbg.core.provenance import inputs_record
 from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.base import EngineOptions
@@ -206,7 +206,7 @@ class DatasetWorker:
             "badness": badness,
             "kept": kept,
             "seconds": time.perf_counter() - start,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_mb": own_peak_rss_mb(),
             "worker_pid": os.getpid(),
         }
 

@@ -285,7 +285,7 @@ def run_dataset(
             },
         )
         t = time.perf_counter()
-        state = _State(run.path, req, keep_worst, keep_inputs, len(selected))
+        state = _State(run.path, req, keep_worst, keep_inputs, [e.name for e in selected])
         state.replay(Journal(run.path / JOURNAL))
         todo = [i for i in range(req.lines) if i not in state.done]
         log.info(
@@ -425,17 +425,19 @@ class _State:
     """What the parent keeps: per input its small score arrays, the running statistics, the
     kept inputs; rebuilt from the journal on resume."""
 
-    def __init__(self, root: Path, req: _Request, keep_worst: int, keep_inputs, n_layers: int):
+    def __init__(self, root: Path, req: _Request, keep_worst: int, keep_inputs, names: list[str]):
         self.root = root
         self.done: dict[int, dict[str, Any]] = {}
         self.failed: dict[int, str] = {}
-        self.n_layers = n_layers
+        self.n_layers = len(names)
         self.keep = KeepSet(
             keep_worst,
             [line - 1 for line in keep_inputs],
             lambda i: [root / GOLDEN_DIR / f"Result_{i}", root / TARGET_DIR / f"Result_{i}"],
         )
-        self.partials: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # merged as items arrive: exact sums, so the order cannot change a bit, and nothing per
+        # input beyond its score row is held
+        self.running = RunningStats(names)
         self.seconds: list[float] = []
         self.worker_rss: list[float] = []
 
@@ -476,10 +478,7 @@ class _State:
             "seconds": rec.get("seconds"),
             "replayed": replayed,
         }
-        self.partials[index] = (
-            _array(rec["partials"], float),
-            _array(rec["hists"], np.int64),
-        )
+        self.running.add(_array(rec["partials"], float), _array(rec["hists"], np.int64))
         if not replayed:
             self.seconds.append(float(rec.get("seconds") or math.nan))
             self.worker_rss.append(float(rec.get("peak_rss_mb") or math.nan))
@@ -519,9 +518,7 @@ def _finish(
         for e in selected
     ]
     scores = tables.scores_table(state.done, layers, columns)
-    running = RunningStats([e.name for e in selected])
-    for index in sorted(state.partials):  # exact sums: any order gives the same; sorted anyway
-        running.add(*state.partials[index])
+    running = state.running
     edges = [encoding_edges(e.scale, e.zero_point, e.native_dtype) for e in selected]
     label, top = tables.top_contributors(scores, verifiers, inputs_of(load_graph_struct(struct)))
     layer_df = tables.layer_table(running.table(edges), scores, labels, top)

@@ -242,3 +242,38 @@ def test_select_layers_applies_the_same_filter_as_snooping(tmp_path):
     kept = select_layers(model, LayerFilter(skip_layer_types=("Relu",)))
     assert [e.name for e in kept] == [e.name for e in every if e.op_type != "Relu"]
     assert len(kept) < len(every)
+
+
+def test_calibration_in_chunks_gives_the_ranges_of_every_line(tmp_path, monkeypatch):
+    """Min/max calibration sees -l in chunks (bounded memory): the input's range is still the
+    min and max over every line (numpy), with extremes in the first and the last chunk, and
+    the QDQ model is the bytes of the unchunked calibration."""
+    from accdbg.engines import quantize as Q
+
+    assert [Q.calibration_stride(n) for n in (0, 1, 6, 37, 64, 200)] == [1, 1, 6, 1, 32, 25]
+    built = models.conv_net(tmp_path, layers=2)
+    model = onnx.load(str(built.path))
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(built.dims).astype(np.float32) for _ in range(6)]
+    xs[0][0, 0, 0, 0], xs[5][0, 2, 3, 4] = -9.0, 11.0  # first chunk's low, last chunk's high
+    lines = []
+    for i, x in enumerate(xs):
+        x.tofile(tmp_path / f"x{i}.raw")
+        lines.append(str(tmp_path / f"x{i}.raw"))
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    x0 = parse_input_tensor([built.input_name, ",".join(map(str, built.dims)), lines[0]])
+    calib = Calibration.from_inputs(model, tmp_path / "list.txt", [x0])
+
+    monkeypatch.setattr(Q, "MAX_STRIDE", 2)  # 3 chunks of 2 lines
+    assert Q.calibration_stride(6) == 2
+    chunked = prepare_model(model, "net", calib, EngineConfig(), tmp_path / "chunked")
+    monkeypatch.setattr(Q, "calibration_stride", lambda n: None)  # onnxruntime's whole pass
+    whole = prepare_model(model, "net", calib, EngineConfig(), tmp_path / "whole")
+    assert chunked.load().graph.SerializeToString() == whole.load().graph.SerializeToString()
+
+    m = chunked.load()
+    inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    (q,) = [n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x"]
+    lo, hi = min(0.0, min(float(x.min()) for x in xs)), max(0.0, max(float(x.max()) for x in xs))
+    assert lo == -9.0 and hi == 11.0
+    np.testing.assert_allclose(float(inits[q.input[1]]), (hi - lo) / 255, rtol=1e-6)

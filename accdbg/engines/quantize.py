@@ -73,6 +73,13 @@ class FeedsReader(CalibrationDataReader):
     def rewind(self):
         self._it = iter(self.feeds)
 
+    def __len__(self) -> int:
+        return len(self.feeds)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        """Only these lines next (onnxruntime's strided min/max calibration)."""
+        self._it = iter(self.feeds[start_index:end_index])
+
     def nonfinite_note(self) -> str:
         """Why calibration may have failed: the first input file holding NaN or Inf."""
         for item in self.feeds:
@@ -157,6 +164,18 @@ def check_quantizer_options(
     quant_type(int(weights_bitwidth), param_quantizer == "symmetric", "-wbw/--weights_bitwidth")
 
 
+MAX_STRIDE = 32
+
+
+def calibration_stride(lines: int) -> int:
+    """How many calibration lines min/max sees at a time: the largest divisor of ``lines`` up
+    to :data:`MAX_STRIDE` (onnxruntime wants equal chunks). Ranges are merged chunk by chunk,
+    a minimum of minima, so the encodings are the same bytes; without it onnxruntime keeps
+    every line's reduced outputs until the end and the tool's memory grows with ``-l``.
+    Histogram calibrators (enhanced, adjusted) are not chunked: their bins would move."""
+    return max(d for d in range(1, min(lines, MAX_STRIDE) + 1) if lines % d == 0) if lines else 1
+
+
 def quantize_for_qnn(
     float_model: Path,
     out_path: Path,
@@ -190,6 +209,7 @@ def quantize_for_qnn(
         str(float_model),
         reader,
         calibrate_method=calib,
+        stride=calibration_stride(len(reader)) if calib == CalibrationMethod.MinMax else None,
         activation_type=quant_type(act_bitwidth, False, "-abw/--act_bitwidth"),
         weight_type=quant_type(weights_bitwidth, w_sym, "-wbw/--weights_bitwidth"),
         per_channel=per_channel,

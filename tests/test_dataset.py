@@ -61,6 +61,20 @@ def _image_tensor():
     return parse_input_tensor(["image", "1,3,32,32", str(IMAGE)])
 
 
+def _run(lst, root: Path, **kwargs):
+    """The bundled example over ``lst`` on QNN HTP (serial executor unless told)."""
+    kwargs = {"executor": SERIAL, "keep_worst": 2, **kwargs}
+    return run_dataset(
+        "onnx",
+        MODEL,
+        [_image_tensor()],
+        input_list=lst,
+        engine_kwargs={"runtime": "htp"},
+        working_dir=root / "wd",
+        **kwargs,
+    )
+
+
 # ---------------------------------------------------------------- statistics, no backend
 
 
@@ -212,17 +226,7 @@ def runs(tmp_path_factory):
         working_dir=root / "wd",
         model_explorer=False,
     )
-    ds = run_dataset(
-        "onnx",
-        MODEL,
-        [_image_tensor()],
-        input_list=lst,
-        engine_kwargs={"runtime": "htp"},
-        executor=SERIAL,
-        keep_worst=2,
-        working_dir=root / "wd",
-        output_dirname="full",
-    )
+    ds = _run(lst, root, output_dirname="full")
     return root, lst, one, ds
 
 
@@ -338,17 +342,10 @@ def test_an_interrupted_run_resumes_and_scores_only_the_missing_items(runs, monk
         calls.append(item["index"])
         return real(self, item)
 
-    kwargs = dict(
-        input_list=lst,
-        engine_kwargs={"runtime": "htp"},
-        executor=SERIAL,
-        keep_worst=2,
-        working_dir=root / "wd",
-        output_dirname="resumed",
-    )
+    kwargs = dict(output_dirname="resumed")
     monkeypatch.setattr(dataset_worker.DatasetWorker, "__call__", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_dataset("onnx", MODEL, [_image_tensor()], **kwargs)
+        _run(lst, root, **kwargs)
     assert (
         len((root / "wd" / "dataset" / "resumed.failed" / "items.jsonl").read_text().splitlines())
         == 2
@@ -360,7 +357,7 @@ def test_an_interrupted_run_resumes_and_scores_only_the_missing_items(runs, monk
         return real(self, item)
 
     monkeypatch.setattr(dataset_worker.DatasetWorker, "__call__", counted)
-    again = run_dataset("onnx", MODEL, [_image_tensor()], **kwargs)
+    again = _run(lst, root, **kwargs)
     assert sorted(calls) == [2, 3] and again.scored_now == 2
     pd.testing.assert_frame_equal(again.scores, full.scores)
     assert again.layers.drop(columns=[]).to_csv() == full.layers.to_csv()
@@ -368,13 +365,13 @@ def test_an_interrupted_run_resumes_and_scores_only_the_missing_items(runs, monk
     lines = (again.run_dir / "items.jsonl").read_text().splitlines()
     assert sorted(json.loads(x)["index"] for x in lines) == [0, 1, 2, 3]
     calls.clear()
-    third = run_dataset("onnx", MODEL, [_image_tensor()], **kwargs)  # finished: nothing to do
+    third = _run(lst, root, **kwargs)  # finished: nothing to do
     assert calls == [] and third.scored_now == 0
     assert (third.run_dir / "scores.csv").read_bytes() == (full.run_dir / "scores.csv").read_bytes()
     from accdbg.errors import AccdbgError
 
     with pytest.raises(AccdbgError, match="holds a run with another keep_worst"):
-        run_dataset("onnx", MODEL, [_image_tensor()], **{**kwargs, "keep_worst": 1})
+        _run(lst, root, **{**kwargs, "keep_worst": 1})
 
 
 @pytest.mark.slow
@@ -388,16 +385,7 @@ def test_a_failing_item_is_reported_and_the_run_finishes(runs, monkeypatch):
         return real(self, item)
 
     monkeypatch.setattr(dataset_worker.DatasetWorker, "__call__", failing)
-    ds = run_dataset(
-        "onnx",
-        MODEL,
-        [_image_tensor()],
-        input_list=lst,
-        engine_kwargs={"runtime": "htp"},
-        executor=SERIAL,
-        keep_worst=1,
-        working_dir=root / "wd",
-    )
+    ds = _run(lst, root, keep_worst=1)
     assert ds.failed == {"Result_1": "planted failure on this input"}
     assert "Result_1 failed, not scored: planted failure on this input" in ds.findings
     assert any("3 of 4 inputs scored" in f and "1 failed" in f for f in ds.findings)
@@ -450,26 +438,12 @@ def test_report_escapes_names_and_links_the_kept_tensors(tmp_path):
 def test_other_executors_write_the_same_bytes(runs, name):
     """Two local worker processes, or two Ray actors, score the same inputs into the same
     score and layer tables, byte for byte, and keep the same inputs."""
-    from accdbg.core.executors import EXECUTORS
-
-    if name not in EXECUTORS:
-        pytest.skip(f"the {name!r} executor is not registered in this tree")
     if name == "ray":
         pytest.importorskip(
             "ray", reason="the ray extra is not installed (pip install accdbg[ray])"
         )
     root, lst, _, full = runs
-    ds = run_dataset(
-        "onnx",
-        MODEL,
-        [_image_tensor()],
-        input_list=lst,
-        engine_kwargs={"runtime": "htp"},
-        executor=ExecutorConfig(name=name, workers=2),
-        keep_worst=2,
-        working_dir=root / "wd",
-        output_dirname=f"by_{name}",
-    )
+    ds = _run(lst, root, executor=ExecutorConfig(name=name, workers=2), output_dirname=f"by_{name}")
     for table in ("scores.csv", "layers.csv"):
         assert (ds.run_dir / table).read_bytes() == (full.run_dir / table).read_bytes(), table
     assert ds.kept == full.kept

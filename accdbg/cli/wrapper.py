@@ -10,6 +10,7 @@ from accdbg.cli.deep_analyzer import ANALYZERS as DEEP_ANALYZERS
 from accdbg.cli.deep_analyzer import add_dissection_arguments
 from accdbg.cli.fix_search import SEARCH
 from accdbg.cli.inference_engine import EngineArgs
+from accdbg.core.executors import ExecutorConfig
 from accdbg.core.run_dir import RunDir, check_run_folder
 from accdbg.errors import AccdbgError
 
@@ -127,10 +128,11 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     EXECUTOR.add(parser)
 
 
-def _dataset_run(args: argparse.Namespace, model, config, place, verifiers) -> None:
+def _dataset_run(
+    args: argparse.Namespace, model, config, place, verifiers, executor: ExecutorConfig | None
+) -> None:
     """Oneshot-layerwise over the input list, streamed (``--dataset_mode`` or a long -l)."""
     from accdbg.algorithms.dataset import check_dataset, run_dataset
-    from accdbg.core.executors import ExecutorConfig
 
     refused = [
         flag
@@ -146,7 +148,7 @@ def _dataset_run(args: argparse.Namespace, model, config, place, verifiers) -> N
             f"{refused[0]} does not run in dataset mode; run it on one input (without "
             "--dataset_mode, -l with at most the automatic threshold of lines)"
         )
-    executor = EXECUTOR.parse(args) or ExecutorConfig()
+    executor = executor or ExecutorConfig()
     kwargs = dict(
         default_verifiers=verifiers,
         verifier_config=args.verifier_config,
@@ -210,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
                 AUTO_THRESHOLD,
                 args.keep_worst,
             )
-        _dataset_run(args, model, config, place, verifiers)
+        _dataset_run(args, model, config, place, verifiers, executor)
         return 0
     if args.keep_input or args.keep_worst != 1:
         flag = "--keep_input" if args.keep_input else "--keep_worst"

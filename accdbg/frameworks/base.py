@@ -30,6 +30,22 @@ class RunnerOptions:
     scratch_dir: Path | None = None
     extra: dict = field(default_factory=dict)
 
+    @classmethod
+    def from_flags(
+        cls,
+        disable_graph_optimization: bool = False,
+        onnx_custom_op_lib: str | Path | None = None,
+        include_constants: bool = False,
+    ) -> RunnerOptions:
+        """The options of the framework-diagnosis flags (paths made absolute)."""
+        return cls(
+            disable_graph_optimization=bool(disable_graph_optimization),
+            custom_op_lib=Path(onnx_custom_op_lib).expanduser().absolute()
+            if onnx_custom_op_lib
+            else None,
+            include_constants=bool(include_constants),
+        )
+
 
 class FrameworkRunner(ABC):
     """Runs one float model; yields named intermediate tensors on request."""

@@ -103,12 +103,8 @@ def run_framework_diagnosis(
     check_framework_diagnosis(
         framework, model_path, inputs, working_dir, output_dirname, allow_nonfinite_inputs
     )
-    options = RunnerOptions(
-        disable_graph_optimization=disable_graph_optimization,
-        custom_op_lib=Path(onnx_custom_op_lib).expanduser().absolute()
-        if onnx_custom_op_lib
-        else None,
-        include_constants=include_constants,
+    options = RunnerOptions.from_flags(
+        disable_graph_optimization, onnx_custom_op_lib, include_constants
     )
     runner_cls = get_runner_class(framework)
     for t in inputs:

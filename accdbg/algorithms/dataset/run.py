@@ -50,7 +50,7 @@ from accdbg.engines.options import EngineConfig
 from accdbg.engines.pipeline import Calibration, PreparedModel, prepare_model, select_layers
 from accdbg.engines.source import build_feeds
 from accdbg.errors import AccdbgError
-from accdbg.frameworks.base import get_runner_class
+from accdbg.frameworks.base import RunnerOptions, get_runner_class
 from accdbg.mapping.graph_struct import inputs_of, load_graph_struct, write_graph_struct
 from accdbg.reports.dataset_report import write_dataset_report
 from accdbg.reports.summary import write_csv
@@ -224,12 +224,14 @@ def run_dataset(
     )
     config = req.config
     fw = dict(framework_kwargs or {})
+    opts = RunnerOptions.from_flags(
+        fw.get("disable_graph_optimization", False),
+        fw.get("onnx_custom_op_lib"),
+        fw.get("include_constants", False),
+    )
     runner_options = {
-        "disable_graph_optimization": bool(fw.get("disable_graph_optimization", False)),
-        "custom_op_lib": Path(fw["onnx_custom_op_lib"]).expanduser().absolute()
-        if fw.get("onnx_custom_op_lib")
-        else None,
-        "include_constants": bool(fw.get("include_constants", False)),
+        k: getattr(opts, k)
+        for k in ("disable_graph_optimization", "custom_op_lib", "include_constants")
     }
     memory_budget_mb = float(fw.get("memory_budget_mb", 4096))
     seconds: dict[str, float] = {}

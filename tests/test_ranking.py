@@ -15,6 +15,7 @@ import pytest
 from accdbg.algorithms.evidence import Evidence, qdq
 from accdbg.algorithms.oneshot import run_oneshot
 from accdbg.algorithms.ranking import rank
+from accdbg.algorithms.sensitivity import Share
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.verifiers import get_verifier
 from accdbg.verifiers.channels import ChannelPair, channel_axis, live, summarize
@@ -91,7 +92,8 @@ class _Impact:
     def __call__(self, names):
         key = names if isinstance(names, str) else tuple(names)
         self.asked.append(key)
-        return self.shares.get(key, 0.01)
+        share = self.shares.get(key, 0.01)
+        return share if isinstance(share, Share) else Share(share)
 
 
 def test_clean_model_names_no_layer():
@@ -115,7 +117,10 @@ def test_a_standout_is_named_only_when_it_reaches_the_outputs():
     # ordered by the information they destroy (local SQNR), not by their share
     assert [c.name for c in r.culprits] == ["l10", "l30"]
     assert r.columns["l20"].get("culprit_rank") is None
-    assert "alone costs the outputs only 10%" in r.columns["l20"]["cause"]
+    assert (
+        "costs the outputs only 10% of the whole model's error (alone 10%"
+        in (r.columns["l20"]["cause"])
+    )
     assert r.findings[0].startswith("culprit #1: l10 (Conv) - weight range")
 
 
@@ -144,8 +149,8 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
     r = rank(ev, names, impact=_Impact({"l10": 0.05, ("l10", "l11", "l12"): 0.1}))
     assert r.culprits == []
     assert (
-        "only 5% of the whole model's error (with the 2 layer(s) carrying its outlier 10%)"
-        in (r.columns["l10"]["cause"])
+        "only 5% of the whole model's error (alone 5%, taken out of the quantized model ?%) "
+        "(with the 2 layer(s) carrying its outlier 10%)" in (r.columns["l10"]["cause"])
     )
 
 
@@ -321,3 +326,102 @@ def test_a_softmax_output_is_judged_at_its_logits(tmp_path):
     logits = x.astype(np.float64) @ w.astype(np.float64)
     assert np.allclose(s.golden[0], logits, rtol=1e-5)
     assert s.whole_noise[0] > 1e-6 * float(np.sum(logits**2))  # not the saturated softmax's ~0
+
+
+def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
+    """The leave-one-out measure: the whole QDQ model with one layer's quantizers taken out
+    (float weights, no output Q/DQ) against the same chain computed in numpy from the QDQ
+    model's encodings. Layer 1's output crushes a channel that layer 2's weights amplify, so
+    taking layer 1 out removes most of the error."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_static
+
+    from accdbg.algorithms.sensitivity import Sensitivity
+    from accdbg.core.onnx_model import topological_nodes
+    from accdbg.engines.exposure import Exposed
+
+    rng = np.random.default_rng(4)
+    w1 = rng.normal(size=(6, 5)).astype(np.float32)
+    w1[:, 0] *= 1 / 100  # channel 0 of `a` is tiny: crushed by a's range...
+    w2 = rng.normal(size=(5, 4)).astype(np.float32)
+    w2[0] *= 100  # ...and amplified again by the next weights
+    g = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["a"]),
+            helper.make_node("MatMul", ["a", "w2"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(model, str(fp))
+    x = rng.normal(size=(8, 6)).astype(np.float32)
+
+    class Reader:
+        def __init__(self):
+            self.items = iter([{"x": x}])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantize_static(
+        str(fp), str(qp), Reader(), activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8
+    )
+    q = onnx.load(str(qp))
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    enc = {}  # tensor -> (scale, zero point) of its QuantizeLinear
+    for n in q.graph.node:
+        if n.op_type == "QuantizeLinear":
+            # a graph output's producer is renamed "<name>_QuantizeLinear_Input"
+            enc[n.input[0].removesuffix("_QuantizeLinear_Input")] = (
+                inits[n.input[1]],
+                inits[n.input[2]],
+            )
+
+    def qdq_np(v, t):
+        s, z = enc[t]
+        return (np.clip(np.round(v / s) + z, 0, 255) - z) * s
+
+    def w_np(name):
+        dq = next(
+            n
+            for n in q.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0] == f"{name}_quantized"
+        )
+        return (inits[dq.input[0]].astype(np.float64) - inits[dq.input[2]]) * inits[dq.input[1]]
+
+    x64 = x.astype(np.float64)
+    golden = x64 @ w1 @ w2
+    xq = qdq_np(x64, "x")
+    whole = qdq_np(qdq_np(xq @ w_np("w1"), "a") @ w_np("w2"), "y")
+    without_1 = qdq_np((xq @ w1.astype(np.float64)) @ w_np("w2"), "y")
+
+    nodes = topological_nodes(q.graph)
+    made_by = {o: n for n in nodes for o in n.output}
+    index = next(  # the MatMul reading w1's DequantizeLinear output
+        i
+        for i, n in enumerate(nodes)
+        if n.op_type == "MatMul" and made_by[n.input[1]].input[0] == "w1_quantized"
+    )
+    layer = Exposed(
+        "a",
+        "a",
+        nodes[index].name,
+        "MatMul",
+        index,
+        "a",
+        scale=float(enc["a"][0]),
+        zero_point=int(enc["a"][1]),
+        native_dtype="uint8",
+    )
+    s = Sensitivity(model, q, {"x": x})
+    noise = lambda t: float(np.sum((golden - t) ** 2))  # noqa: E731
+    assert s.whole_noise[0] == pytest.approx(noise(whole), rel=1e-3)
+    assert s.removed_noise([layer])[0] == pytest.approx(noise(without_1), rel=1e-3)
+    share = s.share(layer)
+    assert share.removed == pytest.approx(1 - noise(without_1) / noise(whole), abs=1e-3)
+    assert share.removed > 0.5  # the crushed channel is most of the error

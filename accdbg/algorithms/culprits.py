@@ -21,7 +21,7 @@ import pandas as pd
 from accdbg.algorithms.divergence import divergence
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.ranking import Ranking, rank
-from accdbg.algorithms.sensitivity import Sensitivity
+from accdbg.algorithms.sensitivity import Sensitivity, Share
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
 
@@ -165,13 +165,13 @@ class _LazySensitivity:
                 )
         return self._sens
 
-    def __call__(self, names: str | Sequence[str]) -> float:
+    def __call__(self, names: str | Sequence[str]) -> Share:
         sens = self._ready()
         if sens is None:
-            return math.nan
+            return Share(math.nan)
         group = [names] if isinstance(names, str) else list(names)
         try:
             return sens.share([self.layers[n] for n in group])
         except Exception as exc:  # this layer cannot be isolated on the CPU: evidence alone
             log.info("no output sensitivity for %s: %s", group[0], str(exc).splitlines()[0])
-            return math.nan
+            return Share(math.nan)

@@ -10,10 +10,10 @@ layers do - or whose backend result is far worse than its quantization explains:
 * **stands out** - a layer's local SQNR is below ``floor - Z_MIN x spread`` (that gap kept
   between ``GAP_DB`` and ``MAX_GAP_DB``: a few layers make a weak spread estimate) and
   below ``ABS_DB`` (the SQNR pass mark: its own encodings alone fail what the model must keep).
-* **matters** - quantizing that layer alone (CPU simulation of the float model,
-  :mod:`accdbg.algorithms.sensitivity`) costs the outputs at least ``SHARE`` of the error of
-  quantizing everything, or the layer destroys its information (local SQNR under
-  ``DESTROYED_DB``: its median channel is mostly noise) and still costs the outputs
+* **matters** - quantizing that layer alone, or taking only its quantizers out of the whole
+  QDQ model (CPU simulation, :mod:`accdbg.algorithms.sensitivity`), shows it causes at least
+  ``SHARE`` of the error of quantizing everything, or the layer destroys its information (local
+  SQNR under ``DESTROYED_DB``: its median channel is mostly noise) and still causes
   ``MIN_SHARE``. A layer that is bad locally but drowned by the error around it is reported in
   its ``cause`` and not named.
 * **backend** - the target's error at a layer (per channel) exceeds what the layer's own
@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from accdbg.algorithms.evidence import Evidence, nsr_db
+from accdbg.algorithms.sensitivity import Share
 
 Z_MIN = 3.5
 GAP_DB = 10.0
@@ -58,14 +59,24 @@ RANK = "culprit_rank"
 CAUSE = "cause"
 LOCAL = "local SQNR"
 SHARE_COL = "output error share"
-COLUMNS = (RANK, CAUSE, LOCAL, "weight SQNR", "output quant SQNR", "clipped %", SHARE_COL)
+REMOVED_COL = "output error removed"
+COLUMNS = (
+    RANK,
+    CAUSE,
+    LOCAL,
+    "weight SQNR",
+    "output quant SQNR",
+    "clipped %",
+    SHARE_COL,
+    REMOVED_COL,
+)
 
 
 class Impact(Protocol):
-    """Output error with only this layer (or this group of layers) quantized, over the error
-    with all of them (NaN when it could not be measured)."""
+    """This layer's (or this group's) part of the outputs' error: with only its encodings
+    applied, and removed when only its quantizers are taken out (NaN when not measured)."""
 
-    def __call__(self, names: str | Sequence[str]) -> float: ...
+    def __call__(self, names: str | Sequence[str]) -> Share: ...
 
 
 @dataclass
@@ -235,17 +246,18 @@ def rank(
             candidates.append((local[n], n, _cause(ev)))
             continue
         share, group_share, matters = verdict
-        columns[n][SHARE_COL] = share
+        columns[n][SHARE_COL] = _nan_none(share.alone)
+        columns[n][REMOVED_COL] = _nan_none(share.removed)
         if not matters:
             with_them = (
                 f" (with the {len(carried[n])} layer(s) carrying its outlier "
-                f"{100 * group_share:.0f}%)"
+                f"{_pct(group_share.best)})"
                 if group_share is not None
                 else ""
             )
             columns[n][CAUSE] = (
-                f"stands out locally ({_cause(ev)}) but alone costs the outputs only "
-                f"{100 * share:.0f}% of the whole model's error{with_them}"
+                f"stands out locally ({_cause(ev)}) but costs the outputs only "
+                f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
             )
             continue
         cause = _cause(ev)
@@ -254,8 +266,14 @@ def rank(
             shown = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
             cause += (
                 f"; the outlier it makes blows the range of {shown}: with them it costs the "
-                f"outputs {100 * group_share:.0f}% of the whole model's error (alone "
-                f"{100 * share:.0f}%)"
+                f"outputs {_pct(group_share.best)} of the whole model's error (alone "
+                f"{_pct(share.best)})"
+            )
+        elif share.removed > 2 * share.alone and share.removed >= SHARE:
+            cause += (
+                f"; with every other encoding applied it causes {_pct(share.removed)} of the "
+                f"outputs' error (alone {_pct(share.alone)}): it hurts together with its "
+                "neighbours' encodings"
             )
         candidates.append((local[n], n, cause))
     if local_observed:
@@ -282,26 +300,38 @@ def rank(
     return Ranking(culprits, floor, spread, findings, columns)
 
 
+def _pct(x: float) -> str:
+    return "?%" if math.isnan(x) else f"{100 * x:.0f}%"
+
+
+def _both(share: Share) -> str:
+    return f"alone {_pct(share.alone)}, taken out of the quantized model {_pct(share.removed)}"
+
+
+def _nan_none(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
 def _matters(
     n: str, db: float, impact: Impact | None, later: Sequence[str]
-) -> tuple[float, float | None, bool] | None:
+) -> tuple[Share, Share | None, bool] | None:
     """Whether a standout costs the outputs enough: (its share, its group's share when its
     carriers were needed, verdict); None when its impact could not be measured.
 
     An outlier a layer makes travels: the layers after it that carry it lose their ranges too
     and, one quantizer at a time, none of them explains the outputs' loss. So when the layer
     alone does not matter, it is measured again quantized together with its carriers."""
-    share = impact(n) if impact is not None else math.nan
-    if math.isnan(share):
+    share = impact(n) if impact is not None else Share(math.nan)
+    if math.isnan(share.best):
         return None
 
-    def enough(x: float) -> bool:
-        return x >= SHARE or (db < DESTROYED_DB and x >= MIN_SHARE)
+    def enough(x: Share) -> bool:
+        return x.best >= SHARE or (db < DESTROYED_DB and x.best >= MIN_SHARE)
 
     if enough(share) or not later:
         return share, None, enough(share)
     group = impact([n, *later])
-    if math.isnan(group):
+    if math.isnan(group.best):
         return share, None, False
     return share, group, enough(group)
 

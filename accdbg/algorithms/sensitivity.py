@@ -2,12 +2,19 @@
 
 A layer can lose much of its own information and still not matter: the error already upstream
 may be larger, or later layers may not care. So a layer that stands out in the evidence is a
-culprit only if it *hurts the outputs*: the float model (pre-processed as for QNN) is run on
-onnxruntime's CPU with only that layer's encodings applied - its weights quantized and
-dequantized, its output passed through a QuantizeLinear/DequantizeLinear with its scale and zero
-point - and its outputs are compared with the float outputs. The whole QDQ model on the same
-CPU gives the error of quantizing everything, so each layer's share can be stated. This is
-AIMET's one-quantizer-at-a-time sensitivity, run only for the few candidates.
+culprit only if it *hurts the outputs*, measured both ways AIMET's QuantAnalyzer does, on
+onnxruntime's CPU and only for the few candidates:
+
+* **alone** - the float model (pre-processed as for QNN) with only that layer's encodings
+  applied: its weights quantized and dequantized, its output passed through a
+  QuantizeLinear/DequantizeLinear with its scale and zero point;
+* **removed** - the whole QDQ model with that layer's quantizers taken out (float weights, no
+  output QuantizeLinear/DequantizeLinear): the part of the error that goes away when it alone is
+  kept in float. This one sees what the first cannot - an encoding that hurts only together
+  with the others: a channel crushed by one layer's output range and amplified by the next
+  layer's weights, an outlier that blows the ranges of every layer carrying it.
+
+Both are stated over the error of the whole QDQ model on the same CPU (the worst output).
 
 An output made by a Softmax or a Sigmoid is measured before it, at its logits: a saturating
 output turns a wrong score into the same 0 or 1 whatever the size of the error, so the share
@@ -19,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -103,8 +111,25 @@ def dequantized(qdq_model: onnx.ModelProto, name: str) -> str | None:
     return name
 
 
+@dataclass(frozen=True)
+class Share:
+    """A layer's (or a group's) part of the outputs' error: ``alone`` with only its encodings
+    applied, ``removed`` the error that goes away with only its quantizers taken out (both over
+    the whole QDQ model's error; NaN when not measured)."""
+
+    alone: float
+    removed: float = math.nan
+
+    @property
+    def best(self) -> float:
+        """The larger of the two: either way the layer is shown to matter."""
+        vals = [v for v in (self.alone, self.removed) if not math.isnan(v)]
+        return max(vals) if vals else math.nan
+
+
 class Sensitivity:
-    """Runs the float model with one layer's encodings applied at a time."""
+    """Runs the float model with one layer's encodings applied at a time, and the QDQ model
+    with one layer's quantizers taken out."""
 
     def __init__(
         self,
@@ -130,17 +155,71 @@ class Sensitivity:
         by_name = dict(zip(names, _session(qdq_out).run(names, self.feeds), strict=True))
         out = [by_name.get(fetch[n], g) for n, g in zip(self.outputs, self.golden, strict=True)]
         self.whole_noise = output_noise(self.golden, out)
+        self._fetch = fetch
+        self._float_inits = {i.name: i for i in float_model.graph.initializer}
 
-    def share(self, layers: Exposed | Sequence[Exposed]) -> float:
-        """These layers' quantization alone (one layer, or a group quantized together) over the
-        whole model's, in output error power (the worst output; scale-free, so it holds when a
-        golden output is all zero)."""
+    def share(self, layers: Exposed | Sequence[Exposed]) -> Share:
+        """These layers' part of the whole model's output error power, both ways (the worst
+        output; scale-free, so it holds when a golden output is all zero)."""
         useful = (self.golden_power > 0) & (self.whole_noise > 0)
         if not useful.any():  # outputs with no signal (all zero) or no error: nothing to weigh
-            return math.nan
+            return Share(math.nan)
         group = [layers] if isinstance(layers, Exposed) else list(layers)
-        noise = self.alone_noise(group)
-        return float((noise[useful] / self.whole_noise[useful]).max())
+        whole = self.whole_noise[useful]
+        alone = float((self.alone_noise(group)[useful] / whole).max())
+        try:
+            removed = float((1.0 - self.removed_noise(group)[useful] / whole).max())
+        except Exception as exc:  # onnxruntime refusing the edited QDQ model: one measure only
+            log.info("no leave-one-out measure for %s: %s", group[0].name, str(exc)[:200])
+            removed = math.nan
+        return Share(alone, removed)
+
+    def removed_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
+        """Each output's error power with every encoding applied but these layers' own: their
+        weights float again, their output QuantizeLinear/DequantizeLinear a pass-through."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.qdq_model)
+        g = model.graph
+        producer = {o: n for n in g.node for o in n.output}
+        consumers: dict[str, list[onnx.NodeProto]] = {}
+        for n in g.node:
+            for x in n.input:
+                consumers.setdefault(x, []).append(n)
+        nodes = om.topological_nodes(g)  # the copy's own nodes, in the order layers index
+        for layer in layers:
+            node = nodes[layer.index]
+            for i, x in enumerate(node.input):
+                dq = producer.get(x)
+                if (
+                    dq is None
+                    or dq.op_type != "DequantizeLinear"
+                    or dq.input[0] not in self._qdq_inits
+                ):
+                    continue
+                w = self._float_inits.get(dq.input[0].removesuffix("_quantized"))
+                if w is not None and len(w.dims) >= 2:
+                    g.initializer.append(
+                        numpy_helper.from_array(numpy_helper.to_array(w), f"{w.name}__sens_float")
+                    )
+                    node.input[i] = f"{w.name}__sens_float"
+            if layer.quantized:
+                for q in consumers.get(layer.qdq_tensor, []):
+                    if q.op_type != "QuantizeLinear":
+                        continue
+                    for dq in consumers.get(q.output[0], []):
+                        if dq.op_type == "DequantizeLinear":  # keeps its output name
+                            dq.op_type = "Identity"
+                            del dq.input[:], dq.attribute[:]
+                            dq.input.append(layer.qdq_tensor)
+        g.ClearField("value_info")  # the pass-throughs carry float where integers were typed
+        names = [t for t in self._fetch.values() if t is not None]
+        got = dict(
+            zip(names, _session(om.with_outputs(model, names)).run(names, self.feeds), strict=True)
+        )
+        out = [
+            got.get(self._fetch[n], gold) for n, gold in zip(self.outputs, self.golden, strict=True)
+        ]
+        return output_noise(self.golden, out)
 
     def alone_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
         """Each output's error power with only these layers' weights and output encodings

@@ -1,9 +1,9 @@
 """From an algorithm's table to the zoo's figures: ranks of the culprit rows, hits, false alarms.
 
 accdbg's tables carry a ``culprit_rank`` column (1 = most likely culprit; empty = not a
-culprit). Until that column exists, :func:`provisional_ranks` derives a stand-in from the
-columns the tables have today; it is labelled "provisional" everywhere and is the only place
-that knows about those columns.
+culprit). Hit rates are given over all faults and by how much each fault costs the model's
+outputs on QNN: a fault that leaves the outputs as they were is no culprit of theirs, and by
+the ranking's own rule (a layer is named only when it matters to the outputs) it is not named.
 """
 
 from __future__ import annotations
@@ -18,56 +18,17 @@ NAME_COLUMN = {"oneshot": "Name", "layerwise": "O/P Name", "cumulative": "O/P Na
 RANK_COLUMN = "culprit_rank"
 
 
-def provisional_ranks(algorithm: str, table: pd.DataFrame) -> pd.Series:
-    """PROVISIONAL, to delete when ``culprit_rank`` lands (issue #12).
-
-    oneshot: the order of the ``largest_drop`` marks of SQNR (the three layers adding the most
-    noise-to-signal power, ``SQNR error added``), cosine's when SQNR is absent.
-    layerwise / cumulative: the layers failing their verifier, worst score first, top three.
-    """
-    ranks = pd.Series(np.nan, index=table.index, dtype=float)
-    if algorithm == "oneshot":
-        marks = table.get("largest_drop", pd.Series("", index=table.index)).fillna("").astype(str)
-        for label in ("SQNR", "CosineSimilarity"):
-            found = False
-            for i, text in marks.items():
-                for part in text.split(";"):
-                    part = part.strip()
-                    if part.startswith(f"{label} #"):
-                        ranks[i] = float(part.split("#")[1])
-                        found = True
-            if found:
-                return ranks
-        return ranks
-    if "CosineSimilarity" in table.columns:
-        col, worst_first = "CosineSimilarity", True
-    elif "SQNR" in table.columns:
-        col, worst_first = "SQNR", True
-    else:
-        return ranks
-    status = table.get("Status", pd.Series("", index=table.index)).fillna("").astype(str)
-    ok = status.isin(["", "ok", "part", "nan"])  # judged normally (part: cumulative's cut)
-    info = table.get("Info", pd.Series("", index=table.index)).fillna("").astype(str)
-    failing = ok & info.str.contains(f"{col} .* fails", regex=True)
-    scores = pd.to_numeric(table[col], errors="coerce")
-    order = scores[failing].sort_values(ascending=worst_first).index[:3]
-    for r, i in enumerate(order, start=1):
-        ranks[i] = float(r)
-    return ranks
-
-
-def ranks_of(algorithm: str, table: pd.DataFrame) -> tuple[pd.Series, str]:
-    """Each row's culprit rank (NaN = not named) and where it came from."""
-    if RANK_COLUMN in table.columns:
-        ranks = pd.to_numeric(table[RANK_COLUMN], errors="coerce")
-        return ranks.astype("Float64").astype(float), RANK_COLUMN  # nullable Int64 -> NaN
-    return provisional_ranks(algorithm, table), "provisional"
+def ranks_of(table: pd.DataFrame) -> pd.Series:
+    """Each row's culprit rank (NaN = not named)."""
+    if RANK_COLUMN not in table.columns:
+        raise KeyError(f"the table has no {RANK_COLUMN} column")
+    return pd.to_numeric(table[RANK_COLUMN], errors="coerce").astype("Float64").astype(float)
 
 
 def score(algorithm: str, table: pd.DataFrame, culprits: Sequence[str]) -> dict:
     """Where the culprit rows rank, and what was named."""
     names = table[NAME_COLUMN[algorithm]].astype(str)
-    ranks, source = ranks_of(algorithm, table)
+    ranks, source = ranks_of(table), RANK_COLUMN
     named = ranks.notna()
     order = ranks[named].sort_values()
     in_table = [c for c in culprits if c in set(names)]
@@ -94,11 +55,16 @@ def sqnr_db(golden: np.ndarray, target: np.ndarray) -> float:
 ALGORITHM_ORDER = ("oneshot", "layerwise", "cumulative")
 
 
+LOSS_BANDS = ((3.0, math.inf, ">= 3 dB"), (1.0, 3.0, "1-3 dB"), (-math.inf, 1.0, "< 1 dB"))
+
+
 def summary_table(rows: pd.DataFrame, kinds: Sequence[str]) -> pd.DataFrame:
-    """Per algorithm and fault kind: cases, hit@1, hit@3, how many faults hurt QNN's result and
-    hit@3 among those; clean: false alarms (a clean case where some layer is ranked)."""
+    """Per algorithm and fault kind: cases, hit@1, hit@3, and hit@3 by what the fault costs the
+    outputs on QNN (``out_loss_db``: >= 3 dB, 1-3 dB, < 1 dB); clean: false alarms (a clean
+    case where some layer is ranked)."""
     out = []
     algos = [a for a in ALGORITHM_ORDER if a in set(rows["algorithm"])]
+    loss = pd.to_numeric(rows.get("out_loss_db", pd.Series(math.nan, index=rows.index)))
     for algo in algos:
         mine = rows[rows["algorithm"] == algo]
         groups = [(k, mine[mine["kind"] == k]) for k in kinds if k != "clean"]
@@ -112,14 +78,16 @@ def summary_table(rows: pd.DataFrame, kinds: Sequence[str]) -> pd.DataFrame:
             row = {"algorithm": algo, "fault kind": kind, "cases": n}
             if kind == "clean":
                 alarms = int((done["n_named"] > 0).sum())
-                row |= {"hit@1": "", "hit@3": "", "QNN hurt": "", "hit@3 where hurt": ""}
+                row |= {"hit@1": "", "hit@3": ""} | {
+                    f"hit@3, outputs lose {b[2]}": "" for b in LOSS_BANDS
+                }
                 row["false alarms"] = f"{alarms}/{n}"
             else:
-                hurt = done[done["hurts"].fillna(False).astype(bool)]
                 row["hit@1"] = _pct(int(done["hit1"].sum()), n)
                 row["hit@3"] = _pct(int(done["hit3"].sum()), n)
-                row["QNN hurt"] = f"{len(hurt)}/{n}"
-                row["hit@3 where hurt"] = _pct(int(hurt["hit3"].sum()), len(hurt))
+                for lo, hi, label in LOSS_BANDS:
+                    band = done[(loss[done.index] >= lo) & (loss[done.index] < hi)]
+                    row[f"hit@3, outputs lose {label}"] = _pct(int(band["hit3"].sum()), len(band))
                 row["false alarms"] = ""
             row["failed runs"] = len(grp) - n
             out.append(row)

@@ -89,7 +89,7 @@ class _Impact:
         self.shares = shares
         self.asked = []
 
-    def __call__(self, names):
+    def __call__(self, names, enough=math.inf):
         key = names if isinstance(names, str) else tuple(names)
         self.asked.append(key)
         share = self.shares.get(key, 0.01)
@@ -122,6 +122,31 @@ def test_a_standout_is_named_only_when_it_reaches_the_outputs():
         in (r.columns["l20"]["cause"])
     )
     assert r.findings[0].startswith("culprit #1: l10 (Conv) - weight range")
+
+
+def test_a_standout_that_hurts_only_with_the_other_encodings_is_named():
+    """Quantized alone on the float model a layer may cost the outputs nothing, yet taking its
+    quantizers out of the whole QDQ model removes most of the error (a channel it crushes
+    that the next layer's weights amplify): that second measure names it too, and is asked
+    only when the first does not settle it."""
+    rng = np.random.default_rng(5)
+    names = [f"l{i}" for i in range(40)]
+    ev = {n: _ev(n, 36 + rng.normal(0, 2)) for n in names}
+    ev["l10"] = _ev("l10", 12.0)
+    ev["l20"] = _ev("l20", 12.5)
+    asked = []
+
+    def impact(n, enough=math.inf):
+        asked.append((n, enough))
+        alone = {"l10": 0.02, "l20": 0.03}[n]
+        return Share(alone, {"l10": 0.8, "l20": 0.1}[n])
+
+    r = rank(ev, names, impact=impact)
+    assert [c.name for c in r.culprits] == ["l10"]
+    assert "causes 80% of the outputs' error (alone 2%)" in r.culprits[0].cause
+    assert r.columns["l10"]["output error removed"] == pytest.approx(0.8)
+    assert "(alone 3%, taken out of the quantized model 10%)" in r.columns["l20"]["cause"]
+    assert asked == [("l10", 0.5), ("l20", 0.5)]  # the bar each measure is held to
 
 
 def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
@@ -425,3 +450,5 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     share = s.share(layer)
     assert share.removed == pytest.approx(1 - noise(without_1) / noise(whole), abs=1e-3)
     assert share.removed > 0.5  # the crushed channel is most of the error
+    # a first measure that settles the verdict spares the second (a session of the QDQ model)
+    assert math.isnan(s.share(layer, enough=share.alone).removed)

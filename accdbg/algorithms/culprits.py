@@ -165,13 +165,13 @@ class _LazySensitivity:
                 )
         return self._sens
 
-    def __call__(self, names: str | Sequence[str]) -> Share:
+    def __call__(self, names: str | Sequence[str], enough: float = math.inf) -> Share:
         sens = self._ready()
         if sens is None:
             return Share(math.nan)
         group = [names] if isinstance(names, str) else list(names)
         try:
-            return sens.share([self.layers[n] for n in group])
+            return sens.share([self.layers[n] for n in group], enough)
         except Exception as exc:  # this layer cannot be isolated on the CPU: evidence alone
             log.info("no output sensitivity for %s: %s", group[0], str(exc).splitlines()[0])
             return Share(math.nan)

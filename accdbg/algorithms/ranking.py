@@ -76,7 +76,9 @@ class Impact(Protocol):
     """This layer's (or this group's) part of the outputs' error: with only its encodings
     applied, and removed when only its quantizers are taken out (NaN when not measured)."""
 
-    def __call__(self, names: str | Sequence[str]) -> Share: ...
+    def __call__(self, names: str | Sequence[str], enough: float = ...) -> Share:
+        """``enough``: a first measure at or above it settles the verdict (the second, which
+        costs a session, may be skipped)."""
 
 
 @dataclass
@@ -321,16 +323,17 @@ def _matters(
     An outlier a layer makes travels: the layers after it that carry it lose their ranges too
     and, one quantizer at a time, none of them explains the outputs' loss. So when the layer
     alone does not matter, it is measured again quantized together with its carriers."""
-    share = impact(n) if impact is not None else Share(math.nan)
+    bar = MIN_SHARE if db < DESTROYED_DB else SHARE
+    share = impact(n, bar) if impact is not None else Share(math.nan)
     if math.isnan(share.best):
         return None
 
     def enough(x: Share) -> bool:
-        return x.best >= SHARE or (db < DESTROYED_DB and x.best >= MIN_SHARE)
+        return x.best >= bar
 
     if enough(share) or not later:
         return share, None, enough(share)
-    group = impact([n, *later])
+    group = impact([n, *later], bar)
     if math.isnan(group.best):
         return share, None, False
     return share, group, enough(group)

@@ -158,15 +158,18 @@ class Sensitivity:
         self._fetch = fetch
         self._float_inits = {i.name: i for i in float_model.graph.initializer}
 
-    def share(self, layers: Exposed | Sequence[Exposed]) -> Share:
+    def share(self, layers: Exposed | Sequence[Exposed], enough: float = math.inf) -> Share:
         """These layers' part of the whole model's output error power, both ways (the worst
-        output; scale-free, so it holds when a golden output is all zero)."""
+        output; scale-free, so it holds when a golden output is all zero). When the first
+        reaches ``enough`` the second is not needed: it costs a session of the QDQ model."""
         useful = (self.golden_power > 0) & (self.whole_noise > 0)
         if not useful.any():  # outputs with no signal (all zero) or no error: nothing to weigh
             return Share(math.nan)
         group = [layers] if isinstance(layers, Exposed) else list(layers)
         whole = self.whole_noise[useful]
         alone = float((self.alone_noise(group)[useful] / whole).max())
+        if alone >= enough:
+            return Share(alone)
         try:
             removed = float((1.0 - self.removed_noise(group)[useful] / whole).max())
         except Exception as exc:  # onnxruntime refusing the edited QDQ model: one measure only

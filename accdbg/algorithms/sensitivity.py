@@ -189,6 +189,7 @@ class Sensitivity:
             for x in n.input:
                 consumers.setdefault(x, []).append(n)
         nodes = om.topological_nodes(g)  # the copy's own nodes, in the order layers index
+        added: set[str] = set()
         for layer in layers:
             node = nodes[layer.index]
             for i, x in enumerate(node.input):
@@ -200,11 +201,14 @@ class Sensitivity:
                 ):
                     continue
                 w = self._float_inits.get(dq.input[0].removesuffix("_quantized"))
-                if w is not None and len(w.dims) >= 2:
-                    g.initializer.append(
-                        numpy_helper.from_array(numpy_helper.to_array(w), f"{w.name}__sens_float")
-                    )
-                    node.input[i] = f"{w.name}__sens_float"
+                if w is None or len(w.dims) < 2:
+                    continue
+                name = f"{w.name}__sens_float"
+                if name not in added:  # a weight shared by two layers of the group
+                    added.add(name)
+                    g.initializer.append(w)
+                    g.initializer[-1].name = name
+                node.input[i] = name
             if layer.quantized:
                 for q in consumers.get(layer.qdq_tensor, []):
                     if q.op_type != "QuantizeLinear":

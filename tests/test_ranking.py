@@ -167,7 +167,7 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
     assert [c.name for c in r.culprits] == ["l10"]
     assert ("l10", "l11", "l12") in impact.asked  # measured as a group only after alone failed
     assert "blows the range of l11, l12" in r.culprits[0].cause
-    assert "costs the outputs 90%" in r.culprits[0].cause and "(alone 5%)" in r.culprits[0].cause
+    assert "costs the outputs 90%" in r.culprits[0].cause and "(alone 5%," in r.culprits[0].cause
     assert r.columns["l11"]["cause"] == "activation outlier carried in from l10"
     assert r.columns["l12"]["cause"] == "activation outlier carried in from l11"
     # the same layers, with a group that does not matter either: nothing is named

@@ -268,8 +268,7 @@ def rank(
             shown = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
             cause += (
                 f"; the outlier it makes blows the range of {shown}: with them it costs the "
-                f"outputs {_pct(group_share.best)} of the whole model's error (alone "
-                f"{_pct(share.best)})"
+                f"outputs {_pct(group_share.best)} of the whole model's error ({_both(share)})"
             )
         elif share.removed > 2 * share.alone and share.removed >= SHARE:
             cause += (

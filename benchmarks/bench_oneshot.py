@@ -94,6 +94,7 @@ def bare_runs(model: Path, x_path: Path, work: Path) -> dict[str, float]:
 def evidence_cost(result, work: Path) -> float:
     """Seconds the culprit evidence added: the ranking step, and the per-channel scores
     (verification of the same dumps timed with and without them)."""
+    from accdbg.verifiers import scoring
     from accdbg.verifiers import verification as ver
 
     def timed() -> float:
@@ -108,12 +109,12 @@ def evidence_cost(result, work: Path) -> float:
         return time.perf_counter() - t
 
     with_channels = timed()
-    keep = ver._per_channel
-    ver._per_channel = lambda *a, **k: {}
+    keep = scoring._per_channel
+    scoring._per_channel = lambda *a, **k: {}
     try:
         without = timed()
     finally:
-        ver._per_channel = keep
+        scoring._per_channel = keep
     return result.seconds.get("culprit ranking", 0.0) + max(0.0, with_channels - without)
 
 

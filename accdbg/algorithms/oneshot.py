@@ -54,15 +54,11 @@ from accdbg.frameworks.diagnosis import (
 from accdbg.mapping.graph_struct import inputs_of, load_graph_struct
 from accdbg.reports.html_report import write_report
 from accdbg.verifiers import get_verifier
+from accdbg.verifiers.aggregate import worst_input
 from accdbg.verifiers.base import Verifier
-from accdbg.verifiers.verification import (
-    SummaryAnnotation,
-    VerificationResult,
-    check_verifiers,
-    find_results,
-    run_verification,
-    worst_input,
-)
+from accdbg.verifiers.configured import check_verifiers
+from accdbg.verifiers.pairing import find_results
+from accdbg.verifiers.verification import SummaryAnnotation, VerificationResult, run_verification
 
 log = logging.getLogger("accdbg.oneshot")
 

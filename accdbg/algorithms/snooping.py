@@ -322,7 +322,7 @@ def one_input_golden(folder: Path, inputs: Sequence[InputTensor]) -> Path:
     ``Result_N`` per line; the one computed from the ``-i`` files' data is taken, else the first."""
     from accdbg.core.provenance import inputs_record, recorded_inputs, same_inputs
     from accdbg.core.tensor_store import TensorFolder
-    from accdbg.verifiers.verification import find_results
+    from accdbg.verifiers.pairing import find_results
 
     lines, _ = find_results(folder, "--golden_output_reference_directory")
     if list(lines.values()) == [folder.absolute()]:  # one tensor folder

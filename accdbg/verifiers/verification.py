@@ -5,6 +5,11 @@ mapping or exact names), each pair is read from disk memory-mapped, laid out ali
 (:mod:`accdbg.mapping.layout`), cast to float64 once, and handed to every verifier before the
 next pair is read: memory stays at about one pair whatever the model's size. Rows come out
 in execution order (graph structure, else the golden manifest's topological index).
+
+This module is the component: the plan, one input's rows, the detail files, the run. Its
+parts live beside it: which folders are compared (:mod:`.pairing`), how a pair is laid out
+alike (:mod:`.alignment`), the verifiers of a run (:mod:`.configured`), a row's columns and
+scoring step (:mod:`.scoring`), and the table over several inputs (:mod:`.aggregate`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ import difflib
 import logging
 import math
 import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,15 +28,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from accdbg.core.jsonio import read_json
 from accdbg.core.progress import progress
-from accdbg.core.provenance import describe_inputs, input_files, recorded_inputs, same_inputs
+from accdbg.core.provenance import recorded_inputs
 from accdbg.core.run_dir import RunDir, options_dict
-from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, TensorRecord, safe_relpath
+from accdbg.core.tensor_store import TensorFolder, safe_relpath
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import execution_order, load_graph_struct
-from accdbg.mapping.layout import Alignment, normalize_layout, reconcile
-from accdbg.mapping.qnn_json import QnnGraph, QnnTensor, StepEncoding
+from accdbg.mapping.layout import reconcile
+from accdbg.mapping.qnn_json import QnnGraph
 from accdbg.mapping.tensor_mapping import (
     MAPPING_FILE,
     Pairing,
@@ -47,19 +50,37 @@ from accdbg.reports.summary import (
     write_record_html,
     write_summary,
 )
-from accdbg.verifiers import get_verifier, make_verifier
 from accdbg.verifiers import status as row_status
+from accdbg.verifiers.aggregate import aggregate_inputs, final_outputs, inputs_table, worst_input
+from accdbg.verifiers.alignment import fmt_shape, golden_view, scale_for, shapeless, target_view
 from accdbg.verifiers.base import TensorPair, Verifier, VerifierResult, finite_range
-from accdbg.verifiers.channels import STATS, ChannelPair, channel_axis, live, summarize
+from accdbg.verifiers.configured import ConfiguredVerifier, check_verifiers, configured_verifiers
+from accdbg.verifiers.pairing import find_results, match_inputs, pair_inputs, side_file
+from accdbg.verifiers.scoring import channel_columns, score_pair, summary_columns
+
+# the component's own names, and those other code imports from here (their homes: above)
+__all__ = [
+    "Annotator",
+    "ConfiguredVerifier",
+    "Plan",
+    "SummaryAnnotation",
+    "SummaryPage",
+    "VerificationResult",
+    "channel_columns",
+    "check_verifiers",
+    "configured_verifiers",
+    "find_results",
+    "plan_pairs",
+    "run_verification",
+    "score_pair",
+    "verify_input",
+    "worst_input",
+]
 
 log = logging.getLogger("accdbg.verification")
 
 COMPONENT = "verification"
 SUMMARY_FORMAT = "accdbg-verification/1"
-LEADING_COLUMNS = ["Name", "LayerType", "Size", "Tensor_dims"]
-RANGE_COLUMNS = ["golden_min", "golden_max", "target_min", "target_max"]
-EXTRA_COLUMNS = ["Status", "Failed", "Golden_name", "Layout", "Order"]
-RESULT_RE = re.compile(r"^Result_(\d+)$")
 
 
 @dataclass
@@ -137,15 +158,6 @@ class SummaryPage:
 
 
 @dataclass
-class ConfiguredVerifier:
-    """A verifier, its column label, and the tensors it runs on (None: every tensor)."""
-
-    verifier: Verifier
-    label: str
-    tensors: list[list[str]] | None = None
-
-
-@dataclass
 class Plan:
     """Everything decided before the first tensor is read."""
 
@@ -156,277 +168,7 @@ class Plan:
     sources: dict[str, str] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------- inputs and side files
-
-
-def _result_folders(folder: Path) -> list[Path]:
-    found = [c for c in folder.iterdir() if c.is_dir() and RESULT_RE.match(c.name)]
-    return sorted(found, key=lambda c: int(RESULT_RE.match(c.name).group(1)))
-
-
-def _has_tensors(folder: Path) -> bool:
-    return (folder / MANIFEST_NAME).is_file() or next(folder.rglob("*.raw"), None) is not None
-
-
-def find_results(path: str | os.PathLike, flag: str) -> tuple[dict[str, Path], Path | None]:
-    """``Result_N`` folders under ``path`` (an engine run, its ``output/``, one result or one
-    tensor folder), and the engine run folder when there is one (for its side files)."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise AccdbgError(f"{flag} {str(path)!r} does not exist")
-    if not p.is_dir():
-        raise AccdbgError(f"{flag} {str(path)!r} is not a folder")
-    p = p.absolute()
-    if (p / "output").is_dir() and _result_folders(p / "output"):
-        return {r.name: r for r in _result_folders(p / "output")}, p
-    results = _result_folders(p)
-    if results:
-        return {r.name: r for r in results}, (p.parent if p.name == "output" else None)
-    if not _has_tensors(p):
-        raise AccdbgError(
-            f"{flag} {str(path)!r} holds no tensors (expected tensors.json or .raw files, "
-            f"or output/Result_N folders)"
-        )
-    in_engine = RESULT_RE.match(p.name) and p.parent.name == "output"
-    return {p.name if RESULT_RE.match(p.name) else "Result_0": p}, (
-        p.parent.parent if in_engine else None
-    )
-
-
-def pair_inputs(
-    golden: dict[str, Path], target: dict[str, Path], golden_dir
-) -> dict[str, tuple[Path, Path]]:
-    """Which golden folder each target result is compared with: the only one, or the
-    ``Result_N`` of the same name (engine against engine)."""
-    if len(golden) == 1:
-        (g,) = golden.values()
-        return {k: (g, t) for k, t in target.items()}
-    missing = [k for k in target if k not in golden]
-    if missing:
-        raise AccdbgError(
-            f"--inference_results {missing[0]} has no counterpart in --golden_output_reference_directory "
-            f"{str(golden_dir)!r} (it holds {', '.join(golden)})"
-        )
-    return {k: (golden[k], t) for k, t in target.items()}
-
-
-def _mismatch(g: TensorFolder, t: TensorFolder, gi: dict, ti: dict) -> str:
-    return (
-        f"refusing to compare golden {str(g.root)!r} with target {str(t.root)!r}: the golden was "
-        f"computed from {describe_inputs(gi, ti)} but the target from {describe_inputs(ti, gi)} "
-        "(different inputs); pass the golden and the inference results of the same input"
-    )
-
-
-def match_inputs(
-    folders: dict[str, tuple[TensorFolder, TensorFolder]], one_golden: bool
-) -> tuple[dict[str, tuple[TensorFolder, TensorFolder]], list[tuple[int, str]]]:
-    """Never compare dumps of different inputs: each pair's recorded input files must hold
-    the same data. One golden against several results keeps those of its own input (and says
-    which it left out); any other mismatch is an error. Returns the pairs and what to log
-    (level, line)."""
-    kept: dict[str, tuple[TensorFolder, TensorFolder]] = {}
-    skipped: list[str] = []
-    unrecorded: list[str] = []
-    first_mismatch = None
-    for key, (g, t) in folders.items():
-        gi, ti = recorded_inputs(g.meta), recorded_inputs(t.meta)
-        if gi is None or ti is None:
-            unrecorded.append(str((g if gi is None else t).root))
-            kept[key] = (g, t)
-        elif same_inputs(gi, ti):
-            kept[key] = (g, t)
-        elif one_golden and len(folders) > 1:
-            skipped.append(f"{key} ({input_files(ti)})")
-            first_mismatch = first_mismatch or _mismatch(g, t, gi, ti)
-        else:
-            raise AccdbgError(_mismatch(g, t, gi, ti))
-    golden_files = input_files(recorded_inputs(next(iter(folders.values()))[0].meta))
-    if not kept:
-        raise AccdbgError(
-            f"no inference result was computed from the golden's input {golden_files}: "
-            f"{', '.join(skipped)}; {first_mismatch}"
-        )
-    notes: list[tuple[int, str]] = []
-    if skipped:
-        text = (
-            f"the golden holds one input ({golden_files}): compared with {', '.join(kept)}; "
-            f"not compared (other inputs): {', '.join(skipped)}"
-        )
-        notes.append((logging.INFO, text))
-    if unrecorded:
-        more = len(set(unrecorded)) - 1
-        text = (
-            f"{unrecorded[0]} records no input files{f' (and {more} more)' if more else ''}: "
-            "whether golden and target come from the same input cannot be checked"
-        )
-        notes.append((logging.INFO, text))
-        if one_golden and len(kept) > 1:
-            text = (
-                f"the golden reference holds one input but the inference results hold {len(kept)}; "
-                "every Result_N is compared with it (only meaningful if they share that input)"
-            )
-            notes.append((logging.WARNING, text))
-    return kept, notes
-
-
-def _discover(engine_run: Path | None, pattern: str) -> Path | None:
-    if engine_run is None:
-        return None
-    found = sorted(engine_run.glob(pattern))
-    return found[0] if len(found) == 1 else None
-
-
-def _overlays(
-    run: RunDir,
-    summary: pd.DataFrame,
-    verifiers: Sequence[ConfiguredVerifier],
-    model_path: str | os.PathLike | None,
-    framework: str | None,
-    engine_run: Path | None,
-) -> None:
-    """Model Explorer overlays of the summary on the ONNX model the engine started from."""
-    from accdbg.reports import model_explorer as me
-
-    model, qdq = me.engine_model(engine_run)
-    if model_path is not None and str(model_path).endswith(".onnx") and framework in (None, "onnx"):
-        model = Path(model_path)
-    partitioning = engine_run / "partitioning.json" if engine_run is not None else None
-    marks = {}
-    if partitioning is not None and partitioning.is_file() and qdq is not None:
-        try:
-            marks["on CPU"] = me.cpu_marks(partitioning, qdq)
-        except AccdbgError as exc:
-            log.warning("model explorer: layers on CPU not marked: %s", exc)
-    me.overlay_run(
-        run.path,
-        [run.path / "summary.html"],
-        model,
-        summary,
-        "Name",
-        {cv.label: cv.verifier for cv in verifiers},
-        marks=marks,
-        final_dir=run.final_path,
-    )
-
-
-def load_verifier_config(path: str | os.PathLike) -> list[tuple[Verifier, list[list[str]]]]:
-    """``{"TopK": {"parameters": {...}, "tensors": [["a"], ["b"]]}, ...}`` -> verifiers."""
-    what = f"--verifier_config {str(path)!r}"
-    data = read_json(path, "--verifier_config")
-    if not isinstance(data, dict):
-        raise AccdbgError(f"{what} must be a JSON object keyed by verifier name")
-    out = []
-    for name, entry in data.items():
-        if not isinstance(entry, dict):
-            raise AccdbgError(
-                f'{what}: {name!r} must map to {{"parameters": {{...}}, "tensors": [[...]]}}'
-            )
-        params = entry.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise AccdbgError(f"{what}: {name}.parameters must be an object")
-        verifier = make_verifier(name, params)
-        tensors = entry.get("tensors")
-        n = verifier.tensors_per_side
-        if (
-            not isinstance(tensors, list)
-            or not tensors
-            or not all(
-                isinstance(group, list)
-                and len(group) == n
-                and all(isinstance(t, str) for t in group)
-                for group in tensors
-            )
-        ):
-            example = '[["boxes", "classes"]]' if n == 2 else '[["tensor_a"], ["tensor_b"]]'
-            raise AccdbgError(
-                f"{what}: {name}.tensors must be a list of lists of {n} tensor name{'s' if n > 1 else ''}, e.g. {example}"
-            )
-        out.append((verifier, tensors))
-    return out
-
-
-def _label_verifiers(
-    items: list[tuple[Verifier, list[list[str]] | None]],
-) -> list[ConfiguredVerifier]:
-    used: set[str] = set()
-    out = []
-    for verifier, tensors in items:
-        label = verifier.name if verifier.name not in used else verifier.label
-        n = 2
-        while label in used:
-            label, n = f"{verifier.label}#{n}", n + 1
-        used.add(label)
-        out.append(ConfiguredVerifier(verifier, label, tensors))
-    return out
-
-
 # ---------------------------------------------------------------- one tensor pair
-
-
-def _fmt_shape(shape) -> list[int]:
-    return [int(d) for d in shape]
-
-
-def _target_view(
-    rec: TensorRecord, qnn: QnnTensor | None
-) -> tuple[tuple[int, ...], str | None, StepEncoding | None]:
-    """The target's shape, layout and encoding, from its record first, then the QNN JSON.
-
-    The QNN JSON describes the QNN tensor: its axis format applies to the dump only when the
-    dump kept the QNN dims (an engine that transposed back to the ONNX layout did not).
-    """
-    shape = tuple(rec.shape)
-    layout = normalize_layout(rec.layout, len(shape))
-    encoding = None
-    extra = rec.extra or {}
-    if "scale" in extra and extra["scale"] is not None:
-        scale = extra["scale"]
-        encoding = StepEncoding(
-            np.asarray(scale, dtype=np.float64) if isinstance(scale, list) else float(scale),
-            extra.get("offset", 0),
-            extra.get("bitwidth"),
-            extra.get("axis"),
-        )
-    if qnn is not None:
-        if (
-            len(shape) <= 1
-            and qnn.dims
-            and int(np.prod(qnn.dims)) == rec.size
-            and len(qnn.dims) > 1
-        ):
-            shape = qnn.dims  # bare .raw: the QNN JSON knows the shape
-        if layout is None and tuple(qnn.dims) == shape:
-            layout = normalize_layout(qnn.axis_format, len(shape))
-        if (
-            encoding is None
-            and qnn.encoding is not None
-            and (qnn.encoding.axis is None or tuple(qnn.dims) == shape)
-        ):
-            encoding = qnn.encoding
-    return shape, layout, encoding
-
-
-def _golden_view(rec: TensorRecord, qnn: QnnTensor | None) -> tuple[tuple[int, ...], str | None]:
-    shape = tuple(rec.shape)
-    layout = normalize_layout(rec.layout, len(shape))
-    if layout is None and qnn is not None:
-        layout = normalize_layout(qnn.src_axis_format, len(shape))
-    return shape, layout
-
-
-def _scale_for(encoding: StepEncoding | None, target_shape, alignment: Alignment):
-    """The quantization step broadcast to the aligned target (per-axis scales move with it)."""
-    if encoding is None:
-        return None
-    try:
-        step = encoding.step_array(target_shape)
-    except ValueError as exc:
-        log.debug("ignoring encoding: %s", exc)
-        return None
-    if isinstance(step, float):
-        return step
-    return alignment.apply(np.broadcast_to(step, target_shape))
 
 
 class _Writer:
@@ -470,42 +212,6 @@ class _Writer:
         self._pool.shutdown(wait=True)
         for f in self._pending:
             f.result()
-
-
-def _shapeless(golden, target, g_shape, t_shape, size) -> Alignment | None:
-    """Bare ``.raw`` folders carry no shape: compare flat only when order cannot differ."""
-
-    def spread(shape) -> int:
-        return len([d for d in shape if d != 1])
-
-    if golden.has_manifest and target.has_manifest:
-        return None
-    if (
-        not golden.has_manifest
-        and not target.has_manifest
-        and len(g_shape) <= 1
-        and len(t_shape) <= 1
-    ):
-        return Alignment("same", g_shape, t_shape, None, "flat (no shapes recorded on either side)")
-    if not target.has_manifest and len(t_shape) <= 1 and spread(g_shape) > 1:
-        return Alignment(
-            "mismatch",
-            g_shape,
-            t_shape,
-            None,
-            f"target shape unknown (bare .raw, {size} values) for golden "
-            f"{_fmt_shape(g_shape)}: pass --qnn_model_json_path",
-        )
-    if not golden.has_manifest and len(g_shape) <= 1 and spread(t_shape) > 1:
-        return Alignment(
-            "mismatch",
-            g_shape,
-            t_shape,
-            None,
-            f"golden shape unknown (bare .raw without tensors.json) for target "
-            f"{_fmt_shape(t_shape)}: its layout cannot be told",
-        )
-    return None
 
 
 def _verify_pair(
@@ -552,10 +258,10 @@ def _verify_pair(
         row["Size"], row["Tensor_dims"] = rec.size, list(rec.shape)
         row["Status"] = "missing in target" if t_rec is None else "missing in golden"
         return row, {}
-    t_shape, t_layout, encoding = _target_view(t_rec, qnn)
-    g_shape, g_layout = _golden_view(g_rec, qnn)
-    row["Size"], row["Tensor_dims"] = int(np.prod(t_shape)) if t_shape else 1, _fmt_shape(t_shape)
-    alignment = _shapeless(golden, target, g_shape, t_shape, t_rec.size) or reconcile(
+    t_shape, t_layout, encoding = target_view(t_rec, qnn)
+    g_shape, g_layout = golden_view(g_rec, qnn)
+    row["Size"], row["Tensor_dims"] = int(np.prod(t_shape)) if t_shape else 1, fmt_shape(t_shape)
+    alignment = shapeless(golden, target, g_shape, t_shape, t_rec.size) or reconcile(
         g_shape, t_shape, g_layout, t_layout
     )
     row["Layout"] = alignment.note if alignment.ok else ""
@@ -573,68 +279,9 @@ def _verify_pair(
         return row, {}
     t_arr = alignment.apply(t_raw).astype(np.float64)  # one copy: transpose and cast together
     results = score_pair(
-        row, g_arr, t_arr, _scale_for(encoding, t_shape, alignment), g_layout, verifiers
+        row, g_arr, t_arr, scale_for(encoding, t_shape, alignment), g_layout, verifiers
     )
     return row, results
-
-
-def score_pair(
-    row: dict[str, Any],
-    g_arr: np.ndarray,
-    t_arr: np.ndarray,
-    scale: float | np.ndarray | None,
-    g_layout: str | None,
-    verifiers: Sequence[ConfiguredVerifier],
-) -> dict[str, VerifierResult]:
-    """Two aligned float64 arrays through every verifier: fills the row's target range,
-    per-channel scores and notes, returns each verifier's result. The one scoring step of a
-    pair, whether the arrays were read from dumps or are still in memory (a dataset run)."""
-    row["target_min"], row["target_max"] = finite_range(t_arr)
-    pair = TensorPair(g_arr, t_arr, scale)
-    results = {cv.label: cv.verifier.verify(pair) for cv in verifiers}
-    if not pair.notes and not pair.problem:
-        row.update(_per_channel(pair, g_arr.shape, g_layout, row["LayerType"], verifiers))
-    pair_note = "; ".join(pair.notes)
-    notes = list(pair.notes)
-    notes += [
-        f"{label}: {res.status}"
-        for label, res in results.items()
-        if res.status not in ("ok", pair_note)
-    ]
-    if notes:
-        row["Status"] = "; ".join(notes)
-    return results
-
-
-def _per_channel(
-    pair: TensorPair, shape, layout, op_type, verifiers: list[ConfiguredVerifier]
-) -> dict[str, float]:
-    """``<label> ch_median`` / ``ch_worst`` of every verifier that has a per-channel form."""
-    axis = channel_axis(shape, layout, op_type)
-    if axis is None:
-        return {}
-    g, t = pair.golden.reshape(shape), pair.target.reshape(shape)
-    cp = ChannelPair.of(g, t, axis, pair.__dict__.get("diff"))
-    alive = live(cp.gg)
-    out: dict[str, float] = {}
-    for cv in verifiers:
-        with np.errstate(all="ignore"):
-            values = cv.verifier.per_channel(cp)
-        if values is not None:
-            stats = summarize(values, alive, cv.verifier.higher_is_better)
-            out.update({f"{cv.label} {k}": v for k, v in stats.items()})
-    return out
-
-
-def channel_columns(verifiers: Sequence[ConfiguredVerifier]) -> list[str]:
-    """The per-channel columns of the verifiers that have a per-channel form."""
-    probe = ChannelPair(np.ones((2, 1)), np.ones((2, 1)))
-    return [
-        f"{cv.label} {k}"
-        for cv in verifiers
-        if cv.tensors is None and cv.verifier.per_channel(probe) is not None
-        for k in STATS
-    ]
 
 
 def _detail_record(row: dict[str, Any], result: VerifierResult) -> dict[str, Any]:
@@ -750,12 +397,7 @@ def verify_input(
         )
     finally:
         writer.close()
-    labels = [cv.label for cv in plan.verifiers]
-    # the reference's columns first; the per-channel scores after them
-    columns = (
-        LEADING_COLUMNS + labels + RANGE_COLUMNS + EXTRA_COLUMNS + channel_columns(plan.verifiers)
-    )
-    df = pd.DataFrame(rows, columns=columns)
+    df = pd.DataFrame(rows, columns=summary_columns(plan.verifiers))
     meta = {
         "format": SUMMARY_FORMAT,
         "golden": str(golden.root),
@@ -856,183 +498,40 @@ def _notes(plan: Plan, df: pd.DataFrame, passed: dict[str, list[bool | None]]) -
     return notes
 
 
-# ---------------------------------------------------------------- aggregate over inputs
-
-
-def aggregate_inputs(
-    per_input: dict[str, pd.DataFrame],
-    verifiers: list[ConfiguredVerifier],
-) -> tuple[pd.DataFrame, dict[str, list[bool | None]]]:
-    """One row per layer over all inputs: each verifier's worst value (and which input), its
-    median and mean, the value ranges over all inputs, and the first input's note in Status."""
-    keys: list[tuple[str, Any]] = []
-    stacked = []
-    for name, df in per_input.items():
-        d = df.assign(_input=name, _key=list(zip(df["Name"], df["Golden_name"], strict=True)))
-        stacked.append(d)
-        for k in d["_key"]:
-            if k not in keys:
-                keys.append(k)
-    all_rows = pd.concat(stacked, ignore_index=True)
-    rows = []
-    passed: dict[str, list[bool | None]] = {cv.label: [] for cv in verifiers}
-    groups = dict(tuple(all_rows.groupby("_key", sort=False)))
-    for key in keys:
-        grp = groups[key]
-        first = grp.iloc[0]
-        row = {c: first[c] for c in LEADING_COLUMNS}
-        failed = []
-        failed_somewhere = {f for cell in grp["Failed"] for f in row_status.split_failed(cell)}
-        for cv in verifiers:
-            vals = grp[cv.label].astype(float)
-            finite = vals.dropna()
-            if finite.empty:
-                worst, worst_in, mean, median = math.nan, None, math.nan, math.nan
-            else:
-                pos = finite.idxmin() if cv.verifier.higher_is_better else finite.idxmax()
-                worst, worst_in = float(finite[pos]), grp.loc[pos, "_input"]
-                with np.errstate(invalid="ignore"):
-                    mean = float(np.mean(finite.to_numpy()))
-                    median = float(np.median(finite.to_numpy()))
-            row[cv.label] = worst
-            for col in [c for c in grp.columns if c.startswith(f"{cv.label} ch_")]:
-                vals = grp[col].astype(float).dropna()
-                pick = vals.min() if cv.verifier.higher_is_better else vals.max()
-                row[col] = float(pick) if not vals.empty else math.nan
-            row[f"{cv.label}_median"] = median
-            row[f"{cv.label}_mean"] = mean
-            row[f"{cv.label}_worst_input"] = worst_in
-            verdict = cv.verifier.judge(worst) if not math.isnan(worst) else None
-            if cv.label in failed_somewhere:  # e.g. NaN on one input fails it whatever the values
-                verdict = False
-            passed[cv.label].append(verdict)
-            if verdict is False:
-                failed.append(cv.label)
-        row["golden_min"] = grp["golden_min"].min()
-        row["golden_max"] = grp["golden_max"].max()
-        row["target_min"] = grp["target_min"].min()
-        row["target_max"] = grp["target_max"].max()
-        noted = [
-            (i, row_status.note(st)) for i, st in zip(grp["_input"], grp["Status"], strict=True)
-        ]
-        first_note = next((f"{i}: {n}" for i, n in noted if n), "")
-        row["Status"] = row_status.compose(failed, [first_note])
-        row["Failed"] = ", ".join(failed)
-        row["Golden_name"] = first["Golden_name"]
-        row["Layout"] = first["Layout"]
-        row["Order"] = len(rows)
-        row["Inputs"] = int(len(grp))
-        rows.append(row)
-    labels = [cv.label for cv in verifiers]
-    columns = (
-        LEADING_COLUMNS
-        + labels
-        + RANGE_COLUMNS
-        + EXTRA_COLUMNS
-        + channel_columns(verifiers)
-        + ["Inputs"]
-        + [f"{label}_{s}" for label in labels for s in ("median", "mean", "worst_input")]
-    )
-    return pd.DataFrame(rows, columns=columns), passed
-
-
-def final_outputs(
-    per_input: Mapping[str, pd.DataFrame],
-    outputs: Sequence[str] | None,
-    graph_struct: str | os.PathLike | None,
-) -> list[str]:
-    """The rows that are the model's final outputs: ``outputs`` when given, else the graph
-    structure's tensors no layer consumes, else the last row."""
-    names = list(next(iter(per_input.values()))["Name"])
-    if outputs:
-        found = [n for n in outputs if n in names]
-        if found:
-            return found
-    if graph_struct is not None:
-        data = read_json(graph_struct, "--graph_struct")
-        layers = data.get("layers", []) if isinstance(data, dict) else data
-        consumed = {i for layer in layers for i in layer.get("inputs", []) or []}
-        sinks = [o for layer in layers for o in layer.get("outputs", []) or [] if o not in consumed]
-        found = [n for n in names if n in set(sinks)]
-        if found:
-            return found
-    return names[-1:]
-
-
-def inputs_table(
-    per_input: Mapping[str, pd.DataFrame],
-    metas: Mapping[str, tuple[Mapping, Mapping]],
-    outputs: Sequence[str],
-    verifiers: Sequence[ConfiguredVerifier],
-) -> pd.DataFrame:
-    """One row per input: its files and each final output's score per verifier."""
-    rows = []
-    for key, df in per_input.items():
-        g_meta, t_meta = metas[key]
-        files = recorded_inputs(t_meta) or recorded_inputs(g_meta)
-        row: dict[str, Any] = {"Input": key, "Files": input_files(files) or "(not recorded)"}
-        by_name = df.drop_duplicates("Name").set_index("Name")
-        for out in outputs:
-            for cv in verifiers:
-                if cv.label in by_name.columns and out in by_name.index:
-                    row[f"{out} {cv.label}"] = by_name.loc[out, cv.label]
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def worst_input(table: pd.DataFrame, verifiers: Mapping[str, Verifier]) -> str:
-    """The input whose final outputs score worst on the first verifier (label -> verifier)
-    that scored them."""
-    for label, verifier in verifiers.items():
-        cols = [c for c in table.columns if c.endswith(f" {label}")]
-        if not cols:
-            continue
-        scores = table[cols].apply(pd.to_numeric, errors="coerce")
-        per_row = scores.min(axis=1) if verifier.higher_is_better else scores.max(axis=1)
-        if per_row.isna().all():
-            continue
-        pos = per_row.idxmin() if verifier.higher_is_better else per_row.idxmax()
-        return str(table.loc[pos, "Input"])
-    return str(table["Input"].iloc[0])
-
-
 # ---------------------------------------------------------------- the component
 
 
-def _resolve_verifiers(
-    default_verifiers: Sequence[Any], verifier_config: str | os.PathLike | None
-) -> list[ConfiguredVerifier]:
-    items: list[tuple[Verifier, list[list[str]] | None]] = []
-    for spec in default_verifiers:
-        v = get_verifier(spec)
-        if v.tensors_per_side != 1:
-            raise AccdbgError(
-                f"--default_verifier {v.name} compares {v.tensors_per_side} tensors per side "
-                f"(boxes, classes): name them in --verifier_config, e.g. "
-                f'{{"{v.name}": {{"tensors": [["boxes", "classes"]]}}}}'
-            )
-        items.append((v, None))
-    if verifier_config is not None:
-        items.extend(load_verifier_config(verifier_config))
-    if not items:
-        raise AccdbgError(
-            "no verifier: give --default_verifier (e.g. CosineSimilarity) or --verifier_config"
-        )
-    return _label_verifiers(items)
-
-
-def configured_verifiers(
-    default_verifiers: Sequence[Any], verifier_config: str | os.PathLike | None = None
-) -> list[ConfiguredVerifier]:
-    """The verifiers of a run with their column labels, as verification resolves them."""
-    return _resolve_verifiers(default_verifiers, verifier_config)
-
-
-def check_verifiers(
-    default_verifiers: Sequence[Any], verifier_config: str | os.PathLike | None = None
+def _overlays(
+    run: RunDir,
+    summary: pd.DataFrame,
+    verifiers: Sequence[ConfiguredVerifier],
+    model_path: str | os.PathLike | None,
+    framework: str | None,
+    engine_run: Path | None,
 ) -> None:
-    """The verifier specs and ``--verifier_config``, checked before any run starts."""
-    _resolve_verifiers(default_verifiers, verifier_config)
+    """Model Explorer overlays of the summary on the ONNX model the engine started from."""
+    from accdbg.reports import model_explorer as me
+
+    model, qdq = me.engine_model(engine_run)
+    if model_path is not None and str(model_path).endswith(".onnx") and framework in (None, "onnx"):
+        model = Path(model_path)
+    partitioning = engine_run / "partitioning.json" if engine_run is not None else None
+    marks = {}
+    if partitioning is not None and partitioning.is_file() and qdq is not None:
+        try:
+            marks["on CPU"] = me.cpu_marks(partitioning, qdq)
+        except AccdbgError as exc:
+            log.warning("model explorer: layers on CPU not marked: %s", exc)
+    me.overlay_run(
+        run.path,
+        [run.path / "summary.html"],
+        model,
+        summary,
+        "Name",
+        {cv.label: cv.verifier for cv in verifiers},
+        marks=marks,
+        final_dir=run.final_path,
+    )
 
 
 def run_verification(
@@ -1074,7 +573,7 @@ def run_verification(
     overlays) before they are written: no one rewrites them after the run is finished.
     """
     start = time.perf_counter()
-    verifiers = _resolve_verifiers(default_verifiers, verifier_config)
+    verifiers = configured_verifiers(default_verifiers, verifier_config)
     golden_inputs, golden_run = find_results(golden_dir, "--golden_output_reference_directory")
     target_inputs, target_run = find_results(inference_results, "--inference_results")
     first_golden = TensorFolder(next(iter(golden_inputs.values())))
@@ -1095,21 +594,21 @@ def run_verification(
     sources: dict[str, str] = {}
 
     if tensor_mapping is None and discover and not engine_vs_engine and model_path is None:
-        found = _discover(target_run, MAPPING_FILE)
+        found = side_file(target_run, MAPPING_FILE)
         if found:
             tensor_mapping, sources["tensor_mapping"] = (
                 found,
                 f"{found} (found beside the inference results)",
             )
     if graph_struct is None and discover:
-        found = _discover(target_run, "*graph_struct.json")
+        found = side_file(target_run, "*graph_struct.json")
         if found:
             graph_struct, sources["graph_struct"] = (
                 found,
                 f"{found} (found beside the inference results)",
             )
     if qnn_model_json_path is None and discover:
-        found = _discover(target_run, "model_net.json") or _discover(target_run, "*_net.json")
+        found = side_file(target_run, "model_net.json") or side_file(target_run, "*_net.json")
         if found:
             qnn_model_json_path, sources["qnn_model_json_path"] = (
                 found,

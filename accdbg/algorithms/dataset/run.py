@@ -54,7 +54,7 @@ from accdbg.frameworks.base import RunnerOptions, get_runner_class
 from accdbg.mapping.graph_struct import inputs_of, load_graph_struct, write_graph_struct
 from accdbg.reports.dataset_report import write_dataset_report
 from accdbg.reports.summary import write_csv
-from accdbg.verifiers.verification import check_verifiers, configured_verifiers
+from accdbg.verifiers.configured import check_verifiers, configured_verifiers
 
 log = logging.getLogger("accdbg.dataset")
 

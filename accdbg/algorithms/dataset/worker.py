@@ -38,7 +38,8 @@ from accdbg.mapping.layout import reconcile
 from accdbg.verifiers import get_verifier
 from accdbg.verifiers import status as row_status
 from accdbg.verifiers.base import TensorPair, finite_range
-from accdbg.verifiers.verification import channel_columns, configured_verifiers, score_pair
+from accdbg.verifiers.configured import configured_verifiers
+from accdbg.verifiers.scoring import channel_columns, score_pair
 
 GOLDEN_DIR, TARGET_DIR = "golden", "target"
 RANGE_COLUMNS = ["golden_min", "golden_max", "target_min", "target_max"]

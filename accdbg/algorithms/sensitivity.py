@@ -151,12 +151,25 @@ class Sensitivity:
         # the whole QDQ model on the CPU: every encoding applied
         fetch = {n: dequantized(qdq_model, n) for n in self.outputs}
         names = [t for t in fetch.values() if t is not None]
-        qdq_out = om.with_outputs(qdq_model, names)
-        by_name = dict(zip(names, _session(qdq_out).run(names, self.feeds), strict=True))
-        out = [by_name.get(fetch[n], g) for n, g in zip(self.outputs, self.golden, strict=True)]
-        self.whole_noise = output_noise(self.golden, out)
-        self._fetch = fetch
+        self._fetch, self._fetch_names = fetch, names
+        self._qdq_out = om.with_outputs(qdq_model, names)
+        self.whole_noise = self._qdq_noise(self._qdq_out)
         self._float_inits = {i.name: i for i in float_model.graph.initializer}
+        # where each layer's node sits in the file (copies keep the order), what feeds it and
+        # what reads each tensor: built once for every leave-one-out model
+        at = {id(n): i for i, n in enumerate(qdq_model.graph.node)}
+        self._position = [at[id(n)] for n in self._qdq_nodes]
+        self._readers: dict[str, list[int]] = {}
+        for i, n in enumerate(qdq_model.graph.node):
+            for x in n.input:
+                self._readers.setdefault(x, []).append(i)
+
+    def _qdq_noise(self, model: onnx.ModelProto) -> np.ndarray:
+        """Each output's error power from a QDQ model that fetches the outputs' tensors."""
+        names = self._fetch_names
+        got = dict(zip(names, _session(model).run(names, self.feeds), strict=True))
+        out = [got.get(self._fetch[n], g) for n, g in zip(self.outputs, self.golden, strict=True)]
+        return output_noise(self.golden, out)
 
     def share(self, layers: Exposed | Sequence[Exposed], enough: float = math.inf) -> Share:
         """These layers' part of the whole model's output error power, both ways (the worst
@@ -181,19 +194,13 @@ class Sensitivity:
         """Each output's error power with every encoding applied but these layers' own: their
         weights float again, their output QuantizeLinear/DequantizeLinear a pass-through."""
         model = onnx.ModelProto()
-        model.CopyFrom(self.qdq_model)
+        model.CopyFrom(self._qdq_out)
         g = model.graph
-        producer = {o: n for n in g.node for o in n.output}
-        consumers: dict[str, list[onnx.NodeProto]] = {}
-        for n in g.node:
-            for x in n.input:
-                consumers.setdefault(x, []).append(n)
-        nodes = om.topological_nodes(g)  # the copy's own nodes, in the order layers index
         added: set[str] = set()
         for layer in layers:
-            node = nodes[layer.index]
+            node = g.node[self._position[layer.index]]
             for i, x in enumerate(node.input):
-                dq = producer.get(x)
+                dq = self._producer.get(x)
                 if (
                     dq is None
                     or dq.op_type != "DequantizeLinear"
@@ -210,23 +217,17 @@ class Sensitivity:
                     g.initializer[-1].name = name
                 node.input[i] = name
             if layer.quantized:
-                for q in consumers.get(layer.qdq_tensor, []):
-                    if q.op_type != "QuantizeLinear":
+                for q in self._readers.get(layer.qdq_tensor, []):
+                    if g.node[q].op_type != "QuantizeLinear":
                         continue
-                    for dq in consumers.get(q.output[0], []):
+                    for d in self._readers.get(g.node[q].output[0], []):
+                        dq = g.node[d]
                         if dq.op_type == "DequantizeLinear":  # keeps its output name
                             dq.op_type = "Identity"
                             del dq.input[:], dq.attribute[:]
                             dq.input.append(layer.qdq_tensor)
         g.ClearField("value_info")  # the pass-throughs carry float where integers were typed
-        names = [t for t in self._fetch.values() if t is not None]
-        got = dict(
-            zip(names, _session(om.with_outputs(model, names)).run(names, self.feeds), strict=True)
-        )
-        out = [
-            got.get(self._fetch[n], gold) for n, gold in zip(self.outputs, self.golden, strict=True)
-        ]
-        return output_noise(self.golden, out)
+        return self._qdq_noise(model)
 
     def alone_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
         """Each output's error power with only these layers' weights and output encodings

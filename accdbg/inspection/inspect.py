@@ -42,6 +42,7 @@ from accdbg.mapping.tensor_mapping import load_tensor_mapping, pair_tensors
 from accdbg.reports.summary import write_csv
 from accdbg.verifiers import get_verifier
 from accdbg.verifiers.base import TensorPair, Verifier, finite_range
+from accdbg.verifiers.configured import unique_label
 
 log = logging.getLogger("accdbg.tensor_inspection")
 
@@ -231,12 +232,7 @@ def label_verifiers(specs: Sequence[Any]) -> list[tuple[str, Verifier]]:
                 f"--verifier {verifier.name} compares {verifier.tensors_per_side} tensors per side "
                 f"(boxes, classes); tensor inspection compares one tensor at a time: use it in --verification"
             )
-        label = verifier.name if verifier.name not in used else verifier.label
-        n = 2
-        while label in used:
-            label, n = f"{verifier.label}#{n}", n + 1
-        used.add(label)
-        out.append((label, verifier))
+        out.append((unique_label(verifier, used), verifier))
     return out
 
 

@@ -63,19 +63,22 @@ def load_verifier_config(path: str | os.PathLike) -> list[tuple[Verifier, list[l
     return out
 
 
+def unique_label(verifier: Verifier, used: set[str]) -> str:
+    """A column label no other verifier of the run has (its name, then the name with its
+    parameters, then numbered); added to ``used``."""
+    label = verifier.name if verifier.name not in used else verifier.label
+    n = 2
+    while label in used:
+        label, n = f"{verifier.label}#{n}", n + 1
+    used.add(label)
+    return label
+
+
 def _label_verifiers(
     items: list[tuple[Verifier, list[list[str]] | None]],
 ) -> list[ConfiguredVerifier]:
     used: set[str] = set()
-    out = []
-    for verifier, tensors in items:
-        label = verifier.name if verifier.name not in used else verifier.label
-        n = 2
-        while label in used:
-            label, n = f"{verifier.label}#{n}", n + 1
-        used.add(label)
-        out.append(ConfiguredVerifier(verifier, label, tensors))
-    return out
+    return [ConfiguredVerifier(v, unique_label(v, used), tensors) for v, tensors in items]
 
 
 def configured_verifiers(

@@ -39,10 +39,9 @@ from accdbg.verifiers import get_verifier
 from accdbg.verifiers import status as row_status
 from accdbg.verifiers.base import TensorPair, finite_range
 from accdbg.verifiers.configured import configured_verifiers
-from accdbg.verifiers.scoring import channel_columns, score_pair
+from accdbg.verifiers.scoring import RANGE_COLUMNS, channel_columns, score_pair
 
 GOLDEN_DIR, TARGET_DIR = "golden", "target"
-RANGE_COLUMNS = ["golden_min", "golden_max", "target_min", "target_max"]
 
 
 def score_columns(verifier_specs: list) -> list[str]:

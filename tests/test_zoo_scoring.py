@@ -1,0 +1,47 @@
+"""The fault zoo's scoring: ranks of the culprit rows, hit rates by how much the fault costs the
+outputs, false alarms - on hand-built tables (no model run)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from benchmarks.zoo import scoring
+
+
+def test_score_reads_culprit_rank_and_names_the_best_culprit_row():
+    table = pd.DataFrame(
+        {
+            "Name": ["a", "b", "c", "d"],
+            "culprit_rank": pd.array([None, 2, 1, None], dtype="Int64"),
+        }
+    )
+    s = scoring.score("oneshot", table, ["b", "d"])
+    assert s["best_rank"] == 2 and not s["hit1"] and s["hit3"]
+    assert s["n_named"] == 2 and s["named"] == "1:c | 2:b"
+    with pytest.raises(KeyError):  # no stand-in ranking any more
+        scoring.score("oneshot", table.drop(columns=["culprit_rank"]), ["b"])
+
+
+def test_summary_gives_hit_rates_by_output_loss_and_false_alarms():
+    rows = pd.DataFrame(
+        [
+            # kind, hit1, hit3, out_loss_db, n_named
+            ("w", True, True, 5.0, 1),
+            ("w", False, True, 4.0, 2),
+            ("w", False, False, 3.0, 0),  # 3 dB is in the >= 3 dB band
+            ("w", False, False, 2.0, 0),
+            ("w", True, True, 0.5, 1),
+            ("clean", False, False, 0.0, 1),
+            ("clean", False, False, 0.0, 0),
+        ],
+        columns=["kind", "hit1", "hit3", "out_loss_db", "n_named"],
+    ).assign(algorithm="oneshot", status="ok")
+    t = scoring.summary_table(rows, ["w", "clean"]).set_index("fault kind")
+    w = t.loc["w"]
+    assert w["cases"] == 5
+    assert w["hit@1"] == "40% (2/5)" and w["hit@3"] == "60% (3/5)"
+    assert w["hit@3, outputs lose >= 3 dB"] == "67% (2/3)"
+    assert w["hit@3, outputs lose 1-3 dB"] == "0% (0/1)"
+    assert w["hit@3, outputs lose < 1 dB"] == "100% (1/1)"
+    assert t.loc["clean", "false alarms"] == "1/2"

@@ -419,11 +419,15 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
         )
         return (inits[dq.input[0]].astype(np.float64) - inits[dq.input[2]]) * inits[dq.input[1]]
 
-    x64 = x.astype(np.float64)
-    golden = x64 @ w1 @ w2
-    xq = qdq_np(x64, "x")
-    whole = qdq_np(qdq_np(xq @ w_np("w1"), "a") @ w_np("w2"), "y")
-    without_1 = qdq_np((xq @ w1.astype(np.float64)) @ w_np("w2"), "y")
+    def chain(x, keep_1: bool):
+        """(golden, the QDQ chain, or with layer 1's quantizers taken out) in numpy."""
+        x64 = x.astype(np.float64)
+        xq = qdq_np(x64, "x")
+        a = qdq_np(xq @ w_np("w1"), "a") if keep_1 else xq @ w1.astype(np.float64)
+        return x64 @ w1 @ w2, qdq_np(a @ w_np("w2"), "y")
+
+    golden, whole = chain(x, True)
+    _, without_1 = chain(x, False)
 
     nodes = topological_nodes(q.graph)
     made_by = {o: n for n in nodes for o in n.output}
@@ -452,3 +456,14 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     assert share.removed > 0.5  # the crushed channel is most of the error
     # a first measure that settles the verdict spares the second (a session of the QDQ model)
     assert math.isnan(s.share(layer, enough=share.alone).removed)
+    # several inputs: the error powers are summed over them before the share is taken
+    x2 = (0.5 * rng.normal(size=(8, 6))).astype(np.float32)
+    both = Sensitivity(model, q, [{"x": x}, {"x": x2}])
+
+    def power(x, keep_1):
+        g, t = chain(x, keep_1)
+        return float(np.sum((g - t) ** 2))
+
+    assert both.whole_noise[0] == pytest.approx(power(x, True) + power(x2, True), rel=1e-3)
+    pooled = 1 - (power(x, False) + power(x2, False)) / (power(x, True) + power(x2, True))
+    assert both.share(layer).removed == pytest.approx(pooled, abs=1e-3)

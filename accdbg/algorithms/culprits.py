@@ -86,13 +86,16 @@ def find_culprits(
     local_observed: bool = False,
     full_run: bool = True,
     target: Path | None = None,
+    more_feeds: Sequence[Mapping[str, np.ndarray]] = (),
 ) -> Ranking:
     """Evidence for every layer, output sensitivity for the standouts, one verdict.
 
     ``full_run``: the table's output rows are the model's outputs as deployed (oneshot), so
     their verdict is stated; a snooping table's are not (golden inputs upstream). ``target``:
     the QNN dump of the same input, compared layer by layer with the CPU fake-quant of the
-    QDQ model to find backend culprits."""
+    QDQ model to find backend culprits. ``more_feeds``: the other inputs debugged with this
+    one - the output sensitivity pools its error over all of them (the evidence and the
+    backend comparison stay on ``feeds``, whose golden and target are given)."""
     t = time.perf_counter()
     qdq = onnx.load(str(qdq_model))
     names = dict(golden_name or {})
@@ -104,7 +107,7 @@ def find_culprits(
     by_name = {e.name: e for e in builder.layers}
     impact = None
     if float_model and float_model.is_file() and feeds:
-        impact = _LazySensitivity(float_model, qdq, feeds, by_name)
+        impact = _LazySensitivity(float_model, qdq, [feeds, *more_feeds], by_name)
     div = None
     if target is not None and feeds:
         try:
@@ -147,7 +150,7 @@ class _LazySensitivity:
     """Output sensitivity, set up only when a layer stands out (clean models pay nothing)."""
 
     def __init__(self, float_model: Path, qdq: onnx.ModelProto, feeds, layers) -> None:
-        self.args = (float_model, qdq, dict(feeds))
+        self.args = (float_model, qdq, [dict(f) for f in feeds])
         self.layers = layers
         self._sens: Sensitivity | None = None
         self.failed = False

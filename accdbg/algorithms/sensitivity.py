@@ -48,6 +48,11 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def _runs(sess: ort.InferenceSession, names: Sequence[str], feeds) -> list[list[np.ndarray]]:
+    """The named outputs of one session on every input."""
+    return [sess.run(list(names), f) for f in feeds]
+
+
 def output_noise(golden: Sequence[np.ndarray], target: Sequence[np.ndarray]) -> np.ndarray:
     """Each output's error power Σ(g - t)²."""
     out = []
@@ -127,27 +132,36 @@ class Share:
         return max(vals) if vals else math.nan
 
 
+Feeds = Mapping[str, np.ndarray]
+
+
 class Sensitivity:
     """Runs the float model with one layer's encodings applied at a time, and the QDQ model
-    with one layer's quantizers taken out."""
+    with one layer's quantizers taken out.
+
+    With several inputs the error powers are summed over them before any share is taken: a
+    layer is judged on the inputs debugged together, not on the one where the model happens to
+    be worst."""
 
     def __init__(
         self,
         float_model: onnx.ModelProto,
         qdq_model: onnx.ModelProto,
-        feeds: Mapping[str, np.ndarray],
+        feeds: Feeds | Sequence[Feeds],
     ):
         self.float_model = float_model
         self.qdq_model = qdq_model
-        self.feeds = dict(feeds)
+        self.feeds = [dict(feeds)] if isinstance(feeds, Mapping) else [dict(f) for f in feeds]
         self.outputs = scores(float_model)
         self.float_model = om.with_outputs(float_model, self.outputs)
-        self.golden = _session(self.float_model).run(self.outputs, self.feeds)
+        self.golden = _runs(_session(self.float_model), self.outputs, self.feeds)
         self._qdq_nodes = om.topological_nodes(qdq_model.graph)
         self._qdq_inits = {i.name: i for i in qdq_model.graph.initializer}
         self._producer = {o: n for n in self._qdq_nodes for o in n.output}
-        flat = [np.asarray(g, np.float64).ravel() for g in self.golden]
-        self.golden_power = np.asarray([dot(g, g) for g in flat])
+        self.golden_power = sum(
+            np.asarray([dot(x, x) for x in (np.asarray(g, np.float64).ravel() for g in run)])
+            for run in self.golden
+        )
         # the whole QDQ model on the CPU: every encoding applied
         fetch = {n: dequantized(qdq_model, n) for n in self.outputs}
         names = [t for t in fetch.values() if t is not None]
@@ -167,9 +181,12 @@ class Sensitivity:
     def _qdq_noise(self, model: onnx.ModelProto) -> np.ndarray:
         """Each output's error power from a QDQ model that fetches the outputs' tensors."""
         names = self._fetch_names
-        got = dict(zip(names, _session(model).run(names, self.feeds), strict=True))
-        out = [got.get(self._fetch[n], g) for n, g in zip(self.outputs, self.golden, strict=True)]
-        return output_noise(self.golden, out)
+        noise = []
+        for gold, run in zip(self.golden, _runs(_session(model), names, self.feeds), strict=True):
+            got = dict(zip(names, run, strict=True))
+            out = [got.get(self._fetch[n], g) for n, g in zip(self.outputs, gold, strict=True)]
+            noise.append(output_noise(gold, out))
+        return np.sum(noise, axis=0)
 
     def share(self, layers: Exposed | Sequence[Exposed], enough: float = math.inf) -> Share:
         """These layers' part of the whole model's output error power, both ways (the worst
@@ -237,8 +254,8 @@ class Sensitivity:
         inits = {i.name: i for i in model.graph.initializer}
         for layer in layers:
             self._apply(model, inits, layer)
-        out = _session(model).run(self.outputs, self.feeds)
-        return output_noise(self.golden, out)
+        runs = _runs(_session(model), self.outputs, self.feeds)
+        return np.sum([output_noise(g, t) for g, t in zip(self.golden, runs, strict=True)], axis=0)
 
     def _apply(self, model: onnx.ModelProto, inits: dict, layer: Exposed) -> None:
         """Quantize one layer's weights and its output, in place."""

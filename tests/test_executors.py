@@ -159,7 +159,7 @@ def test_ctrl_c_in_the_parent_stops_every_worker(tmp_path):
         "import sys, time\n"
         "from accdbg.core.executors import ExecutorConfig, WorkerSpec, get_executor\n"
         "ex = get_executor(ExecutorConfig('local', 2))\n"
-        "items = [(str(i), i) for i in range(4)]\n"
+        "items = [(str(i), i) for i in range(400)]\n"  # still busy when the signal comes
         "spec = WorkerSpec('tests.executor_workers:Numpy', {'size': 1500, 'rounds': 50})\n"
         "print(' '.join(map(str, ex.pids)), flush=True)\n"
         "with ex:\n"

@@ -1,4 +1,5 @@
-"""What one layer's quantization alone does to the model's outputs (CPU simulation, not QNN).
+"""What one layer's quantization does to the model's outputs, alone and taken out of the whole
+quantized model (CPU simulation, not QNN).
 
 A layer can lose much of its own information and still not matter: the error already upstream
 may be larger, or later layers may not care. So a layer that stands out in the evidence is a
@@ -14,7 +15,8 @@ onnxruntime's CPU and only for the few candidates:
   with the others: a channel crushed by one layer's output range and amplified by the next
   layer's weights, an outlier that blows the ranges of every layer carrying it.
 
-Both are stated over the error of the whole QDQ model on the same CPU (the worst output).
+Both are stated over the error of the whole QDQ model on the same CPU (the worst output),
+error powers summed over the inputs given.
 
 An output made by a Softmax or a Sigmoid is measured before it, at its logits: a saturating
 output turns a wrong score into the same 0 or 1 whatever the size of the error, so the share

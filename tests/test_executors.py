@@ -156,7 +156,10 @@ def test_ctrl_c_in_the_parent_stops_every_worker(tmp_path):
     """A parent process mapping slow items is interrupted (SIGINT): it and its workers end."""
     script = tmp_path / "parent.py"
     script.write_text(
-        "import sys, time\n"
+        "import signal, sys, time\n"
+        # Ctrl-C as in a terminal: a job started in the background by a shell inherits SIGINT
+        # ignored, and so would this parent when the suite itself runs in the background
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from accdbg.core.executors import ExecutorConfig, WorkerSpec, get_executor\n"
         "ex = get_executor(ExecutorConfig('local', 2))\n"
         "items = [(str(i), i) for i in range(400)]\n"  # still busy when the signal comes
@@ -179,7 +182,10 @@ def test_ctrl_c_in_the_parent_stops_every_worker(tmp_path):
     assert len(workers) == 2
     time.sleep(1.0)  # busy on their items
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) != 0
+    try:
+        assert proc.wait(timeout=30) != 0
+    finally:
+        proc.kill()
     assert not wait_gone(workers)
 
 

@@ -515,9 +515,10 @@ def test_viewer_renders_graph_and_overlays_offline_in_chromium(viewer, tmp_path)
         assert page.wait_for("document.querySelectorAll('webgl-renderer canvas').length"), (
             page.console
         )
-        names = page.wait_for(
-            "Array.from(document.querySelectorAll('node-data-provider-summary-panel .run-name'))"
-            ".map(e => e.textContent.trim())"
+        names = page.wait_for(  # the overlays load one by one: wait for all four
+            "(() => { const n = Array.from(document.querySelectorAll("
+            "'node-data-provider-summary-panel .run-name')).map(e => e.textContent.trim());"
+            " return n.length >= 4 ? n : null; })()"
         )
         assert names == ["CosineSimilarity", "SQNR", "culprit ranking", "marks"]
         panel = page.eval("document.querySelector('node-data-provider-summary-panel').innerText")

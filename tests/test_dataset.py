@@ -61,10 +61,9 @@ def _image_tensor():
     return parse_input_tensor(["image", "1,3,32,32", str(IMAGE)])
 
 
-def _run(lst, root: Path, **kwargs):
-    """The bundled example over ``lst`` on QNN HTP (serial executor unless told)."""
-    kwargs = {"executor": SERIAL, "keep_worst": 2, **kwargs}
-    return run_dataset(
+def _on_example(run, lst, root: Path, **kwargs):
+    """``run`` (oneshot or dataset mode) on the bundled example over ``lst``, on QNN HTP."""
+    return run(
         "onnx",
         MODEL,
         [_image_tensor()],
@@ -73,6 +72,11 @@ def _run(lst, root: Path, **kwargs):
         working_dir=root / "wd",
         **kwargs,
     )
+
+
+def _run(lst, root: Path, **kwargs):
+    """Dataset mode on the bundled example (serial executor unless told)."""
+    return _on_example(run_dataset, lst, root, **{"executor": SERIAL, "keep_worst": 2, **kwargs})
 
 
 # ---------------------------------------------------------------- statistics, no backend
@@ -217,15 +221,7 @@ def runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("dataset")
     lst = _inputs(root / "data", 4)
-    one = run_oneshot(
-        "onnx",
-        MODEL,
-        [_image_tensor()],
-        input_list=lst,
-        engine_kwargs={"runtime": "htp"},
-        working_dir=root / "wd",
-        model_explorer=False,
-    )
+    one = _on_example(run_oneshot, lst, root, model_explorer=False)
     ds = _run(lst, root, output_dirname="full")
     return root, lst, one, ds
 

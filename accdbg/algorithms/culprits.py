@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +86,7 @@ def find_culprits(
     local_observed: bool = False,
     full_run: bool = True,
     target: Path | None = None,
-    more_feeds: Sequence[Mapping[str, np.ndarray]] = (),
+    more_feeds: Iterable[Mapping[str, np.ndarray]] = (),
 ) -> Ranking:
     """Evidence for every layer, output sensitivity for the standouts, one verdict.
 
@@ -95,7 +95,8 @@ def find_culprits(
     the QNN dump of the same input, compared layer by layer with the CPU fake-quant of the
     QDQ model to find backend culprits. ``more_feeds``: the other inputs debugged with this
     one - the output sensitivity pools its error over all of them (the evidence and the
-    backend comparison stay on ``feeds``, whose golden and target are given)."""
+    backend comparison stay on ``feeds``, whose golden and target are given); read only if
+    some layer stands out."""
     t = time.perf_counter()
     qdq = onnx.load(str(qdq_model))
     names = dict(golden_name or {})
@@ -107,7 +108,7 @@ def find_culprits(
     by_name = {e.name: e for e in builder.layers}
     impact = None
     if float_model and float_model.is_file() and feeds:
-        impact = _LazySensitivity(float_model, qdq, [feeds, *more_feeds], by_name)
+        impact = _LazySensitivity(float_model, qdq, feeds, more_feeds, by_name)
     div = None
     if target is not None and feeds:
         try:
@@ -149,17 +150,17 @@ def _backend_share(div, table, name_col, verifiers, outputs) -> float:
 class _LazySensitivity:
     """Output sensitivity, set up only when a layer stands out (clean models pay nothing)."""
 
-    def __init__(self, float_model: Path, qdq: onnx.ModelProto, feeds, layers) -> None:
-        self.args = (float_model, qdq, [dict(f) for f in feeds])
+    def __init__(self, float_model: Path, qdq: onnx.ModelProto, feeds, more_feeds, layers) -> None:
+        self.args = (float_model, qdq, feeds, more_feeds)
         self.layers = layers
         self._sens: Sensitivity | None = None
         self.failed = False
 
     def _ready(self) -> Sensitivity | None:
         if self._sens is None and not self.failed:
-            path, qdq, feeds = self.args
+            path, qdq, feeds, more = self.args
             try:
-                self._sens = Sensitivity(onnx.load(str(path)), qdq, feeds)
+                self._sens = Sensitivity(onnx.load(str(path)), qdq, [feeds, *more])
             except Exception as exc:  # onnxruntime refusing the model: rank on evidence alone
                 self.failed = True
                 self._sens = None

@@ -400,9 +400,9 @@ class _Annotator:
             float_model=prepared_model(engine.qdq_model),
             golden_name=json.loads(engine.tensor_mapping.read_text(encoding="utf-8")),
             target=target_w,
-            more_feeds=[
+            more_feeds=(  # loaded only if a layer stands out
                 _feeds_of(t, self.engine_inputs) for k, (_, t) in ver.folders.items() if k != worst
-            ],
+            ),
         )
         summary = ranking.apply(summary, "Name")
         seconds["culprit ranking"] = time.perf_counter() - t

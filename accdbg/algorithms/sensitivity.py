@@ -183,12 +183,17 @@ class Sensitivity:
     def _qdq_noise(self, model: onnx.ModelProto) -> np.ndarray:
         """Each output's error power from a QDQ model that fetches the outputs' tensors."""
         names = self._fetch_names
-        noise = []
+        outs = []
         for gold, run in zip(self.golden, _runs(_session(model), names, self.feeds), strict=True):
             got = dict(zip(names, run, strict=True))
-            out = [got.get(self._fetch[n], g) for n, g in zip(self.outputs, gold, strict=True)]
-            noise.append(output_noise(gold, out))
-        return np.sum(noise, axis=0)
+            outs.append(
+                [got.get(self._fetch[n], g) for n, g in zip(self.outputs, gold, strict=True)]
+            )
+        return self._pooled_noise(outs)
+
+    def _pooled_noise(self, outs: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
+        """Each output's error power, summed over the inputs (``outs``: per input, per output)."""
+        return np.sum([output_noise(g, t) for g, t in zip(self.golden, outs, strict=True)], axis=0)
 
     def share(self, layers: Exposed | Sequence[Exposed], enough: float = math.inf) -> Share:
         """These layers' part of the whole model's output error power, both ways (the worst
@@ -256,8 +261,7 @@ class Sensitivity:
         inits = {i.name: i for i in model.graph.initializer}
         for layer in layers:
             self._apply(model, inits, layer)
-        runs = _runs(_session(model), self.outputs, self.feeds)
-        return np.sum([output_noise(g, t) for g, t in zip(self.golden, runs, strict=True)], axis=0)
+        return self._pooled_noise(_runs(_session(model), self.outputs, self.feeds))
 
     def _apply(self, model: onnx.ModelProto, inits: dict, layer: Exposed) -> None:
         """Quantize one layer's weights and its output, in place."""

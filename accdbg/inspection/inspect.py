@@ -40,9 +40,8 @@ from accdbg.inspection.encodings import CalibratedRange, TargetEncodings, load_t
 from accdbg.mapping.layout import Alignment, reconcile
 from accdbg.mapping.tensor_mapping import load_tensor_mapping, pair_tensors
 from accdbg.reports.summary import write_csv
-from accdbg.verifiers import get_verifier
 from accdbg.verifiers.base import TensorPair, Verifier, finite_range
-from accdbg.verifiers.configured import unique_label
+from accdbg.verifiers.configured import one_tensor_verifier, unique_label
 
 log = logging.getLogger("accdbg.tensor_inspection")
 
@@ -226,12 +225,11 @@ def label_verifiers(specs: Sequence[Any]) -> list[tuple[str, Verifier]]:
     out: list[tuple[str, Verifier]] = []
     used: set[str] = set()
     for spec in specs:
-        verifier = get_verifier(spec)
-        if verifier.tensors_per_side != 1:
-            raise AccdbgError(
-                f"--verifier {verifier.name} compares {verifier.tensors_per_side} tensors per side "
-                f"(boxes, classes); tensor inspection compares one tensor at a time: use it in --verification"
-            )
+        verifier = one_tensor_verifier(
+            spec,
+            "--verifier",
+            "; tensor inspection compares one tensor at a time: use it in --verification",
+        )
         out.append((unique_label(verifier, used), verifier))
     return out
 

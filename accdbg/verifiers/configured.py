@@ -63,6 +63,18 @@ def load_verifier_config(path: str | os.PathLike) -> list[tuple[Verifier, list[l
     return out
 
 
+def one_tensor_verifier(spec: Any, flag: str, advice: str) -> Verifier:
+    """The verifier of ``spec`` when it compares one tensor per side; else a one-line error
+    naming ``flag``, ended by ``advice`` (what to do with a boxes-and-classes verifier)."""
+    v = get_verifier(spec)
+    if v.tensors_per_side != 1:
+        raise AccdbgError(
+            f"{flag} {v.name} compares {v.tensors_per_side} tensors per side (boxes, classes)"
+            f"{advice.format(name=v.name)}"
+        )
+    return v
+
+
 def unique_label(verifier: Verifier, used: set[str]) -> str:
     """A column label no other verifier of the run has (its name, then the name with its
     parameters, then numbered); added to ``used``."""
@@ -87,13 +99,11 @@ def configured_verifiers(
     """The verifiers of a run with their column labels, as verification resolves them."""
     items: list[tuple[Verifier, list[list[str]] | None]] = []
     for spec in default_verifiers:
-        v = get_verifier(spec)
-        if v.tensors_per_side != 1:
-            raise AccdbgError(
-                f"--default_verifier {v.name} compares {v.tensors_per_side} tensors per side "
-                f"(boxes, classes): name them in --verifier_config, e.g. "
-                f'{{"{v.name}": {{"tensors": [["boxes", "classes"]]}}}}'
-            )
+        v = one_tensor_verifier(
+            spec,
+            "--default_verifier",
+            ': name them in --verifier_config, e.g. {{"{name}": {{"tensors": [["boxes", "classes"]]}}}}',
+        )
         items.append((v, None))
     if verifier_config is not None:
         items.extend(load_verifier_config(verifier_config))

@@ -44,8 +44,6 @@ QUICK = (
     "cls/clipping/early",
 )
 SNOOP_DIRS = {"layerwise": "layerwise_snooping", "cumulative": "cumulative_layerwise_snooping"}
-HURT_OUTPUT_DB = 1.0  # the fault costs the model's output at least this much SQNR...
-HURT_LAYER_DB = 3.0  # ...or its layer this much median per-channel SQNR
 
 
 @dataclass
@@ -293,7 +291,7 @@ def _failed(algo: str, exc: Exception, secs: float) -> dict:
     }
 
 
-HARM_COLUMNS = ("out_sqnr", "out_sqnr_clean", "out_loss_db", "local_loss_db", "hurts")
+HARM_COLUMNS = ("out_sqnr", "out_sqnr_clean", "out_loss_db", "local_loss_db")
 
 
 def with_harm(rows: pd.DataFrame) -> pd.DataFrame:
@@ -327,9 +325,6 @@ def with_harm(rows: pd.DataFrame) -> pd.DataFrame:
     extra = pd.DataFrame.from_dict(harm, orient="index")
     rows = rows.join(extra, on="case")
     rows["out_loss_db"] = rows["out_sqnr_clean"] - rows["out_sqnr"]
-    rows["hurts"] = (rows["out_loss_db"] >= HURT_OUTPUT_DB) | (
-        rows["local_loss_db"] >= HURT_LAYER_DB
-    )
     return rows
 
 

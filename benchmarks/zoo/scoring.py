@@ -28,7 +28,7 @@ def ranks_of(table: pd.DataFrame) -> pd.Series:
 def score(algorithm: str, table: pd.DataFrame, culprits: Sequence[str]) -> dict:
     """Where the culprit rows rank, and what was named."""
     names = table[NAME_COLUMN[algorithm]].astype(str)
-    ranks, source = ranks_of(table), RANK_COLUMN
+    ranks = ranks_of(table)
     named = ranks.notna()
     order = ranks[named].sort_values()
     in_table = [c for c in culprits if c in set(names)]
@@ -36,7 +36,7 @@ def score(algorithm: str, table: pd.DataFrame, culprits: Sequence[str]) -> dict:
     culprit_ranks = [r for r in culprit_ranks if not math.isnan(r)]
     best = min(culprit_ranks) if culprit_ranks else math.nan
     return {
-        "ranking": source,
+        "ranking": RANK_COLUMN,
         "best_rank": best,
         "hit1": bool(culprits) and best <= 1,
         "hit3": bool(culprits) and best <= 3,

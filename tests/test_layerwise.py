@@ -517,3 +517,53 @@ def test_snooping_calibrates_on_every_input_list_line_like_the_engine(
         every_line = _minmax_scale([r[name] for r in c.ranges])
         assert scale == pytest.approx(every_line, rel=1e-5), name
         assert abs(scale - _minmax_scale([c.ranges[0][name]])) > 0.2 * scale, name
+
+
+@pytest.mark.slow
+def test_a_given_qdq_model_still_pools_the_sensitivity_over_the_input_list(
+    calibration_list, tmp_path, monkeypatch
+):
+    """With the QDQ model given, -l calibrates nothing, but a culprit must still matter on the
+    user's other lines: they reach the ranking (the -i line once, as the debugged input)."""
+    from accdbg.algorithms import culprits
+
+    c = calibration_list
+    seen: list[dict[str, np.ndarray]] = []
+    real = culprits.find_culprits
+
+    def spy(*args, more_feeds=(), **kw):
+        seen.extend(more_feeds)
+        return real(*args, more_feeds=seen, **kw)
+
+    monkeypatch.setattr(culprits, "find_culprits", spy)
+    run_layerwise(
+        c.built.path,
+        c.inputs,
+        input_list=c.list,
+        qdq_model=c.engine.qdq_model,
+        working_dir=tmp_path,
+    )
+    others = [p for p in c.list.read_text().split() if Path(p) != c.built.input_path]
+    assert len(others) == 2
+    assert len(seen) == 2
+    for feed, path in zip(seen, others, strict=True):
+        np.testing.assert_array_equal(
+            feed["x"], np.fromfile(path, np.float32).reshape(1, 3, 16, 16)
+        )
+
+
+def test_pooled_lines_skip_the_debugged_input_and_stop_at_the_cap(tmp_path):
+    from accdbg.algorithms.snooping import pooled_feeds
+
+    debugged = tmp_path / "x0.raw"
+    lines = []
+    for i in range(6):
+        p = tmp_path / f"x{i}.raw"
+        if i < 5:  # the last line's file does not exist: past the cap it must not be read
+            np.full((2, 3), i, np.float32).tofile(p)
+        lines.append({"x": (str(p), (2, 3), "float32")})
+    inputs = [parse_input_tensor(["x", "2,3", str(debugged)])]
+    got = pooled_feeds(lines, inputs, most=3)
+    assert [float(f["x"][0, 0]) for f in got] == [1.0, 2.0, 3.0]
+    assert list(pooled_feeds(lines[:2], inputs, most=3))[0]["x"].shape == (2, 3)
+    assert list(pooled_feeds(None, inputs)) == []

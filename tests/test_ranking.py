@@ -467,3 +467,24 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     assert both.whole_noise[0] == pytest.approx(power(x, True) + power(x2, True), rel=1e-3)
     pooled = 1 - (power(x, False) + power(x2, False)) / (power(x, True) + power(x2, True))
     assert both.share(layer).removed == pytest.approx(pooled, abs=1e-3)
+
+
+def test_several_culprits_losing_the_same_thing_are_called_one_pattern():
+    """Three layers whose activation range each destroys their data are named one by one, and
+    a finding says they are one problem with one change across them; two weight culprits are
+    too few for a pattern."""
+    rng = np.random.default_rng(7)
+    names = [f"l{i}" for i in range(40)]
+    ev = {n: _ev(n, 36 + rng.normal(0, 2)) for n in names}
+    for n in ("l5", "l15", "l25"):
+        ev[n] = Evidence(n, "Conv", [], output_nsr=10 ** (-2 / 10), output_note="8-bit")
+    for n in ("l8", "l18"):
+        ev[n] = _ev(n, 2.0)
+    r = rank(ev, names, impact=_Impact({n: 0.6 for n in names}))
+    assert len(r.culprits) == 5
+    pattern = [f for f in r.findings if "alike" in f]
+    assert pattern == [
+        "3 culprits lose their activation range alike (l5, l15, l25): one change across them - "
+        "16-bit activations on their outputs - may be the fix rather than one layer"
+    ]
+    assert r.findings.index(pattern[0]) == len(r.culprits)  # after the culprit lines

@@ -475,5 +475,33 @@ def _findings(
         )
     for c in culprits:
         lines.append(f"culprit #{c.rank}: {c.name} ({c.op_type}) - {c.cause}")
+    lines += _patterns(culprits)
     lines.append(floor_txt)
     return lines
+
+
+# what one change across several culprits that lose the same thing would be
+PATTERN_FIX = {
+    "weight range": "per-channel weight encodings for them",
+    "activation range": "16-bit activations on their outputs",
+    "clipping": "a calibration that keeps their whole range",
+    "unbalanced concatenation": "16-bit activations on these concatenations",
+}
+PATTERN_MIN = 3
+
+
+def _patterns(culprits: Sequence[Culprit]) -> list[str]:
+    """Several culprits losing the same thing (their weight range, their activation range...)
+    are one problem of the model as much as several layers: say so, with the change that would
+    treat them together."""
+    kinds: dict[str, list[str]] = {}
+    for c in culprits:
+        kind = c.cause.split(":", 1)[0]
+        if kind in PATTERN_FIX:
+            kinds.setdefault(kind, []).append(c.name)
+    return [
+        f"{len(names)} culprits lose their {kind} alike ({', '.join(names)}): one change across "
+        f"them - {PATTERN_FIX[kind]} - may be the fix rather than one layer"
+        for kind, names in kinds.items()
+        if len(names) >= PATTERN_MIN
+    ]

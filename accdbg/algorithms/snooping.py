@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -161,6 +161,7 @@ def select_span(
 
 # ---------------------------------------------------------------- the shared driver
 
+POOLED_LINES = 2  # -l lines besides the -i files that a culprit must matter on
 HTML_EVERY = 30.0  # seconds between HTML rewrites while running (the CSV follows every unit)
 # options that shape the results: a resumed run must have the same
 OPTION_KEYS = (
@@ -208,7 +209,9 @@ class Request:
     start_layer: str | None
     end_layer: str | None
     record: dict  # the options JSON
-    # calibration feeds, as the inference engine builds them; None when nothing is quantized
+    # every -l line (else the -i files), as the inference engine builds them: the calibration
+    # when quantized here, and the inputs the output sensitivity pools over; None when a QDQ
+    # model is given without -l
     feeds: Feeds | None = None
     dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dtypes: dict[str, np.dtype] = field(default_factory=dict)
@@ -274,12 +277,12 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
         )
     input_list = Path(args.input_list).expanduser().absolute() if args.input_list else None
     feeds, dims, dtypes = None, {}, {}
-    if qdq is None:  # quantized here: calibrated on the same feeds as the engine's
+    if qdq is None or input_list is not None:
+        # quantized here: calibrated on the same feeds as the engine's; the -l lines are also
+        # the inputs a culprit must matter on (the output sensitivity pools over a few of them)
         feeds, dims, dtypes = build_feeds(
             model, parse_input_list(input_list) if input_list else None, args.input_tensors
         )
-    elif input_list is not None:
-        log.info("-l/--input_list %s not used: the QDQ model is given", input_list)
     record = {
         "algorithm": algorithm.replace("_", "-"),
         "model_path": str(model_path),
@@ -315,6 +318,27 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
         dtypes,
         args.allow_nonfinite_inputs,
     )
+
+
+def pooled_feeds(
+    feeds: Feeds | None, inputs: Sequence[InputTensor], most: int = POOLED_LINES
+) -> Iterator[dict[str, np.ndarray]]:
+    """The first ``most`` ``-l`` lines other than the ``-i`` files, loaded one by one (only if
+    a layer stands out): a culprit must matter on the user's data, not on the one input
+    debugged. A few lines, not the whole calibration list: each costs every sensitivity run
+    one more inference on the CPU."""
+    debugged = {t.name: Path(t.path).resolve() for t in inputs}
+    taken = 0
+    for line in feeds or ():
+        if taken >= most:
+            return
+        if {n: Path(f[0]).resolve() for n, f in line.items()} == debugged:
+            continue
+        taken += 1
+        yield {
+            n: np.fromfile(path, dtype=np.dtype(dtype)).reshape(dims)
+            for n, (path, dims, dtype) in line.items()
+        }
 
 
 def one_input_golden(folder: Path, inputs: Sequence[InputTensor]) -> Path:
@@ -456,6 +480,7 @@ class Context:
             float_model=prepared_model(self.qdq_path),
             local_observed=not self.req.cumulative,
             full_run=False,
+            more_feeds=pooled_feeds(self.req.feeds, self.req.inputs),
         )
 
     def record(self, kind: str, rows: list[dict[str, Any]], sessions: int, **extra: Any) -> None:

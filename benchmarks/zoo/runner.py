@@ -261,6 +261,7 @@ def run_case(
                 res = fn(
                     case.model_path,
                     inputs,
+                    input_list=out / "models" / spec.name / "input_list.txt",
                     golden_dir=golden,
                     qdq_model=qdq,
                     engine_kwargs=engine_kwargs,

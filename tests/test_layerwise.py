@@ -536,10 +536,15 @@ def test_a_given_qdq_model_still_pools_the_sensitivity_over_the_input_list(
         return real(*args, more_feeds=seen, **kw)
 
     monkeypatch.setattr(culprits, "find_culprits", spy)
+    # a line past the ones pooled is never read (a long calibration list costs nothing here):
+    # its file has the wrong size, which reading it would refuse
+    (tmp_path / "short.raw").write_bytes(b"\0" * 12)
+    listed = tmp_path / "list.txt"
+    listed.write_text(c.list.read_text() + f"{tmp_path / 'short.raw'}\n")
     run_layerwise(
         c.built.path,
         c.inputs,
-        input_list=c.list,
+        input_list=listed,
         qdq_model=c.engine.qdq_model,
         working_dir=tmp_path,
     )

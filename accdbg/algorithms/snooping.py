@@ -280,9 +280,10 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
     if qdq is None or input_list is not None:
         # quantized here: calibrated on the same feeds as the engine's; the -l lines are also
         # the inputs a culprit must matter on (the output sensitivity pools over a few of them)
-        feeds, dims, dtypes = build_feeds(
-            model, parse_input_list(input_list) if input_list else None, args.input_tensors
-        )
+        listed = parse_input_list(input_list) if input_list else None
+        if qdq is not None and listed is not None:  # nothing to calibrate: the pooled lines only
+            listed = replace(listed, entries=listed.entries[: POOLED_LINES + 1])
+        feeds, dims, dtypes = build_feeds(model, listed, args.input_tensors)
     record = {
         "algorithm": algorithm.replace("_", "-"),
         "model_path": str(model_path),

@@ -40,7 +40,11 @@ def _list(text: str, known, what: str) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--algorithms", default="oneshot,layerwise,cumulative")
-    p.add_argument("--models", default=",".join(zoo_models.MODELS))
+    p.add_argument(
+        "--models",
+        default=",".join(zoo_models.MODELS),
+        help=f"held out from the design, not run by default: {','.join(zoo_models.HELD_OUT)}",
+    )
     p.add_argument("--kinds", default=",".join(zoo_plant.KINDS))
     p.add_argument(
         "--cases", default="", help="explicit case names model/kind/depth, comma-separated"
@@ -94,7 +98,7 @@ def main(argv=None) -> int:
         wanted = [c.strip() for c in a.cases.split(",") if c.strip()]
     else:
         wanted = runner.case_names(
-            _list(a.models, zoo_models.MODELS, "models"),
+            _list(a.models, zoo_models.EVERY_MODEL, "models"),
             _list(a.kinds, zoo_plant.KINDS, "kinds"),
             a.every_case,
         )

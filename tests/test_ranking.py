@@ -488,3 +488,42 @@ def test_several_culprits_losing_the_same_thing_are_called_one_pattern():
         "16-bit activations on their outputs - may be the fix rather than one layer"
     ]
     assert r.findings.index(pattern[0]) == len(r.culprits)  # after the culprit lines
+
+
+def test_a_clipping_layer_is_measured_though_its_noise_power_looks_healthy():
+    """Clipping 3% of a layer's values costs little noise power (a local SQNR near the floor)
+    but removes the largest values: the layer goes to the sensitivity step, and is named when
+    it matters. A resize after it keeps the same range and clips as much: it is carried, not a
+    second culprit. A model whose calibration clips a little everywhere raises the bar."""
+    rng = np.random.default_rng(11)
+    names = [f"l{i}" for i in range(40)]
+    ev = {
+        n: _ev(n, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
+        for i, n in enumerate(names)
+    }
+    for e in ev.values():
+        e.clipped = 0.0  # min/max calibration on the debugged input: no layer clips
+
+    def clipping(n, inputs, clipped, db=30.0, weights=True):
+        e = Evidence(n, "Conv" if weights else "Resize", inputs, output_nsr=10 ** (-db / 10))
+        e.output_nsr_tensor, e.clip_nsr, e.clipped = e.output_nsr, e.output_nsr, clipped
+        if weights:
+            e.weight_nsr, e.weight_note = 10 ** (-40 / 10), "w"
+        return e
+
+    ev["l10"] = clipping("l10", ["l9"], 0.03)
+    ev["l11"] = clipping("l11", ["l10"], 0.03, weights=False)
+    impact = _Impact({"l10": 0.7})
+    r = rank(ev, names, impact=impact)
+    assert [c.name for c in r.culprits] == ["l10"]
+    assert r.culprits[0].cause.startswith("clipping: 3% of values outside the encoding")
+    assert r.columns["l11"]["cause"] == "clipping carried in from l10 (the same range)"
+    assert impact.asked == ["l10"]
+    # the same layer when it does not matter to the outputs: measured, not named
+    assert rank(ev, names, impact=_Impact({"l10": 0.1})).culprits == []
+    # every layer clips 0.5%: 3% is not ten times that, nothing goes to the sensitivity step
+    for n in names:
+        if n not in ("l10", "l11"):
+            ev[n].clipped = 0.005
+    impact = _Impact({"l10": 0.7})
+    assert rank(ev, names, impact=impact).culprits == [] and impact.asked == []

@@ -9,7 +9,12 @@ layers do - or whose backend result is far worse than its quantization explains:
   (1.4826 x the median absolute deviation, in dB).
 * **stands out** - a layer's local SQNR is below ``floor - Z_MIN x spread`` (that gap kept
   between ``GAP_DB`` and ``MAX_GAP_DB``: a few layers make a weak spread estimate) and
-  below ``ABS_DB`` (the SQNR pass mark: its own encodings alone fail what the model must keep).
+  below ``ABS_DB`` (the SQNR pass mark: its own encodings alone fail what the model must keep);
+  or its encoding clips at least ``CLIP_MIN`` of its golden values and ``CLIP_RATIO`` times the
+  model's median layer. Clipping is not judged by its noise power: it removes the largest
+  values, those that carry the most, so a few percent clipped can wreck the outputs at a local
+  SQNR that looks healthy (an encoding calibrated by min/max on the debugged inputs clips
+  nothing).
 * **matters** - quantizing that layer alone, or taking only its quantizers out of the whole
   QDQ model (CPU simulation, :mod:`accdbg.algorithms.sensitivity`), shows it causes at least
   ``SHARE`` of the error of quantizing everything, or the layer destroys its information (local
@@ -47,6 +52,8 @@ MAX_GAP_DB = (
     20.0  # a small model's spread is a weak estimate: 20 dB below the floor always stands out
 )
 ABS_DB = 20.0  # the SQNR verifier's pass mark: the layer's own encodings alone fail it
+CLIP_MIN = 0.01  # a layer clipping one value in a hundred goes to the sensitivity step...
+CLIP_RATIO = 10.0  # ...when that is ten times what the model's median layer clips
 DESTROYED_DB = 6.0  # below this the median channel keeps a quarter of noise: information is gone
 SHARE = 0.5  # a culprit alone causes at least this share of the whole model's output error...
 MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
@@ -123,6 +130,13 @@ def robust_floor(values_db: Sequence[float]) -> tuple[float, float]:
         return math.nan, math.nan
     med = float(np.median(v))
     return med, float(1.4826 * np.median(np.abs(v - med)))
+
+
+def _clip_bar(clipped: Sequence[float]) -> float:
+    """The share of clipped values at which a layer's clipping stands out: ``CLIP_MIN``, or
+    ``CLIP_RATIO`` times the model's median layer when the calibration clips everywhere."""
+    v = [x for x in clipped if math.isfinite(x)]
+    return max(CLIP_MIN, CLIP_RATIO * float(np.median(v))) if v else math.inf
 
 
 def standout_gap(spread: float) -> float:
@@ -210,11 +224,13 @@ def rank(
     local_db = {n: nsr_db(v) for n, v in local.items() if not math.isnan(v)}
     floor, spread = robust_floor(list(local_db.values()))
     cut = floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
+    clip_bar = _clip_bar([evidence[n].clipped for n in order if n in evidence])
     columns: dict[str, dict[str, object]] = {}
     candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
     standouts: list[str] = []
     carried: dict[str, list[str]] = {}  # a standout -> the later standouts carrying its outlier
     root_of: dict[str, str] = {}
+    clipping: set[str] = set()  # standouts whose encoding clips
     for n in order:
         ev = evidence.get(n)
         if ev is None:
@@ -226,8 +242,20 @@ def rank(
             "clipped %": 100 * ev.clipped if not math.isnan(ev.clipped) else None,
         }
         db = local_db.get(n, math.nan)
-        if not (math.isfinite(db) and db < cut and db < ABS_DB):
+        weak = math.isfinite(db) and db < cut and db < ABS_DB
+        if not (weak or (math.isfinite(db) and ev.clipped >= clip_bar)):
             continue
+        if not weak and math.isnan(ev.weight_nsr):
+            # a layer without weights (a resize, a pooling) keeps its input's range: its input
+            # clipped already
+            src = next((x for x in ev.inputs if x in standouts and x in clipping), None)
+            if src is not None:
+                standouts.append(n)
+                columns[n][CAUSE] = f"clipping carried in from {src} (the same range)"
+                root_of[n] = root_of.get(src, src)
+                continue
+        if ev.clipped >= clip_bar:
+            clipping.add(n)
         src = _outlier_source(n, evidence, set(standouts))
         standouts.append(n)
         if src is not None:  # the outlier came in with the input: its source is the culprit

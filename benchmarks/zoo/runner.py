@@ -88,7 +88,7 @@ def build_cases(
     for name in wanted:
         by_model.setdefault(name.split("/")[0], []).append(name)
     for model_name, names in by_model.items():
-        spec = zoo_models.MODELS[model_name]
+        spec = zoo_models.EVERY_MODEL[model_name]
         prep = zoo_models.prepare(spec, out / "models")
         feeds = load_feeds(prep.input_paths, spec.input_name, spec.dims)
         probe = FloatProbe(prep.model, feeds)
@@ -207,7 +207,7 @@ def run_case(
     from accdbg.algorithms.layerwise import run_layerwise
     from accdbg.algorithms.oneshot import run_oneshot
 
-    spec = zoo_models.MODELS[case.fault.model]
+    spec = zoo_models.EVERY_MODEL[case.fault.model]
     base = {
         "case": case.name,
         "model": case.fault.model,

@@ -95,6 +95,7 @@ class Culprit:
     op_type: str
     cause: str
     local_db: float
+    kind: str = ""  # what its own encodings lose most (a PATTERN_FIX key), or "backend"
 
 
 @dataclass
@@ -167,30 +168,58 @@ def compared_inputs(
     return out
 
 
+WEIGHT, CONCAT, ACTIVATION, CLIPPING = (
+    "weight range",
+    "unbalanced concatenation",
+    "activation range",
+    "clipping",
+)
+
+
+def _parts(ev: Evidence) -> list[tuple[float, str, str]]:
+    """(noise-to-signal, kind, text) of each encoding the layer owns, worst first."""
+    parts = []
+    for nsr, kind in (
+        (ev.weight_nsr, WEIGHT),
+        (ev.concat_nsr, CONCAT),
+        (ev.output_nsr, ACTIVATION),
+    ):
+        if math.isnan(nsr) or nsr <= 0:
+            continue
+        db = nsr_db(nsr)
+        if kind == WEIGHT:
+            what = f"{ev.weight_note} (median channel {db:.1f} dB)"
+        elif kind == CONCAT:
+            what = f"{ev.concat_note} ({db:.1f} dB)"
+        elif _clips(ev):
+            kind, what = (
+                CLIPPING,
+                f"{100 * ev.clipped:.3g}% of values outside the encoding ({db:.1f} dB)",
+            )
+        else:
+            what = f"{ev.output_note} (median channel {db:.1f} dB)"
+        parts.append((nsr, kind, f"{kind}: {what}"))
+    return sorted(parts, key=lambda p: -p[0])
+
+
+def _clips(ev: Evidence) -> bool:
+    """Clipping makes at least half of the output encoding's error."""
+    return not math.isnan(ev.clip_nsr) and ev.clip_nsr >= 0.5 * ev.output_nsr_tensor
+
+
 def _cause(ev: Evidence) -> str:
     """What the layer's own encodings do, worst first; every part within ``CAUSE_DB`` of the
     worst is named (a scaled channel blows both its weights' and its output's range)."""
-    parts = []
-    for nsr, text in (
-        (ev.weight_nsr, lambda db: f"weight range: {ev.weight_note} (median channel {db:.1f} dB)"),
-        (ev.concat_nsr, lambda db: f"unbalanced concatenation: {ev.concat_note} ({db:.1f} dB)"),
-        (ev.output_nsr, lambda db: _output_cause(ev, db)),
-    ):
-        if not math.isnan(nsr) and nsr > 0:
-            parts.append((nsr, text(nsr_db(nsr))))
+    parts = _parts(ev)
     if not parts:
         return ""
-    worst = max(p[0] for p in parts)
-    keep = [
-        t for n, t in sorted(parts, key=lambda p: -p[0]) if nsr_db(n) < nsr_db(worst) + CAUSE_DB
-    ]
-    return "; ".join(keep)
+    worst = nsr_db(parts[0][0])
+    return "; ".join(t for nsr, _, t in parts if nsr_db(nsr) < worst + CAUSE_DB)
 
 
-def _output_cause(ev: Evidence, db: float) -> str:
-    if not math.isnan(ev.clip_nsr) and ev.clip_nsr >= 0.5 * ev.output_nsr_tensor:
-        return f"clipping: {100 * ev.clipped:.3g}% of values outside the encoding ({db:.1f} dB)"
-    return f"activation range: {ev.output_note} (median channel {db:.1f} dB)"
+def _kind(ev: Evidence) -> str:
+    parts = _parts(ev)
+    return parts[0][1] if parts else ""
 
 
 def rank(
@@ -243,18 +272,19 @@ def rank(
         }
         db = local_db.get(n, math.nan)
         weak = math.isfinite(db) and db < cut and db < ABS_DB
-        if not (weak or (math.isfinite(db) and ev.clipped >= clip_bar)):
+        clips = math.isfinite(db) and ev.clipped >= clip_bar
+        if not (weak or clips):
             continue
         if not weak and math.isnan(ev.weight_nsr):
             # a layer without weights (a resize, a pooling) keeps its input's range: its input
             # clipped already
-            src = next((x for x in ev.inputs if x in standouts and x in clipping), None)
+            src = next((x for x in ev.inputs if x in clipping), None)
             if src is not None:
                 standouts.append(n)
                 columns[n][CAUSE] = f"clipping carried in from {src} (the same range)"
                 root_of[n] = root_of.get(src, src)
                 continue
-        if ev.clipped >= clip_bar:
+        if clips:
             clipping.add(n)
         src = _outlier_source(n, evidence, set(standouts))
         standouts.append(n)
@@ -305,8 +335,10 @@ def rank(
                 "neighbours' encodings"
             )
         candidates.append((local[n], n, cause))
+    backend: list[tuple[float, str, str]] = []
     if local_observed:
-        candidates += _backend(evidence, observed, {c[1] for c in candidates})
+        backend = _backend(evidence, observed, {c[1] for c in candidates})
+        candidates += backend
     else:
         _inherited(order, evidence, observed, local, columns)
     if divergence:  # a full run's inputs carry upstream error: a note, not a verdict
@@ -314,11 +346,13 @@ def rank(
             col = columns.setdefault(n, {})
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
     candidates.sort(key=lambda c: -c[0])
+    by_backend = {b[1] for b in backend}
     culprits = []
     for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):
         columns.setdefault(n, {})[RANK] = r
         columns[n][CAUSE] = cause
-        culprits.append(Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan)))
+        kind = "backend" if n in by_backend else _kind(evidence[n])
+        culprits.append(Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan), kind))
     findings = _findings(culprits, floor, spread, outputs)
     if divergence and math.isfinite(backend_share):
         findings.insert(
@@ -400,9 +434,7 @@ def _outlier_source(
     layer whose loss is its output's range (not its weights, not clipping, not a Concat) is
     taken for a carrier."""
     ev = evidence[n]
-    if ev.owner != "output" or (
-        not math.isnan(ev.clip_nsr) and ev.clip_nsr >= 0.5 * ev.output_nsr_tensor
-    ):
+    if ev.owner != "output" or _clips(ev):
         return None
     frontier, seen = list(ev.inputs), {n}
     for _ in range(hops):
@@ -510,10 +542,10 @@ def _findings(
 
 # what one change across several culprits that lose the same thing would be
 PATTERN_FIX = {
-    "weight range": "per-channel weight encodings for them",
-    "activation range": "16-bit activations on their outputs",
-    "clipping": "a calibration that keeps their whole range",
-    "unbalanced concatenation": "16-bit activations on these concatenations",
+    WEIGHT: "per-channel weight encodings for them",
+    ACTIVATION: "16-bit activations on their outputs",
+    CLIPPING: "a calibration that keeps their whole range",
+    CONCAT: "16-bit activations on these concatenations",
 }
 PATTERN_MIN = 3
 
@@ -524,9 +556,8 @@ def _patterns(culprits: Sequence[Culprit]) -> list[str]:
     treat them together."""
     kinds: dict[str, list[str]] = {}
     for c in culprits:
-        kind = c.cause.split(":", 1)[0]
-        if kind in PATTERN_FIX:
-            kinds.setdefault(kind, []).append(c.name)
+        if c.kind in PATTERN_FIX:
+            kinds.setdefault(c.kind, []).append(c.name)
     return [
         f"{len(names)} culprits lose their {kind} alike ({', '.join(names)}): one change across "
         f"them - {PATTERN_FIX[kind]} - may be the fix rather than one layer"

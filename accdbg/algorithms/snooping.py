@@ -48,7 +48,7 @@ from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.base import EngineOptions, get_engine
 from accdbg.engines.options import EngineConfig, LayerFilter
 from accdbg.engines.pipeline import Calibration, prepare_model
-from accdbg.engines.source import Feeds, build_feeds
+from accdbg.engines.source import Feeds, build_feeds, load_feed
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.snooping")
@@ -336,10 +336,7 @@ def pooled_feeds(
         if {n: Path(f[0]).resolve() for n, f in line.items()} == debugged:
             continue
         taken += 1
-        yield {
-            n: np.fromfile(path, dtype=np.dtype(dtype)).reshape(dims)
-            for n, (path, dims, dtype) in line.items()
-        }
+        yield load_feed(line)
 
 
 def one_input_golden(folder: Path, inputs: Sequence[InputTensor]) -> Path:

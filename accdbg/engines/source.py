@@ -22,6 +22,13 @@ log = logging.getLogger("accdbg.inference_engine")
 Feeds = list[dict[str, tuple[str, tuple[int, ...], str]]]
 
 
+def load_feed(feed: dict[str, tuple[str, tuple[int, ...], str]]) -> dict[str, np.ndarray]:
+    """One inference's arrays, read from the files of one :data:`Feeds` entry."""
+    return {
+        n: np.fromfile(p, dtype=np.dtype(dt)).reshape(dims) for n, (p, dims, dt) in feed.items()
+    }
+
+
 def build_feeds(
     model: onnx.ModelProto,
     input_list: InputList | None,

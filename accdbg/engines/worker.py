@@ -28,6 +28,7 @@ from accdbg.engines.base import EngineOptions, get_engine
 from accdbg.engines.exposure import Exposed
 from accdbg.engines.native_log import capture_fd2, read_log
 from accdbg.engines.partitioning import explain_cpu_nodes
+from accdbg.engines.source import load_feed
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.inference_engine")
@@ -68,12 +69,6 @@ class JobReport:
     finals: list = field(default_factory=list)  # per inference: .npz with the graph outputs
     results: list = field(default_factory=list)
     shapes: dict = field(default_factory=dict)
-
-
-def _load_feeds(feed: dict[str, tuple[str, tuple[int, ...], str]]) -> dict[str, np.ndarray]:
-    return {
-        n: np.fromfile(p, dtype=np.dtype(dt)).reshape(dims) for n, (p, dims, dt) in feed.items()
-    }
 
 
 def _explain_failure(exc: Exception, log_path: Path, what: str) -> AccdbgError:
@@ -137,7 +132,7 @@ def checked_run(sess, names, feed, job: Job, report: JobReport) -> dict[str, np.
     with capture_fd2(Path(job.native_log)):
         t = time.perf_counter()
         try:
-            values = sess.run(names, _load_feeds(feed), quiet)
+            values = sess.run(names, load_feed(feed), quiet)
         except Exception as exc:
             raise _explain_failure(
                 exc, Path(job.native_log), f"{get_engine(job.engine).label} run"

@@ -226,6 +226,7 @@ def run_case(
     }
     engine_kwargs = {"quantization_overrides": str(case.overrides)} if case.overrides else {}
     inputs = _inputs(spec, out / "models")
+    input_list = out / "models" / spec.name / "input_list.txt"
     work = case.folder / "w"
     results: dict[str, dict] = {}
     for algo in ["oneshot", *[a for a in algorithms if a != "oneshot"]]:
@@ -248,7 +249,7 @@ def run_case(
                     "onnx",
                     case.model_path,
                     inputs,
-                    input_list=out / "models" / spec.name / "input_list.txt",
+                    input_list=input_list,
                     engine_kwargs=engine_kwargs,
                     working_dir=work,
                     output_dirname="oneshot",
@@ -261,7 +262,7 @@ def run_case(
                 res = fn(
                     case.model_path,
                     inputs,
-                    input_list=out / "models" / spec.name / "input_list.txt",
+                    input_list=input_list,
                     golden_dir=golden,
                     qdq_model=qdq,
                     engine_kwargs=engine_kwargs,

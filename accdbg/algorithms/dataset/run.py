@@ -48,7 +48,7 @@ from accdbg.core.run_dir import check_run_folder, options_dict, write_json_atomi
 from accdbg.engines import artifacts
 from accdbg.engines.options import EngineConfig
 from accdbg.engines.pipeline import Calibration, PreparedModel, prepare_model, select_layers
-from accdbg.engines.source import build_feeds
+from accdbg.engines.source import build_feeds, load_feed
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.base import RunnerOptions, get_runner_class
 from accdbg.mapping.graph_struct import inputs_of, load_graph_struct, write_graph_struct
@@ -541,9 +541,7 @@ def _finish(
             table_w,
             "Name",
             verifiers,
-            feeds={
-                n: np.fromfile(p, dtype=np.dtype(dt)).reshape(d) for n, (p, d, dt) in feed.items()
-            },
+            feeds=load_feed(feed),
             float_model=prepared.float_model,
             golden_name=mapping,
             target=root / TARGET_DIR / ranking_input,

@@ -32,6 +32,7 @@ from accdbg.core.provenance import inputs_record
 from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.base import EngineOptions
 from accdbg.engines.exposure import Exposed
+from accdbg.engines.source import load_feed
 from accdbg.engines.worker import Job, JobReport, checked_run, checked_session
 from accdbg.frameworks.base import RunnerOptions, get_runner_class
 from accdbg.mapping.layout import reconcile
@@ -137,9 +138,7 @@ class DatasetWorker:
     # ------------------------------------------------------------------ one input
 
     def _golden(self, feed: dict[str, tuple[str, tuple[int, ...], str]]) -> dict[str, np.ndarray]:
-        arrays = {
-            n: np.fromfile(p, dtype=np.dtype(dt)).reshape(dims) for n, (p, dims, dt) in feed.items()
-        }
+        arrays = load_feed(feed)
         values: dict[str, np.ndarray] = {}
         for batch in self.golden_batches:
             values.update(self.runner.infer(arrays, batch))

@@ -159,13 +159,13 @@ def float_outputs(model_path: Path, feeds: list) -> list[list[np.ndarray]]:
     """The float model's outputs on onnxruntime's CPU for every feed (the reference)."""
     import onnxruntime as ort
 
-    from accdbg.engines.worker import _load_feeds
+    from accdbg.engines.source import load_feed
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
     sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return [list(sess.run(names, _load_feeds(f))) for f in feeds]
+    return [list(sess.run(names, load_feed(f))) for f in feeds]
 
 
 def save_reference(path: Path, outs: list[list[np.ndarray]]) -> None:

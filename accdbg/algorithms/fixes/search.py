@@ -44,7 +44,7 @@ from accdbg.core.run_dir import write_json_atomic
 from accdbg.engines.options import EngineConfig, QuantOptions
 from accdbg.engines.pipeline import Calibration, prepare_float, quantize_prepared
 from accdbg.engines.run import check_engine_options
-from accdbg.engines.worker import _load_feeds
+from accdbg.engines.source import load_feed
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.fix_search")
@@ -352,7 +352,7 @@ class _Search:
         pairs = C.pairs_of(s.prepared, changes)
         if pairs:
             eq, notes = equalize(s.prepared, pairs)
-            change = float_change(s.prepared, eq, [_load_feeds(f) for f in s.feeds])
+            change = float_change(s.prepared, eq, [load_feed(f) for f in s.feeds])
             extra["float change"] = change
             extra["equalization"] = "; ".join(notes)
             if not change <= FLOAT_RTOL:

@@ -96,6 +96,17 @@ def ppocr_input(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def ppocr_small_input(tmp_path_factory) -> Path:
+    """The same kind of page at 1x3x160x160: the det model's every layer at a quarter of the
+    QNN time, for tests of structure (completeness, mapping, partitions), not of values."""
+    from tests.images import text_image
+
+    path = tmp_path_factory.mktemp("ppocr_small") / "x160.raw"
+    text_image(160, 160, seed=7).tofile(path)
+    return path
+
+
 @pytest.fixture
 def mlp(tmp_path) -> models.Built:
     return models.mlp(tmp_path)

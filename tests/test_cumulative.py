@@ -184,9 +184,9 @@ def test_start_and_end_layer(two_fault, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def ppocr(tmp_path_factory, ppocr_det, ppocr_input):
+def ppocr(tmp_path_factory, ppocr_det, ppocr_small_input):
     tmp = tmp_path_factory.mktemp("ppocr_snooping")
-    inputs = [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])]
+    inputs = [parse_input_tensor(["x", "1,3,160,160", str(ppocr_small_input)])]
     golden = run_framework_diagnosis("onnx", ppocr_det, inputs, working_dir=tmp / "w").run_dir
     engine = run_inference_engine(ppocr_det, input_tensors=inputs, working_dir=tmp / "w")
     kw = dict(golden_dir=golden, qdq_model=engine.qdq_model, working_dir=tmp / "w")

@@ -393,9 +393,9 @@ def test_profiling_output(conv, tmp_path):
 
 
 @pytest.fixture(scope="module", params=[8, 16], ids=["a8", "a16"])
-def ppocr_run(request, tmp_path_factory, ppocr_det, ppocr_input):
+def ppocr_run(request, tmp_path_factory, ppocr_det, ppocr_small_input):
     tmp = tmp_path_factory.mktemp(f"ppocr{request.param}")
-    inp = [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])]
+    inp = [parse_input_tensor(["x", "1,3,160,160", str(ppocr_small_input)])]
     res = run_inference_engine(
         ppocr_det, input_tensors=inp, act_bitwidth=request.param, working_dir=tmp / "w"
     )

@@ -179,6 +179,21 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
     )
 
 
+def test_a_wide_spread_still_lets_a_layer_16_db_under_the_floor_stand_out():
+    """On a model whose layers spread widely (3.5 sigmas > 20 dB), a layer 16 dB under the
+    median (40 times its noise power) still reaches the sensitivity step; 13.5 dB does not."""
+    dbs = [23.0, 28.0, 33.0, 38.0, 43.0] * 6 + [17.0, 19.5]
+    names = [f"l{i}" for i in range(30)] + ["deep", "near"]
+    ev = {n: _ev(n, d) for n, d in zip(names, dbs, strict=True)}
+    med = float(np.median(dbs))
+    spread = 1.4826 * float(np.median(np.abs(np.array(dbs) - med)))
+    assert med == 33.0 and 3.5 * spread > 20  # the spread alone would ask for more than 20 dB
+    impact = _Impact({"deep": 0.9, "near": 0.9})
+    r = rank(ev, names, impact=impact)
+    assert [c.name for c in r.culprits] == ["deep"]
+    assert impact.asked == ["deep"]  # near (13.5 dB under) is not measured
+
+
 def test_floor_and_spread_are_the_median_and_scaled_mad():
     names = ["a", "b", "c", "d", "e"]
     dbs = [30.0, 32.0, 34.0, 36.0, 50.0]

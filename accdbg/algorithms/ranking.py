@@ -48,9 +48,9 @@ from accdbg.algorithms.sensitivity import Share
 
 Z_MIN = 3.5
 GAP_DB = 10.0
-MAX_GAP_DB = (
-    20.0  # a small model's spread is a weak estimate: 20 dB below the floor always stands out
-)
+# a small model's spread is a weak estimate: 15 dB below the floor (30 times the median layer's
+# noise power) always stands out
+MAX_GAP_DB = 15.0
 ABS_DB = 20.0  # the SQNR verifier's pass mark: the layer's own encodings alone fail it
 CLIP_MIN = 0.01  # a layer clipping one value in a hundred goes to the sensitivity step...
 CLIP_RATIO = 10.0  # ...when that is ten times what the model's median layer clips
@@ -141,7 +141,7 @@ def _clip_bar(clipped: Sequence[float]) -> float:
 
 
 def standout_gap(spread: float) -> float:
-    """How far from the floor a layer must be: 3.5 robust sigmas, at least 10 dB, at most 20."""
+    """How far from the floor a layer must be: 3.5 robust sigmas, at least 10 dB, at most 15."""
     return min(max(Z_MIN * spread, GAP_DB), MAX_GAP_DB)
 
 

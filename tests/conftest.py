@@ -85,26 +85,27 @@ def ppocr_rec() -> Path:
     return _rapidocr_model("ch_PP-OCRv4_rec_infer.onnx")
 
 
-@pytest.fixture(scope="session")
-def ppocr_input(tmp_path_factory) -> Path:
-    """A deterministic 1x3x320x320 page of printed text for the det model (its output is a
-    real text map, not all zero)."""
+def _text_page(tmp_path_factory, side: int) -> Path:
+    """A deterministic 1x3xSIDExSIDE page of printed text, as a raw float32 file."""
     from tests.images import text_image
 
-    path = tmp_path_factory.mktemp("ppocr") / "x.raw"
-    text_image(320, 320, seed=7).tofile(path)
+    path = tmp_path_factory.mktemp(f"ppocr{side}") / f"x{side}.raw"
+    text_image(side, side, seed=7).tofile(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def ppocr_input(tmp_path_factory) -> Path:
+    """A 1x3x320x320 page of printed text for the det model (its output is a real text map,
+    not all zero)."""
+    return _text_page(tmp_path_factory, 320)
 
 
 @pytest.fixture(scope="session")
 def ppocr_small_input(tmp_path_factory) -> Path:
     """The same kind of page at 1x3x160x160: the det model's every layer at a quarter of the
     QNN time, for tests of structure (completeness, mapping, partitions), not of values."""
-    from tests.images import text_image
-
-    path = tmp_path_factory.mktemp("ppocr_small") / "x160.raw"
-    text_image(160, 160, seed=7).tofile(path)
-    return path
+    return _text_page(tmp_path_factory, 160)
 
 
 @pytest.fixture

@@ -194,6 +194,44 @@ def test_a_wide_spread_still_lets_a_layer_16_db_under_the_floor_stand_out():
     assert impact.asked == ["deep"]  # near (13.5 dB under) is not measured
 
 
+def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_costs_the_outputs():
+    """Hand-built local divergences (dB): twenty layers a rounding step from the CPU fake-quant,
+    ten bit-exact, one 20 dB apart. Only that one is measured for what its difference costs the
+    outputs (when QNN's kernels together carry half their error or more); it is a backend
+    culprit at half their error or more, a note below that; with fewer than eight layers that
+    differ at all there is no floor and nothing is measured."""
+    rng = np.random.default_rng(5)
+    names = [f"l{i}" for i in range(31)]
+    ev = {n: _ev(n, 36 + rng.normal(0, 1)) for n in names}  # no quantization standout
+    dbs = [44 + rng.normal(0, 2) for _ in range(20)] + [math.inf] * 10 + [23.0]
+    div = {n: 10 ** (-d / 10) for n, d in zip(names, dbs, strict=True)}
+    asked: list[list[str]] = []
+
+    def kernel(share):
+        def measure(ns):
+            asked.append(list(ns))
+            return {n: share for n in ns}
+
+        return measure
+
+    r = rank(ev, names, divergence=div, kernel_share=kernel(0.8), backend_share=0.9)
+    assert asked == [["l30"]]
+    assert [(c.name, c.kind) for c in r.culprits] == [("l30", "backend")]
+    assert "23.0 dB" in r.culprits[0].cause and "costs the outputs 80% of their error on QNN" in (
+        r.culprits[0].cause
+    )
+    for share in (0.3, math.nan):
+        r = rank(ev, names, divergence=div, kernel_share=kernel(share), backend_share=0.9)
+        assert r.culprits == [] and r.columns["l30"]["cause"].startswith("backend: fed")
+    asked.clear()  # the kernels together carry under half the outputs' error: none is measured
+    r = rank(ev, names, divergence=div, kernel_share=kernel(0.8), backend_share=0.4)
+    assert r.culprits == [] and asked == []
+    few = {n: (div[n] if n in ("l30", *names[:6]) else 0.0) for n in names}  # 7 differ
+    asked.clear()
+    r = rank(ev, names, divergence=few, kernel_share=kernel(0.8), backend_share=0.9)
+    assert r.culprits == [] and "cause" not in r.columns["l30"] and asked == []
+
+
 def test_floor_and_spread_are_the_median_and_scaled_mad():
     names = ["a", "b", "c", "d", "e"]
     dbs = [30.0, 32.0, 34.0, 36.0, 50.0]
@@ -277,44 +315,71 @@ def test_snooping_blames_the_producer_and_says_so(outlier_runs, tmp_path, algori
     assert "culprit_rank" in csv.splitlines()[0]
 
 
+@pytest.fixture(scope="module")
+def long_chain(tmp_path_factory):
+    """A clean 14-layer chain run on QNN: enough layers that differ from the CPU fake-quant by
+    a rounding step to make a floor of them."""
+    tmp = tmp_path_factory.mktemp("long")
+    built = models.outlier_chain(tmp, layers=14)
+    inp = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
+    return built, run_oneshot("onnx", built.path, inp, working_dir=tmp / "w")
+
+
 @pytest.mark.slow
-def test_a_layer_wrong_only_on_the_backend_is_called_a_backend_matter(outlier_runs, tmp_path):
+def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own_inputs(
+    long_chain, tmp_path
+):
     """A QNN dump made wrong at one layer (as a faulty kernel would) parts from the CPU
-    fake-quant there and not before: its cause says so, and the findings give the backend's
-    share of the outputs' error."""
+    fake-quant of that layer fed QNN's own inputs, and nowhere else: it is a backend culprit
+    when QNN's kernels carry most of the outputs' error, a note in its cause otherwise."""
     import shutil
 
     import onnx
 
-    from accdbg.algorithms.divergence import divergence
+    from accdbg.algorithms.culprits import find_culprits, prepared_model
+    from accdbg.algorithms.divergence import kernel_effect, local_divergence
     from accdbg.algorithms.evidence import EvidenceBuilder
     from accdbg.core.tensor_store import TensorFolder
 
-    built, res = outlier_runs[0.0]
+    built, res = long_chain
     result = tmp_path / "Result_0"
     shutil.copytree(res.engine_run / "output" / "Result_0", result)
     target = TensorFolder(result)
-    rec = target.records["layer3"]
-    raw = result / rec.file
-    values = np.fromfile(raw, np.float32)
-    (values * 0.6).astype(np.float32).tofile(raw)  # a kernel off by 40 %
-    qdq = onnx.load(str(next(res.engine_run.glob("*.qdq.onnx"))))
-    builder = EvidenceBuilder(qdq, TensorFolder(res.golden_dir), lambda n: n)
+    wrong = "layer13"  # the last layer: no later layer of the dump read the right values
+    raw = result / target.records[wrong].file
+    (np.fromfile(raw, np.float32) * 0.6).astype(np.float32).tofile(raw)  # a kernel off by 40 %
+    qdq_path = next(res.engine_run.glob("*.qdq.onnx"))
+    builder = EvidenceBuilder(onnx.load(str(qdq_path)), TensorFolder(res.golden_dir), lambda n: n)
     x = {"x": np.fromfile(built.input_path, np.float32).reshape(built.dims)}
-    div = divergence(qdq, builder.layers, x, TensorFolder(result))
-    # numpy: the corrupted layer against the CPU run is 0.4 of the signal in amplitude
-    assert _db(div["layer3"]) == pytest.approx(-20 * math.log10(0.4 / 1.0), abs=1.5)
-    assert _db(div["layer2"]) > _db(div["layer3"]) + 20
+    div = local_divergence(onnx.load(str(qdq_path)), builder.layers, x, TensorFolder(result))
+    # numpy: the corrupted layer against the same layer computed right is 0.4 of the signal
+    assert _db(div[wrong]) == pytest.approx(-20 * math.log10(0.4), abs=1.5)
+    others = [_db(v) for n, v in div.items() if n != wrong and v > 0]
+    assert len(others) >= 8 and min(others) > 30  # every other layer: a rounding step apart
     ev = builder.build()
     names = [e.name for e in builder.layers]
-    # a full run's inputs already differ: the jump is stated where it happens, not ranked
     r = rank(ev, names, divergence=div, backend_share=0.9)
-    assert r.culprits == []
-    assert r.columns["layer3"]["cause"].startswith("backend: the QNN result parts")
-    assert "layer2" not in r.columns or not r.columns["layer2"].get("cause", "").startswith(
-        "backend"
-    )
+    assert r.culprits == []  # not measured: a note
+    assert r.columns[wrong]["cause"].startswith("backend: fed the backend's own inputs")
     assert any("QNN's kernels account for 90%" in f for f in r.findings)
+    # what the difference costs the outputs, measured on the CPU fake-quant: the wrong layer is
+    # the output, so it is its own difference, 0.4 of the signal in amplitude
+    effect = kernel_effect(
+        onnx.load(str(qdq_path)), builder.layers, x, TensorFolder(result), [wrong], [wrong]
+    )
+    assert _db(effect[wrong][wrong]) == pytest.approx(-20 * math.log10(0.4), abs=1.5)
+    # the whole path: the CPU runs and the shares measured by find_culprits
+    ranking = find_culprits(
+        qdq_path,
+        res.golden_dir,
+        res.summary,
+        "Name",
+        {"SQNR": get_verifier("SQNR")},
+        feeds=x,
+        float_model=prepared_model(qdq_path),
+        target=result,
+    )
+    assert [(c.name, c.kind) for c in ranking.culprits] == [(wrong, "backend")]
 
 
 def test_a_softmax_output_is_judged_at_its_logits(tmp_path):

@@ -18,10 +18,10 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from accdbg.algorithms.divergence import divergence
+from accdbg.algorithms.divergence import divergence, kernel_effect, local_divergence
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.ranking import Ranking, rank
-from accdbg.algorithms.sensitivity import Sensitivity, Share
+from accdbg.algorithms.sensitivity import Sensitivity, Share, scores
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
 
@@ -92,8 +92,8 @@ def find_culprits(
 
     ``full_run``: the table's output rows are the model's outputs as deployed (oneshot), so
     their verdict is stated; a snooping table's are not (golden inputs upstream). ``target``:
-    the QNN dump of the same input, compared layer by layer with the CPU fake-quant of the
-    QDQ model to find backend culprits. ``more_feeds``: the other inputs debugged with this
+    the QNN dump of the same input, compared layer by layer with the CPU fake-quant of each
+    layer fed QNN's own inputs to find backend culprits. ``more_feeds``: the other inputs debugged with this
     one - the output sensitivity pools its error over all of them (the evidence and the
     backend comparison stay on ``feeds``, whose golden and target are given); read only if
     some layer stands out."""
@@ -109,13 +109,22 @@ def find_culprits(
     impact = None
     if float_model and float_model.is_file() and feeds:
         impact = _LazySensitivity(float_model, qdq, feeds, more_feeds, by_name)
-    div = None
+    outputs = [o.name for o in qdq.graph.output]
+    div = at_outputs = kernels = None
+    judged = outputs  # the outputs' backend error is judged where their error is: the logits
     if target is not None and feeds:
+        folder = TensorFolder(target)
+        if float_model and float_model.is_file():  # when the backend's logits were compared
+            rows = set(table[name_col].astype(str))
+            judged = [n for n in scores(onnx.load(str(float_model))) if n in rows] or outputs
         try:
-            div = divergence(qdq, builder.layers, feeds, TensorFolder(target))
+            div = local_divergence(qdq, builder.layers, feeds, folder)
+            ends = [e for e in builder.layers if e.name in judged]
+            at_outputs = divergence(qdq, ends, feeds, folder)
+            errors = _errors(table, name_col, verifiers, judged)
+            kernels = _KernelShare(qdq, builder.layers, feeds, folder, errors)
         except Exception as exc:  # the CPU cannot run it: no backend verdict, say why
             log.info("no backend comparison (CPU fake-quant failed: %s)", str(exc).splitlines()[0])
-    outputs = [o.name for o in qdq.graph.output]
     ranking = rank(
         evidence,
         [str(n) for n in table[name_col]],
@@ -124,27 +133,55 @@ def find_culprits(
         local_observed=local_observed,
         outputs=output_verdicts(table, name_col, verifiers, outputs) if full_run else (),
         divergence=div,
-        backend_share=_backend_share(div, table, name_col, verifiers, outputs),
+        kernel_share=kernels,
+        backend_share=_backend_share(at_outputs, table, name_col, verifiers, judged),
     )
     log.info("culprit ranking in %.1f s", time.perf_counter() - t)
     return ranking
 
 
+def _errors(table, name_col, verifiers, judged) -> dict[str, float]:
+    """Each judged tensor's QNN error (noise-to-signal) from the table."""
+    label = noise_verifier(verifiers, table.columns)
+    if label is None:
+        return {}
+    out = {}
+    for _, row in table[table[name_col].isin(list(judged))].iterrows():
+        err = verifiers[label].noise_to_signal(float(pd.to_numeric(row[label], errors="coerce")))
+        if err and math.isfinite(err) and err > 0:
+            out[str(row[name_col])] = err
+    return out
+
+
 def _backend_share(div, table, name_col, verifiers, outputs) -> float:
-    """The outputs' QNN-vs-CPU divergence over their QNN-vs-float error (the worst output)."""
+    """The outputs' QNN-vs-CPU divergence over their QNN-vs-float error (the worst output, at
+    its logits when a Softmax or Sigmoid makes it: a saturated output hides both)."""
     if not div:
         return math.nan
-    sqnr = noise_verifier(verifiers, table.columns)
-    if sqnr is None:
-        return math.nan
-    share = math.nan
-    rows = table[table[name_col].isin(outputs)]
-    for _, row in rows.iterrows():
-        err = verifiers[sqnr].noise_to_signal(float(pd.to_numeric(row[sqnr], errors="coerce")))
-        d = div.get(str(row[name_col]))
-        if d is not None and err and math.isfinite(err) and err > 0:
-            share = max(d / err, share) if not math.isnan(share) else d / err
-    return share
+    shares = [
+        div[n] / e for n, e in _errors(table, name_col, verifiers, outputs).items() if n in div
+    ]
+    return max(shares) if shares else math.nan
+
+
+class _KernelShare:
+    """What one layer's kernel difference costs the outputs, over their error on QNN (the
+    worst judged output); measured only for the layers whose difference stands out."""
+
+    def __init__(self, qdq, layers, feeds, target: TensorFolder, errors: dict[str, float]):
+        self.args = (qdq, layers, feeds, target)
+        self.errors = errors
+
+    def __call__(self, names: Sequence[str]) -> dict[str, float]:
+        try:
+            effects = kernel_effect(*self.args, names, list(self.errors))
+        except Exception as exc:  # the CPU cannot run the cut model: a note, not a verdict
+            log.info("no kernel effect measured: %s", str(exc).splitlines()[0])
+            return {}
+        return {
+            n: max((v / self.errors[end] for end, v in per.items()), default=math.nan)
+            for n, per in effects.items()
+        }
 
 
 class _LazySensitivity:

@@ -5,6 +5,12 @@ executed as written, in float) with every layer output exposed exactly as the QN
 Both sides carry the same quantization; they differ by the kernels' rounding, which adds up
 slowly along the graph. A layer where the QNN result suddenly parts from the CPU one, far
 more than at its inputs, is a backend matter: fine in fake-quant, wrong on HTP.
+
+Along a whole run those differences are inherited, and a saturating or mostly-zero layer turns
+a small difference at its inputs into a large relative one. :func:`local_divergence` removes
+that: each layer's CPU fake-quant is fed the backend's *own* values of its inputs (the integers
+QNN wrote), so what is left is that layer's kernel alone - bit-exact for most layers of the
+models measured, a rounding step for the others.
 """
 
 from __future__ import annotations
@@ -33,14 +39,149 @@ def divergence(
 ) -> dict[str, float]:
     """Per layer: ``Σ(qnn - cpu)² / Σcpu²`` for every layer dumped in ``target``."""
     wanted = [e for e in layers if e.name in target]
-    outputs = list(dict.fromkeys(e.graph_tensor for e in wanted))
-    model = om.with_outputs(qdq_model, outputs)
+    return _compare(qdq_model, wanted, dict(feeds), target)
+
+
+def local_divergence(
+    qdq_model: onnx.ModelProto,
+    layers: Sequence[Exposed],
+    feeds: Mapping[str, np.ndarray],
+    target: TensorFolder,
+) -> dict[str, float]:
+    """Per layer, as :func:`divergence`, but each layer's CPU fake-quant reads the backend's
+    values of its inputs: one CPU run in which every dumped tensor's consumers are cut from
+    their producer and fed the integers QNN computed for it."""
+    wanted = [e for e in layers if e.name in target]
+    model, fed = _cut(qdq_model, wanted, lambda e: _backend_value(e, target.load(e.name)))
+    return _compare(model, wanted, {**feeds, **fed}, target)
+
+
+def kernel_effect(
+    qdq_model: onnx.ModelProto,
+    layers: Sequence[Exposed],
+    feeds: Mapping[str, np.ndarray],
+    target: TensorFolder,
+    names: Sequence[str],
+    judged: Sequence[str],
+) -> dict[str, dict[str, float]]:
+    """Per named layer, what its kernel's own difference does to the outputs: QNN's result
+    minus the CPU fake-quant of that layer fed QNN's inputs, added to that layer in the CPU
+    fake-quant of the whole model. ``Σ(out - out_cpu)² / Σout_cpu²`` at each of the ``judged``
+    tensors (layer -> judged tensor -> value): the scale of the outputs' error, so a share of
+    it can be taken."""
+    by = {e.name: e for e in layers}
+    subjects = [by[n] for n in names if n in by and n in target]
+    ends = [by[n] for n in judged if n in by]
+    if not subjects or not ends:
+        return {}
+    dumped = [e for e in layers if e.name in target]
+    backend = {e.name: _backend_value(e, target.load(e.name)) for e in subjects}
+    full = _run(qdq_model, [e.graph_tensor for e in subjects + ends], feeds)
+    cut_all, fed = _cut(qdq_model, dumped, lambda e: _backend_value(e, target.load(e.name)))
+    local = _run(cut_all, [e.graph_tensor for e in subjects], {**feeds, **fed})
+    model, base_feed = _cut(qdq_model, subjects, lambda e: full[e.graph_tensor])
+    outputs = [e.graph_tensor for e in ends]
+    sess = _session(om.with_outputs(model, outputs))
+    feed = {**feeds, **base_feed}
+
+    def deq(e: Exposed, values: np.ndarray) -> np.ndarray:
+        return np.asarray(e.dequantize(values), np.float64).ravel()
+
+    base = [deq(e, v) for e, v in zip(ends, sess.run(outputs, feed), strict=True)]
+    out: dict[str, dict[str, float]] = {}
+    for e in subjects:
+        own = _shifted(full[e.graph_tensor], backend[e.name], local[e.graph_tensor])
+        cut = {_cut_name(e): own} if _cut_name(e) in feed else {}  # else: read by nothing
+        runs = sess.run(outputs, {**feed, **cut})
+        out[e.name] = {}
+        for end, b, v in zip(ends, base, runs, strict=True):
+            got = deq(end, own if end is e else v)  # a judged layer is its own output
+            ss = dot(b, b)
+            if ss > 0:
+                out[e.name][end.name] = dot(got - b, got - b) / ss
+    return out
+
+
+def _shifted(cpu: np.ndarray, backend: np.ndarray, local: np.ndarray) -> np.ndarray:
+    """``cpu`` moved by the kernel's difference ``backend - local`` (in integer steps for a
+    quantized tensor, kept within its type)."""
+    if not np.issubdtype(cpu.dtype, np.integer):
+        return (cpu + (backend.astype(np.float32) - local)).astype(cpu.dtype)
+    info = np.iinfo(cpu.dtype)
+    moved = cpu.astype(np.int64) + backend.astype(np.int64) - local.astype(np.int64)
+    return np.clip(moved, info.min, info.max).astype(cpu.dtype)
+
+
+def _cut_name(e: Exposed) -> str:
+    return f"{e.graph_tensor}::backend"
+
+
+def _cut(
+    qdq_model: onnx.ModelProto, exposed: Sequence[Exposed], value_of
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A copy whose readers of each exposed tensor read a new graph input instead, and the
+    feeds for them (``value_of(e)``; a tensor that cannot be read keeps its producer)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(qdq_model)
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for n in m.graph.node:
+        for i, x in enumerate(n.input):
+            readers.setdefault(x, []).append((n, i))
+    fed: dict[str, np.ndarray] = {}
+    for e in exposed:
+        users = readers.get(e.graph_tensor, [])
+        if e.graph_is_dequantized or not users:
+            continue
+        try:
+            value = np.asarray(value_of(e))
+        except Exception:  # unreadable dump: its consumers keep the CPU's own input
+            continue
+        for node, i in users:
+            node.input[i] = _cut_name(e)
+        m.graph.input.append(
+            onnx.helper.make_tensor_value_info(
+                _cut_name(e), onnx.helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape)
+            )
+        )
+        fed[_cut_name(e)] = value
+    return m, fed
+
+
+def _backend_value(e: Exposed, values: np.ndarray) -> np.ndarray:
+    """The dumped tensor as the QDQ graph holds it: the backend's integers for a quantized
+    activation (re-quantized exactly from the dequantized dump), else float (as is a graph
+    output's, read after its DequantizeLinear)."""
+    if not e.quantized or e.graph_is_dequantized:
+        return np.asarray(values, np.float32)
+    dt = np.dtype(e.native_dtype)
+    info = np.iinfo(dt)
+    q = np.rint(np.asarray(values, np.float64) / e.scale) + e.zero_point
+    return np.clip(q, info.min, info.max).astype(dt)
+
+
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     # every Q/DQ executed as written (no fusion into QLinear kernels): the exact fake-quant
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    values = dict(zip(outputs, sess.run(outputs, dict(feeds)), strict=True))
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _run(
+    model: onnx.ModelProto, outputs: Sequence[str], feeds: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    outputs = list(dict.fromkeys(outputs))
+    sess = _session(om.with_outputs(model, outputs))
+    return dict(zip(outputs, sess.run(outputs, dict(feeds)), strict=True))
+
+
+def _compare(
+    model: onnx.ModelProto,
+    wanted: Sequence[Exposed],
+    feeds: Mapping[str, np.ndarray],
+    target: TensorFolder,
+) -> dict[str, float]:
+    values = _run(model, [e.graph_tensor for e in wanted], feeds)
     out: dict[str, float] = {}
     for e in wanted:
         cpu = np.asarray(e.dequantize(values[e.graph_tensor]), np.float64).ravel()

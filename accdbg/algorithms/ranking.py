@@ -23,7 +23,13 @@ layers do - or whose backend result is far worse than its quantization explains:
   its ``cause`` and not named.
 * **backend** - the target's error at a layer (per channel) exceeds what the layer's own
   quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
-  same way among the model's layers: the kernel, not the encodings.
+  same way among the model's layers: the kernel, not the encodings (golden inputs: layerwise).
+  In a full run, each layer's QNN result is compared with onnxruntime's CPU fake-quant of that
+  layer fed QNN's own inputs (:func:`~accdbg.algorithms.divergence.local_divergence`); a layer
+  where they part far more than at the model's other layers is named when that difference,
+  added to the layer in the CPU fake-quant of the whole model, costs the outputs at least
+  ``SHARE`` of their error on QNN (:func:`~accdbg.algorithms.divergence.kernel_effect`), and
+  noted otherwise.
 
 Culprits are ranked by the information their own encodings destroy (lowest local SQNR first);
 what they cost the outputs only decides whether they are named (a sum of quantization errors is
@@ -36,7 +42,7 @@ says where its error comes from when it is inherited.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -61,6 +67,9 @@ BACKEND_DB = 10.0
 MAX_CULPRITS = 5
 CAUSE_DB = 6.0
 OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it counts as new
+# layers where QNN and the CPU fake-quant differ at all, needed for their floor (most layers of
+# the models measured are bit-exact, and a floor of three rounding steps says nothing)
+MIN_DIVERGING = 8
 
 RANK = "culprit_rank"
 CAUSE = "cause"
@@ -231,6 +240,7 @@ def rank(
     outputs: Sequence[tuple[str, str, float, bool | None]] = (),
     divergence: Mapping[str, float] | None = None,
     backend_share: float = math.nan,
+    kernel_share: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -241,12 +251,14 @@ def rank(
     from a full run (oneshot: inputs carry upstream error; used to say what is inherited) or,
     with ``local_observed``, from golden inputs (layerwise: also used to find backend errors).
     ``outputs`` are the model outputs' verdicts ``(name, verifier label, value, passed)``.
-    ``divergence`` is, per layer, the QNN result against the CPU fake-quant of the same QDQ
-    model (noise-to-signal; :mod:`accdbg.algorithms.divergence`): a layer where it jumps gets
-    a backend note in its ``cause``, and ``backend_share`` - the outputs' QNN-vs-CPU divergence
-    over their QNN-vs-float error - is stated in the findings. In a full run the inputs
-    already differ, and a saturating or mostly-zero output turns small input differences into
-    large relative ones, so only layerwise (golden inputs) names backend culprits.
+    ``divergence`` is, per layer, the QNN result against the CPU fake-quant of that layer fed
+    QNN's own inputs (noise-to-signal; :func:`~accdbg.algorithms.divergence.local_divergence`),
+    and ``backend_share`` the outputs' QNN-vs-CPU divergence over their QNN-vs-float error
+    (stated in the findings). ``kernel_share(names)`` is, for layers whose divergence stands
+    out, what that layer's kernel difference alone costs the outputs over their error on QNN:
+    at ``SHARE`` or more it is a backend culprit of a full run, else a note in its ``cause``.
+    It is asked only when ``backend_share`` reaches ``SHARE``: when QNN's kernels together
+    carry less than half the outputs' error, no one of them is measured (a CPU run each).
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -341,10 +353,26 @@ def rank(
         candidates += backend
     else:
         _inherited(order, evidence, observed, local, columns)
-    if divergence:  # a full run's inputs carry upstream error: a note, not a verdict
-        for n, cause in _diverging(evidence, divergence).items():
-            col = columns.setdefault(n, {})
+    named = {c[1] for c in candidates}
+    standing = _diverging(divergence or {})
+    shares: Mapping[str, float] = {}
+    if standing and kernel_share is not None and not local_observed and backend_share >= SHARE:
+        shares = kernel_share(list(standing))  # not when the kernels together carry less
+    for n, cause in standing.items():
+        col = columns.setdefault(n, {})
+        share = shares.get(n, math.nan)
+        if not math.isnan(share):
+            cause += (
+                f"; that difference alone, added to the CPU fake-quant, costs the outputs "
+                f"{_pct(share)} of their error on QNN"
+            )
+        if share >= SHARE and n not in named and n in evidence:
+            why = f"; {col[CAUSE]}" if col.get(CAUSE) else ""
+            backend.append((divergence[n], n, f"{cause}{why}"))
+        else:
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
+    if not local_observed:
+        candidates += backend
     candidates.sort(key=lambda c: -c[0])
     by_backend = {b[1] for b in backend}
     culprits = []
@@ -489,22 +517,20 @@ def _backend(
     ]
 
 
-def _diverging(evidence: Mapping[str, Evidence], div: Mapping[str, float]) -> dict[str, str]:
-    """Layers where QNN parts from the CPU fake-quant far more than at their inputs: a note."""
-    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(div))
-    jumps: dict[str, tuple[float, float]] = {}
-    for n, d in div.items():
-        if not math.isfinite(d) or d <= 0:
-            continue
-        before = max((div[x] for x in inputs.get(n, []) if math.isfinite(div[x])), default=0.0)
-        if before <= 0:  # no compared input to part from: no verdict (a graph input is exact)
-            continue
-        jumps[n] = (10 * math.log10(d / before), d)
+def _diverging(div: Mapping[str, float]) -> dict[str, str]:
+    """Layers where QNN parts from the CPU fake-quant fed its own inputs (noise-to-signal
+    ``div``) far more than at the model's other layers that differ at all."""
+    dbs = {n: nsr_db(d) for n, d in div.items() if d > 0}
+    finite = [d for d in dbs.values() if math.isfinite(d)]
+    if len(finite) < MIN_DIVERGING:
+        return {}
+    floor, spread = robust_floor(finite)
+    cut = floor - standout_gap(spread)
     return {
-        n: f"backend: the QNN result parts from onnxruntime's CPU fake-quant of the same QDQ "
-        f"model here ({nsr_db(div[n]):.1f} dB between them, {jumps[n][0]:.1f} dB more than at "
-        f"its inputs)"
-        for n in _standing_jumps(jumps)
+        n: f"backend: fed the backend's own inputs, onnxruntime's CPU fake-quant of this layer "
+        f"and QNN part at {d:.1f} dB (the model's median differing layer: {floor:.1f} dB)"
+        for n, d in dbs.items()
+        if d < cut
     }
 
 

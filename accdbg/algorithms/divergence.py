@@ -53,7 +53,7 @@ def local_divergence(
     their producer and fed the integers QNN computed for it."""
     wanted = [e for e in layers if e.name in target]
     model, fed = _cut(qdq_model, wanted, lambda e: _backend_value(e, target.load(e.name)))
-    return _compare(model, wanted, {**feeds, **fed}, target)
+    return _compare(model, wanted, {**feeds, **fed}, target, fed)
 
 
 def kernel_effect(
@@ -180,13 +180,18 @@ def _compare(
     wanted: Sequence[Exposed],
     feeds: Mapping[str, np.ndarray],
     target: TensorFolder,
+    loaded: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, float]:
+    """``loaded``: the backend's values already read, by cut name (not read twice)."""
     values = _run(model, [e.graph_tensor for e in wanted], feeds)
+    loaded = loaded or {}
     out: dict[str, float] = {}
     for e in wanted:
         cpu = np.asarray(e.dequantize(values[e.graph_tensor]), np.float64).ravel()
         try:
-            qnn = np.asarray(target.load(e.name), np.float64).ravel()
+            have = loaded.get(_cut_name(e))
+            qnn = target.load(e.name) if have is None else e.dequantize(have)
+            qnn = np.asarray(qnn, np.float64).ravel()
         except Exception:  # unreadable dump: no verdict for this layer
             continue
         if qnn.size != cpu.size or not (np.isfinite(qnn).all() and np.isfinite(cpu).all()):

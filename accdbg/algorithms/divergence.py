@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -52,7 +52,7 @@ def local_divergence(
     values of its inputs: one CPU run in which every dumped tensor's consumers are cut from
     their producer and fed the integers QNN computed for it."""
     wanted = [e for e in layers if e.name in target]
-    model, fed = _cut(qdq_model, wanted, lambda e: _backend_value(e, target.load(e.name)))
+    model, fed = _cut(qdq_model, wanted, _reader(target))
     return _compare(model, wanted, {**feeds, **fed}, target, fed)
 
 
@@ -75,9 +75,9 @@ def kernel_effect(
     if not subjects or not ends:
         return {}
     dumped = [e for e in layers if e.name in target]
-    backend = {e.name: _backend_value(e, target.load(e.name)) for e in subjects}
+    backend = {e.name: _reader(target)(e) for e in subjects}
     full = _run(qdq_model, [e.graph_tensor for e in subjects + ends], feeds)
-    cut_all, fed = _cut(qdq_model, dumped, lambda e: _backend_value(e, target.load(e.name)))
+    cut_all, fed = _cut(qdq_model, dumped, _reader(target))
     local = _run(cut_all, [e.graph_tensor for e in subjects], {**feeds, **fed})
     model, base_feed = _cut(qdq_model, subjects, lambda e: full[e.graph_tensor])
     outputs = [e.graph_tensor for e in ends]
@@ -117,7 +117,9 @@ def _cut_name(e: Exposed) -> str:
 
 
 def _cut(
-    qdq_model: onnx.ModelProto, exposed: Sequence[Exposed], value_of
+    qdq_model: onnx.ModelProto,
+    exposed: Sequence[Exposed],
+    value_of: Callable[[Exposed], np.ndarray],
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A copy whose readers of each exposed tensor read a new graph input instead, and the
     feeds for them (``value_of(e)``; a tensor that cannot be read keeps its producer)."""
@@ -145,6 +147,10 @@ def _cut(
         )
         fed[_cut_name(e)] = value
     return m, fed
+
+
+def _reader(target: TensorFolder) -> Callable[[Exposed], np.ndarray]:
+    return lambda e: _backend_value(e, target.load(e.name))
 
 
 def _backend_value(e: Exposed, values: np.ndarray) -> np.ndarray:

@@ -9,8 +9,8 @@ more than at its inputs, is a backend matter: fine in fake-quant, wrong on HTP.
 Along a whole run those differences are inherited, and a saturating or mostly-zero layer turns
 a small difference at its inputs into a large relative one. :func:`local_divergence` removes
 that: each layer's CPU fake-quant is fed the backend's *own* values of its inputs (the integers
-QNN wrote), so what is left is that layer's kernel alone - bit-exact for most layers of the
-models measured, a rounding step for the others.
+QNN wrote), so what is left is that layer's kernel alone - bit-exact on many layers of the
+models measured, a rounding step on the others.
 """
 
 from __future__ import annotations

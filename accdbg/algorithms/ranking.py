@@ -67,8 +67,8 @@ BACKEND_DB = 10.0
 MAX_CULPRITS = 5
 CAUSE_DB = 6.0
 OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it counts as new
-# layers where QNN and the CPU fake-quant differ at all, needed for their floor (most layers of
-# the models measured are bit-exact, and a floor of three rounding steps says nothing)
+# layers where QNN and the CPU fake-quant differ at all, needed for their floor (many layers
+# of the models measured are bit-exact, and a floor of three rounding steps says nothing)
 MIN_DIVERGING = 8
 
 RANK = "culprit_rank"

@@ -100,23 +100,25 @@ def find_culprits(
     t = time.perf_counter()
     qdq = onnx.load(str(qdq_model))
     names = dict(golden_name or {})
-    weights = float_weights_of(float_model) if float_model and float_model.is_file() else None
+    # read once: its weights, its logits' names and (if a layer stands out) the sensitivity
+    float_proto = onnx.load(str(float_model)) if float_model and float_model.is_file() else None
+    weights = float_weights_of(float_proto) if float_proto is not None else None
     builder = EvidenceBuilder(
         qdq, TensorFolder(golden), lambda n: names.get(n, n), weights, graph_inputs=feeds
     )
     evidence = builder.build()
     by_name = {e.name: e for e in builder.layers}
     impact = None
-    if float_model and float_model.is_file() and feeds:
-        impact = _LazySensitivity(float_model, qdq, feeds, more_feeds, by_name)
+    if float_proto is not None and feeds:
+        impact = _LazySensitivity(float_proto, qdq, feeds, more_feeds, by_name)
     outputs = [o.name for o in qdq.graph.output]
     div = at_outputs = kernels = None
     judged = outputs  # the outputs' backend error is judged where their error is: the logits
     if target is not None and feeds:
         folder = TensorFolder(target)
-        if float_model and float_model.is_file():  # when the backend's logits were compared
+        if float_proto is not None:  # when the backend's logits were compared
             rows = set(table[name_col].astype(str))
-            judged = [n for n in scores(onnx.load(str(float_model))) if n in rows] or outputs
+            judged = [n for n in scores(float_proto) if n in rows] or outputs
         try:
             div = local_divergence(qdq, builder.layers, feeds, folder)
             ends = [e for e in builder.layers if e.name in judged]
@@ -187,7 +189,9 @@ class _KernelShare:
 class _LazySensitivity:
     """Output sensitivity, set up only when a layer stands out (clean models pay nothing)."""
 
-    def __init__(self, float_model: Path, qdq: onnx.ModelProto, feeds, more_feeds, layers) -> None:
+    def __init__(
+        self, float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds, more_feeds, layers
+    ) -> None:
         self.args = (float_model, qdq, feeds, more_feeds)
         self.layers = layers
         self._sens: Sensitivity | None = None
@@ -195,9 +199,9 @@ class _LazySensitivity:
 
     def _ready(self) -> Sensitivity | None:
         if self._sens is None and not self.failed:
-            path, qdq, feeds, more = self.args
+            model, qdq, feeds, more = self.args
             try:
-                self._sens = Sensitivity(onnx.load(str(path)), qdq, [feeds, *more])
+                self._sens = Sensitivity(model, qdq, [feeds, *more])
             except Exception as exc:  # onnxruntime refusing the model: rank on evidence alone
                 self.failed = True
                 self._sens = None

@@ -74,11 +74,11 @@ def kernel_effect(
     ends = [by[n] for n in judged if n in by]
     if not subjects or not ends:
         return {}
-    dumped = [e for e in layers if e.name in target]
-    backend = {e.name: _reader(target)(e) for e in subjects}
-    full = _run(qdq_model, [e.graph_tensor for e in subjects + ends], feeds)
-    cut_all, fed = _cut(qdq_model, dumped, _reader(target))
+    read = _reader(target)
+    cut_all, fed = _cut(qdq_model, [e for e in layers if e.name in target], read)
+    backend = {e.name: fed[_cut_name(e)] if _cut_name(e) in fed else read(e) for e in subjects}
     local = _run(cut_all, [e.graph_tensor for e in subjects], {**feeds, **fed})
+    full = _run(qdq_model, [e.graph_tensor for e in subjects + ends], feeds)
     model, base_feed = _cut(qdq_model, subjects, lambda e: full[e.graph_tensor])
     outputs = [e.graph_tensor for e in ends]
     sess = _session(om.with_outputs(model, outputs))
@@ -87,7 +87,8 @@ def kernel_effect(
     def deq(e: Exposed, values: np.ndarray) -> np.ndarray:
         return np.asarray(e.dequantize(values), np.float64).ravel()
 
-    base = [deq(e, v) for e, v in zip(ends, sess.run(outputs, feed), strict=True)]
+    # fed the CPU's own values, the cut model is the whole model's run: its outputs are known
+    base = [deq(e, full[e.graph_tensor]) for e in ends]
     out: dict[str, dict[str, float]] = {}
     for e in subjects:
         own = _shifted(full[e.graph_tensor], backend[e.name], local[e.graph_tensor])
@@ -159,10 +160,7 @@ def _backend_value(e: Exposed, values: np.ndarray) -> np.ndarray:
     output's, read after its DequantizeLinear)."""
     if not e.quantized or e.graph_is_dequantized:
         return np.asarray(values, np.float32)
-    dt = np.dtype(e.native_dtype)
-    info = np.iinfo(dt)
-    q = np.rint(np.asarray(values, np.float64) / e.scale) + e.zero_point
-    return np.clip(q, info.min, info.max).astype(dt)
+    return e.quantize(values)
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:

@@ -378,9 +378,8 @@ def dequantized_weight(
     return wq, scale, (wq.astype(np.int64) - zp) * scale
 
 
-def float_weights_of(model_path) -> dict[str, np.ndarray]:
+def float_weights_of(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Float initializers (2-D and more) of the pre-processed float model, by name."""
-    model = onnx.load(str(model_path))
     return {
         i.name: numpy_helper.to_array(i)
         for i in model.graph.initializer

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of, nsr_db
 from accdbg.algorithms.fragments import Layer, QdqModel
@@ -34,7 +35,11 @@ def local_nsr(
     if not layers:
         return {}
     try:
-        weights = float_weights_of(float_model) if float_model and float_model.is_file() else None
+        weights = (
+            float_weights_of(onnx.load(str(float_model)))
+            if float_model and float_model.is_file()
+            else None
+        )
         builder = EvidenceBuilder(
             qdq.model,
             TensorFolder(golden),

@@ -369,10 +369,9 @@ def rank(
         if share >= SHARE and n not in named and n in evidence:
             why = f"; {col[CAUSE]}" if col.get(CAUSE) else ""
             backend.append((divergence[n], n, f"{cause}{why}"))
+            candidates.append(backend[-1])
         else:
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
-    if not local_observed:
-        candidates += backend
     candidates.sort(key=lambda c: -c[0])
     by_backend = {b[1] for b in backend}
     culprits = []

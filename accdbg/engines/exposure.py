@@ -67,8 +67,14 @@ class Exposed:
         """The backend's integers (re-quantized exactly when exposed through a graph output)."""
         if not self.graph_is_dequantized:
             return values
-        q = np.rint(values.astype(np.float64) / self.scale) + self.zero_point
-        return q.astype(self.native_dtype)
+        return self.quantize(values)
+
+    def quantize(self, values: np.ndarray) -> np.ndarray:
+        """Dequantized values back to the integers they came from (exact: they lie on the
+        encoding's grid)."""
+        info = np.iinfo(self.native_dtype)
+        q = np.rint(np.asarray(values, np.float64) / self.scale) + self.zero_point
+        return np.clip(q, info.min, info.max).astype(self.native_dtype)
 
     def encoding(self) -> dict:
         if not self.quantized:

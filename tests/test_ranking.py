@@ -547,6 +547,16 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     assert both.whole_noise[0] == pytest.approx(power(x, True) + power(x2, True), rel=1e-3)
     pooled = 1 - (power(x, False) + power(x2, False)) / (power(x, True) + power(x2, True))
     assert both.share(layer).removed == pytest.approx(pooled, abs=1e-3)
+    # the layer named up front: one model with its encodings behind a switch answers both
+    # measures, with the same figures (only layer 1's weights and output quantized, in numpy)
+    shared = Sensitivity(model, q, {"x": x}, [layer])
+    assert shared._removed.covers([layer]) and shared._alone.covers([layer])
+    assert np.array_equal(shared.golden[0][0], s.golden[0][0])
+    assert shared.whole_noise[0] == pytest.approx(noise(whole), rel=1e-3)
+    assert shared.removed_noise([layer])[0] == pytest.approx(noise(without_1), rel=1e-3)
+    only_1 = qdq_np(x.astype(np.float64) @ w_np("w1"), "a") @ w2.astype(np.float64)
+    assert shared.alone_noise([layer])[0] == pytest.approx(noise(only_1), rel=1e-3)
+    assert shared.alone_noise([layer])[0] == pytest.approx(s.alone_noise([layer])[0], rel=1e-6)
 
 
 def test_several_culprits_losing_the_same_thing_are_called_one_pattern():

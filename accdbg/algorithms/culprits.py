@@ -196,12 +196,18 @@ class _LazySensitivity:
         self.layers = layers
         self._sens: Sensitivity | None = None
         self.failed = False
+        self.asked: list[str] = []
+
+    def consider(self, names: Sequence[str]) -> None:
+        """The layers that will be asked about: the models are built once for all of them."""
+        self.asked = [n for n in names if n in self.layers]
 
     def _ready(self) -> Sensitivity | None:
         if self._sens is None and not self.failed:
             model, qdq, feeds, more = self.args
             try:
-                self._sens = Sensitivity(model, qdq, [feeds, *more])
+                asked = [self.layers[n] for n in self.asked]
+                self._sens = Sensitivity(model, qdq, [feeds, *more], asked)
             except Exception as exc:  # onnxruntime refusing the model: rank on evidence alone
                 self.failed = True
                 self._sens = None

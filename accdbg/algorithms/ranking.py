@@ -94,7 +94,15 @@ class Impact(Protocol):
 
     def __call__(self, names: str | Sequence[str], enough: float = ...) -> Share:
         """``enough``: a first measure at or above it settles the verdict (the second, which
-        costs a session, may be skipped)."""
+        costs a run of the QDQ model, may be skipped)."""
+
+
+def _consider(impact: Impact | None, names: Sequence[str]) -> None:
+    """Tell an impact measure which layers it will be asked about, when it can use that (the
+    sensitivity builds its models once for all of them)."""
+    consider = getattr(impact, "consider", None)
+    if consider is not None:
+        consider(names)
 
 
 @dataclass
@@ -304,6 +312,7 @@ def rank(
             columns[n][CAUSE] = f"activation outlier carried in from {src}"
             root_of[n] = root_of.get(src, src)
             carried.setdefault(root_of[n], []).append(n)
+    _consider(impact, standouts)
     for n in standouts:
         if n in root_of:
             continue

@@ -141,6 +141,13 @@ class Sensitivity:
     """Runs the float model with one layer's encodings applied at a time, and the QDQ model
     with one layer's quantizers taken out.
 
+    Both are one model each, built once for the ``layers`` that will be asked about: each such
+    layer's encodings sit behind a switch (a boolean graph input choosing, with ``Where``,
+    between its quantized and its float weights and output), so one session answers every
+    question about them - a session per question costs more than its run. With every switch
+    off the first model is the float golden and the second the whole QDQ model. A layer outside
+    ``layers`` gets a model of its own when asked.
+
     With several inputs the error powers are summed over them before any share is taken: a
     layer is judged on the inputs debugged together, not on the one where the model happens to
     be worst."""
@@ -150,41 +157,55 @@ class Sensitivity:
         float_model: onnx.ModelProto,
         qdq_model: onnx.ModelProto,
         feeds: Feeds | Sequence[Feeds],
+        layers: Sequence[Exposed] = (),
     ):
-        self.float_model = float_model
-        self.qdq_model = qdq_model
         self.feeds = [dict(feeds)] if isinstance(feeds, Mapping) else [dict(f) for f in feeds]
         self.outputs = scores(float_model)
         self.float_model = om.with_outputs(float_model, self.outputs)
-        self.golden = _runs(_session(self.float_model), self.outputs, self.feeds)
         self._qdq_nodes = om.topological_nodes(qdq_model.graph)
         self._qdq_inits = {i.name: i for i in qdq_model.graph.initializer}
-        self._producer = {o: n for n in self._qdq_nodes for o in n.output}
-        self.golden_power = sum(
-            np.asarray([dot(x, x) for x in (np.asarray(g, np.float64).ravel() for g in run)])
-            for run in self.golden
-        )
-        # the whole QDQ model on the CPU: every encoding applied
-        fetch = {n: dequantized(qdq_model, n) for n in self.outputs}
-        names = [t for t in fetch.values() if t is not None]
-        self._fetch, self._fetch_names = fetch, names
-        self._qdq_out = om.with_outputs(qdq_model, names)
-        self.whole_noise = self._qdq_noise(self._qdq_out)
         self._float_inits = {i.name: i for i in float_model.graph.initializer}
-        # where each layer's node sits in the file (copies keep the order), what feeds it and
-        # what reads each tensor: built once for every leave-one-out model
+        self._producer = {o: n for n in self._qdq_nodes for o in n.output}
+        fetch = {n: dequantized(qdq_model, n) for n in self.outputs}
+        self._fetch = fetch
+        self._fetch_names = [t for t in fetch.values() if t is not None]
+        self._qdq_out = om.with_outputs(qdq_model, self._fetch_names)
+        # where each layer's node sits in the file, and what reads each tensor
         at = {id(n): i for i, n in enumerate(qdq_model.graph.node)}
         self._position = [at[id(n)] for n in self._qdq_nodes]
         self._readers: dict[str, list[int]] = {}
         for i, n in enumerate(qdq_model.graph.node):
             for x in n.input:
                 self._readers.setdefault(x, []).append(i)
+        self._alone, self._removed, self.golden = self._prepare(
+            list({e.index: e for e in layers}.values())
+        )
+        self.golden_power = sum(
+            np.asarray([dot(x, x) for x in (np.asarray(g, np.float64).ravel() for g in run)])
+            for run in self.golden
+        )
+        self.whole_noise = self._qdq_noise(self._removed, ())
 
-    def _qdq_noise(self, model: onnx.ModelProto) -> np.ndarray:
-        """Each output's error power from a QDQ model that fetches the outputs' tensors."""
+    def _prepare(self, layers: list[Exposed]):
+        """The two switched models and the golden outputs; a layer the models cannot take
+        (onnxruntime refusing the edit) leaves them plain, each layer then asked on its own."""
+        try:
+            alone = _Switched(self._alone_model(layers), layers)
+            return alone, _Switched(self._removed_model(layers), layers), alone.run(
+                self.outputs, self.feeds, ()
+            )
+        except Exception as exc:
+            if not layers:
+                raise
+            log.info("no shared sensitivity model (%s): one per layer", str(exc).splitlines()[0])
+            return self._prepare([])
+
+    def _qdq_noise(self, switched: _Switched, off: Sequence[Exposed]) -> np.ndarray:
+        """Each output's error power from the QDQ model with the ``off`` layers' quantizers
+        taken out."""
         names = self._fetch_names
         outs = []
-        for gold, run in zip(self.golden, _runs(_session(model), names, self.feeds), strict=True):
+        for gold, run in zip(self.golden, switched.run(names, self.feeds, off), strict=True):
             got = dict(zip(names, run, strict=True))
             outs.append(
                 [got.get(self._fetch[n], g) for n, g in zip(self.outputs, gold, strict=True)]
@@ -198,7 +219,7 @@ class Sensitivity:
     def share(self, layers: Exposed | Sequence[Exposed], enough: float = math.inf) -> Share:
         """These layers' part of the whole model's output error power, both ways (the worst
         output; scale-free, so it holds when a golden output is all zero). When the first
-        reaches ``enough`` the second is not needed: it costs a session of the QDQ model."""
+        reaches ``enough`` the second is not needed."""
         useful = (self.golden_power > 0) & (self.whole_noise > 0)
         if not useful.any():  # outputs with no signal (all zero) or no error: nothing to weigh
             return Share(math.nan)
@@ -214,118 +235,183 @@ class Sensitivity:
             removed = math.nan
         return Share(alone, removed)
 
+    def _switched(self, made: _Switched, build, layers: Sequence[Exposed]) -> _Switched:
+        """``made`` when it switches these layers, else a model of their own."""
+        if made.covers(layers):
+            return made
+        return _Switched(build(layers), layers)
+
     def removed_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
         """Each output's error power with every encoding applied but these layers' own: their
         weights float again, their output QuantizeLinear/DequantizeLinear a pass-through."""
+        return self._qdq_noise(self._switched(self._removed, self._removed_model, layers), layers)
+
+    def alone_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
+        """Each output's error power with only these layers' weights and output encodings
+        applied."""
+        alone = self._switched(self._alone, self._alone_model, layers)
+        return self._pooled_noise(alone.run(self.outputs, self.feeds, layers))
+
+    def _removed_model(self, layers: Sequence[Exposed]) -> onnx.ModelProto:
+        """The QDQ model (fetching the outputs) with each layer's quantizers behind its switch:
+        on, its float weights and its output's QuantizeLinear/DequantizeLinear bypassed."""
         model = onnx.ModelProto()
         model.CopyFrom(self._qdq_out)
         g = model.graph
         added: set[str] = set()
         for layer in layers:
+            on = _switch(g, layer)
             node = g.node[self._position[layer.index]]
             for i, x in enumerate(node.input):
-                dq = self._producer.get(x)
-                if (
-                    dq is None
-                    or dq.op_type != "DequantizeLinear"
-                    or dq.input[0] not in self._qdq_inits
-                ):
-                    continue
-                w = self._float_inits.get(dq.input[0].removesuffix("_quantized"))
-                if w is None or len(w.dims) < 2:
+                w = self._float_weight_of(x, self._float_inits)
+                if w is None:
                     continue
                 name = f"{w.name}__sens_float"
-                if name not in added:  # a weight shared by two layers of the group
+                if name not in added:  # a weight shared by two layers
                     added.add(name)
                     g.initializer.append(w)
                     g.initializer[-1].name = name
-                node.input[i] = name
+                node.input[i] = _where(g, on, name, x, f"{x}__sens_w{layer.index}")
             if layer.quantized:
                 for q in self._readers.get(layer.qdq_tensor, []):
                     if g.node[q].op_type != "QuantizeLinear":
                         continue
                     for d in self._readers.get(g.node[q].output[0], []):
                         dq = g.node[d]
-                        if dq.op_type == "DequantizeLinear":  # keeps its output name
-                            dq.op_type = "Identity"
-                            del dq.input[:], dq.attribute[:]
-                            dq.input.append(layer.qdq_tensor)
-        g.ClearField("value_info")  # the pass-throughs carry float where integers were typed
-        return self._qdq_noise(model)
+                        if dq.op_type == "DequantizeLinear":  # its readers keep their input name
+                            out = dq.output[0]
+                            dq.output[0] = f"{out}__sens_dq"
+                            _where(g, on, layer.qdq_tensor, dq.output[0], out)
+        return _sorted(model)
 
-    def alone_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
-        """Each output's error power with only these layers' weights and output encodings
-        applied."""
+    def _float_weight_of(self, x: str, inits: Mapping[str, onnx.TensorProto]):
+        """The float model's weight tensor behind a QDQ input ``x`` (a DequantizeLinear of a
+        quantized initializer), or None (biases, 1-D parameters, activations)."""
+        dq = self._producer.get(x)
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in self._qdq_inits:
+            return None
+        w = inits.get(dq.input[0].removesuffix("_quantized"))
+        return w if w is not None and len(w.dims) >= 2 else None
+
+    def _alone_model(self, layers: Sequence[Exposed]) -> onnx.ModelProto:
+        """The float model with each layer's encodings behind its switch: on, its weights
+        quantized and dequantized and its output through a QuantizeLinear/DequantizeLinear."""
         model = onnx.ModelProto()
         model.CopyFrom(self.float_model)
-        inits = {i.name: i for i in model.graph.initializer}
-        for layer in layers:
-            self._apply(model, inits, layer)
-        return self._pooled_noise(_runs(_session(model), self.outputs, self.feeds))
-
-    def _apply(self, model: onnx.ModelProto, inits: dict, layer: Exposed) -> None:
-        """Quantize one layer's weights and its output, in place."""
-        node = self._qdq_nodes[layer.index]
-        for x in node.input:
-            dq = self._producer.get(x)
-            if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in self._qdq_inits:
-                continue
-            name = dq.input[0].removesuffix("_quantized")
-            if name not in inits or len(inits[name].dims) < 2:
-                continue
-            inits[name].CopyFrom(
-                numpy_helper.from_array(
-                    dequantized_weight(dq, self._qdq_inits)[2].astype(np.float32), name
-                )
-            )
-        if layer.quantized:
-            produced = {o for n in model.graph.node for o in n.output}
-            # the quantizer may rename a tensor (a graph output's producer gets "_QuantizeLinear_Input")
-            names = (
-                layer.qdq_tensor,
-                layer.qdq_tensor.removesuffix("_QuantizeLinear_Input"),
-                layer.name,
-            )
-            tensor = next((t for t in names if t in produced), None)
-            if tensor is None:
-                raise KeyError(f"{layer.qdq_tensor} is not a tensor of the float model")
-            self._insert_qdq(model, layer, tensor)
-
-    @staticmethod
-    def _insert_qdq(model: onnx.ModelProto, layer: Exposed, t: str) -> None:
         g = model.graph
-        scale = numpy_helper.from_array(np.array(layer.scale, np.float32), f"{t}__sens_scale")
-        zp = numpy_helper.from_array(
-            np.array(layer.zero_point, np.dtype(layer.native_dtype or "uint8")), f"{t}__sens_zp"
-        )
-        g.initializer.extend([scale, zp])
-        q_out, dq_out = f"{t}__sens_q", f"{t}__sens_dq"
-        for n in g.node:
-            for i, x in enumerate(n.input):
-                if x == t:
-                    n.input[i] = dq_out
-        for o in g.output:
-            if o.name == t:  # a graph output keeps its name: rename the producer's side instead
-                for n in g.node:
-                    for i, x in enumerate(n.output):
-                        if x == t:
-                            n.output[i] = f"{t}__sens_float"
-                g.node.extend(
-                    [
-                        helper.make_node(
-                            "QuantizeLinear", [f"{t}__sens_float", scale.name, zp.name], [q_out]
-                        ),
-                        helper.make_node("DequantizeLinear", [q_out, scale.name, zp.name], [t]),
-                    ]
+        inits = {i.name: i for i in g.initializer}
+        for layer in layers:
+            on = _switch(g, layer)
+            node = self._qdq_nodes[layer.index]
+            for x in node.input:
+                w = self._float_weight_of(x, inits)
+                if w is None:
+                    continue
+                quant = numpy_helper.from_array(
+                    dequantized_weight(self._producer[x], self._qdq_inits)[2].astype(np.float32),
+                    f"{w.name}__sens_q{layer.index}",
                 )
-                return
-        g.node.extend(
-            [
-                helper.make_node("QuantizeLinear", [t, scale.name, zp.name], [q_out]),
-                helper.make_node("DequantizeLinear", [q_out, scale.name, zp.name], [dq_out]),
-            ]
-        )
-        # keep the graph topologically sorted for onnxruntime
-        nodes = [onnx.NodeProto.FromString(n.SerializeToString()) for n in om.topological_nodes(g)]
-        del g.node[:]
-        g.node.extend(nodes)
+                g.initializer.append(quant)
+                sel = f"{w.name}__sens_w{layer.index}"
+                _rewire(g, w.name, sel)
+                _where(g, on, quant.name, w.name, sel)
+            if layer.quantized:
+                produced = {o for n in g.node for o in n.output}
+                # the quantizer may rename a tensor (a graph output's producer gets
+                # "_QuantizeLinear_Input")
+                names = (
+                    layer.qdq_tensor,
+                    layer.qdq_tensor.removesuffix("_QuantizeLinear_Input"),
+                    layer.name,
+                )
+                tensor = next((t for t in names if t in produced), None)
+                if tensor is None:
+                    raise KeyError(f"{layer.qdq_tensor} is not a tensor of the float model")
+                _insert_qdq(g, layer, tensor, on)
+        return _sorted(model)
+
+
+class _Switched:
+    """One session of a model whose layers' encodings are switched by boolean inputs."""
+
+    def __init__(self, model: onnx.ModelProto, layers: Sequence[Exposed]):
+        self.model = model
+        self.flags = [_flag(e) for e in layers]
+        self._sess: ort.InferenceSession | None = None
+
+    def covers(self, layers: Sequence[Exposed]) -> bool:
+        return all(_flag(e) in self.flags for e in layers)
+
+    def run(self, names: Sequence[str], feeds: Sequence[Feeds], on: Sequence[Exposed]):
+        """The named outputs on every input, with the switches of ``on`` turned on."""
+        if self._sess is None:
+            self._sess = _session(self.model)
+        lit = {_flag(e) for e in on}
+        flags = {f: np.array(f in lit) for f in self.flags}
+        return _runs(self._sess, names, [{**f, **flags} for f in feeds])
+
+
+def _flag(layer: Exposed) -> str:
+    return f"__sens_on_{layer.index}"
+
+
+def _switch(g: onnx.GraphProto, layer: Exposed) -> str:
+    """The layer's switch: a boolean scalar graph input."""
+    name = _flag(layer)
+    g.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.BOOL, []))
+    return name
+
+
+def _where(g: onnx.GraphProto, on: str, when_on: str, when_off: str, out: str) -> str:
+    """``out`` = ``when_on`` if the switch is on, else ``when_off`` (exactly one of them)."""
+    g.node.append(helper.make_node("Where", [on, when_on, when_off], [out]))
+    return out
+
+
+def _rewire(g: onnx.GraphProto, old: str, new: str) -> None:
+    """Every node reading ``old`` reads ``new`` instead."""
+    for n in g.node:
+        for i, x in enumerate(n.input):
+            if x == old:
+                n.input[i] = new
+
+
+def _insert_qdq(g: onnx.GraphProto, layer: Exposed, t: str, on: str) -> None:
+    """Tensor ``t`` through a QuantizeLinear/DequantizeLinear with the layer's encoding when the
+    switch ``on`` is on."""
+    scale = numpy_helper.from_array(np.array(layer.scale, np.float32), f"{t}__sens_scale")
+    zp = numpy_helper.from_array(
+        np.array(layer.zero_point, np.dtype(layer.native_dtype or "uint8")), f"{t}__sens_zp"
+    )
+    g.initializer.extend([scale, zp])
+    src = t
+    if any(o.name == t for o in g.output):  # a graph output keeps its name: rename its producer
+        src = f"{t}__sens_float"
+        for n in g.node:
+            for i, x in enumerate(n.output):
+                if x == t:
+                    n.output[i] = src
+        out = t
+    else:
+        out = f"{t}__sens_sel"
+        _rewire(g, t, out)
+    g.node.extend(
+        [
+            helper.make_node("QuantizeLinear", [src, scale.name, zp.name], [f"{t}__sens_q"]),
+            helper.make_node(
+                "DequantizeLinear", [f"{t}__sens_q", scale.name, zp.name], [f"{t}__sens_dq"]
+            ),
+        ]
+    )
+    _where(g, on, f"{t}__sens_dq", src, out)
+
+
+def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Nodes back in a topological order for onnxruntime (new nodes were appended), and no
+    stale types (a bypass carries float where integers were typed)."""
+    g = model.graph
+    nodes = [onnx.NodeProto.FromString(n.SerializeToString()) for n in om.topological_nodes(g)]
+    del g.node[:]
+    g.node.extend(nodes)
+    g.ClearField("value_info")
+    return model

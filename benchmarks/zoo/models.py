@@ -80,7 +80,7 @@ MODELS: dict[str, ModelSpec] = {
         (1, 3, 48, 320),
         "NCHW",
         "text_line",
-        "PP-OCRv4 rec; its metadata (the character list) is dropped, see strip_metadata",
+        "PP-OCRv4 rec as shipped (its metadata, the character list, included)",
     ),
     "cls": ModelSpec(
         "cls",
@@ -132,15 +132,6 @@ HELD_OUT: dict[str, ModelSpec] = {
 EVERY_MODEL = MODELS | HELD_OUT
 
 
-def strip_metadata(model: onnx.ModelProto) -> list[str]:
-    """Workaround, to delete once the engine handles it: onnxruntime's QNN pre-processing
-    crashes on PP-OCRv4 rec's metadata_props (its character list). They do not take part in
-    any computation."""
-    keys = [p.key for p in model.metadata_props]
-    del model.metadata_props[:]
-    return keys
-
-
 @dataclass
 class Prepared:
     spec: ModelSpec
@@ -180,9 +171,6 @@ def prepare(spec: ModelSpec, out_dir: Path) -> Prepared:
             converted = conv.onnx_path
         model = onnx.load(str(converted))
         notes.append(f"converted from {source.name} with accdbg's {spec.framework} conversion")
-    dropped = strip_metadata(model)
-    if dropped:
-        notes.append(f"metadata_props {dropped} dropped (QNN pre-processing workaround)")
     clean = folder / "clean.onnx"
     onnx.save(model, str(clean))
     return Prepared(spec, clean, model, paths, listing, notes)

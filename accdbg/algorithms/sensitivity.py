@@ -191,8 +191,10 @@ class Sensitivity:
         (onnxruntime refusing the edit) leaves them plain, each layer then asked on its own."""
         try:
             alone = _Switched(self._alone_model(layers), layers)
-            return alone, _Switched(self._removed_model(layers), layers), alone.run(
-                self.outputs, self.feeds, ()
+            return (
+                alone,
+                _Switched(self._removed_model(layers), layers),
+                alone.run(self.outputs, self.feeds, ()),
             )
         except Exception as exc:
             if not layers:

@@ -122,6 +122,10 @@ def test_a_standout_is_named_only_when_it_reaches_the_outputs():
         in (r.columns["l20"]["cause"])
     )
     assert r.findings[0].startswith("culprit #1: l10 (Conv) - weight range")
+    # without l30, none is named: the verdict says which standout came closest, and how close
+    r = rank(ev, names, impact=_Impact({"l10": 0.01, "l20": 0.1, "l30": 0.3}))
+    assert r.culprits == []
+    assert "cost the outputs less than half their error - the most, l30, 30%" in r.findings[0]
 
 
 def test_a_standout_that_hurts_only_with_the_other_encodings_is_named():
@@ -230,6 +234,43 @@ def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_cos
     asked.clear()
     r = rank(ev, names, divergence=few, kernel_share=kernel(0.8), backend_share=0.9)
     assert r.culprits == [] and "cause" not in r.columns["l30"] and asked == []
+
+
+def test_how_the_backend_parts_says_bias_or_a_different_computation():
+    """The backend's integers against the fake-quant's, in steps: one step nearly always the
+    same way is a rounding bias; larger steps are not; both ways is not a bias. The standing
+    layer's cause carries it."""
+    from accdbg.algorithms.divergence import Divergences, how_they_part
+
+    steps = np.zeros(1000)
+    steps[:60] = -1  # 6 % of the values one step below...
+    steps[60:62] = 1  # ...and two above: 97 % one way
+    assert how_they_part(steps) == (
+        "QNN's integers differ on 6.2% of the values by one step, 97% of them below the "
+        "fake-quant's (a rounding bias)"
+    )
+    steps[:60] = -3
+    assert how_they_part(steps) == (
+        "QNN's integers differ on 6.2% of the values by up to 3 steps, 97% of them below the "
+        "fake-quant's"
+    )
+    both = np.zeros(100)
+    both[:10], both[10:20] = -1, 1
+    assert how_they_part(both) == "QNN's integers differ on 20% of the values by one step"
+    assert how_they_part(np.zeros(10)) == ""
+    names = [f"l{i}" for i in range(31)]
+    rng = np.random.default_rng(5)
+    ev = {n: _ev(n, 36 + rng.normal(0, 1)) for n in names}
+    div = Divergences()
+    for n in names[:30]:
+        div[n] = 10 ** (-(44 + rng.normal(0, 2)) / 10)
+    div["l30"] = 10 ** (-23 / 10)
+    div.how["l30"] = how_they_part(-np.ones(5))
+    cause = rank(ev, names, divergence=div).columns["l30"]["cause"]
+    assert cause.endswith(
+        ": QNN's integers differ on 100% of the values by one step, 100% of "
+        "them below the fake-quant's (a rounding bias)"
+    ), cause
 
 
 def test_floor_and_spread_are_the_median_and_scaled_mad():
@@ -361,6 +402,8 @@ def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own
     r = rank(ev, names, divergence=div, backend_share=0.9)
     assert r.culprits == []  # not measured: a note
     assert r.columns[wrong]["cause"].startswith("backend: fed the backend's own inputs")
+    # 0.6 of each value: the backend's integers sit below the fake-quant's, by many steps
+    assert "steps, 100% of them below the fake-quant's" in r.columns[wrong]["cause"]
     assert any("QNN's kernels account for 90%" in f for f in r.findings)
     # what the difference costs the outputs, measured on the CPU fake-quant: the wrong layer is
     # the output, so it is its own difference, 0.4 of the signal in amplitude

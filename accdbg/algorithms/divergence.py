@@ -30,13 +30,51 @@ from accdbg.verifiers.base import dot
 
 log = logging.getLogger("accdbg.divergence")
 
+ONE_WAY = 0.9  # this share of the differing values on one side: a bias, not noise
+
+
+class Divergences(dict):
+    """Per layer, ``Σ(qnn - cpu)² / Σcpu²``; ``how`` says, for the layers that differ, how the
+    backend's integers part from the fake-quant's (:func:`how_they_part`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.how: dict[str, str] = {}
+
+
+def how_they_part(steps: np.ndarray) -> str:
+    """How the backend's integers part from the fake-quant's (``steps``: backend minus CPU, in
+    quantization steps): on what share of the values, by how much, and whether one way. One
+    step, nearly always the same way, is a rounding bias of the backend's requantization - on a
+    tensor crushed to a few levels it is much of the signal; more steps are a different
+    computation."""
+    steps = np.asarray(steps).ravel()
+    nz = int(np.count_nonzero(steps))
+    if nz == 0 or steps.size == 0:
+        return ""
+    below = int(np.count_nonzero(steps < 0))
+    big = int(np.abs(steps).max())
+    side, count = ("below", below) if below >= nz - below else ("above", nz - below)
+    share = 100 * nz / steps.size
+    text = (
+        f"QNN's integers differ on {share:.2g}% of the values"
+        if share < 10
+        else (f"QNN's integers differ on {share:.0f}% of the values")
+    )
+    text += " by one step" if big == 1 else f" by up to {big} steps"
+    if count >= ONE_WAY * nz:
+        text += f", {100 * count / nz:.0f}% of them {side} the fake-quant's"
+        if big == 1:
+            text += " (a rounding bias)"
+    return text
+
 
 def divergence(
     qdq_model: onnx.ModelProto,
     layers: Sequence[Exposed],
     feeds: Mapping[str, np.ndarray],
     target: TensorFolder,
-) -> dict[str, float]:
+) -> Divergences:
     """Per layer: ``Σ(qnn - cpu)² / Σcpu²`` for every layer dumped in ``target``."""
     wanted = [e for e in layers if e.name in target]
     return _compare(qdq_model, wanted, dict(feeds), target)
@@ -47,7 +85,7 @@ def local_divergence(
     layers: Sequence[Exposed],
     feeds: Mapping[str, np.ndarray],
     target: TensorFolder,
-) -> dict[str, float]:
+) -> Divergences:
     """Per layer, as :func:`divergence`, but each layer's CPU fake-quant reads the backend's
     values of its inputs: one CPU run in which every dumped tensor's consumers are cut from
     their producer and fed the integers QNN computed for it."""
@@ -185,11 +223,11 @@ def _compare(
     feeds: Mapping[str, np.ndarray],
     target: TensorFolder,
     loaded: Mapping[str, np.ndarray] | None = None,
-) -> dict[str, float]:
+) -> Divergences:
     """``loaded``: the backend's values already read, by cut name (not read twice)."""
     values = _run(model, [e.graph_tensor for e in wanted], feeds)
     loaded = loaded or {}
-    out: dict[str, float] = {}
+    out = Divergences()
     for e in wanted:
         have = loaded.get(_cut_name(e))
         if have is not None and np.array_equal(have, values[e.graph_tensor]):
@@ -206,4 +244,6 @@ def _compare(
         d = qnn - cpu
         ss, dd = dot(cpu, cpu), dot(d, d)
         out[e.name] = dd / ss if ss > 0 else (0.0 if dd == 0 else math.inf)
+        if e.quantized and dd > 0:
+            out.how[e.name] = how_they_part(np.rint(d / e.scale))
     return out

@@ -389,7 +389,12 @@ def rank(
         columns[n][CAUSE] = cause
         kind = "backend" if n in by_backend else _kind(evidence[n])
         culprits.append(Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan), kind))
-    findings = _findings(culprits, floor, spread, outputs)
+    unnamed = [  # standouts measured and not named: what the most of them costs the outputs
+        (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
+        for n, c in columns.items()
+        if RANK not in c and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
+    ]
+    findings = _findings(culprits, floor, spread, outputs, max(unnamed, default=None))
     if divergence and math.isfinite(backend_share):
         findings.insert(
             -1,
@@ -534,9 +539,11 @@ def _diverging(div: Mapping[str, float]) -> dict[str, str]:
         return {}
     floor, spread = robust_floor(finite)
     cut = floor - standout_gap(spread)
+    how: Mapping[str, str] = getattr(div, "how", {})
     return {
         n: f"backend: fed the backend's own inputs, onnxruntime's CPU fake-quant of this layer "
         f"and QNN part at {d:.1f} dB (the model's median differing layer: {floor:.1f} dB)"
+        + (f": {how[n]}" if how.get(n) else "")
         for n, d in dbs.items()
         if d < cut
     }
@@ -547,7 +554,9 @@ def _findings(
     floor: float,
     spread: float,
     outputs: Sequence[tuple[str, str, float, bool | None]],
+    nearest: tuple[float, str] | None = None,
 ) -> list[str]:
+    """``nearest``: the share and name of the standout measured closest to being named."""
     lines = []
     verdicts = [o for o in outputs if o[3] is not None]
     if verdicts and all(o[3] for o in verdicts):
@@ -563,9 +572,16 @@ def _findings(
         else "no quantization evidence (no quantized layer with a golden value)"
     )
     if not culprits:
+        near = (
+            f" (the layers that stand out locally cost the outputs less than half their error - "
+            f"the most, {nearest[1]}, {_pct(nearest[0])}: see its cause)"
+            if nearest is not None and math.isfinite(nearest[0])
+            else ""
+        )
         lines.append(
-            "no single layer stands out: the error is diffuse at the noise floor's level - a global "
-            "change (per-channel weights, 16-bit activations, calibration) is the question, not a layer"
+            f"no single layer stands out: the error is diffuse at the noise floor's level{near} - "
+            "a global change (per-channel weights, 16-bit activations, calibration) is the "
+            "question, not a layer"
         )
     for c in culprits:
         lines.append(f"culprit #{c.rank}: {c.name} ({c.op_type}) - {c.cause}")

@@ -600,6 +600,17 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     only_1 = qdq_np(x.astype(np.float64) @ w_np("w1"), "a") @ w2.astype(np.float64)
     assert shared.alone_noise([layer])[0] == pytest.approx(noise(only_1), rel=1e-3)
     assert shared.alone_noise([layer])[0] == pytest.approx(s.alone_noise([layer])[0], rel=1e-6)
+    # a layer the float model does not have: the shared models are built without switches,
+    # the golden still comes, and only that layer's question fails (the others are answered)
+    from dataclasses import replace
+
+    ghost = replace(layer, name="ghost", qdq_tensor="ghost", index=0)
+    plain = Sensitivity(model, q, {"x": x}, [layer, ghost])
+    assert not plain._alone.covers([layer])
+    assert np.array_equal(plain.golden[0][0], s.golden[0][0])
+    assert plain.alone_noise([layer])[0] == pytest.approx(noise(only_1), rel=1e-3)
+    with pytest.raises(KeyError):
+        plain.alone_noise([ghost])
 
 
 def test_several_culprits_losing_the_same_thing_are_called_one_pattern():

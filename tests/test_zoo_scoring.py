@@ -3,6 +3,8 @@ outputs, false alarms - on hand-built tables (no model run)."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -45,3 +47,29 @@ def test_summary_gives_hit_rates_by_output_loss_and_false_alarms():
     assert w["hit@3, outputs lose 1-3 dB"] == "0% (0/1)"
     assert w["hit@3, outputs lose < 1 dB"] == "100% (1/1)"
     assert t.loc["clean", "false alarms"] == "1/2"
+
+
+def test_the_peer_ranks_every_layer_so_it_always_names_some():
+    """AIMET's per-layer sensitivity (benchmarks/aimet_peer.py) ranks every layer: scored the
+    same way, its hit is where the culprit's layer falls, and a clean model is always an alarm;
+    a failed case counts as no hit."""
+    from benchmarks.zoo.aimet_peer import _sqnr_db
+
+    table = pd.DataFrame({"Name": ["a", "a_relu", "b", "c"], "culprit_rank": [1, 1, 2, 3]})
+    s = scoring.score("aimet_enabled", table, ["b"])
+    assert s["best_rank"] == 2 and s["hit3"] and not s["hit1"] and s["n_named"] == 4
+    clean = scoring.score("aimet_enabled", table, [])
+    rows = pd.DataFrame(
+        [
+            {"kind": "w", "status": "ok"} | s,
+            {"kind": "w", "status": "failed: no model"},
+            {"kind": "clean", "status": "ok"} | clean,
+        ]
+    ).assign(algorithm="aimet_enabled", out_loss_db=5.0)
+    t = scoring.summary_table(scoring.with_defaults(rows), ["w", "clean"]).set_index("fault kind")
+    assert t.loc["w", "hit@3"] == "100% (1/1)" and t.loc["w", "failed runs"] == 1
+    assert t.loc["clean", "false alarms"] == "1/1"
+    # the score: the worst output's SQNR, powers summed over the inputs (numpy by hand)
+    g = [[[1.0, 2.0], [3.0]], [[2.0, 0.0], [1.0]]]
+    r = [[[1.5, 2.0], [3.0]], [[2.0, 0.5], [1.0]]]
+    assert _sqnr_db(g, r) == pytest.approx(10 * math.log10((1 + 4 + 4) / (0.25 + 0.25)))

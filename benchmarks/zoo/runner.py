@@ -336,8 +336,4 @@ def default_workers(jobs: int) -> int | None:
 
 
 def to_frame(results: list[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(results)
-    for col in ("hit1", "hit3"):
-        df[col] = df[col].fillna(False).astype(bool)
-    df["n_named"] = pd.to_numeric(df.get("n_named", 0), errors="coerce").fillna(0).astype(int)
-    return df
+    return scoring.with_defaults(pd.DataFrame(results))

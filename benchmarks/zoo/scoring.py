@@ -14,7 +14,13 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-NAME_COLUMN = {"oneshot": "Name", "layerwise": "O/P Name", "cumulative": "O/P Name"}
+NAME_COLUMN = {
+    "oneshot": "Name",
+    "layerwise": "O/P Name",
+    "cumulative": "O/P Name",
+    "aimet_enabled": "Name",  # the peer (benchmarks/aimet_peer.py): every layer ranked
+    "aimet_disabled": "Name",
+}
 RANK_COLUMN = "culprit_rank"
 
 
@@ -52,7 +58,7 @@ def sqnr_db(golden: np.ndarray, target: np.ndarray) -> float:
     return math.inf if noise == 0 else 10.0 * math.log10(max(float(np.sum(g**2)), 1e-30) / noise)
 
 
-ALGORITHM_ORDER = ("oneshot", "layerwise", "cumulative")
+ALGORITHM_ORDER = ("oneshot", "layerwise", "cumulative", "aimet_enabled", "aimet_disabled")
 
 
 LOSS_BANDS = ((3.0, math.inf, ">= 3 dB"), (1.0, 3.0, "1-3 dB"), (-math.inf, 1.0, "< 1 dB"))
@@ -92,6 +98,14 @@ def summary_table(rows: pd.DataFrame, kinds: Sequence[str]) -> pd.DataFrame:
             row["failed runs"] = len(grp) - n
             out.append(row)
     return pd.DataFrame(out)
+
+
+def with_defaults(df: pd.DataFrame) -> pd.DataFrame:
+    """Hit flags and named counts typed, a failed row counting as no hit."""
+    for col in ("hit1", "hit3"):
+        df[col] = df[col].fillna(False).astype(bool) if col in df else False
+    df["n_named"] = pd.to_numeric(df.get("n_named", 0), errors="coerce").fillna(0).astype(int)
+    return df
 
 
 def _pct(k: int, n: int) -> str:

@@ -55,6 +55,7 @@ def rank_case(
     layers ranked) and ``aimet score`` (outputs' SQNR, dB). The simulation is AIMET's own, set
     up as accdbg's engine quantizes for QNN: 8-bit per-tensor asymmetric weights and
     activations, min/max over the case's inputs, and the case's ``-qo`` overrides."""
+    from aimet_onnx.batch_norm_fold import fold_all_batch_norms_to_weight
     from aimet_onnx.quant_analyzer import QuantAnalyzer
     from aimet_onnx.quantsim import QuantizationSimModel, load_encodings_to_sim
 
@@ -63,6 +64,7 @@ def rank_case(
     so = ort.SessionOptions()
     so.log_severity_level = 3
     model = om.with_outputs(float_model, judged)
+    fold_all_batch_norms_to_weight(model)  # as onnxruntime's quantizer folds them for QNN
     gold_sess = ort.InferenceSession(
         model.SerializeToString(), so, providers=["CPUExecutionProvider"]
     )
@@ -77,8 +79,10 @@ def rank_case(
         config_file=str(config),
     )
     sim.compute_encodings([dict(f) for f in feeds])
-    if overrides is not None:
-        load_encodings_to_sim(sim, str(overrides), strict=False)
+    if overrides is not None:  # only these tensors' encodings; every other quantizer kept
+        load_encodings_to_sim(
+            sim, _with_scale(overrides), strict=False, disable_missing_quantizers=False
+        )
     outs = [o.name for o in sim.model.model.graph.output]
     names = [n if n in outs else next((o for o in outs if o.startswith(n)), n) for n in judged]
 
@@ -125,19 +129,16 @@ CONFIG = {
 }
 
 
-def _scalar_encodings(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The same encodings, each per-tensor scale and zero point as a scalar: AIMET refuses a
-    one-element scale beside a scalar zero point (onnxruntime's quantizer writes some)."""
-    inits = {i.name: i for i in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        for name in node.input[1:3]:
-            t = inits.get(name)
-            if t is not None and len(t.dims) == 1 and t.dims[0] == 1:
-                value = onnx.numpy_helper.to_array(t).reshape(())
-                t.CopyFrom(onnx.numpy_helper.from_array(value, name))
-    return model
+def _with_scale(path: Path) -> dict:
+    """A ``-qo`` file given by min/max, with the scale and offset AIMET's reader wants."""
+    enc = json.loads(path.read_text())
+    for kind in ("activation_encodings", "param_encodings"):
+        for entries in enc.get(kind, {}).values():
+            for e in entries:
+                if "scale" not in e:
+                    e["scale"] = (e["max"] - e["min"]) / (2 ** e["bitwidth"] - 1)
+                    e["offset"] = round(e["min"] / e["scale"]) if e["scale"] else 0
+    return enc
 
 
 def _plain(name: str) -> str:

@@ -245,5 +245,11 @@ def _compare(
         ss, dd = dot(cpu, cpu), dot(d, d)
         out[e.name] = dd / ss if ss > 0 else (0.0 if dd == 0 else math.inf)
         if e.quantized and dd > 0:
-            out.how[e.name] = how_they_part(np.rint(d / e.scale))
+            cpu_int = values[e.graph_tensor]
+            steps = (  # in integers when both sides are (no float pass)
+                have.astype(np.int32) - cpu_int.astype(np.int32)
+                if have is not None and np.issubdtype(cpu_int.dtype, np.integer)
+                else np.rint(d / e.scale)
+            )
+            out.how[e.name] = how_they_part(steps)
     return out

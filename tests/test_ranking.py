@@ -671,3 +671,32 @@ def test_a_clipping_layer_is_measured_though_its_noise_power_looks_healthy():
             ev[n].clipped = 0.005
     impact = _Impact({"l10": 0.7})
     assert rank(ev, names, impact=impact).culprits == [] and impact.asked == []
+
+
+def test_output_evidence_matches_numpy_on_a_hand_built_tensor():
+    """The output encoding's loss, clipping and range used, against the formulas written out in
+    numpy: uint8, scale 0.1, zero point 10 (range -1.0 .. 24.5); channel 1 holds values beyond
+    the range on both sides, one of them within half a step of it (clipped in value, not
+    counted among the clipped values)."""
+    from accdbg.algorithms.evidence import Evidence, output_evidence
+    from accdbg.engines.exposure import Exposed
+
+    rng = np.random.default_rng(3)
+    g = rng.uniform(0.0, 3.0, size=(1, 2, 4, 4))
+    g[0, 1, 0, :4] = [27.0, 30.0, -1.5, 24.53]
+    e = Exposed("t", "t", "n", "Conv", 0, "t", scale=0.1, zero_point=10, native_dtype="uint8")
+    ev = Evidence("t", "Conv", [])
+    output_evidence(e, (g, "NCHW"), ev)
+    q = (np.clip(np.round(g / 0.1) + 10, 0, 255) - 10) * 0.1  # ties are measure-zero here
+    vmin, vmax = -1.0, 24.5
+    assert ev.output_nsr_tensor == pytest.approx(np.sum((q - g) ** 2) / np.sum(g**2), rel=1e-9)
+    assert ev.clipped == pytest.approx(3 / 32)  # 27, 30 and -1.5; not 24.53
+    clip = np.clip(g, vmin, vmax) - g
+    assert ev.clip_nsr == pytest.approx(np.sum(clip**2) / np.sum(g**2), rel=1e-9)
+    assert ev.range_used == pytest.approx((30.0 + 1.5) / (vmax - vmin))
+    per = [np.sum((q - g)[0, c] ** 2) / np.sum(g[0, c] ** 2) for c in (0, 1)]
+    assert ev.output_nsr == pytest.approx(np.median(per), rel=1e-9)
+    assert "9.38% of values clipped" in ev.output_note
+    empty = Evidence("t", "Conv", [])
+    output_evidence(e, (np.zeros((1, 2, 0, 4)), "NCHW"), empty)  # nothing to judge
+    assert math.isnan(empty.output_nsr)

@@ -92,13 +92,21 @@ def _qrange(dtype: np.dtype) -> tuple[int, int]:
 def qdq(x: np.ndarray, scale, zero_point, dtype: np.dtype) -> np.ndarray:
     """Quantize (round half to even, saturate) and dequantize, as QuantizeLinear/DequantizeLinear."""
     lo, hi = _qrange(dtype)
-    q = np.clip(np.rint(x / scale) + zero_point, lo, hi)
-    return (q - zero_point) * scale
+    q = np.divide(x, scale)  # one array, worked in place: activations are large
+    np.rint(q, out=q)
+    q += zero_point
+    np.clip(q, lo, hi, out=q)
+    q -= zero_point
+    q *= scale
+    return q
 
 
-def _channel_nsr(g2: np.ndarray, d2: np.ndarray) -> tuple[float, np.ndarray]:
-    """Median NSR over live channels, and each channel's NSR."""
-    power = channel_power(g2)
+def _channel_nsr(
+    g2: np.ndarray, d2: np.ndarray, power: np.ndarray | None = None
+) -> tuple[float, np.ndarray]:
+    """Median NSR over live channels, and each channel's NSR (``power``: each channel's
+    golden power, when known)."""
+    power = channel_power(g2) if power is None else power
     noise = channel_power(d2)
     with np.errstate(divide="ignore", invalid="ignore"):
         nsr = np.where(power > 0, noise / power, np.nan)
@@ -232,7 +240,7 @@ class EvidenceBuilder:
                 if gold is not None and kinds:  # its consumers weigh their weights by these
                     self._powers[e.name] = channel_powers(*gold, tuple(kinds))
                 if gold is not None and e.quantized:
-                    self._output(e, gold, ev)
+                    output_evidence(e, gold, ev)
                     if e.op_type == "Concat":
                         self._concat(e, ev)
             except (ValueError, IndexError, TypeError) as exc:  # odd shapes: no evidence, say why
@@ -293,37 +301,6 @@ class EvidenceBuilder:
             return None
         return channel_powers(*gold).get((1 if node.op_type.startswith("Conv") else -1, n))
 
-    def _output(self, e: Exposed, gold: tuple[np.ndarray, str | None], ev: Evidence) -> None:
-        g, layout = gold
-        dtype = np.dtype(e.native_dtype or "uint8")
-        d = qdq(g, e.scale, e.zero_point, dtype) - g
-        gg = float(np.einsum("i,i->", g.ravel(), g.ravel()))
-        dd = float(np.einsum("i,i->", d.ravel(), d.ravel()))
-        ev.output_nsr_tensor = dd / gg if gg > 0 else (0.0 if dd == 0 else math.inf)
-        lo, hi = _qrange(dtype)
-        vmin, vmax = (lo - e.zero_point) * e.scale, (hi - e.zero_point) * e.scale
-        ev.clipped = float(((g < vmin - e.scale / 2) | (g > vmax + e.scale / 2)).mean())
-        c = np.clip(g, vmin, vmax) - g
-        cc = float(np.einsum("i,i->", c.ravel(), c.ravel()))
-        ev.clip_nsr = cc / gg if gg > 0 else 0.0
-        ev.range_used = float((g.max() - g.min()) / (vmax - vmin)) if vmax > vmin else math.nan
-        axis = channel_axis(g.shape, layout, e.op_type)
-        notes = [f"{8 * dtype.itemsize}-bit"]
-        if axis is None:
-            ev.output_nsr = ev.output_nsr_tensor
-        else:
-            g2, d2 = by_channel(g, axis), by_channel(d, axis)
-            ev.output_nsr, _ = _channel_nsr(g2, d2)
-            alive = live(channel_power(g2))
-            note, ratio = _ratio_note(np.ptp(g2, axis=1), alive, "channel")
-            if note and ratio >= 4:
-                notes.append(note)
-        if ev.clipped > 0:
-            notes.append(f"{100 * ev.clipped:.3g}% of values clipped")
-        if not math.isnan(ev.range_used):
-            notes.append(f"uses {100 * min(ev.range_used, 1):.3g}% of its range")
-        ev.output_note = "; ".join(notes)
-
     def _concat(self, e: Exposed, ev: Evidence) -> None:
         dtype = np.dtype(e.native_dtype or "uint8")
         worst, note = math.nan, ""
@@ -333,7 +310,8 @@ class EvidenceBuilder:
             if gold is None:
                 continue
             g = gold[0].ravel()
-            d = qdq(g, e.scale, e.zero_point, dtype) - g
+            d = qdq(g, e.scale, e.zero_point, dtype)
+            d -= g
             gg = float(np.einsum("i,i->", g, g))
             nsr = float(np.einsum("i,i->", d, d)) / gg if gg > 0 else math.nan
             if not math.isnan(nsr) and (math.isnan(worst) or nsr > worst):
@@ -341,6 +319,51 @@ class EvidenceBuilder:
                 share = float(np.ptp(g)) / ((hi - lo) * e.scale)
                 worst, note = nsr, f"input {row} uses {100 * share:.3g}% of the output's range"
         ev.concat_nsr, ev.concat_note = worst, note
+
+
+def output_evidence(e: Exposed, gold: tuple[np.ndarray, str | None], ev: Evidence) -> None:
+    """The output encoding's own loss on the golden tensor: per tensor and per channel, what
+    clipping alone takes, how much of the encoding's range the values use."""
+    g, layout = gold
+    if g.size == 0:
+        return
+    dtype = np.dtype(e.native_dtype or "uint8")
+    d = qdq(g, e.scale, e.zero_point, dtype)
+    d -= g
+    gg = float(np.einsum("i,i->", g.ravel(), g.ravel()))
+    dd = float(np.einsum("i,i->", d.ravel(), d.ravel()))
+    ev.output_nsr_tensor = dd / gg if gg > 0 else (0.0 if dd == 0 else math.inf)
+    lo, hi = _qrange(dtype)
+    vmin, vmax = (lo - e.zero_point) * e.scale, (hi - e.zero_point) * e.scale
+    # beyond the encoding's range (few values, if any): what clipping alone takes away, and
+    # how many values lie beyond half a step past it
+    under, over = g[g < vmin], g[g > vmax]
+    ev.clipped = (
+        int(np.count_nonzero(under < vmin - e.scale / 2))
+        + int(np.count_nonzero(over > vmax + e.scale / 2))
+    ) / g.size
+    cc = float(np.sum((vmin - under) ** 2) + np.sum((over - vmax) ** 2))
+    ev.clip_nsr = cc / gg if gg > 0 else 0.0
+    axis = channel_axis(g.shape, layout, e.op_type)
+    notes = [f"{8 * dtype.itemsize}-bit"]
+    if axis is None:
+        ev.output_nsr = ev.output_nsr_tensor
+        top, bottom = float(g.max()), float(g.min())
+    else:
+        g2, d2 = by_channel(g, axis), by_channel(d, axis)
+        power = channel_power(g2)
+        ev.output_nsr, _ = _channel_nsr(g2, d2, power)
+        cmax, cmin = g2.max(axis=1), g2.min(axis=1)
+        top, bottom = float(cmax.max()), float(cmin.min())
+        note, ratio = _ratio_note(cmax - cmin, live(power), "channel")
+        if note and ratio >= 4:
+            notes.append(note)
+    ev.range_used = (top - bottom) / (vmax - vmin) if vmax > vmin else math.nan
+    if ev.clipped > 0:
+        notes.append(f"{100 * ev.clipped:.3g}% of values clipped")
+    if not math.isnan(ev.range_used):
+        notes.append(f"uses {100 * min(ev.range_used, 1):.3g}% of its range")
+    ev.output_note = "; ".join(notes)
 
 
 def channel_powers(

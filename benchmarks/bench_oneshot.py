@@ -92,13 +92,24 @@ def bare_runs(model: Path, x_path: Path, work: Path) -> dict[str, float]:
 
 
 def evidence_cost(result, work: Path) -> float:
-    """Seconds the culprit evidence added: the ranking step, and the per-channel scores
-    (verification of the same dumps timed with and without them)."""
+    """Seconds the culprit evidence added: the ranking step, and the per-channel scores (timed
+    call by call in a verification of the same dumps: the difference of two whole runs would
+    carry both runs' noise)."""
     from accdbg.verifiers import scoring
     from accdbg.verifiers import verification as ver
 
-    def timed() -> float:
+    spent = [0.0]
+    keep = scoring._per_channel
+
+    def timed(*a, **k):
         t = time.perf_counter()
+        try:
+            return keep(*a, **k)
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    scoring._per_channel = timed
+    try:
         ver.run_verification(
             result.golden_dir,
             result.engine_run / "output" / "Result_0",
@@ -106,16 +117,9 @@ def evidence_cost(result, work: Path) -> float:
             tensor_mapping=result.engine_run / "tensor_mapping.json",
             working_dir=work,
         )
-        return time.perf_counter() - t
-
-    with_channels = timed()
-    keep = scoring._per_channel
-    scoring._per_channel = lambda *a, **k: {}
-    try:
-        without = timed()
     finally:
         scoring._per_channel = keep
-    return result.seconds.get("culprit ranking", 0.0) + max(0.0, with_channels - without)
+    return result.seconds.get("culprit ranking", 0.0) + spent[0]
 
 
 def main() -> None:

@@ -170,7 +170,7 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
     r = rank(ev, names, impact=impact)
     assert [c.name for c in r.culprits] == ["l10"]
     assert ("l10", "l11", "l12") in impact.asked  # measured as a group only after alone failed
-    assert "blows the range of l11, l12" in r.culprits[0].cause
+    assert "reaches l11, l12" in r.culprits[0].cause
     assert "costs the outputs 90%" in r.culprits[0].cause and "(alone 5%," in r.culprits[0].cause
     assert r.columns["l11"]["cause"] == "activation outlier carried in from l10"
     assert r.columns["l12"]["cause"] == "activation outlier carried in from l11"
@@ -181,6 +181,57 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
         "only 5% of the whole model's error (alone 5%, taken out of the quantized model ?%) "
         "(with the 2 layer(s) carrying its outlier 10%)" in (r.columns["l10"]["cause"])
     )
+
+
+def test_a_compensated_pair_is_measured_with_the_producer_whose_channel_it_amplifies():
+    """A layer whose weight range one input channel blows (the producer shrank that channel,
+    the weights scale it back) hurts only with the producer's encoding, which has few levels for
+    the shrunk channel: measured alone neither matters, together they are named (the weights'
+    side, whose loss is local)."""
+    rng = np.random.default_rng(4)
+    names = [f"l{i}" for i in range(40)]
+    ev = {
+        n: _ev(n, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
+        for i, n in enumerate(names)
+    }
+    ev["l10"] = _ev("l10", 9.0, inputs=["l9"])
+    ev["l10"].weight_outlier = "input channel"
+    impact = _Impact({"l10": Share(0.25, -0.3), ("l10", "l9"): 0.8})
+    r = rank(ev, names, impact=impact)
+    assert [c.name for c in r.culprits] == ["l10"]
+    assert impact.asked == ["l10", ("l10", "l9")]
+    assert "l9 shrinks the channel these weights amplify" in r.culprits[0].cause
+    assert "costs the outputs 80%" in r.culprits[0].cause
+    # an output-channel outlier is the weights' own: no partner is asked
+    ev["l10"].weight_outlier = "output channel"
+    impact = _Impact({"l10": Share(0.25, -0.3), ("l10", "l9"): 0.8})
+    assert rank(ev, names, impact=impact).culprits == []
+    assert impact.asked == ["l10"]
+
+
+def test_weights_multiplying_an_offset_name_the_layer_that_makes_the_offset():
+    """A channel carrying a large constant (an offset the next bias cancels in float) blows its
+    maker's range only mildly, but the consumer's weights multiply their rounding by it: the
+    consumer stands out, the maker is named for it - as severe as the consumer - and the
+    consumer's cause says where the offset comes from."""
+    rng = np.random.default_rng(6)
+    names = [f"l{i}" for i in range(40)]
+    ev = {
+        n: _ev(n, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
+        for i, n in enumerate(names)
+    }
+    ev["l10"] = _ev("l10", 30.0, inputs=["l9"])  # the maker: within the floor's reach
+    ev["l11"] = _ev("l11", 8.0, inputs=["l10"])
+    ev["l11"].offset_from = "l10"
+    ev["l30"] = _ev("l30", 9.0, inputs=["l29"])  # another culprit, less severe than l11
+    impact = _Impact({"l10": 0.1, ("l10", "l11"): 0.7, "l30": 0.9})
+    r = rank(ev, names, impact=impact)
+    assert [c.name for c in r.culprits] == ["l10", "l30"]  # l10 ordered by l11's 8 dB
+    assert r.columns["l11"]["cause"].startswith(
+        "its weights' rounding multiplies the offset carried in from l10"
+    )
+    assert "reaches l11: with them it costs the outputs 70%" in r.culprits[0].cause
+    assert r.columns["l11"].get("culprit_rank") is None
 
 
 def test_a_wide_spread_still_lets_a_layer_16_db_under_the_floor_stand_out():
@@ -671,6 +722,30 @@ def test_a_clipping_layer_is_measured_though_its_noise_power_looks_healthy():
             ev[n].clipped = 0.005
     impact = _Impact({"l10": 0.7})
     assert rank(ev, names, impact=impact).culprits == [] and impact.asked == []
+
+
+def test_weight_evidence_counts_an_offset_the_bias_cancels_as_numpy_measures_it():
+    """A 1x1 convolution (a matrix product) whose input channel 3 carries a constant of 200 that
+    the bias cancels: the output's error from quantized weights, measured on the output itself,
+    matches the evidence's estimate - and is far above what weighing each channel by its power
+    alone would say (the offset is not signal)."""
+    from accdbg.algorithms.evidence import _weighted_nsr
+
+    rng = np.random.default_rng(11)
+    w = rng.normal(0, 1, (6, 8))
+    x = rng.normal(0, 1, (8, 20000))
+    x[3] += 200.0
+    b = -200.0 * w[:, 3]
+    scale = np.abs(w).max() / 127
+    wq = qdq(w.copy(), scale, 0, np.dtype(np.int8))
+    y, yq = w @ x + b[:, None], wq @ x + b[:, None]
+    truth = np.median(((yq - y) ** 2).mean(axis=1) / (y**2).mean(axis=1))
+    stats = np.stack([(x**2).mean(axis=1), x.mean(axis=1)])
+    got, dc_share = _weighted_nsr(w, wq - w, (wq - w) ** 2, 0, 1, stats, bias=b)
+    assert _db(got) == pytest.approx(_db(truth), abs=0.5)
+    assert dc_share > 0.9
+    power_only = np.median(((wq - w) ** 2 @ stats[0]) / (w**2 @ stats[0]))
+    assert _db(power_only) - _db(truth) > 20
 
 
 def test_output_evidence_matches_numpy_on_a_hand_built_tensor():

@@ -40,6 +40,9 @@ from accdbg.verifiers.channels import by_channel, channel_axis, channel_power, l
 
 log = logging.getLogger("accdbg.evidence")
 
+OFFSET_RATIO = 4.0  # an input channel's mean this many times the median channel's RMS
+BLOWN_RATIO = 16.0  # a weight outlier this many times the rest costs 4 of 8 bits: it is the cause
+
 # output-channel axis of each op's weight tensor (ONNX layouts)
 WEIGHT_OUT_AXIS = {"Conv": 0, "ConvTranspose": 1, "MatMul": -1, "Gemm": 0}
 
@@ -53,6 +56,10 @@ class Evidence:
     inputs: list[str] = field(default_factory=list)  # row names of its activation inputs
     weight_nsr: float = math.nan  # median output channel
     weight_note: str = ""
+    # what blows the weight range: "weight", "output channel", "input channel" (the last is
+    # the mark of a compensated pair: the producer shrank that channel, these weights undo it)
+    weight_outlier: str = ""
+    offset_from: str = ""  # the input whose large mean the weights' rounding multiplies
     output_nsr: float = math.nan  # median channel, clipping included
     output_nsr_tensor: float = math.nan
     clipped: float = math.nan  # share of golden values outside the encoding's range
@@ -116,56 +123,94 @@ def _channel_nsr(
 
 
 def _weighted_nsr(
-    w2: np.ndarray,
+    w: np.ndarray,
+    dw: np.ndarray | None,
     err2: np.ndarray,
     axis_out: int,
     axis_in: int,
-    power_in: np.ndarray | None,
+    stats_in: np.ndarray | None,
     groups: int = 1,
-) -> float:
+    bias: np.ndarray | None = None,
+) -> tuple[float, float]:
     """Median over output channels of the output noise-to-signal power that quantizing the
-    weights causes, each input channel weighted by the power of the signal it carries:
-    NSR_o = Σ_i |ΔW[o,i]|² P_i / Σ_i |W[o,i]|² P_i (inputs taken as uncorrelated)."""
-    rest = tuple(a for a in range(w2.ndim) if a not in (axis_out, axis_in))
-    order = (axis_out % w2.ndim, axis_in % w2.ndim, *rest)
-    sig = np.transpose(w2, order).reshape(w2.shape[order[0]], w2.shape[order[1]], -1).sum(axis=2)
-    err = np.transpose(np.asarray(err2), order).reshape(sig.shape[0], sig.shape[1], -1).sum(axis=2)
-    if power_in is not None:
-        n_out, per_group = sig.shape
-        if groups > 1 and power_in.size == per_group * groups:
+    weights causes, each input channel weighted by the signal it carries (inputs taken as
+    uncorrelated around their means; ``stats_in``: each input channel's mean square and mean).
+
+    The means are summed exactly, with the bias: an offset the bias cancels in float (a channel
+    carrying a large constant) adds nothing to the output's signal but multiplies the weights'
+    rounding (``dw``, the signed error; ``err2`` its square, or s^2/12 when unknown):
+    signal_o = Σ_i W²[o,i] Var_i + (Σ_i W[o,i] μ_i + b_o)²,
+    noise_o = Σ_i ΔW²[o,i] Var_i + (Σ_i ΔW[o,i] μ_i)².
+    Returns the NSR and the share of the noise (all output channels) the means' term makes."""
+    rest = tuple(a for a in range(w.ndim) if a not in (axis_out, axis_in))
+    order = (axis_out % w.ndim, axis_in % w.ndim, *rest)
+
+    def per_pair(x: np.ndarray) -> np.ndarray:  # [out, in], summed over the kernel
+        return np.transpose(x, order).reshape(w.shape[order[0]], w.shape[order[1]], -1).sum(axis=2)
+
+    sig, err = per_pair(w**2), per_pair(np.broadcast_to(err2, w.shape))
+    n_out, per_group = sig.shape
+    stats = None
+    if stats_in is not None:
+        size = stats_in.shape[1]
+        if groups > 1 and size == per_group * groups:
             idx = (np.arange(n_out) // max(1, n_out // groups))[:, None] * per_group + np.arange(
                 per_group
             )
-            p = power_in[idx]
-        elif power_in.size == per_group:
-            p = np.broadcast_to(power_in, sig.shape)
+            stats = stats_in[:, idx]
+        elif size == per_group:
+            stats = np.broadcast_to(stats_in[:, None, :], (2, n_out, per_group))
+    dc_share = 0.0
+    if stats is None:
+        signal, noise = sig.sum(axis=1), err.sum(axis=1)
+    else:
+        power, mean = stats
+        var = np.maximum(power - mean**2, 0.0)
+        dc = (per_pair(w) * mean).sum(axis=1) + (0.0 if bias is None else bias)
+        signal = (sig * var).sum(axis=1) + dc**2
+        if dw is None:  # the rounding is not known: its mean error is no better than its power
+            noise = (err * power).sum(axis=1)
         else:
-            p = np.ones_like(sig)
-        sig, err = sig * p, err * p
-    signal, noise = sig.sum(axis=1), err.sum(axis=1)
+            dc_noise = (per_pair(dw) * mean).sum(axis=1) ** 2
+            noise = (err * var).sum(axis=1) + dc_noise
+            total = float(noise.sum())
+            dc_share = float(dc_noise.sum()) / total if total > 0 else 0.0
     alive = live(signal)
     with np.errstate(divide="ignore", invalid="ignore"):
         nsr = np.where(signal > 0, noise / signal, np.nan)
     vals = nsr[alive]
-    return float(np.median(vals)) if vals.size else math.nan
+    return (float(np.median(vals)) if vals.size else math.nan), dc_share
 
 
-def _outlier_notes(ref: np.ndarray, axis_out: int, axis_in: int) -> list[str]:
-    """The outlier behind a blown weight range: one weight, one output or input channel."""
+def _offset_channel(stats_in: np.ndarray | None) -> tuple[int, float] | None:
+    """(index, ratio) of the input channel whose mean is at least ``OFFSET_RATIO`` times the
+    median channel's RMS - a constant a channel carries, not the signal's own mean."""
+    if stats_in is None or stats_in.shape[1] < 2:
+        return None
+    rms = float(np.median(np.sqrt(stats_in[0])))
+    loud = int(np.argmax(np.abs(stats_in[1])))
+    ratio = abs(float(stats_in[1][loud])) / rms if rms > 0 else math.nan
+    return (loud, ratio) if ratio >= OFFSET_RATIO else None
+
+
+def _outlier_notes(ref: np.ndarray, axis_out: int, axis_in: int) -> tuple[str, str, float]:
+    """The outlier behind a blown weight range - one weight, one output or input channel - as
+    (what, note, how many times the rest); ("", "", nan) when none is four times the rest."""
     absw = np.abs(ref)
     flat = absw.ravel()
     p99 = float(np.percentile(flat, 99)) if flat.size >= 100 else math.nan
     single = float(flat.max()) / p99 if p99 and p99 > 0 else math.nan
-    best = (0.0, "")
+    best = (0.0, "", "")
     for axis, what in ((axis_out, "output channel"), (axis_in, "input channel")):
         ranges = np.moveaxis(absw, axis, 0).reshape(absw.shape[axis], -1).max(axis=1)
         note, ratio = _ratio_note(ranges, ranges > 0, what)
         if note and ratio > best[0]:
-            best = (ratio, note)
+            best = (ratio, what, note)
     if not math.isnan(single) and single >= 4 and single > best[0]:
         pos = np.unravel_index(int(np.argmax(absw)), ref.shape)
-        return [f"weight {list(map(int, pos))} is {single:.3g}x the tensor's 99th percentile"]
-    return [best[1]] if best[1] and best[0] >= 4 else []
+        note = f"weight {list(map(int, pos))} is {single:.3g}x the tensor's 99th percentile"
+        return "weight", note, single
+    return (best[1], best[2], best[0]) if best[2] and best[0] >= 4 else ("", "", math.nan)
 
 
 def _ratio_note(ranges: np.ndarray, alive: np.ndarray, what: str) -> tuple[str, float]:
@@ -268,15 +313,45 @@ class EvidenceBuilder:
         w = self.float_weights.get(dq.input[0].removesuffix("_quantized"))
         ref = w.astype(np.float64) if w is not None and w.shape == deq.shape else deq
         if ref is deq:  # no float weights (a given QDQ model): rounding noise of a step, s^2/12
+            dw = None
             err2 = np.broadcast_to(scale.astype(np.float64) ** 2 / 12.0, deq.shape)
         else:
-            err2 = (ref - deq) ** 2
-        power_in = self._input_power(node, axis_in, ref.shape[axis_in])
+            dw = deq - ref
+            err2 = dw**2
+        stats_in = self._input_power(node, axis_in, ref.shape[axis_in])
         groups = next((a.i for a in node.attribute if a.name == "group"), 1)
-        ev.weight_nsr = _weighted_nsr(ref**2, err2, axis_out, axis_in, power_in, groups)
+        bias = self._bias(node, ref.shape[axis_out])
+        ev.weight_nsr, dc_share = _weighted_nsr(
+            ref, dw, err2, axis_out, axis_in, stats_in, groups, bias
+        )
         notes = [f"{'per-channel' if scale.size > 1 else 'per-tensor'} {8 * wq.dtype.itemsize}-bit"]
-        notes += _outlier_notes(ref, axis_out, axis_in)
-        ev.weight_note = "; ".join(notes)
+        ev.weight_outlier, note, blown = _outlier_notes(ref, axis_out, axis_in)
+        offset = _offset_channel(stats_in) if dc_share >= 0.5 and ev.inputs else None
+        if offset is not None and not blown >= BLOWN_RATIO:
+            # weights whose rounding multiplies an input's offset: its maker is the cause (with
+            # a range of their own blown BLOWN_RATIO times, their coarse step is)
+            loud, ratio = offset
+            ev.weight_outlier, ev.offset_from = "input offset", ev.inputs[0]
+            note = (
+                f"the weights' rounding multiplies input channel {loud}'s mean of "
+                f"{stats_in[1][loud]:.4g} ({ratio:.3g}x the median channel's RMS; "
+                f"{100 * dc_share:.0f}% of the weights' error)"
+            )
+        ev.weight_note = "; ".join([*notes, note] if note else notes)
+
+    def _bias(self, node: onnx.NodeProto, n_out: int) -> np.ndarray | None:
+        """The layer's float bias (dequantized), one per output channel, when it has one."""
+        if node.op_type not in ("Conv", "ConvTranspose", "Gemm") or len(node.input) < 3:
+            return None
+        x = node.input[2]
+        dq = self.producer.get(x)
+        if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in self.inits:
+            b = dequantized_weight(dq, self.inits)[2]
+        elif x in self.inits:
+            b = numpy_helper.to_array(self.inits[x]).astype(np.float64)
+        else:
+            return None
+        return b.ravel() if b.size == n_out else None
 
     def _activation(self, x: str) -> str:
         """The float activation behind a DequantizeLinear/QuantizeLinear chain."""
@@ -369,15 +444,16 @@ def output_evidence(e: Exposed, gold: tuple[np.ndarray, str | None], ev: Evidenc
 def channel_powers(
     g: np.ndarray, layout: str | None, kinds: tuple[int, ...] = (1, -1)
 ) -> dict[tuple[int, int], np.ndarray]:
-    """Mean square of each channel of a tensor, keyed ``(kind, channels)``: kind 1 is the
-    channel axis a convolution reads (axis 1; NHWC: 3), -1 the last axis a MatMul/Gemm reads."""
+    """Mean square and mean of each channel of a tensor (rows 0 and 1), keyed ``(kind,
+    channels)``: kind 1 is the channel axis a convolution reads (axis 1; NHWC: 3), -1 the last
+    axis a MatMul/Gemm reads."""
     if g.ndim < 2:
         return {}
     conv = 3 if layout and layout.upper() == "NHWC" and g.ndim == 4 else 1
     out = {}
     for kind, axis in ((k, conv if k == 1 else g.ndim - 1) for k in kinds):
         g2 = by_channel(g, axis)
-        out[(kind, g.shape[axis])] = channel_power(g2) / g2.shape[1]
+        out[(kind, g.shape[axis])] = np.stack([channel_power(g2) / g2.shape[1], g2.mean(axis=1)])
     return out
 
 

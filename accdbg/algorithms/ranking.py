@@ -20,7 +20,11 @@ layers do - or whose backend result is far worse than its quantization explains:
   ``SHARE`` of the error of quantizing everything, or the layer destroys its information (local
   SQNR under ``DESTROYED_DB``: its median channel is mostly noise) and still causes
   ``MIN_SHARE``. A layer that is bad locally but drowned by the error around it is reported in
-  its ``cause`` and not named.
+  its ``cause`` and not named. Faults that hurt only together are measured together: a layer
+  with the later layers carrying the outlier channel it makes; a compensated pair (weights
+  whose range one input channel blows) with the producer that shrank that channel; and weights
+  whose rounding multiplies a constant one input channel carries (an offset the bias cancels
+  in float) are blamed on that channel's maker, measured with them.
 * **backend** - the target's error at a layer (per channel) exceeds what the layer's own
   quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
   same way among the model's layers: the kernel, not the encodings (golden inputs: layerwise).
@@ -280,6 +284,7 @@ def rank(
     carried: dict[str, list[str]] = {}  # a standout -> the later standouts carrying its outlier
     root_of: dict[str, str] = {}
     clipping: set[str] = set()  # standouts whose encoding clips
+    severity: dict[str, float] = {}  # an offset's maker -> the NSR its offset causes downstream
     for n in order:
         ev = evidence.get(n)
         if ev is None:
@@ -307,17 +312,29 @@ def rank(
         if clips:
             clipping.add(n)
         src = _outlier_source(n, evidence, set(standouts))
+        maker = ev.offset_from if ev.owner == "weights" else ""
+        if src is None and maker in local_db and maker not in standouts:
+            # the offset's maker does not stand out by its own loss: it is named for what its
+            # offset does here, as severe as this layer
+            src = maker
+            standouts.append(maker)
+            severity[maker] = local[n]
         standouts.append(n)
         if src is not None:  # the outlier came in with the input: its source is the culprit
-            columns[n][CAUSE] = f"activation outlier carried in from {src}"
+            columns[n][CAUSE] = (
+                f"its weights' rounding multiplies the offset carried in from {src} ({_cause(ev)})"
+                if ev.owner == "weights"
+                else f"activation outlier carried in from {src}"
+            )
             root_of[n] = root_of.get(src, src)
             carried.setdefault(root_of[n], []).append(n)
-    _consider(impact, standouts)
+    pairs = {n: _pair_of(evidence[n], evidence) for n in standouts if n not in root_of}
+    _consider(impact, [*standouts, *(x for xs in pairs.values() for x in xs)])
     for n in standouts:
         if n in root_of:
             continue
         ev, db = evidence[n], local_db[n]
-        verdict = _matters(n, db, impact, carried.get(n, []))
+        verdict = _matters(n, db, impact, carried.get(n, []) or pairs[n])
         if verdict is None:  # impact unknown: only a layer that destroys its information
             if db >= DESTROYED_DB:
                 columns[n][CAUSE] = (
@@ -330,23 +347,31 @@ def rank(
         columns[n][SHARE_COL] = _nan_none(share.alone)
         columns[n][REMOVED_COL] = _nan_none(share.removed)
         if not matters:
-            with_them = (
-                f" (with the {len(carried[n])} layer(s) carrying its outlier "
-                f"{_pct(group_share.best)})"
-                if group_share is not None
-                else ""
-            )
+            with_them = ""
+            if group_share is not None and n in carried:
+                with_them = (
+                    f" (with the {len(carried[n])} layer(s) carrying its outlier "
+                    f"{_pct(group_share.best)})"
+                )
+            elif group_share is not None:
+                with_them = f" (with {', '.join(pairs[n])}'s encoding {_pct(group_share.best)})"
             columns[n][CAUSE] = (
                 f"stands out locally ({_cause(ev)}) but costs the outputs only "
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
             )
             continue
         cause = _cause(ev)
-        if group_share is not None:
+        if group_share is not None and n not in carried:
+            cause += (
+                f"; {', '.join(pairs[n])} shrinks the channel these weights amplify: with its "
+                f"encoding it costs the outputs {_pct(group_share.best)} of the whole model's "
+                f"error ({_both(share)} without it)"
+            )
+        elif group_share is not None:
             later = carried[n]
             shown = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
             cause += (
-                f"; the outlier it makes blows the range of {shown}: with them it costs the "
+                f"; the outlier it makes reaches {shown}: with them it costs the "
                 f"outputs {_pct(group_share.best)} of the whole model's error ({_both(share)})"
             )
         elif share.removed > 2 * share.alone and share.removed >= SHARE:
@@ -355,7 +380,7 @@ def rank(
                 f"outputs' error (alone {_pct(share.alone)}): it hurts together with its "
                 "neighbours' encodings"
             )
-        candidates.append((local[n], n, cause))
+        candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
     backend: list[tuple[float, str, str]] = []
     if local_observed:
         backend = _backend(evidence, observed, {c[1] for c in candidates})
@@ -420,11 +445,12 @@ def _matters(
     n: str, db: float, impact: Impact | None, later: Sequence[str]
 ) -> tuple[Share, Share | None, bool] | None:
     """Whether a standout costs the outputs enough: (its share, its group's share when its
-    carriers were needed, verdict); None when its impact could not be measured.
+    partners were needed, verdict); None when its impact could not be measured.
 
     An outlier a layer makes travels: the layers after it that carry it lose their ranges too
-    and, one quantizer at a time, none of them explains the outputs' loss. So when the layer
-    alone does not matter, it is measured again quantized together with its carriers."""
+    and, one quantizer at a time, none of them explains the outputs' loss; a compensated pair
+    (:func:`_pair_of`) hurts only together. So when the layer alone does not matter, it is
+    measured again quantized together with its partners (carriers or pair)."""
     bar = MIN_SHARE if db < DESTROYED_DB else SHARE
     share = impact(n, bar) if impact is not None else Share(math.nan)
     if math.isnan(share.best):
@@ -439,6 +465,16 @@ def _matters(
     if math.isnan(group.best):
         return share, None, False
     return share, group, enough(group)
+
+
+def _pair_of(ev: Evidence, evidence: Mapping[str, Evidence]) -> list[str]:
+    """The producers of a layer whose weight range one input channel blows: that channel was
+    shrunk upstream and these weights scale it back (a compensated pair), so the producer's
+    encoding, which has few levels for it, and these weights hurt together - one quantizer at
+    a time neither explains the outputs' loss."""
+    if ev.weight_outlier != "input channel":
+        return []
+    return [x for x in ev.inputs if x in evidence]
 
 
 def _inherited(
@@ -473,11 +509,13 @@ def _outlier_source(
     A large activation channel travels: every layer after the one that made it (within a few
     layers, through convolutions, residual adds and activations) sees a blown range too. Only a
     layer whose loss is its output's range (not its weights, not clipping, not a Concat) is
-    taken for a carrier."""
+    taken for a carrier - or a layer whose weights' rounding multiplies a large constant its
+    input carries (an offset channel the bias cancels in float)."""
     ev = evidence[n]
-    if ev.owner != "output" or _clips(ev):
+    by_weights = ev.owner == "weights" and bool(ev.offset_from)
+    if not (ev.owner == "output" or by_weights) or _clips(ev):
         return None
-    frontier, seen = list(ev.inputs), {n}
+    frontier, seen = [ev.offset_from] if by_weights else list(ev.inputs), {n}
     for _ in range(hops):
         nxt = []
         for x in frontier:

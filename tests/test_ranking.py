@@ -741,7 +741,7 @@ def test_weight_evidence_counts_an_offset_the_bias_cancels_as_numpy_measures_it(
     y, yq = w @ x + b[:, None], wq @ x + b[:, None]
     truth = np.median(((yq - y) ** 2).mean(axis=1) / (y**2).mean(axis=1))
     stats = np.stack([(x**2).mean(axis=1), x.mean(axis=1)])
-    got, dc_share = _weighted_nsr(w, wq - w, (wq - w) ** 2, 0, 1, stats, bias=b)
+    got, dc_share = _weighted_nsr(w, wq - w, 0, 1, stats, bias=b)
     assert _db(got) == pytest.approx(_db(truth), abs=0.5)
     assert dc_share > 0.9
     power_only = np.median(((wq - w) ** 2 @ stats[0]) / (w**2 @ stats[0]))

@@ -56,11 +56,7 @@ def how_they_part(steps: np.ndarray) -> str:
     big = int(np.abs(steps).max())
     side, count = ("below", below) if below >= nz - below else ("above", nz - below)
     share = 100 * nz / steps.size
-    text = (
-        f"QNN's integers differ on {share:.2g}% of the values"
-        if share < 10
-        else (f"QNN's integers differ on {share:.0f}% of the values")
-    )
+    text = f"QNN's integers differ on {share:{'.2g' if share < 10 else '.0f'}}% of the values"
     text += " by one step" if big == 1 else f" by up to {big} steps"
     if count >= ONE_WAY * nz:
         text += f", {100 * count / nz:.0f}% of them {side} the fake-quant's"

@@ -125,12 +125,12 @@ def _channel_nsr(
 def _weighted_nsr(
     w: np.ndarray,
     dw: np.ndarray | None,
-    err2: np.ndarray,
     axis_out: int,
     axis_in: int,
     stats_in: np.ndarray | None,
     groups: int = 1,
     bias: np.ndarray | None = None,
+    step: np.ndarray | float = 0.0,
 ) -> tuple[float, float]:
     """Median over output channels of the output noise-to-signal power that quantizing the
     weights causes, each input channel weighted by the signal it carries (inputs taken as
@@ -138,7 +138,7 @@ def _weighted_nsr(
 
     The means are summed exactly, with the bias: an offset the bias cancels in float (a channel
     carrying a large constant) adds nothing to the output's signal but multiplies the weights'
-    rounding (``dw``, the signed error; ``err2`` its square, or s^2/12 when unknown):
+    rounding (``dw``, the signed error; when it is not known, a rounding of ``step``: s^2/12):
     signal_o = Σ_i W²[o,i] Var_i + (Σ_i W[o,i] μ_i + b_o)²,
     noise_o = Σ_i ΔW²[o,i] Var_i + (Σ_i ΔW[o,i] μ_i)².
     Returns the NSR and the share of the noise (all output channels) the means' term makes."""
@@ -148,6 +148,7 @@ def _weighted_nsr(
     def per_pair(x: np.ndarray) -> np.ndarray:  # [out, in], summed over the kernel
         return np.transpose(x, order).reshape(w.shape[order[0]], w.shape[order[1]], -1).sum(axis=2)
 
+    err2 = dw**2 if dw is not None else np.asarray(step, np.float64) ** 2 / 12.0
     sig, err = per_pair(w**2), per_pair(np.broadcast_to(err2, w.shape))
     n_out, per_group = sig.shape
     stats = None
@@ -248,7 +249,7 @@ class EvidenceBuilder:
         known = {r.name for r in golden}
         self.layers = layers if layers is not None else select(qdq_model, known)
         self.row_of = {e.qdq_tensor: e.name for e in self.layers}
-        self._powers: dict[str, dict[tuple[int, int], np.ndarray]] = {}  # row -> channel powers
+        self._stats: dict[str, dict[tuple[int, int], np.ndarray]] = {}  # row -> channel_powers
         self._read_as: dict[str, set[int]] = {}  # row -> how weighted layers read it (1, -1)
         for n in self.nodes:
             if n.op_type in WEIGHT_OUT_AXIS and n.input:
@@ -283,7 +284,7 @@ class EvidenceBuilder:
                 gold = self._golden(e.name)
                 kinds = self._read_as.get(e.name)
                 if gold is not None and kinds:  # its consumers weigh their weights by these
-                    self._powers[e.name] = channel_powers(*gold, tuple(kinds))
+                    self._stats[e.name] = channel_powers(*gold, tuple(kinds))
                 if gold is not None and e.quantized:
                     output_evidence(e, gold, ev)
                     if e.op_type == "Concat":
@@ -297,12 +298,10 @@ class EvidenceBuilder:
         axis_out = WEIGHT_OUT_AXIS.get(node.op_type)
         if axis_out is None:
             return
-        dq = self.producer.get(node.input[1]) if len(node.input) > 1 else None
-        if dq is None or dq.op_type != "DequantizeLinear":
+        weight = self._dequantized(node.input[1]) if len(node.input) > 1 else None
+        if weight is None:
             return
-        if dq.input[0] not in self.inits:
-            return
-        wq, scale, deq = dequantized_weight(dq, self.inits)
+        dq, (wq, scale, deq) = weight
         if wq.ndim < 2:
             return
         axis_in = 1 - axis_out if wq.ndim == 2 else (0 if node.op_type == "ConvTranspose" else 1)
@@ -312,17 +311,13 @@ class EvidenceBuilder:
         axis_out %= wq.ndim
         w = self.float_weights.get(dq.input[0].removesuffix("_quantized"))
         ref = w.astype(np.float64) if w is not None and w.shape == deq.shape else deq
-        if ref is deq:  # no float weights (a given QDQ model): rounding noise of a step, s^2/12
-            dw = None
-            err2 = np.broadcast_to(scale.astype(np.float64) ** 2 / 12.0, deq.shape)
-        else:
-            dw = deq - ref
-            err2 = dw**2
-        stats_in = self._input_power(node, axis_in, ref.shape[axis_in])
+        # no float weights (a given QDQ model): the rounding is not known, only its step
+        dw = None if ref is deq else deq - ref
+        stats_in = self._input_stats(node, axis_in, ref.shape[axis_in])
         groups = next((a.i for a in node.attribute if a.name == "group"), 1)
         bias = self._bias(node, ref.shape[axis_out])
         ev.weight_nsr, dc_share = _weighted_nsr(
-            ref, dw, err2, axis_out, axis_in, stats_in, groups, bias
+            ref, dw, axis_out, axis_in, stats_in, groups, bias, step=scale
         )
         notes = [f"{'per-channel' if scale.size > 1 else 'per-tensor'} {8 * wq.dtype.itemsize}-bit"]
         ev.weight_outlier, note, blown = _outlier_notes(ref, axis_out, axis_in)
@@ -344,14 +339,22 @@ class EvidenceBuilder:
         if node.op_type not in ("Conv", "ConvTranspose", "Gemm") or len(node.input) < 3:
             return None
         x = node.input[2]
-        dq = self.producer.get(x)
-        if dq is not None and dq.op_type == "DequantizeLinear" and dq.input[0] in self.inits:
-            b = dequantized_weight(dq, self.inits)[2]
+        quantized = self._dequantized(x)
+        if quantized is not None:
+            b = quantized[1][2]
         elif x in self.inits:
             b = numpy_helper.to_array(self.inits[x]).astype(np.float64)
         else:
             return None
         return b.ravel() if b.size == n_out else None
+
+    def _dequantized(self, x: str):
+        """(its DequantizeLinear, :func:`dequantized_weight`) when ``x`` dequantizes an
+        initializer, else None."""
+        dq = self.producer.get(x)
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in self.inits:
+            return None
+        return dq, dequantized_weight(dq, self.inits)
 
     def _activation(self, x: str) -> str:
         """The float activation behind a DequantizeLinear/QuantizeLinear chain."""
@@ -362,13 +365,13 @@ class EvidenceBuilder:
             x = self.producer[x].input[0]
         return x
 
-    def _input_power(self, node: onnx.NodeProto, axis_in: int, n: int) -> np.ndarray | None:
+    def _input_stats(self, node: onnx.NodeProto, axis_in: int, n: int) -> np.ndarray | None:
         """Mean square of each input channel of the layer's golden input: a weight matters as
         much as the signal it multiplies (a huge weight on a silent channel does nothing)."""
         x = self._activation(node.input[0])
         row = self.row_of.get(x)
-        if row is not None and row in self._powers:  # measured when its producer was
-            return self._powers[row].get((1 if node.op_type.startswith("Conv") else -1, n))
+        if row is not None and row in self._stats:  # measured when its producer was
+            return self._stats[row].get((1 if node.op_type.startswith("Conv") else -1, n))
         gold = self._golden(row) if row else None
         if gold is None and x in self.graph_inputs:
             gold = (np.asarray(self.graph_inputs[x], np.float64), None)

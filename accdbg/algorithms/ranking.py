@@ -312,13 +312,12 @@ def rank(
         if clips:
             clipping.add(n)
         src = _outlier_source(n, evidence, set(standouts))
-        maker = ev.offset_from if ev.owner == "weights" else ""
-        if src is None and maker in local_db and maker not in standouts:
-            # the offset's maker does not stand out by its own loss: it is named for what its
-            # offset does here, as severe as this layer
-            src = maker
-            standouts.append(maker)
-            severity[maker] = local[n]
+        if src is not None and src not in standouts:
+            if src in local_db:  # an offset's maker, named for what its offset does here
+                standouts.append(src)
+                severity[src] = local[n]
+            else:
+                src = None
         standouts.append(n)
         if src is not None:  # the outlier came in with the input: its source is the culprit
             columns[n][CAUSE] = (
@@ -510,7 +509,8 @@ def _outlier_source(
     layers, through convolutions, residual adds and activations) sees a blown range too. Only a
     layer whose loss is its output's range (not its weights, not clipping, not a Concat) is
     taken for a carrier - or a layer whose weights' rounding multiplies a large constant its
-    input carries (an offset channel the bias cancels in float)."""
+    input carries (an offset channel the bias cancels in float): its source is the nearest
+    standout it came through, else the input that carries it."""
     ev = evidence[n]
     by_weights = ev.owner == "weights" and bool(ev.offset_from)
     if not (ev.owner == "output" or by_weights) or _clips(ev):
@@ -526,7 +526,7 @@ def _outlier_source(
                 return x
             nxt.extend(evidence[x].inputs if x in evidence else ())
         frontier = nxt
-    return None
+    return ev.offset_from if by_weights else None  # the offset's maker, standing out or not
 
 
 def _standing_jumps(jumps: Mapping[str, tuple[float, float]]) -> list[str]:

@@ -302,6 +302,7 @@ class Sensitivity:
         model.CopyFrom(self.float_model)
         g = model.graph
         inits = {i.name: i for i in g.initializer}
+        produced = {o for n in g.node for o in n.output}  # the float model's own tensors
         for layer in layers:
             on = _switch(g, layer)
             node = self._qdq_nodes[layer.index]
@@ -318,7 +319,6 @@ class Sensitivity:
                 _rewire(g, w.name, sel)
                 _where(g, on, quant.name, w.name, sel)
             if layer.quantized:
-                produced = {o for n in g.node for o in n.output}
                 # the quantizer may rename a tensor (a graph output's producer gets
                 # "_QuantizeLinear_Input")
                 names = (

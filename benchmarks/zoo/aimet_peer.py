@@ -1,9 +1,10 @@
-"""The peer: AIMET's QuantAnalyzer per-layer sensitivity on a zoo case's own QDQ model.
+"""The peer: AIMET's QuantAnalyzer per-layer sensitivity on a zoo case.
 
-AIMET (``aimet-onnx``) builds its simulation from the very QDQ model accdbg's engine ran on QNN
-(``QuantizationSimModel.from_onnx_qdq``: the same encodings, the clipping override included)
-and scores the model with one layer's quantizers enabled at a time (QuantAnalyzer's first
-per-layer analysis) and with one layer's quantizers disabled at a time (its second). The score
+AIMET (``aimet-onnx``) builds its own simulation of the pre-processed float model accdbg's
+engine quantized for QNN (set up as the engine quantizes, the case's clipping override loaded:
+:func:`rank_case`) and scores the model with one layer's quantizers enabled at a time
+(QuantAnalyzer's first per-layer analysis) and with one layer's quantizers disabled at a time
+(its second). The score
 is the outputs' SQNR against the float model (pooled over the case's inputs, the worst output,
 judged at the logits of a Softmax/Sigmoid output as accdbg judges them). Each analysis ranks
 every layer: the lowest score with only it enabled, the highest with only it disabled. AIMET has
@@ -16,7 +17,6 @@ Runs where ``aimet_onnx`` imports (``pip install --no-deps aimet-onnx`` and its 
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,21 +28,19 @@ import pandas as pd
 
 from accdbg.algorithms.sensitivity import scores
 from accdbg.core import onnx_model as om
+from benchmarks.zoo import scoring
 
 ANALYSES = {"aimet_enabled": True, "aimet_disabled": False}  # algorithm -> layer enabled alone
 
 
 def _sqnr_db(golden: Sequence[Sequence[np.ndarray]], runs) -> float:
-    """The worst output's SQNR, signal and noise powers summed over the inputs."""
-    worst = math.inf
-    for k in range(len(golden[0])):
-        sig = sum(float(np.sum(np.asarray(g[k], np.float64) ** 2)) for g in golden)
-        noise = sum(
-            float(np.sum((np.asarray(g[k], np.float64) - np.asarray(r[k], np.float64)) ** 2))
-            for g, r in zip(golden, runs, strict=True)
-        )
-        worst = min(worst, math.inf if noise == 0 else 10 * math.log10(max(sig, 1e-30) / noise))
-    return worst
+    """The worst output's SQNR, signal and noise powers summed over the inputs (each output's
+    values of every input, end to end)."""
+
+    def pooled(per_input, k: int) -> np.ndarray:
+        return np.concatenate([np.ravel(out[k]) for out in per_input])
+
+    return min(scoring.sqnr_db(pooled(golden, k), pooled(runs, k)) for k in range(len(golden[0])))
 
 
 def rank_case(
@@ -69,15 +67,16 @@ def rank_case(
         model.SerializeToString(), so, providers=["CPUExecutionProvider"]
     )
     golden = [gold_sess.run(judged, dict(f)) for f in feeds]
-    config = Path(tempfile.mkdtemp()) / "per_tensor_asymmetric.json"
-    config.write_text(json.dumps(CONFIG))
-    sim = QuantizationSimModel(
-        model,
-        param_type="int8",  # 8 bits; asymmetric by CONFIG, as the engine's uint8 + offset
-        activation_type="int8",
-        quant_scheme="min_max",
-        config_file=str(config),
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "per_tensor_asymmetric.json"
+        config.write_text(json.dumps(CONFIG))
+        sim = QuantizationSimModel(
+            model,
+            param_type="int8",  # 8 bits; asymmetric by CONFIG, as the engine's uint8 + offset
+            activation_type="int8",
+            quant_scheme="min_max",
+            config_file=str(config),
+        )
     sim.compute_encodings([dict(f) for f in feeds])
     if overrides is not None:  # only these tensors' encodings; every other quantizer kept
         load_encodings_to_sim(

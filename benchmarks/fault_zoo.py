@@ -72,6 +72,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="also rec's early and late cases (by default only its mid ones and weight outliers)",
     )
     p.add_argument("--rerun", action="store_true", help="ignore results cached in --out")
+    p.add_argument(
+        "--keep-harmless",
+        action="store_true",
+        help="keep every planting at its drawn strength, whether the quantized outputs feel "
+        "it or not (by default a planting must cost them >= 3 dB on QNN: made stronger or "
+        "moved until it does, else left out)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
@@ -105,7 +112,7 @@ def main(argv=None) -> int:
     out = Path(a.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    cases, dropped = runner.build_cases(wanted, out, a.seed)
+    cases, dropped = runner.build_cases(wanted, out, a.seed, gate=not a.keep_harmless)
     print(
         f"{len(cases)} cases planted in {time.perf_counter() - t0:.0f} s; {len(dropped)} left out"
     )

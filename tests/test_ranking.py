@@ -775,3 +775,91 @@ def test_output_evidence_matches_numpy_on_a_hand_built_tensor():
     empty = Evidence("t", "Conv", [])
     output_evidence(e, (np.zeros((1, 2, 0, 4)), "NCHW"), empty)  # nothing to judge
     assert math.isnan(empty.output_nsr)
+
+
+def test_taking_out_a_layer_whose_relu_the_quantizer_folded_keeps_the_relu(tmp_path):
+    """QNN's QDQ model drops a Relu/Clip whose output encoding starts at 0 (the QuantizeLinear's
+    saturation does its work). Taking that layer's quantizers out must keep the Relu: the
+    leave-one-out model matches the numpy chain relu(x @ w1) in float, then layer 2 quantized."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from accdbg.algorithms.sensitivity import Sensitivity
+    from accdbg.core.onnx_model import topological_nodes
+    from accdbg.engines.exposure import Exposed
+
+    rng = np.random.default_rng(7)
+    w1 = rng.normal(size=(6, 5)).astype(np.float32)
+    w2 = rng.normal(size=(5, 4)).astype(np.float32)
+    g = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["a"]),
+            helper.make_node("Relu", ["a"], ["r"]),
+            helper.make_node("MatMul", ["r", "w2"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(model, str(fp))
+    x = rng.normal(size=(8, 6)).astype(np.float32)
+
+    class Reader:
+        def __init__(self):
+            self.items = iter([{"x": x}])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantize(str(fp), str(qp), get_qnn_qdq_config(str(fp), Reader()))
+    q = onnx.load(str(qp))
+    assert not any(n.op_type == "Relu" for n in q.graph.node), "the quantizer kept the Relu"
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+
+    def enc(t):
+        qn = next(
+            n
+            for n in q.graph.node
+            if n.op_type == "QuantizeLinear"
+            and n.input[0].removesuffix("_QuantizeLinear_Input") == t
+        )
+        return inits[qn.input[1]].astype(np.float64), inits[qn.input[2]].astype(np.float64)
+
+    def qdq_np(v, t):
+        s, z = enc(t)
+        return (np.clip(np.round(v / s) + z, 0, 255) - z) * s
+
+    def w_np(name):
+        dq = next(
+            n
+            for n in q.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0].startswith(name)
+        )
+        return (inits[dq.input[0]].astype(np.float64) - inits[dq.input[2]]) * inits[dq.input[1]]
+
+    x64 = x.astype(np.float64)
+    golden = np.maximum(x64 @ w1, 0) @ w2
+    without_1 = qdq_np(np.maximum(qdq_np(x64, "x") @ w1, 0) @ w_np("w2"), "y")
+    nodes = topological_nodes(q.graph)
+    index = next(i for i, n in enumerate(nodes) if n.op_type == "MatMul" and "r" in n.output)
+    s, z = enc("r")
+    layer = Exposed(
+        "r",
+        "r",
+        nodes[index].name,
+        "MatMul",
+        index,
+        "r",
+        scale=float(s),
+        zero_point=int(z),
+        native_dtype="uint8",
+    )
+    sens = Sensitivity(model, q, {"x": x})
+    assert sens.removed_noise([layer])[0] == pytest.approx(
+        float(np.sum((golden - without_1) ** 2)), rel=1e-3
+    )

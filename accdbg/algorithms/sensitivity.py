@@ -166,6 +166,7 @@ class Sensitivity:
         self._qdq_inits = {i.name: i for i in qdq_model.graph.initializer}
         self._float_inits = {i.name: i for i in float_model.graph.initializer}
         self._producer = {o: n for n in self._qdq_nodes for o in n.output}
+        self._folded = folded_activations(float_model, self._producer)
         fetch = {n: dequantized(qdq_model, n) for n in self.outputs}
         self._fetch = fetch
         self._fetch_names = [t for t in fetch.values() if t is not None]
@@ -283,7 +284,8 @@ class Sensitivity:
                         if dq.op_type == "DequantizeLinear":  # its readers keep their input name
                             out = dq.output[0]
                             dq.output[0] = f"{out}__sens_dq"
-                            _where(g, on, layer.qdq_tensor, dq.output[0], out)
+                            bypass = _activation(g, layer.qdq_tensor, self._folded)
+                            _where(g, on, bypass, dq.output[0], out)
         return _sorted(model)
 
     def _float_weight_of(self, x: str, inits: Mapping[str, onnx.TensorProto]):
@@ -351,6 +353,58 @@ class _Switched:
         lit = {_flag(e) for e in on}
         flags = {f: np.array(f in lit) for f in self.flags}
         return _runs(self._sess, names, [{**f, **flags} for f in feeds])
+
+
+def folded_activations(
+    float_model: onnx.ModelProto, qdq_producer: Mapping[str, onnx.NodeProto]
+) -> dict[str, tuple[float | None, float | None]]:
+    """The Relu/Clip outputs of the float model that the quantizer folded into a
+    QuantizeLinear (the QDQ model computes the tensor with the op before them and lets the
+    encoding's saturation clip it): tensor -> (low, high) bounds of the activation. Taking
+    such a layer's quantizer out must keep its activation, or the layer loses its Relu."""
+    consts = {i.name: numpy_helper.to_array(i) for i in float_model.graph.initializer}
+    for n in float_model.graph.node:
+        if n.op_type == "Constant" and n.attribute:
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for n in float_model.graph.node:
+        if n.op_type not in ("Relu", "Clip") or not n.output:
+            continue
+        made = qdq_producer.get(n.output[0])
+        if made is None or made.op_type == n.op_type:
+            continue
+        if n.op_type == "Relu":
+            out[n.output[0]] = (0.0, None)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        bounds = [attrs.get("min"), attrs.get("max")]  # opset < 11
+        for i, name in enumerate(n.input[1:3]):
+            if name:
+                bounds[i] = float(np.asarray(consts[name]).reshape(-1)[0])
+        out[n.output[0]] = (bounds[0], bounds[1])
+    return out
+
+
+def _activation(
+    g: onnx.GraphProto, t: str, folded: Mapping[str, tuple[float | None, float | None]]
+) -> str:
+    """``t`` as the float model has it: through the Relu/Clip the quantizer folded into the
+    encoding's saturation, if any."""
+    if t not in folded:
+        return t
+    names = []
+    for which, bound in zip(("lo", "hi"), folded[t], strict=True):
+        if bound is None:
+            names.append("")
+            continue
+        name = f"{t}__sens_{which}"
+        if not any(i.name == name for i in g.initializer):
+            g.initializer.append(numpy_helper.from_array(np.array(bound, np.float32), name))
+        names.append(name)
+    out = f"{t}__sens_act"
+    if not any(out in n.output for n in g.node):
+        g.node.append(helper.make_node("Clip", [t, *names], [out]))
+    return out
 
 
 def _flag(layer: Exposed) -> str:

@@ -65,6 +65,14 @@ class Graph:
     def is_const(self, name: str) -> bool:
         return name in self.inits or name in self.constant_nodes
 
+    def const_derived(self, name: str) -> bool:
+        """Computed from constants alone (e.g. a Reshape of an initializer): constant folding
+        makes it a constant before quantization."""
+        if self.is_const(name):
+            return True
+        node = self.producer.get(name)
+        return node is not None and all(self.const_derived(i) for i in node.input if i)
+
     def const(self, name: str) -> np.ndarray:
         if name in self.inits:
             return numpy_helper.to_array(self.inits[name]).copy()
@@ -112,6 +120,14 @@ class Layer:
     chain: list[str] = field(default_factory=list)  # output tensors, first to last
     channel_axis: int = 1  # axis of the output activation holding channels
     act: str | None = None  # output of the fused Relu/Clip, when there is one
+    # a Conv's bias added by a separate Add of a constant-derived tensor: constant folding
+    # makes it the Conv's own, and the quantized layer's output takes this tensor's name
+    folded_bias: str | None = None
+
+    @property
+    def rows(self) -> list[str]:
+        """Every tensor the quantized layer's output may be named by (a culprit set)."""
+        return self.chain + ([self.folded_bias] if self.folded_bias else [])
 
     @property
     def name(self) -> str:
@@ -173,11 +189,18 @@ def layer_of(g: Graph, node: onnx.NodeProto) -> Layer | None:
                 bias = other[0]
                 chain.append(nxt.output[0])
                 nxt = g.sole_consumer(chain[-1])
+    folded = None
+    if node.op_type == "Conv" and bias is None and nxt is not None and nxt.op_type == "Add":
+        other = [i for i in nxt.input if i != chain[-1]]
+        if len(other) == 1 and g.const_derived(other[0]):
+            folded = nxt.output[0]
     act = None
     if nxt is not None and nxt.op_type in FUSED_ACTIVATIONS:
         act = nxt.output[0]
         chain.append(act)
-    return Layer(node, kind, node.input[1], out_axis, in_axis, bias, bn, chain, ch_axis, act)
+    return Layer(
+        node, kind, node.input[1], out_axis, in_axis, bias, bn, chain, ch_axis, act, folded
+    )
 
 
 def layers(g: Graph) -> list[Layer]:

@@ -17,7 +17,7 @@ models on onnxruntime's CPU provider and a planting that changes them is exclude
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +26,7 @@ import onnx
 from benchmarks.zoo import edits
 from benchmarks.zoo.edits import NotEligible, Source
 from benchmarks.zoo.graph import Graph, bn_scale, effective_weight, layer_of, layers
+from benchmarks.zoo.harm import HARM_DB
 from benchmarks.zoo.probe import FloatProbe, channel_axis, output_change, run
 
 KINDS = (
@@ -92,6 +93,8 @@ class Fault:
     float_change: float | None = None  # compensated kinds: largest output change / scale
     checked: list[str] = field(default_factory=list)  # tensors compared besides the outputs
     excluded: str = ""  # why the case is not kept
+    harm_db: float | None = None  # what it costs the outputs on QNN (benchmarks.zoo.harm)
+    tries: list[str] = field(default_factory=list)  # the plantings measured before it
 
     @property
     def case(self) -> str:
@@ -255,10 +258,14 @@ def clipping_sites(model: onnx.ModelProto, probe: FloatProbe, strength: float) -
     return out
 
 
-def choose(sites: Sequence[Site], fraction: float) -> Site | None:
+def by_nearness(sites: Sequence[Site], fraction: float) -> list[Site]:
+    """The sites ordered by how near they lie to ``fraction`` of the eligible list (the first
+    is the site of that depth; the next ones are where a planting too weak to hurt moves)."""
     if not sites:
-        return None
-    return sites[int(round(fraction * (len(sites) - 1)))]
+        return []
+    at = int(round(fraction * (len(sites) - 1)))
+    order = sorted(range(len(sites)), key=lambda i: (abs(i - at), i))
+    return [sites[i] for i in order]
 
 
 # weight_outlier covers pointwise, depthwise and dense layers at three depths
@@ -269,24 +276,30 @@ WEIGHT_OUTLIER_VARIANTS = {
 }
 
 
-def select_site(model: onnx.ModelProto, probe: FloatProbe, kind: str, depth: str) -> Site | None:
-    """The site of a kind at a depth (deterministic: a fraction of the eligible list)."""
+def candidate_sites(model: onnx.ModelProto, probe: FloatProbe, kind: str, depth: str) -> list[Site]:
+    """The sites of a kind at a depth, nearest first (deterministic)."""
     f = DEPTHS[depth]
     if kind == "weight_outlier":
         for variant in WEIGHT_OUTLIER_VARIANTS[depth]:
-            s = choose(weight_sites(model, probe, variant), f)
-            if s is not None:
-                return s
-        return choose(weight_sites(model, probe, "any"), f)
+            found = by_nearness(weight_sites(model, probe, variant), f)
+            if found:
+                return found
+        return by_nearness(weight_sites(model, probe, "any"), f)
     if kind == "weight_channel":
-        return choose([s for s in weight_sites(model, probe, "any")], f)
+        return by_nearness(weight_sites(model, probe, "any"), f)
     if kind in ("act_outlier_scale", "act_outlier_offset", "conv_pair_scaled"):
-        return choose(activation_sites(model, probe, kind), f)
+        return by_nearness(activation_sites(model, probe, kind), f)
     if kind == "concat_unbalanced":
-        return choose(concat_sites(model, probe), f)
+        return by_nearness(concat_sites(model, probe), f)
     if kind == "clipping":
-        return choose(clipping_sites(model, probe, STRENGTH["clipping"][0]), f)
+        return by_nearness(clipping_sites(model, probe, STRENGTH["clipping"][0]), f)
     raise ValueError(kind)
+
+
+def select_site(model: onnx.ModelProto, probe: FloatProbe, kind: str, depth: str) -> Site | None:
+    """The site of a kind at a depth: a fraction of the eligible list."""
+    found = candidate_sites(model, probe, kind, depth)
+    return found[0] if found else None
 
 
 # ---------------------------------------------------------------- the kinds
@@ -309,7 +322,7 @@ def plant_weight_outlier(model, site: Site, strength: float, rng) -> tuple[onnx.
     w[idx] = sign * strength * peak / factor
     g.set_const(layer.weight, w)
     detail = f"{layer.weight}{list(idx)} = {w[idx]:+.4g} ({strength:.0f} x max|w| {peak:.4g})"
-    return m, _fault(site, "weight_outlier", strength, layer.chain, detail)
+    return m, _fault(site, "weight_outlier", strength, layer.rows, detail)
 
 
 def plant_weight_channel(model, site: Site, strength: float, rng) -> tuple[onnx.ModelProto, Fault]:
@@ -328,7 +341,7 @@ def plant_weight_channel(model, site: Site, strength: float, rng) -> tuple[onnx.
     detail = (
         f"output channel {c} of {layer.weight} x{factor:.3g} (max|w| {strength:.0f} x the tensor's)"
     )
-    return m, _fault(site, "weight_channel", strength, layer.chain, detail)
+    return m, _fault(site, "weight_channel", strength, layer.rows, detail)
 
 
 def plant_act_outlier_scale(
@@ -402,7 +415,7 @@ def plant_conv_pair_scaled(
     edits.scale_channels(g, src, f)
     edits.undo_scale(g, consumer, f)
     detail = f"channel {c} of {site.tensor} /{k:.3g}; {consumer.weight} input channel {c} x{k:.3g}"
-    fault = _fault(site, "conv_pair_scaled", strength, consumer.chain, detail, node=consumer.name)
+    fault = _fault(site, "conv_pair_scaled", strength, consumer.rows, detail, node=consumer.name)
     fault.checked = [consumer.out]
     return m, fault
 
@@ -533,6 +546,14 @@ class Planted:
     notes: list[str] = field(default_factory=list)
 
 
+STRONGER = (1.0, 2.0, 4.0)  # a planting the outputs do not feel is made this much stronger...
+SITE_TRIES = 3  # ...at up to this many sites nearest its depth, before the case is left out
+
+
+def site_key(site: Site) -> str:
+    return f"{site.node}:{site.tensor}"
+
+
 def plant(
     model_name: str,
     model: onnx.ModelProto,
@@ -541,20 +562,62 @@ def plant(
     probe: FloatProbe,
     feeds: Sequence[dict[str, np.ndarray]],
     seed: int = 0,
+    harm: Callable[[onnx.ModelProto, dict | None], float] | None = None,
+    taken: Collection[str] = (),
 ) -> Planted | None:
     """One case; None when the model has no eligible site for the kind. A compensated planting
-    that changes the float outputs comes back with ``fault.excluded`` set."""
+    that changes the float outputs comes back with ``fault.excluded`` set.
+
+    ``harm(model, overrides)`` is what a planting costs the quantized outputs, in dB (a
+    :class:`benchmarks.zoo.harm.HarmMeter`'s ``loss``). Given it, a planting that costs less
+    than :data:`~benchmarks.zoo.harm.HARM_DB` is planted again ``STRONGER`` (the same weight
+    or channel; a clipping range narrower), then at the next sites nearest the depth, and is
+    left out (``fault.excluded``) when none hurts. ``taken``: :func:`site_key` of the sites
+    other depths of the kind hold already."""
+    if kind == "clean":
+        m, fault = plant_clean(model, None, 0.0, case_rng(model_name, kind, depth, seed))
+        fault.model, fault.depth = model_name, "-"
+        return Planted(m, fault)
+    sites = [s for s in candidate_sites(model, probe, kind, depth) if site_key(s) not in taken]
+    if not sites:
+        return None
+    tried: list[str] = []
+    planted = None
+    for site in sites[: SITE_TRIES if harm else 1]:
+        site.probe = probe
+        for step in STRONGER if harm else (1.0,):
+            planted = _plant_at(model_name, model, kind, depth, site, step, feeds, seed)
+            if planted.fault.excluded:
+                break  # the float model changed: not this site
+            if harm is None:
+                return planted
+            loss = harm(planted.model, planted.fault.overrides)
+            tried.append(f"{site.node} x{step:g}: {loss:.1f} dB")
+            planted.fault.harm_db, planted.fault.tries = loss, list(tried)
+            if loss >= HARM_DB:
+                return planted
+    if tried and planted is not None:
+        planted.fault.excluded = (
+            f"the outputs do not feel it on QNN (< {HARM_DB:g} dB): {'; '.join(tried)}"
+        )
+    return planted
+
+
+def _plant_at(
+    model_name: str,
+    model: onnx.ModelProto,
+    kind: str,
+    depth: str,
+    site: Site,
+    step: float,
+    feeds: Sequence[dict[str, np.ndarray]],
+    seed: int,
+) -> Planted:
+    """The case's planting at one site, its drawn strength made ``step`` times stronger."""
     rng = case_rng(model_name, kind, depth, seed)
     lo, hi = STRENGTH[kind]
     strength = float(rng.uniform(lo, hi)) if hi > lo else lo
-    if kind == "clean":
-        m, fault = plant_clean(model, None, 0.0, rng)
-        fault.model, fault.depth = model_name, "-"
-        return Planted(m, fault)
-    site = select_site(model, probe, kind, depth)
-    if site is None:
-        return None
-    site.probe = probe
+    strength = strength / step if kind == "clipping" else strength * step
     m, fault = PLANTERS[kind](model, site, strength, rng)
     fault.model, fault.depth = model_name, depth
     computing = [i for i, n in enumerate(model.graph.node) if n.op_type != "Constant"]

@@ -9,7 +9,6 @@ three debug exactly the same quantized model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -27,16 +26,17 @@ import pandas as pd
 from benchmarks.zoo import models as zoo_models
 from benchmarks.zoo import plant as zoo_plant
 from benchmarks.zoo import scoring
+from benchmarks.zoo.harm import HarmMeter, fingerprint, watched_outputs
 from benchmarks.zoo.probe import FloatProbe, load_feeds
 
 log = logging.getLogger("fault_zoo")
 
 ALGORITHMS = ("oneshot", "layerwise", "cumulative")
 # the cases of --quick: five faults of different kinds and the two clean models they are
-# compared with, on the two fastest models
+# compared with, on the two fastest models (each fault one the outputs feel: see harm.py)
 QUICK = (
     "face/clean/-",
-    "face/weight_outlier/mid",
+    "face/weight_outlier/late",
     "face/act_outlier_offset/mid",
     "cls/clean/-",
     "cls/act_outlier_scale/late",
@@ -79,9 +79,12 @@ def case_names(models: list[str], kinds: list[str], every_case: bool = False) ->
 
 
 def build_cases(
-    wanted: list[str], out: Path, seed: int = 0
+    wanted: list[str], out: Path, seed: int = 0, gate: bool = True
 ) -> tuple[list[Case], list[tuple[str, str]]]:
-    """Plant every wanted case; returns the cases and (case, why) of those left out."""
+    """Plant every wanted case; returns the cases and (case, why) of those left out. With
+    ``gate``, a planting must cost the quantized outputs on QNN :data:`~benchmarks.zoo.harm.
+    HARM_DB` or more (made stronger, or moved, until it does; see :mod:`benchmarks.zoo.harm`);
+    without it every planting is kept at its drawn strength, felt or not."""
     cases: list[Case] = []
     dropped: list[tuple[str, str]] = []
     by_model: dict[str, list[str]] = {}
@@ -92,15 +95,27 @@ def build_cases(
         prep = zoo_models.prepare(spec, out / "models")
         feeds = load_feeds(prep.input_paths, spec.input_name, spec.dims)
         probe = FloatProbe(prep.model, feeds)
+        meter = HarmMeter(prep, out / "models" / spec.name) if gate else None
         seen_sites: dict[tuple[str, str], str] = {}
         for name in names:
             _, kind, depth = name.split("/")
-            planted = zoo_plant.plant(model_name, prep.model, kind, depth, probe, feeds, seed)
+            taken = {site.split(":", 1)[1] for k, site in seen_sites if k == kind}
+            planted = zoo_plant.plant(
+                model_name,
+                prep.model,
+                kind,
+                depth,
+                probe,
+                feeds,
+                seed,
+                harm=meter.loss if meter else None,
+                taken=taken,
+            )
             if planted is None:
                 dropped.append((name, "no eligible site in this model"))
                 continue
             fault = planted.fault
-            key = (kind, f"{fault.site}:{planted.site.tensor if planted.site else ''}")
+            key = (kind, f"{fault.site}:{zoo_plant.site_key(planted.site) if planted.site else ''}")
             if kind != "clean" and key in seen_sites:
                 dropped.append((name, f"same site as {seen_sites[key]} (too few eligible sites)"))
                 continue
@@ -118,9 +133,8 @@ def build_cases(
                 overrides.write_text(json.dumps(fault.overrides, indent=1))
             record = asdict(fault) | {"notes": prep.notes, "input_list": str(prep.input_list)}
             (folder / "fault.json").write_text(json.dumps(record, indent=1, default=str))
-            digest = hashlib.sha1(planted.model.SerializeToString())
-            digest.update(json.dumps(fault.overrides, sort_keys=True).encode())
-            cases.append(Case(fault, folder, path, overrides, digest.hexdigest()[:16]))
+            digest = fingerprint(planted.model, fault.overrides)
+            cases.append(Case(fault, folder, path, overrides, digest))
     return cases, dropped
 
 
@@ -129,21 +143,6 @@ def _inputs(spec: zoo_models.ModelSpec, prep_dir: Path):
 
     first = prep_dir / spec.name / "inputs" / "input_0.raw"
     return [parse_input_tensor([spec.input_name, ",".join(map(str, spec.dims)), str(first)])]
-
-
-def watched_outputs(model: onnx.ModelProto) -> list[str]:
-    """The model outputs judged for harm; a Softmax/Sigmoid output is replaced by its input
-    (the logits): a saturating output hides what happened to the scores."""
-    producer = {o: n for n in model.graph.node for o in n.output}
-    out = []
-    for o in model.graph.output:
-        t = o.name
-        n = producer.get(t)
-        while n is not None and n.op_type in ("Reshape", "Identity", "Flatten", "Squeeze"):
-            t = n.input[0]
-            n = producer.get(t)
-        out.append(n.input[0] if n is not None and n.op_type in ("Softmax", "Sigmoid") else o.name)
-    return out
 
 
 def oneshot_dumps(case_folder: Path) -> tuple[Path, Path]:
@@ -221,6 +220,8 @@ def run_case(
         "checked": " | ".join(case.fault.checked),
         "detail": case.fault.detail,
         "float_change": case.fault.float_change,
+        "planted_loss_db": case.fault.harm_db,
+        "tries": " | ".join(case.fault.tries),
         "folder": str(case.folder),
         "fingerprint": case.fingerprint,
     }
@@ -234,7 +235,7 @@ def run_case(
         if not rerun and cached.is_file():
             row = json.loads(cached.read_text())
             if row.get("fingerprint") == case.fingerprint:
-                results[algo] = row
+                results[algo] = _rescored(case, algo, row, base)
                 continue
         if algo != "oneshot" and results["oneshot"].get("status") != "ok":
             results[algo] = base | {"algorithm": algo, "status": "oneshot failed", "n_named": 0}
@@ -279,6 +280,25 @@ def run_case(
         _result_file(case, algo).write_text(json.dumps(row, default=str))
         results[algo] = row
     return [results[a] for a in algorithms]
+
+
+# each algorithm's table, as its run writes it in the case folder
+TABLES = {
+    "oneshot": "verification/oneshot/summary.csv",
+    "layerwise": "layerwise_snooping/layerwise/layerwise.csv",
+    "cumulative": "cumulative_layerwise_snooping/cumulative/cumulative_layerwise.csv",
+}
+
+
+def _rescored(case: Case, algo: str, row: dict, base: dict) -> dict:
+    """A cached result, scored again from its table when the case's culprit set or record
+    changed since it ran (the planted model did not: the run stands)."""
+    if row.get("status") != "ok" or all(row.get(k) == v for k, v in base.items()):
+        return row
+    table = pd.read_csv(case.folder / "w" / TABLES[algo], keep_default_na=False)
+    row = row | base | scoring.score(algo, table, case.fault.culprits)
+    _result_file(case, algo).write_text(json.dumps(row, default=str))
+    return row
 
 
 def _failed(algo: str, exc: Exception, secs: float) -> dict:

@@ -13,7 +13,9 @@ onnxruntime's CPU and only for the few candidates:
   output QuantizeLinear/DequantizeLinear): the part of the error that goes away when it alone is
   kept in float. This one sees what the first cannot - an encoding that hurts only together
   with the others: a channel crushed by one layer's output range and amplified by the next
-  layer's weights, an outlier that blows the ranges of every layer carrying it.
+  layer's weights, an outlier that blows the ranges of every layer carrying it. A Relu or Clip
+  the quantizer folded into the layer's QuantizeLinear (QNN's QDQ model has none of its own)
+  stays applied: only the rounding and the range go.
 
 Both are stated over the error of the whole QDQ model on the same CPU (the worst output),
 error powers summed over the inputs given.

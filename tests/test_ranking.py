@@ -527,13 +527,45 @@ def test_a_softmax_output_is_judged_at_its_logits(tmp_path):
     assert s.whole_noise[0] > 1e-6 * float(np.sum(logits**2))  # not the saturated softmax's ~0
 
 
+def _matmul_chain(tmp_path, w1: np.ndarray, w2: np.ndarray, relu: bool = False):
+    """x[8,6] @ w1 (then a Relu) @ w2, saved: (model, its path, the path to quantize it to)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    mid = "r" if relu else "a"
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"])]
+    nodes += [helper.make_node("Relu", ["a"], ["r"])] if relu else []
+    nodes += [helper.make_node("MatMul", [mid, "w2"], ["y"])]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(model, str(fp))
+    return model, fp, qp
+
+
+class _Feeds:
+    """onnxruntime's calibration reader over one input."""
+
+    def __init__(self, x: np.ndarray):
+        self.items = iter([{"x": x}])
+
+    def get_next(self):
+        return next(self.items, None)
+
+
 def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     """The leave-one-out measure: the whole QDQ model with one layer's quantizers taken out
     (float weights, no output Q/DQ) against the same chain computed in numpy from the QDQ
     model's encodings. Layer 1's output crushes a channel that layer 2's weights amplify, so
     taking layer 1 out removes most of the error."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
     from onnxruntime.quantization import QuantType, quantize_static
 
     from accdbg.algorithms.sensitivity import Sensitivity
@@ -545,30 +577,10 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     w1[:, 0] *= 1 / 100  # channel 0 of `a` is tiny: crushed by a's range...
     w2 = rng.normal(size=(5, 4)).astype(np.float32)
     w2[0] *= 100  # ...and amplified again by the next weights
-    g = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "w1"], ["a"]),
-            helper.make_node("MatMul", ["a", "w2"], ["y"]),
-        ],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
-    )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
-    onnx.save(model, str(fp))
+    model, fp, qp = _matmul_chain(tmp_path, w1, w2)
     x = rng.normal(size=(8, 6)).astype(np.float32)
-
-    class Reader:
-        def __init__(self):
-            self.items = iter([{"x": x}])
-
-        def get_next(self):
-            return next(self.items, None)
-
     quantize_static(
-        str(fp), str(qp), Reader(), activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8
+        str(fp), str(qp), _Feeds(x), activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8
     )
     q = onnx.load(str(qp))
     inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
@@ -782,7 +794,7 @@ def test_taking_out_a_layer_whose_relu_the_quantizer_folded_keeps_the_relu(tmp_p
     saturation does its work). Taking that layer's quantizers out must keep the Relu: the
     leave-one-out model matches the numpy chain relu(x @ w1) in float, then layer 2 quantized."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
     from onnxruntime.quantization import quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
@@ -793,30 +805,9 @@ def test_taking_out_a_layer_whose_relu_the_quantizer_folded_keeps_the_relu(tmp_p
     rng = np.random.default_rng(7)
     w1 = rng.normal(size=(6, 5)).astype(np.float32)
     w2 = rng.normal(size=(5, 4)).astype(np.float32)
-    g = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "w1"], ["a"]),
-            helper.make_node("Relu", ["a"], ["r"]),
-            helper.make_node("MatMul", ["r", "w2"], ["y"]),
-        ],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
-    )
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
-    onnx.save(model, str(fp))
+    model, fp, qp = _matmul_chain(tmp_path, w1, w2, relu=True)
     x = rng.normal(size=(8, 6)).astype(np.float32)
-
-    class Reader:
-        def __init__(self):
-            self.items = iter([{"x": x}])
-
-        def get_next(self):
-            return next(self.items, None)
-
-    quantize(str(fp), str(qp), get_qnn_qdq_config(str(fp), Reader()))
+    quantize(str(fp), str(qp), get_qnn_qdq_config(str(fp), _Feeds(x)))
     q = onnx.load(str(qp))
     assert not any(n.op_type == "Relu" for n in q.graph.node), "the quantizer kept the Relu"
     inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}

@@ -300,8 +300,9 @@ def test_clean_cls_names_no_culprit_and_its_faults_rank_first(quick_zoo):
 
 @pytest.mark.xfail(
     strict=False,
-    reason="issue #12's goal: face as shipped has a layer of its own (depthwise_conv2d_15) that "
-    "causes half the error in the CPU simulation, and is named on the clean model",
+    reason="issue #12's goal: face as shipped has a layer of its own (depthwise_conv2d_15: one "
+    "channel 228x the median's leaves its median channel at 3.6 dB) that reaches the outputs, "
+    "and is named on the clean model",
 )
 def test_oneshot_ranking_names_the_quick_faults(quick_zoo):
     """The issue's goal on the quick subset: oneshot names every fault in its top three

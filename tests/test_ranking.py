@@ -114,14 +114,18 @@ def test_a_standout_is_named_only_when_it_reaches_the_outputs():
     ev["l20"] = _ev("l20", 14.0)  # bad locally, drowned by the rest
     ev["l30"] = _ev("l30", 15.0)  # bad locally, most of the output error
     r = rank(ev, names, impact=_Impact({"l10": 0.08, "l20": 0.1, "l30": 0.7}))
-    # ordered by the information they destroy (local SQNR), not by their share
-    assert [c.name for c in r.culprits] == ["l10", "l30"]
+    # ordered by what they cost the outputs (70 % against 8 %), not by their local SQNR
+    assert [c.name for c in r.culprits] == ["l30", "l10"]
     assert r.columns["l20"].get("culprit_rank") is None
     assert (
         "costs the outputs only 10% of the whole model's error (alone 10%"
         in (r.columns["l20"]["cause"])
     )
-    assert r.findings[0].startswith("culprit #1: l10 (Conv) - weight range")
+    assert r.findings[0].startswith("culprit #1: l30 (Conv) - weight range")
+    assert r.findings[1].startswith("culprit #2: l10 (Conv) - weight range")
+    # the same cost: the one whose encodings destroy more comes first
+    r = rank(ev, names, impact=_Impact({"l10": 0.7, "l20": 0.1, "l30": 0.7}))
+    assert [c.name for c in r.culprits] == ["l10", "l30"]
     # without l30, none is named: the verdict says which standout came closest, and how close
     r = rank(ev, names, impact=_Impact({"l10": 0.01, "l20": 0.1, "l30": 0.3}))
     assert r.culprits == []
@@ -223,10 +227,10 @@ def test_weights_multiplying_an_offset_name_the_layer_that_makes_the_offset():
     ev["l10"] = _ev("l10", 30.0, inputs=["l9"])  # the maker: within the floor's reach
     ev["l11"] = _ev("l11", 8.0, inputs=["l10"])
     ev["l11"].offset_from = "l10"
-    ev["l30"] = _ev("l30", 9.0, inputs=["l29"])  # another culprit, less severe than l11
-    impact = _Impact({"l10": 0.1, ("l10", "l11"): 0.7, "l30": 0.9})
+    ev["l30"] = _ev("l30", 9.0, inputs=["l29"])  # another culprit, costing the outputs less
+    impact = _Impact({"l10": 0.1, ("l10", "l11"): 0.7, "l30": 0.6})
     r = rank(ev, names, impact=impact)
-    assert [c.name for c in r.culprits] == ["l10", "l30"]  # l10 ordered by l11's 8 dB
+    assert [c.name for c in r.culprits] == ["l10", "l30"]  # l10 with l11: 70 %, l30: 60 %
     assert r.columns["l11"]["cause"].startswith(
         "its weights' rounding multiplies the offset carried in from l10"
     )

@@ -35,9 +35,12 @@ layers do - or whose backend result is far worse than its quantization explains:
   ``SHARE`` of their error on QNN (:func:`~accdbg.algorithms.divergence.kernel_effect`), and
   noted otherwise.
 
-Culprits are ranked by the information their own encodings destroy (lowest local SQNR first);
-what they cost the outputs only decides whether they are named (a sum of quantization errors is
-not additive at saturating outputs, so a share is a filter, not an order). When none
+Culprits are ranked by what they were measured to cost the outputs (the largest of: alone,
+taken out, with their partners; for a backend culprit, its kernel difference's share of the
+error on QNN): the one whose fix would remove the most comes first. Those whose cost could not
+be measured follow, then ties, by the information their own encodings destroy (lowest local
+SQNR first). Shares of several culprits need not add up (their errors interact), so a share
+orders them, it does not split the error between them. When none
 stands out, the verdict says the error is diffuse: a global change (per-channel weights,
 16-bit activations, calibration) is the question, not a layer. Every other row's ``cause``
 says where its error comes from when it is inherited.
@@ -280,6 +283,7 @@ def rank(
     clip_bar = _clip_bar([evidence[n].clipped for n in order if n in evidence])
     columns: dict[str, dict[str, object]] = {}
     candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
+    costs: dict[str, float] = {}  # a candidate -> the most it was measured to cost the outputs
     standouts: list[str] = []
     carried: dict[str, list[str]] = {}  # a standout -> the later standouts carrying its outlier
     root_of: dict[str, str] = {}
@@ -379,6 +383,7 @@ def rank(
                 f"outputs' error (alone {_pct(share.alone)}): it hurts together with its "
                 "neighbours' encodings"
             )
+        costs[n] = max(x.best for x in (share, group_share) if x is not None and x.best == x.best)
         candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
     backend: list[tuple[float, str, str]] = []
     if local_observed:
@@ -403,9 +408,10 @@ def rank(
             why = f"; {col[CAUSE]}" if col.get(CAUSE) else ""
             backend.append((divergence[n], n, f"{cause}{why}"))
             candidates.append(backend[-1])
+            costs[n] = share
         else:
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
-    candidates.sort(key=lambda c: -c[0])
+    candidates.sort(key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
     by_backend = {b[1] for b in backend}
     culprits = []
     for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):

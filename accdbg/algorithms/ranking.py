@@ -383,7 +383,7 @@ def rank(
                 f"outputs' error (alone {_pct(share.alone)}): it hurts together with its "
                 "neighbours' encodings"
             )
-        costs[n] = max(x.best for x in (share, group_share) if x is not None and x.best == x.best)
+        costs[n] = share.best if group_share is None else max(share.best, group_share.best)
         candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
     backend: list[tuple[float, str, str]] = []
     if local_observed:

@@ -278,6 +278,7 @@ class Sensitivity:
                     g.initializer[-1].name = name
                 node.input[i] = _where(g, on, name, x, f"{x}__sens_w{layer.index}")
             if layer.quantized:
+                bypass = None  # the layer's output as the float model has it (made once)
                 for q in self._readers.get(layer.qdq_tensor, []):
                     if g.node[q].op_type != "QuantizeLinear":
                         continue
@@ -286,7 +287,8 @@ class Sensitivity:
                         if dq.op_type == "DequantizeLinear":  # its readers keep their input name
                             out = dq.output[0]
                             dq.output[0] = f"{out}__sens_dq"
-                            bypass = _activation(g, layer.qdq_tensor, self._folded)
+                            if bypass is None:
+                                bypass = _activation(g, layer.qdq_tensor, self._folded)
                             _where(g, on, bypass, dq.output[0], out)
         return _sorted(model)
 
@@ -364,10 +366,7 @@ def folded_activations(
     QuantizeLinear (the QDQ model computes the tensor with the op before them and lets the
     encoding's saturation clip it): tensor -> (low, high) bounds of the activation. Taking
     such a layer's quantizer out must keep its activation, or the layer loses its Relu."""
-    consts = {i.name: numpy_helper.to_array(i) for i in float_model.graph.initializer}
-    for n in float_model.graph.node:
-        if n.op_type == "Constant" and n.attribute:
-            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    consts = om.constants(float_model)
     out: dict[str, tuple[float | None, float | None]] = {}
     for n in float_model.graph.node:
         if n.op_type not in ("Relu", "Clip") or not n.output:
@@ -382,7 +381,7 @@ def folded_activations(
         bounds = [attrs.get("min"), attrs.get("max")]  # opset < 11
         for i, name in enumerate(n.input[1:3]):
             if name:
-                bounds[i] = float(np.asarray(consts[name]).reshape(-1)[0])
+                bounds[i] = float(numpy_helper.to_array(consts[name]).reshape(-1)[0])
         out[n.output[0]] = (bounds[0], bounds[1])
     return out
 
@@ -391,22 +390,16 @@ def _activation(
     g: onnx.GraphProto, t: str, folded: Mapping[str, tuple[float | None, float | None]]
 ) -> str:
     """``t`` as the float model has it: through the Relu/Clip the quantizer folded into the
-    encoding's saturation, if any."""
+    encoding's saturation, if any (one call per layer: the names it adds are the layer's)."""
     if t not in folded:
         return t
     names = []
     for which, bound in zip(("lo", "hi"), folded[t], strict=True):
-        if bound is None:
-            names.append("")
-            continue
-        name = f"{t}__sens_{which}"
-        if not any(i.name == name for i in g.initializer):
-            g.initializer.append(numpy_helper.from_array(np.array(bound, np.float32), name))
-        names.append(name)
-    out = f"{t}__sens_act"
-    if not any(out in n.output for n in g.node):
-        g.node.append(helper.make_node("Clip", [t, *names], [out]))
-    return out
+        names.append("" if bound is None else f"{t}__sens_{which}")
+        if bound is not None:
+            g.initializer.append(numpy_helper.from_array(np.array(bound, np.float32), names[-1]))
+    g.node.append(helper.make_node("Clip", [t, *names], [f"{t}__sens_act"]))
+    return f"{t}__sens_act"
 
 
 def _flag(layer: Exposed) -> str:

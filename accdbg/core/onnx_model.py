@@ -45,6 +45,20 @@ def initializer_names(model: onnx.ModelProto) -> set[str]:
     return {i.name for i in model.graph.initializer}
 
 
+def constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """Initializers and Constant-node outputs, by name (not converted: read what you need)."""
+    out = {i.name: i for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output:
+            for a in n.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    t = onnx.TensorProto()
+                    t.CopyFrom(a.t)
+                    t.name = n.output[0]
+                    out[n.output[0]] = t
+    return out
+
+
 def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """Graph inputs that are not initializers (old exporters list weights as inputs)."""
     inits = initializer_names(model)

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from accdbg.core.onnx_model import load_model
+from accdbg.core.onnx_model import constants, load_model
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.encodings.aimet import aimet_dict
 from accdbg.encodings.model import ACTIVATION, PARAM, PER_BLOCK, Encoding, offset_from_zero_point
@@ -46,20 +46,6 @@ QTYPES = {
 }
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    """Initializers and Constant-node outputs: the values Q/DQ parameters come from."""
-    out = {i.name: i for i in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant" and n.output:
-            for a in n.attribute:
-                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
-                    t = onnx.TensorProto()
-                    t.CopyFrom(a.t)
-                    t.name = n.output[0]
-                    out[n.output[0]] = t
-    return out
-
-
 def _attr(node: onnx.NodeProto, name: str, default=None):
     for a in node.attribute:
         if a.name == name:
@@ -71,7 +57,7 @@ def qdq_encodings(model: onnx.ModelProto | str | os.PathLike) -> dict[str, Encod
     """The encoding of every quantized tensor of a QDQ model, by float tensor name."""
     if not isinstance(model, onnx.ModelProto):
         model = load_model(model, "QDQ model")
-    consts = _constants(model)
+    consts = constants(model)
     producer = {o: n for n in model.graph.node for o in n.output}
     outputs = {o.name for o in model.graph.output}
     found: dict[str, Encoding] = {}

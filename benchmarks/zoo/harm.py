@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import tempfile
 from pathlib import Path
 
@@ -75,24 +74,18 @@ class HarmMeter:
         if key not in self.known:
             self.known[key] = _qnn_sqnr(self.prep, model, overrides)
             self.cache.write_text(json.dumps(self.known, indent=1))
-        value = self.known[key]
-        return math.nan if value is None else float(value)
+        return float(self.known[key])
 
 
 def _qnn_sqnr(prep: zoo_models.Prepared, model: onnx.ModelProto, overrides: dict | None) -> float:
     """Quantize as the engine does, run once on QNN HTP; the worst watched output's SQNR against
     the same pre-processed float model on onnxruntime's CPU."""
-    from accdbg.core.inputs import parse_input_tensor
     from accdbg.engines.base import get_engine
     from accdbg.engines.options import EngineConfig
     from accdbg.engines.pipeline import Calibration, prepare_model
 
     spec = prep.spec
-    first = [
-        parse_input_tensor(
-            [spec.input_name, ",".join(map(str, spec.dims)), str(prep.input_paths[0])]
-        )
-    ]
+    first = [zoo_models.debugged_input(spec, prep.input_paths[0])]
     feed = load_feeds(prep.input_paths[:1], spec.input_name, spec.dims)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)

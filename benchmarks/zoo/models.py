@@ -132,6 +132,13 @@ HELD_OUT: dict[str, ModelSpec] = {
 EVERY_MODEL = MODELS | HELD_OUT
 
 
+def debugged_input(spec: ModelSpec, path: Path):
+    """The ``-i`` tensor of a model's input file (accdbg's own parsing)."""
+    from accdbg.core.inputs import parse_input_tensor
+
+    return parse_input_tensor([spec.input_name, ",".join(map(str, spec.dims)), str(path)])
+
+
 @dataclass
 class Prepared:
     spec: ModelSpec

@@ -296,12 +296,6 @@ def candidate_sites(model: onnx.ModelProto, probe: FloatProbe, kind: str, depth:
     raise ValueError(kind)
 
 
-def select_site(model: onnx.ModelProto, probe: FloatProbe, kind: str, depth: str) -> Site | None:
-    """The site of a kind at a depth: a fraction of the eligible list."""
-    found = candidate_sites(model, probe, kind, depth)
-    return found[0] if found else None
-
-
 # ---------------------------------------------------------------- the kinds
 
 

@@ -96,10 +96,9 @@ def build_cases(
         feeds = load_feeds(prep.input_paths, spec.input_name, spec.dims)
         probe = FloatProbe(prep.model, feeds)
         meter = HarmMeter(prep, out / "models" / spec.name) if gate else None
-        seen_sites: dict[tuple[str, str], str] = {}
+        taken: dict[str, set[str]] = {}  # kind -> the sites its other depths hold
         for name in names:
             _, kind, depth = name.split("/")
-            taken = {site.split(":", 1)[1] for k, site in seen_sites if k == kind}
             planted = zoo_plant.plant(
                 model_name,
                 prep.model,
@@ -109,17 +108,15 @@ def build_cases(
                 feeds,
                 seed,
                 harm=meter.loss if meter else None,
-                taken=taken,
+                taken=taken.get(kind, ()),
             )
             if planted is None:
-                dropped.append((name, "no eligible site in this model"))
+                held = " left (the other depths hold the rest)" if taken.get(kind) else ""
+                dropped.append((name, f"no eligible site in this model{held}"))
                 continue
             fault = planted.fault
-            key = (kind, f"{fault.site}:{zoo_plant.site_key(planted.site) if planted.site else ''}")
-            if kind != "clean" and key in seen_sites:
-                dropped.append((name, f"same site as {seen_sites[key]} (too few eligible sites)"))
-                continue
-            seen_sites[key] = name
+            if planted.site is not None:
+                taken.setdefault(kind, set()).add(zoo_plant.site_key(planted.site))
             if fault.excluded:
                 dropped.append((name, f"EXCLUDED: {fault.excluded}"))
                 continue
@@ -139,10 +136,8 @@ def build_cases(
 
 
 def _inputs(spec: zoo_models.ModelSpec, prep_dir: Path):
-    from accdbg.core.inputs import parse_input_tensor
-
     first = prep_dir / spec.name / "inputs" / "input_0.raw"
-    return [parse_input_tensor([spec.input_name, ",".join(map(str, spec.dims)), str(first)])]
+    return [zoo_models.debugged_input(spec, first)]
 
 
 def oneshot_dumps(case_folder: Path) -> tuple[Path, Path]:
@@ -291,10 +286,10 @@ TABLES = {
 
 
 def _rescored(case: Case, algo: str, row: dict, base: dict) -> dict:
-    """A cached result, scored again from its table when the case's culprit set or record
-    changed since it ran (the planted model did not: the run stands)."""
-    if row.get("status") != "ok" or all(row.get(k) == v for k, v in base.items()):
-        return row
+    """A cached result with the case's record as it is now; scored again from its table when
+    the culprit set changed since it ran (the planted model did not: the run stands)."""
+    if row.get("status") != "ok" or row.get("culprits") == base["culprits"]:
+        return row | base
     table = pd.read_csv(case.folder / "w" / TABLES[algo], keep_default_na=False)
     row = row | base | scoring.score(algo, table, case.fault.culprits)
     _result_file(case, algo).write_text(json.dumps(row, default=str))

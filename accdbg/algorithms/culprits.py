@@ -21,6 +21,7 @@ import pandas as pd
 from accdbg.algorithms.divergence import divergence, kernel_effect, local_divergence
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.ranking import Ranking, rank
+from accdbg.algorithms.reach import OutlierReach
 from accdbg.algorithms.sensitivity import Sensitivity, Share, scores
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
@@ -108,9 +109,10 @@ def find_culprits(
     )
     evidence = builder.build()
     by_name = {e.name: e for e in builder.layers}
-    impact = None
+    impact = reach = None
     if float_proto is not None and feeds:
         impact = _LazySensitivity(float_proto, qdq, feeds, more_feeds, by_name)
+        reach = OutlierReach(float_proto, builder.layers, feeds)
     outputs = [o.name for o in qdq.graph.output]
     div = at_outputs = kernels = None
     judged = outputs  # the outputs' backend error is judged where their error is: the logits
@@ -118,7 +120,7 @@ def find_culprits(
         folder = TensorFolder(target)
         if float_proto is not None:  # when the backend's logits were compared
             rows = set(table[name_col].astype(str))
-            judged = [n for n in scores(float_proto) if n in rows] or outputs
+            judged = [n for n in scores(float_proto, rows) if n in rows] or outputs
         try:
             div = local_divergence(qdq, builder.layers, feeds, folder)
             ends = [e for e in builder.layers if e.name in judged]
@@ -137,6 +139,7 @@ def find_culprits(
         divergence=div,
         kernel_share=kernels,
         backend_share=_backend_share(at_outputs, table, name_col, verifiers, judged),
+        reach=reach,
     )
     log.info("culprit ranking in %.1f s", time.perf_counter() - t)
     return ranking

@@ -66,6 +66,11 @@ class Evidence:
     clip_nsr: float = math.nan  # the part of output_nsr_tensor that clipping alone causes
     range_used: float = math.nan  # golden range over the encoding's range
     output_note: str = ""
+    # the output channel reaching farthest from zero, and how far over the median channel
+    # (an offset channel counts: it blows the range as much as a wide one)
+    loud_channel: int = -1
+    loud_ratio: float = math.nan
+    channels: int = 0
     concat_nsr: float = math.nan
     concat_note: str = ""
 
@@ -433,6 +438,12 @@ def output_evidence(e: Exposed, gold: tuple[np.ndarray, str | None], ev: Evidenc
         ev.output_nsr, _ = _channel_nsr(g2, d2, power)
         cmax, cmin = g2.max(axis=1), g2.min(axis=1)
         top, bottom = float(cmax.max()), float(cmin.min())
+        extent = np.maximum(np.abs(cmax), np.abs(cmin))
+        alive = live(power) & (extent > 0)
+        if alive.sum() >= 2:
+            ev.channels = int(extent.size)
+            ev.loud_channel = int(np.argmax(np.where(alive, extent, -np.inf)))
+            ev.loud_ratio = float(extent[ev.loud_channel] / np.median(extent[alive]))
         note, ratio = _ratio_note(cmax - cmin, live(power), "channel")
         if note and ratio >= 4:
             notes.append(note)

@@ -57,6 +57,7 @@ import numpy as np
 import pandas as pd
 
 from accdbg.algorithms.evidence import Evidence, nsr_db
+from accdbg.algorithms.reach import LOUD, Reach
 from accdbg.algorithms.sensitivity import Share
 
 Z_MIN = 3.5
@@ -256,6 +257,7 @@ def rank(
     divergence: Mapping[str, float] | None = None,
     backend_share: float = math.nan,
     kernel_share: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
+    reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None = None,
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -274,6 +276,9 @@ def rank(
     at ``SHARE`` or more it is a backend culprit of a full run, else a note in its ``cause``.
     It is asked only when ``backend_share`` reaches ``SHARE``: when QNN's kernels together
     carry less than half the outputs' error, no one of them is measured (a CPU run each).
+    ``reach(names)`` says, of the standouts whose output carries a loud channel, which layers
+    that channel blows (:class:`~accdbg.algorithms.reach.OutlierReach`): those layers are its
+    carriers, and it is measured with them when alone it does not matter.
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -289,6 +294,14 @@ def rank(
     root_of: dict[str, str] = {}
     clipping: set[str] = set()  # standouts whose encoding clips
     severity: dict[str, float] = {}  # an offset's maker -> the NSR its offset causes downstream
+    def stands(n: str) -> tuple[bool, bool]:
+        """(its local SQNR stands out, its encoding clips)"""
+        db = local_db.get(n, math.nan)
+        weak = math.isfinite(db) and db < cut and db < ABS_DB
+        return weak, math.isfinite(db) and evidence[n].clipped >= clip_bar
+
+    # the layers each standout's outlier channel blows (measured once for all of them)
+    reaches = reach([n for n in order if n in evidence and any(stands(n))]) if reach else None
     for n in order:
         ev = evidence.get(n)
         if ev is None:
@@ -299,9 +312,7 @@ def rank(
             "output quant SQNR": nsr_db(ev.output_nsr),
             "clipped %": 100 * ev.clipped if not math.isnan(ev.clipped) else None,
         }
-        db = local_db.get(n, math.nan)
-        weak = math.isfinite(db) and db < cut and db < ABS_DB
-        clips = math.isfinite(db) and ev.clipped >= clip_bar
+        weak, clips = stands(n)
         if not (weak or clips):
             continue
         if not weak and math.isnan(ev.weight_nsr):
@@ -315,7 +326,7 @@ def rank(
                 continue
         if clips:
             clipping.add(n)
-        src = _outlier_source(n, evidence, set(standouts))
+        src = _outlier_source(n, evidence, standouts, reaches)
         if src is not None and src not in standouts:
             if src in local_db:  # an offset's maker, named for what its offset does here
                 standouts.append(src)
@@ -324,20 +335,30 @@ def rank(
                 src = None
         standouts.append(n)
         if src is not None:  # the outlier came in with the input: its source is the culprit
-            columns[n][CAUSE] = (
-                f"its weights' rounding multiplies the offset carried in from {src} ({_cause(ev)})"
-                if ev.owner == "weights"
-                else f"activation outlier carried in from {src}"
-            )
+            columns[n][CAUSE] = _carried_cause(n, src, ev, reaches)
             root_of[n] = root_of.get(src, src)
             carried.setdefault(root_of[n], []).append(n)
-    pairs = {n: _pair_of(evidence[n], evidence) for n in standouts if n not in root_of}
-    _consider(impact, [*standouts, *(x for xs in pairs.values() for x in xs)])
+    # the layers a standout is measured with when alone it does not matter: those its outlier
+    # blows (measured, else the later standouts carrying it) - but not a standout with a
+    # problem of its own, whose cost is its own - or a compensated pair's producer
+    roots = [n for n in standouts if n not in root_of]
+    partners = {
+        n: [
+            x
+            for x in dict.fromkeys([*carried.get(n, []), *(reaches.get(n, Reach(0, 0)).layers)])
+            if x not in roots
+        ]
+        if reaches
+        else carried.get(n, [])
+        for n in roots
+    }
+    partners = {n: p or _pair_of(evidence[n], evidence) for n, p in partners.items()}
+    _consider(impact, [*standouts, *(x for xs in partners.values() for x in xs)])
     for n in standouts:
         if n in root_of:
             continue
         ev, db = evidence[n], local_db[n]
-        verdict = _matters(n, db, impact, carried.get(n, []) or pairs[n])
+        verdict = _matters(n, db, impact, partners[n])
         if verdict is None:  # impact unknown: only a layer that destroys its information
             if db >= DESTROYED_DB:
                 columns[n][CAUSE] = (
@@ -349,33 +370,44 @@ def rank(
         share, group_share, matters = verdict
         columns[n][SHARE_COL] = _nan_none(share.alone)
         columns[n][REMOVED_COL] = _nan_none(share.removed)
+        travels = reaches is not None and n in reaches and bool(reaches[n].layers)
         if not matters:
             with_them = ""
-            if group_share is not None and n in carried:
+            if group_share is not None and (travels or n in carried):
                 with_them = (
-                    f" (with the {len(carried[n])} layer(s) carrying its outlier "
+                    f" (with the {len(partners[n])} layer(s) carrying its outlier "
                     f"{_pct(group_share.best)})"
                 )
             elif group_share is not None:
-                with_them = f" (with {', '.join(pairs[n])}'s encoding {_pct(group_share.best)})"
+                with_them = (
+                    f" (with {', '.join(partners[n])}'s encoding {_pct(group_share.best)})"
+                )
             columns[n][CAUSE] = (
                 f"stands out locally ({_cause(ev)}) but costs the outputs only "
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
             )
             continue
         cause = _cause(ev)
-        if group_share is not None and n not in carried:
+        if group_share is not None and (travels or n in carried):
+            later = partners[n]
+            shown = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
+            what = "the outlier it makes reaches"
+            if travels:
+                r = reaches[n]
+                what = (
+                    f"the outlier it makes (channel {r.channel}, {r.ratio:.3g}x the median "
+                    f"channel) blows the ranges of {len(later)} layer(s) after it (up to "
+                    f"{max(r.layers.values()):.3g}x):"
+                )
             cause += (
-                f"; {', '.join(pairs[n])} shrinks the channel these weights amplify: with its "
-                f"encoding it costs the outputs {_pct(group_share.best)} of the whole model's "
-                f"error ({_both(share)} without it)"
+                f"; {what} {shown}: with them it costs the "
+                f"outputs {_pct(group_share.best)} of the whole model's error ({_both(share)})"
             )
         elif group_share is not None:
-            later = carried[n]
-            shown = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
             cause += (
-                f"; the outlier it makes reaches {shown}: with them it costs the "
-                f"outputs {_pct(group_share.best)} of the whole model's error ({_both(share)})"
+                f"; {', '.join(partners[n])} shrinks the channel these weights amplify: with its "
+                f"encoding it costs the outputs {_pct(group_share.best)} of the whole model's "
+                f"error ({_both(share)} without it)"
             )
         elif share.removed > 2 * share.alone and share.removed >= SHARE:
             cause += (
@@ -412,6 +444,9 @@ def rank(
         else:
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
     candidates.sort(key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
+    # an upstream culprit that causes most of the error itself goes before those it blows
+    roots = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= SHARE}
+    candidates = _upstream_first(candidates, roots)
     by_backend = {b[1] for b in backend}
     culprits = []
     for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):
@@ -455,21 +490,19 @@ def _matters(
     An outlier a layer makes travels: the layers after it that carry it lose their ranges too
     and, one quantizer at a time, none of them explains the outputs' loss; a compensated pair
     (:func:`_pair_of`) hurts only together. So when the layer alone does not matter, it is
-    measured again quantized together with its partners (carriers or pair)."""
+    measured again quantized together with its partners (carriers or pair) - and also when a
+    layer that destroys its information matters alone by the lower bar: what it costs with
+    them orders it among the culprits."""
     bar = MIN_SHARE if db < DESTROYED_DB else SHARE
     share = impact(n, bar) if impact is not None else Share(math.nan)
     if math.isnan(share.best):
         return None
-
-    def enough(x: Share) -> bool:
-        return x.best >= bar
-
-    if enough(share) or not later:
-        return share, None, enough(share)
+    if not later or share.best >= SHARE:
+        return share, None, share.best >= bar
     group = impact([n, *later], bar)
     if math.isnan(group.best):
-        return share, None, False
-    return share, group, enough(group)
+        return share, None, share.best >= bar
+    return share, group, max(share.best, group.best) >= bar
 
 
 def _pair_of(ev: Evidence, evidence: Mapping[str, Evidence]) -> list[str]:
@@ -507,20 +540,29 @@ def _inherited(
 
 
 def _outlier_source(
-    n: str, evidence: Mapping[str, Evidence], standouts: set[str], hops: int = OUTLIER_HOPS
+    n: str,
+    evidence: Mapping[str, Evidence],
+    standouts: Sequence[str],
+    reaches: Mapping[str, Reach] | None = None,
+    hops: int = OUTLIER_HOPS,
 ) -> str | None:
     """The earlier standout an activation-range problem is carried in from, if any.
 
-    A large activation channel travels: every layer after the one that made it (within a few
-    layers, through convolutions, residual adds and activations) sees a blown range too. Only a
+    A large activation channel travels: every layer after the one that made it (through
+    convolutions that mix it, residual adds and activations) sees a blown range too. Only a
     layer whose loss is its output's range (not its weights, not clipping, not a Concat) is
     taken for a carrier - or a layer whose weights' rounding multiplies a large constant its
-    input carries (an offset channel the bias cancels in float): its source is the nearest
-    standout it came through, else the input that carries it."""
+    input carries (an offset channel the bias cancels in float). With ``reaches`` measured
+    (:mod:`accdbg.algorithms.reach`) a carrier's source is the first standout whose outlier
+    blows its range; without, the nearest standout within ``hops`` layers it came through. An
+    offset's source is the nearest standout it came through, else the input that carries it."""
     ev = evidence[n]
     by_weights = ev.owner == "weights" and bool(ev.offset_from)
     if not (ev.owner == "output" or by_weights) or _clips(ev):
         return None
+    if reaches is not None and not by_weights:
+        reached = next((s for s in standouts if s in reaches and n in reaches[s].layers), None)
+        return reached or _same_channel(ev, evidence, standouts)
     frontier, seen = [ev.offset_from] if by_weights else list(ev.inputs), {n}
     for _ in range(hops):
         nxt = []
@@ -533,6 +575,69 @@ def _outlier_source(
             nxt.extend(evidence[x].inputs if x in evidence else ())
         frontier = nxt
     return ev.offset_from if by_weights else None  # the offset's maker, standing out or not
+
+
+def _upstream_first(
+    candidates: list[tuple[float, str, str]], reaches: Mapping[str, Reach]
+) -> list[tuple[float, str, str]]:
+    """Culprits in their order, but one whose range another culprit's outlier blows after that
+    one (``reaches``: of the culprits that cause most of the error): what it costs, it costs
+    working on that outlier (its cause says so)."""
+    rest, out = list(candidates), []
+    everyone = [c[1] for c in candidates]
+    while rest:
+        named = {c[1] for c in rest}
+        free = next(
+            (c for c in rest if not any(c[1] in reaches[m].layers for m in named if m in reaches)),
+            rest[0],  # a cycle cannot happen (a reach runs downstream); never stuck
+        )
+        rest.remove(free)
+        by = [m for m in everyone if m in reaches and free[1] in reaches[m].layers]
+        if by:
+            r = reaches[by[0]]
+            free = (
+                free[0],
+                free[1],
+                f"{free[2]}; its input carries the outlier channel {r.channel} of {by[0]} "
+                f"({r.layers[free[1]]:.3g}x its range without it)",
+            )
+        out.append(free)
+    return out
+
+
+def _same_channel(
+    ev: Evidence, evidence: Mapping[str, Evidence], standouts: Sequence[str]
+) -> str | None:
+    """The input standout whose loud channel this layer passes on unchanged in place (an add,
+    an activation: the same channel index, as loud): a channel the next layers' biases undo
+    (an offset) is carried by the residual adds between them, though taking it away at its
+    maker does not narrow them - it breaks the biases' compensation."""
+    if ev.loud_channel < 0 or not ev.loud_ratio >= LOUD:
+        return None
+    for x in ev.inputs:
+        src = evidence.get(x)
+        if (
+            x in standouts
+            and src is not None
+            and src.channels == ev.channels
+            and src.loud_channel == ev.loud_channel
+            and src.loud_ratio >= LOUD
+        ):
+            return x
+    return None
+
+
+def _carried_cause(n: str, src: str, ev: Evidence, reaches: Mapping[str, Reach] | None) -> str:
+    """What a standout whose loss came in with its input says about where from."""
+    if ev.owner == "weights":
+        return f"its weights' rounding multiplies the offset carried in from {src} ({_cause(ev)})"
+    reached = reaches.get(src) if reaches else None
+    if reached is not None and n in reached.layers:
+        return (
+            f"activation range blown by the outlier channel {reached.channel} of {src}: "
+            f"{reached.layers[n]:.3g}x what it is without it ({_cause(ev)})"
+        )
+    return f"activation outlier carried in from {src}"
 
 
 def _standing_jumps(jumps: Mapping[str, tuple[float, float]]) -> list[str]:

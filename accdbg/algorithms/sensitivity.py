@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,10 +81,16 @@ PASSING = (
 )
 
 
-def scores(model: onnx.ModelProto) -> list[str]:
+# ops that carry their input's values unchanged (a reshape, a transpose): the same error
+SAME_VALUES = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Cast")
+
+
+def scores(model: onnx.ModelProto, compared: Collection[str] | None = None) -> list[str]:
     """The tensors a model's outputs are judged at: each output, or its logits when a
     Softmax/Sigmoid makes it (looked for through reshapes and constant rescales; the tensor
-    keeps its name in the QDQ model)."""
+    keeps its name in the QDQ model). With ``compared`` (the tensors a run compared), a logits
+    tensor that was not compared - a Flatten the pre-processing put before the Softmax - is
+    followed back through ops that keep its values to one that was."""
     producer = {o: n for n in model.graph.node for o in n.output}
     consts = {i.name for i in model.graph.initializer}
     consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
@@ -96,6 +102,11 @@ def scores(model: onnx.ModelProto) -> list[str]:
                 break
             node = producer.get(node.input[0])
         if node is not None and node.op_type in SATURATING:
+            name = node.input[0]
+        while compared is not None and name not in compared:
+            node = producer.get(name)
+            if node is None or node.op_type not in SAME_VALUES:
+                break
             name = node.input[0]
         out.append(name)
     return list(dict.fromkeys(out))
@@ -325,18 +336,19 @@ class Sensitivity:
                 _rewire(g, w.name, sel)
                 _where(g, on, quant.name, w.name, sel)
             if layer.quantized:
-                # the quantizer may rename a tensor (a graph output's producer gets
-                # "_QuantizeLinear_Input")
-                names = (
-                    layer.qdq_tensor,
-                    layer.qdq_tensor.removesuffix("_QuantizeLinear_Input"),
-                    layer.name,
-                )
-                tensor = next((t for t in names if t in produced), None)
+                tensor = float_tensor(layer, produced)
                 if tensor is None:
                     raise KeyError(f"{layer.qdq_tensor} is not a tensor of the float model")
                 _insert_qdq(g, layer, tensor, on)
         return _sorted(model)
+
+
+def float_tensor(layer: Exposed, produced: Collection[str]) -> str | None:
+    """The float model's tensor for a layer of the QDQ model (``produced``: the float model's
+    computed tensors); the quantizer may rename one (a graph output's producer gets
+    "_QuantizeLinear_Input")."""
+    names = (layer.qdq_tensor, layer.qdq_tensor.removesuffix("_QuantizeLinear_Input"), layer.name)
+    return next((t for t in names if t in produced), None)
 
 
 class _Switched:

@@ -33,9 +33,13 @@ MIN_PER_CHANNEL = 4
 
 
 def channel_axis(
-    shape: Sequence[int], layout: str | None = None, op_type: str | None = None
+    shape: Sequence[int],
+    layout: str | None = None,
+    op_type: str | None = None,
+    min_per_channel: int = MIN_PER_CHANNEL,
 ) -> int | None:
-    """The channel axis of an activation, or None when it has no meaningful channels."""
+    """The channel axis of an activation, or None when it has no meaningful channels (fewer
+    than ``min_per_channel`` values each: a channel's score needs a few values of its own)."""
     ndim = len(shape)
     if ndim < 2:
         return None
@@ -51,7 +55,7 @@ def channel_axis(
         return None
     size = int(np.prod(shape))
     # a channel needs a few values of its own to be scored (not [1, C, 1, 1] or [1, classes])
-    return axis if shape[axis] > 1 and size // shape[axis] >= MIN_PER_CHANNEL else None
+    return axis if shape[axis] > 1 and size // shape[axis] >= min_per_channel else None
 
 
 def by_channel(arr: np.ndarray, axis: int) -> np.ndarray:

@@ -1,0 +1,192 @@
+"""How far an outlier channel reaches: the layers whose range it blows.
+
+A layer that makes one channel far louder than its others (a weight outlier, an output channel
+scaled up) blows its own output's range - and the channel travels. Every layer it flows into,
+through convolutions that mix it into their other channels and activations that bend it, may
+see its range blown too; one quantizer at a time, none of them explains the outputs' loss,
+which is the outlier's. A channel that merely happens to be the loudest of a tensor reaches
+nothing: the layers after it keep their ranges with or without it.
+
+So the float model (pre-processed as for QNN; onnxruntime CPU, the debugged input) is run as it
+is and once per candidate with that channel brought down to the median channel's size: the
+layers whose range (max - min) narrows by ``REACH`` (one bit of their encoding) or more are
+its reach. Only ranges leave the session (a ReduceMax and a ReduceMin per tensor), never the
+tensors, and one model switches every candidate (a boolean input each, as the sensitivity's).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from accdbg.algorithms.sensitivity import Feeds, float_tensor
+from accdbg.core import onnx_model as om
+from accdbg.engines.exposure import Exposed
+from accdbg.verifiers.channels import channel_axis
+
+log = logging.getLogger("accdbg.reach")
+
+LOUD = 4.0  # a channel this many times the median channel's extent may reach further
+REACH = 2.0  # a layer whose range is at least this many times what it is without the channel
+
+
+@dataclass(frozen=True)
+class Reach:
+    """The outlier channel a layer makes and the layers whose range it blows."""
+
+    channel: int
+    ratio: float  # the channel's extent (largest |value|) over the median channel's
+    layers: dict[str, float] = field(default_factory=dict)  # layer -> range with it / without
+
+
+class OutlierReach:
+    """Measures the reach of the loudest channel of given layers (float model, CPU)."""
+
+    def __init__(self, float_model: onnx.ModelProto, layers: Sequence[Exposed], feeds: Feeds):
+        self.model = float_model
+        self.feeds = dict(feeds)
+        produced = {o for n in float_model.graph.node for o in n.output}
+        self.tensor: dict[str, str] = {}  # layer -> its float tensor (quantized layers only)
+        for e in layers:
+            t = float_tensor(e, produced) if e.quantized else None
+            if t is not None and t not in self.tensor.values():
+                self.tensor[e.name] = t
+        self.op_type = {e.name: e.op_type for e in layers}
+
+    def __call__(self, names: Sequence[str]) -> dict[str, Reach]:
+        """The reach of each named layer whose loudest channel is ``LOUD`` times its median
+        channel; layers without one are left out."""
+        names = [n for n in dict.fromkeys(names) if n in self.tensor]
+        if not names:
+            return {}
+        try:
+            return self._measure(names)
+        except Exception as exc:  # onnxruntime refusing the edited model: no reach known
+            log.info("no outlier reach measured: %s", str(exc).splitlines()[0])
+            return {}
+
+    def _measure(self, names: list[str]) -> dict[str, Reach]:
+        ranged = _with_ranges(self.model, list(self.tensor.values()))
+        wanted = [self.tensor[n] for n in names]
+        sess = _session(ranged, [*_range_outputs(self.tensor.values()), *wanted])
+        out = sess.run(None, self.feeds)
+        k = 2 * len(self.tensor)
+        base = _ranges(self.tensor.values(), out[:k])
+        loud: dict[str, tuple[int, float, np.ndarray, int]] = {}
+        for n, value in zip(names, out[k:], strict=True):
+            found = _loudest(np.asarray(value), self.op_type[n])
+            if found is not None:
+                loud[n] = found
+        if not loud:
+            return {}
+        model = _with_switches(ranged, {self.tensor[n]: v for n, v in loud.items()})
+        sess = _session(model, _range_outputs(self.tensor.values()))
+        flags = {_flag(self.tensor[n]): np.array(False) for n in loud}
+        reaches = {}
+        for n, (channel, ratio, _, _) in loud.items():
+            cut = _ranges(
+                self.tensor.values(),
+                sess.run(None, {**self.feeds, **flags, _flag(self.tensor[n]): np.array(True)}),
+            )
+            layers = {}
+            for m, t in self.tensor.items():
+                if m == n or base[t] <= 0:
+                    continue
+                times = base[t] / cut[t] if cut[t] > 0 else math.inf
+                if times >= REACH:
+                    layers[m] = times
+            reaches[n] = Reach(channel, ratio, layers)
+        return reaches
+
+
+def _loudest(value: np.ndarray, op_type: str) -> tuple[int, float, np.ndarray, int] | None:
+    """(channel, its extent over the median channel's, the scale bringing it to the median,
+    channel axis) of a tensor whose loudest channel is ``LOUD`` times the median one."""
+    axis = channel_axis(value.shape, None, op_type, min_per_channel=1)
+    if axis is None:
+        return None
+    extent = np.abs(np.moveaxis(value, axis, 0).reshape(value.shape[axis], -1)).max(axis=1)
+    alive = extent[extent > 0]
+    if alive.size < 2:
+        return None
+    median = float(np.median(alive))
+    c = int(np.argmax(extent))
+    ratio = float(extent[c]) / median
+    if ratio < LOUD:
+        return None
+    scale = np.ones(value.shape[axis], np.float32)
+    scale[c] = median / float(extent[c])
+    shape = [1] * value.ndim
+    shape[axis] = value.shape[axis]
+    return c, ratio, scale.reshape(shape), axis
+
+
+def _range_outputs(tensors) -> list[str]:
+    return [f"{t}__reach_{w}" for t in tensors for w in ("max", "min")]
+
+
+def _ranges(tensors, values: Sequence[np.ndarray]) -> dict[str, float]:
+    it = iter(values)
+    return {t: float(next(it)) - float(next(it)) for t in tensors}
+
+
+def _with_ranges(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelProto:
+    """A copy that also computes each tensor's largest and smallest value."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for t in tensors:
+        for op, w in (("ReduceMax", "max"), ("ReduceMin", "min")):
+            m.graph.node.append(helper.make_node(op, [t], [f"{t}__reach_{w}"], keepdims=0))
+    return m
+
+
+def _flag(tensor: str) -> str:
+    return f"__reach_on_{tensor}"
+
+
+def _with_switches(
+    model: onnx.ModelProto, scales: Mapping[str, tuple[int, float, np.ndarray, int]]
+) -> onnx.ModelProto:
+    """A copy in which each tensor's readers (not its range) read it with its loud channel
+    scaled down when its switch (a boolean input) is on."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    own = {f"{t}__reach_{w}" for t in scales for w in ("max", "min")}
+    for t, (_, _, scale, _) in scales.items():
+        flag, sel = _flag(t), f"{t}__reach_sel"
+        for node in g.node:
+            if any(o in own for o in node.output):
+                continue  # its own range is measured as it is
+            for i, x in enumerate(node.input):
+                if x == t:
+                    node.input[i] = sel
+        g.input.append(helper.make_tensor_value_info(flag, onnx.TensorProto.BOOL, []))
+        g.initializer.append(numpy_helper.from_array(scale, f"{t}__reach_scale"))
+        g.node.extend(
+            [
+                helper.make_node("Mul", [t, f"{t}__reach_scale"], [f"{t}__reach_scaled"]),
+                helper.make_node("Where", [flag, f"{t}__reach_scaled", t], [sel]),
+            ]
+        )
+    nodes = [onnx.NodeProto.FromString(n.SerializeToString()) for n in om.topological_nodes(g)]
+    del g.node[:]
+    g.node.extend(nodes)
+    return m
+
+
+def _session(model: onnx.ModelProto, outputs: Sequence[str]):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    proto = om.with_outputs(model, outputs)
+    proto.graph.ClearField("value_info")
+    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -211,3 +211,49 @@ def offset_chain(
     path, x_path = tmp / "offset.onnx", tmp / "offset_x.raw"
     _relu_chain(path, x_path, layers, size, channels, 7, 0.05, edit, x_offset=0.5)
     return Built(path, x_path, "x", (1, 3, size, size), {"planted": f"layer{at}"})
+
+
+def dense_chain(
+    tmp: Path, layers: int = 8, at: int = 3, outlier: float = 0.0, tokens: int = 12, width: int = 16
+) -> Built:
+    """A transformer's feed-forward stack: x[1, tokens, width] through ``layers`` MatMul + Add
+    (+ Relu) layers. onnxruntime's QNN pre-processing turns each into Reshape, Gemm, Reshape,
+    and only the last reshape's tensor (the Add's or the Relu's name) has a golden value. With
+    ``outlier`` > 0, one weight of layer ``at`` (row 5, column 9) is ``outlier`` times its
+    tensor's largest: per-tensor 8-bit weights spend their range on it.
+    Expected: ``planted`` (the row standing for layer ``at``) and ``position`` (the weight)."""
+    rng = np.random.default_rng(3)
+    nodes, inits, x = [], [], "x"
+    names = []
+    for i in range(layers):
+        w = (rng.normal(size=(width, width)) / np.sqrt(width)).astype(np.float32)
+        if outlier and i == at:
+            w[5, 9] = outlier * float(np.abs(w).max())
+        b = (0.1 * rng.normal(size=width)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        last = i == layers - 1
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"mm{i}"]),
+            helper.make_node("Add", [f"mm{i}", f"b{i}"], ["y" if last else f"dense{i}"]),
+        ]
+        if not last:
+            nodes.append(helper.make_node("Relu", [f"dense{i}"], [f"act{i}"]))
+        x = f"act{i}"
+        names.append("y" if last else f"act{i}")
+    graph = helper.make_graph(
+        nodes,
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, width])],
+        inits,
+    )
+    path = save(graph, tmp / f"dense_{outlier:g}.onnx")
+    x_path = tmp / "dense_x.raw"
+    rng.normal(size=(1, tokens, width)).astype(np.float32).tofile(x_path)
+    return Built(
+        path,
+        x_path,
+        "x",
+        (1, tokens, width),
+        {"planted": names[at], "position": [5, 9]},  # type: ignore[dict-item]
+    )

@@ -858,3 +858,24 @@ def test_taking_out_a_layer_whose_relu_the_quantizer_folded_keeps_the_relu(tmp_p
     assert sens.removed_noise([layer])[0] == pytest.approx(
         float(np.sum((golden - without_1) ** 2)), rel=1e-3
     )
+
+
+@pytest.mark.slow
+def test_weights_of_a_gemm_the_qnn_preprocessing_hides_between_reshapes_are_judged(tmp_path):
+    """A MatMul with a bias on a 3-D input becomes Reshape, Gemm, Reshape in QNN's model; the
+    Gemm's output has no golden value, the last Reshape's does. The Gemm's weights are that
+    row's: a weight 40x its tensor's largest is seen there, and named."""
+    built = models.dense_chain(tmp_path, outlier=40.0)
+    inp = [parse_input_tensor(["x", "1,12,16", str(built.input_path)])]
+    res = run_oneshot("onnx", built.path, inp, working_dir=tmp_path / "w")
+    s = res.summary.set_index("Name")
+    planted = built.expected["planted"]
+    assert s.loc[planted, "LayerType"] == "Reshape"  # the row is the reshape after the Gemm
+    assert s.loc[planted, "weight SQNR"] < 20, s["weight SQNR"]
+    others = s.drop(index=planted)["weight SQNR"].dropna()
+    assert len(others) >= 5 and (others > s.loc[planted, "weight SQNR"] + 10).all(), others
+    ranked = res.summary.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
+    assert list(ranked["Name"])[:1] == [planted], (ranked[["Name", "cause"]], res.findings)
+    # the outlier named: the weight, or its row (input channel 5) or column (output channel 9)
+    cause = s.loc[planted, "cause"]
+    assert any(t in cause for t in ("weight [5, 9]", "input channel 5 ", "output channel 9 ")), cause

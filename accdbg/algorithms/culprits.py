@@ -111,7 +111,8 @@ def find_culprits(
     by_name = {e.name: e for e in builder.layers}
     impact = reach = None
     if float_proto is not None and feeds:
-        impact = _LazySensitivity(float_proto, qdq, feeds, more_feeds, by_name)
+        weights_of = {n: ev.weights_of for n, ev in evidence.items() if ev.weights_of}
+        impact = _LazySensitivity(float_proto, qdq, feeds, more_feeds, by_name, weights_of)
         reach = OutlierReach(float_proto, builder.layers, feeds)
     outputs = [o.name for o in qdq.graph.output]
     div = at_outputs = kernels = None
@@ -193,17 +194,28 @@ class _LazySensitivity:
     """Output sensitivity, set up only when a layer stands out (clean models pay nothing)."""
 
     def __init__(
-        self, float_model: onnx.ModelProto, qdq: onnx.ModelProto, feeds, more_feeds, layers
+        self,
+        float_model: onnx.ModelProto,
+        qdq: onnx.ModelProto,
+        feeds,
+        more_feeds,
+        layers,
+        weights_of: Mapping[str, str] | None = None,
     ) -> None:
         self.args = (float_model, qdq, feeds, more_feeds)
         self.layers = layers
+        self.weights_of = dict(weights_of or {})  # a row -> the layer whose weights it stands for
         self._sens: Sensitivity | None = None
         self.failed = False
         self.asked: list[str] = []
 
     def consider(self, names: Sequence[str]) -> None:
         """The layers that will be asked about: the models are built once for all of them."""
-        self.asked = [n for n in names if n in self.layers]
+        self.asked = [x for n in names if n in self.layers for x in self._with_weights(n)]
+
+    def _with_weights(self, name: str) -> list[str]:
+        """A row and the layer whose weights it stands for, if any."""
+        return [name, *([self.weights_of[name]] if name in self.weights_of else [])]
 
     def _ready(self) -> Sensitivity | None:
         if self._sens is None and not self.failed:
@@ -225,7 +237,9 @@ class _LazySensitivity:
             return Share(math.nan)
         group = [names] if isinstance(names, str) else list(names)
         try:
-            return sens.share([self.layers[n] for n in group], enough)
+            return sens.share(
+                [self.layers[x] for n in group for x in self._with_weights(n)], enough
+            )
         except Exception as exc:  # this layer cannot be isolated on the CPU: evidence alone
             log.info("no output sensitivity for %s: %s", group[0], str(exc).splitlines()[0])
             return Share(math.nan)

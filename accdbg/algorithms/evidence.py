@@ -43,6 +43,9 @@ log = logging.getLogger("accdbg.evidence")
 OFFSET_RATIO = 4.0  # an input channel's mean this many times the median channel's RMS
 BLOWN_RATIO = 16.0  # a weight outlier this many times the rest costs 4 of 8 bits: it is the cause
 
+# ops that carry their input's values unchanged (a reshape, a transpose): the same error
+SAME_VALUES = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Cast")
+
 # output-channel axis of each op's weight tensor (ONNX layouts)
 WEIGHT_OUT_AXIS = {"Conv": 0, "ConvTranspose": 1, "MatMul": -1, "Gemm": 0}
 
@@ -60,6 +63,9 @@ class Evidence:
     # the mark of a compensated pair: the producer shrank that channel, these weights undo it)
     weight_outlier: str = ""
     offset_from: str = ""  # the input whose large mean the weights' rounding multiplies
+    # the uncompared layer whose weights these are (a Gemm the QNN pre-processing put between
+    # two Reshapes, whose values only this layer's golden shows)
+    weights_of: str = ""
     output_nsr: float = math.nan  # median channel, clipping included
     output_nsr_tensor: float = math.nan
     clipped: float = math.nan  # share of golden values outside the encoding's range
@@ -297,7 +303,32 @@ class EvidenceBuilder:
             except (ValueError, IndexError, TypeError) as exc:  # odd shapes: no evidence, say why
                 log.info("no quantization evidence for %s: %s", e.name, exc)
             out[e.name] = ev
+        self._fold_reshaped(out)
         return out
+
+    def _fold_reshaped(self, out: dict[str, Evidence]) -> None:
+        """A weighted layer without a golden tensor whose values one layer with a golden only
+        reshapes (onnxruntime's QNN pre-processing turns a MatMul with a bias into Reshape,
+        Gemm, Reshape; the framework's tensor is the last): its weights' evidence is that
+        layer's, which stands for both."""
+        known = set(self.golden.names())
+        readers: dict[str, list[Exposed]] = {}
+        for e in self.layers:
+            for x in out[e.name].inputs:
+                readers.setdefault(x, []).append(e)
+        for e in self.layers:
+            ev = out[e.name]
+            if math.isnan(ev.weight_nsr) or self.golden_name(e.name) in known:
+                continue
+            users = readers.get(e.name, [])
+            if len(users) != 1 or users[0].op_type not in SAME_VALUES:
+                continue
+            row = out[users[0].name]
+            if self.golden_name(row.name) not in known or not math.isnan(row.weight_nsr):
+                continue
+            row.weight_nsr, row.weight_note = ev.weight_nsr, ev.weight_note
+            row.weight_outlier, row.offset_from = ev.weight_outlier, ev.offset_from
+            row.weights_of, row.inputs = e.name, list(ev.inputs)
 
     def _weights(self, node: onnx.NodeProto, ev: Evidence) -> None:
         axis_out = WEIGHT_OUT_AXIS.get(node.op_type)

@@ -37,7 +37,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from accdbg.algorithms.evidence import dequantized_weight
+from accdbg.algorithms.evidence import SAME_VALUES, dequantized_weight
 from accdbg.core import onnx_model as om
 from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.base import dot
@@ -68,21 +68,7 @@ def output_noise(golden: Sequence[np.ndarray], target: Sequence[np.ndarray]) -> 
 
 SATURATING = ("Softmax", "Sigmoid", "LogSoftmax")
 # ops a score passes through unchanged in meaning (a reshape, a constant rescale)
-PASSING = (
-    "Identity",
-    "Reshape",
-    "Flatten",
-    "Squeeze",
-    "Unsqueeze",
-    "Transpose",
-    "Cast",
-    "Mul",
-    "Div",
-)
-
-
-# ops that carry their input's values unchanged (a reshape, a transpose): the same error
-SAME_VALUES = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Cast")
+PASSING = (*SAME_VALUES, "Mul", "Div")
 
 
 def scores(model: onnx.ModelProto, compared: Collection[str] | None = None) -> list[str]:

@@ -224,3 +224,31 @@ def test_logits_behind_a_flatten_are_judged_where_they_were_compared():
     assert scores(model) == ["flat"]
     assert scores(model, {"fc", "prob"}) == ["fc"]
     assert scores(model, {"prob"}) == ["fc"]  # not past an op that changes the values
+
+
+def test_weights_scaling_a_loud_channel_back_are_measured_with_its_maker():
+    """l10 makes channel 5 loud; l11 reads it with weights 27x smaller for that channel than
+    for its others (they undo it: the float function is unchanged). Their rounding, coarse
+    for such small weights, is multiplied by the loud channel: neither matters alone, the two
+    together do. A reader whose small weights are for another channel is no partner."""
+    names, ev = _chain()
+    ev["l10"] = _ev("l10", 11.0, ["l9"], owner="output")
+    ev["l10"].loud_channel, ev["l10"].loud_ratio, ev["l10"].channels = 5, 24.0, 32
+    ev["l11"].quiet_input, ev["l11"].quiet_ratio = 5, 27.0
+    impact = _Impact({"l10": Share(0.27, 0.37), ("l10", "l11"): 0.58})
+    r = rank(ev, names, impact=impact, reach=lambda s: {})
+    assert [c.name for c in r.culprits] == ["l10"]
+    assert "the weights of l11 scale its channel 5 back" in r.culprits[0].cause
+    assert "costs the outputs 58%" in r.culprits[0].cause
+    # l11's weights lose enough to stand out on their own: still the maker's doing
+    ev["l11"] = _ev("l11", 12.0, ["l10"])
+    ev["l11"].quiet_input, ev["l11"].quiet_ratio = 5, 27.0
+    r = rank(ev, names, impact=_Impact({"l10": 0.3, ("l10", "l11"): 0.6, "l11": 0.4}), reach=None)
+    assert [c.name for c in r.culprits] == ["l10"]
+    assert r.columns["l11"]["cause"].startswith("its weights scale back the loud channel 5 of l10")
+    # small weights for another channel: nothing to do with l10's
+    ev["l11"] = _ev("l11", 36.0, ["l10"])
+    ev["l11"].quiet_input, ev["l11"].quiet_ratio = 2, 27.0
+    impact = _Impact({"l10": Share(0.27, 0.37)})
+    assert rank(ev, names, impact=impact, reach=lambda s: {}).culprits == []
+    assert impact.asked == ["l10"]

@@ -63,6 +63,10 @@ class Evidence:
     # the mark of a compensated pair: the producer shrank that channel, these weights undo it)
     weight_outlier: str = ""
     offset_from: str = ""  # the input whose large mean the weights' rounding multiplies
+    # the input channel whose weights span least against the median input channel's, and how
+    # many times less (weights that scale back a channel its producer made loud)
+    quiet_input: int = -1
+    quiet_ratio: float = math.nan
     # the uncompared layer whose weights these are (a Gemm the QNN pre-processing put between
     # two Reshapes, whose values only this layer's golden shows)
     weights_of: str = ""
@@ -225,6 +229,16 @@ def _outlier_notes(ref: np.ndarray, axis_out: int, axis_in: int) -> tuple[str, s
     return (best[1], best[2], best[0]) if best[2] and best[0] >= 4 else ("", "", math.nan)
 
 
+def _quietest(ref: np.ndarray, axis: int) -> tuple[int, float]:
+    """(index, median over its range) of the channel along ``axis`` whose weights span least."""
+    ranges = np.abs(np.moveaxis(ref, axis, 0)).reshape(ref.shape[axis], -1).max(axis=1)
+    alive = ranges > 0
+    if alive.sum() < 2:
+        return -1, math.nan
+    idx = int(np.argmin(np.where(alive, ranges, np.inf)))
+    return idx, float(np.median(ranges[alive]) / ranges[idx])
+
+
 def _ratio_note(ranges: np.ndarray, alive: np.ndarray, what: str) -> tuple[str, float]:
     """'channel 7 spans 43x the median channel's range' for the loudest live channel."""
     if alive.sum() < 2:
@@ -357,6 +371,8 @@ class EvidenceBuilder:
         )
         notes = [f"{'per-channel' if scale.size > 1 else 'per-tensor'} {8 * wq.dtype.itemsize}-bit"]
         ev.weight_outlier, note, blown = _outlier_notes(ref, axis_out, axis_in)
+        depthwise = groups > 1 and ref.shape[axis_in] == 1
+        ev.quiet_input, ev.quiet_ratio = _quietest(ref, axis_out if depthwise else axis_in)
         offset = _offset_channel(stats_in) if dc_share >= 0.5 and ev.inputs else None
         if offset is not None and not blown >= BLOWN_RATIO:
             # weights whose rounding multiplies an input's offset: its maker is the cause (with

@@ -294,6 +294,7 @@ def rank(
     root_of: dict[str, str] = {}
     clipping: set[str] = set()  # standouts whose encoding clips
     severity: dict[str, float] = {}  # an offset's maker -> the NSR its offset causes downstream
+
     def stands(n: str) -> tuple[bool, bool]:
         """(its local SQNR stands out, its encoding clips)"""
         db = local_db.get(n, math.nan)
@@ -342,23 +343,13 @@ def rank(
     # blows (measured, else the later standouts carrying it) - but not a standout with a
     # problem of its own, whose cost is its own - or a compensated pair's producer
     roots = [n for n in standouts if n not in root_of]
-    partners = {
-        n: [
-            x
-            for x in dict.fromkeys([*carried.get(n, []), *(reaches.get(n, Reach(0, 0)).layers)])
-            if x not in roots
-        ]
-        if reaches
-        else carried.get(n, [])
-        for n in roots
-    }
-    partners = {n: p or _pair_of(evidence[n], evidence) for n, p in partners.items()}
-    _consider(impact, [*standouts, *(x for xs in partners.values() for x in xs)])
+    partners = {n: _Partners.of(n, evidence, carried, reaches, exclude=set(roots)) for n in roots}
+    _consider(impact, [*standouts, *(x for p in partners.values() for x in p.names)])
     for n in standouts:
         if n in root_of:
             continue
         ev, db = evidence[n], local_db[n]
-        verdict = _matters(n, db, impact, partners[n])
+        verdict = _matters(n, db, impact, partners[n].names)
         if verdict is None:  # impact unknown: only a layer that destroys its information
             if db >= DESTROYED_DB:
                 columns[n][CAUSE] = (
@@ -370,44 +361,20 @@ def rank(
         share, group_share, matters = verdict
         columns[n][SHARE_COL] = _nan_none(share.alone)
         columns[n][REMOVED_COL] = _nan_none(share.removed)
-        travels = reaches is not None and n in reaches and bool(reaches[n].layers)
         if not matters:
-            with_them = ""
-            if group_share is not None and (travels or n in carried):
-                with_them = (
-                    f" (with the {len(partners[n])} layer(s) carrying its outlier "
-                    f"{_pct(group_share.best)})"
-                )
-            elif group_share is not None:
-                with_them = (
-                    f" (with {', '.join(partners[n])}'s encoding {_pct(group_share.best)})"
-                )
+            with_them = (
+                f" (with {partners[n].short()} {_pct(group_share.best)})" if group_share else ""
+            )
             columns[n][CAUSE] = (
                 f"stands out locally ({_cause(ev)}) but costs the outputs only "
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
             )
             continue
         cause = _cause(ev)
-        if group_share is not None and (travels or n in carried):
-            later = partners[n]
-            shown = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
-            what = "the outlier it makes reaches"
-            if travels:
-                r = reaches[n]
-                what = (
-                    f"the outlier it makes (channel {r.channel}, {r.ratio:.3g}x the median "
-                    f"channel) blows the ranges of {len(later)} layer(s) after it (up to "
-                    f"{max(r.layers.values()):.3g}x):"
-                )
+        if group_share is not None:
             cause += (
-                f"; {what} {shown}: with them it costs the "
-                f"outputs {_pct(group_share.best)} of the whole model's error ({_both(share)})"
-            )
-        elif group_share is not None:
-            cause += (
-                f"; {', '.join(partners[n])} shrinks the channel these weights amplify: with its "
-                f"encoding it costs the outputs {_pct(group_share.best)} of the whole model's "
-                f"error ({_both(share)} without it)"
+                f"; {partners[n].long()}: with them it costs the outputs "
+                f"{_pct(group_share.best)} of the whole model's error ({_both(share)})"
             )
         elif share.removed > 2 * share.alone and share.removed >= SHARE:
             cause += (
@@ -505,6 +472,88 @@ def _matters(
     return share, group, max(share.best, group.best) >= bar
 
 
+@dataclass
+class _Partners:
+    """The layers a standout hurts the outputs together with, and why."""
+
+    carriers: list[str]  # its outlier channel blows their range, or they pass it on
+    reach: Reach | None  # how far its outlier was measured to reach
+    scaling: list[str]  # their weights scale its loud channel back
+    pair: list[str]  # producers shrinking the channel its weights amplify
+    channel: int = -1
+
+    @classmethod
+    def of(
+        cls,
+        n: str,
+        evidence: Mapping[str, Evidence],
+        carried: Mapping[str, list[str]],
+        reaches: Mapping[str, Reach] | None,
+        exclude: set[str],
+    ) -> _Partners:
+        """``exclude``: standouts with a problem of their own, whose cost is their own."""
+        reach = reaches.get(n) if reaches else None
+        carriers = [*carried.get(n, []), *(reach.layers if reach else ())]
+        mine = [x for x in dict.fromkeys(carriers) if x not in exclude]
+        scaling = [x for x in _scaling_back(n, evidence) if x not in exclude and x not in mine]
+        pair = [] if mine or scaling else _pair_of(evidence[n], evidence)
+        return cls(
+            mine, reach if reach and reach.layers else None, scaling, pair, evidence[n].loud_channel
+        )
+
+    @property
+    def names(self) -> list[str]:
+        return [*self.carriers, *self.scaling, *self.pair]
+
+    def short(self) -> str:
+        parts = []
+        if self.carriers:
+            parts.append(f"the {len(self.carriers)} layer(s) carrying its outlier")
+        if self.scaling:
+            parts.append(f"{', '.join(self.scaling)}'s weights scaling it back")
+        if self.pair:
+            parts.append(f"{', '.join(self.pair)}'s encoding")
+        return " and ".join(parts)
+
+    def long(self) -> str:
+        parts = []
+        if self.carriers:
+            later = self.carriers
+            shown = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
+            r = self.reach
+            parts.append(
+                f"the outlier it makes (channel {r.channel}, {r.ratio:.3g}x the median channel) "
+                f"blows the ranges of {len(later)} layer(s) after it (up to "
+                f"{max(r.layers.values()):.3g}x): {shown}"
+                if r
+                else f"the outlier it makes reaches {shown}"
+            )
+        if self.scaling:
+            parts.append(
+                f"the weights of {', '.join(self.scaling)} scale its channel {self.channel} back "
+                f"(they span {LOUD:g}x or more less for it than for their other inputs): their "
+                "rounding, coarse for such small weights, multiplies the loud channel"
+            )
+        if self.pair:
+            parts.append(f"{', '.join(self.pair)} shrinks the channel these weights amplify")
+        return "; ".join(parts)
+
+
+def _scaling_back(n: str, evidence: Mapping[str, Evidence]) -> list[str]:
+    """The layers reading ``n`` whose weights for its loud channel span ``LOUD`` times less
+    than for their other inputs: they scale that channel back (a compensated pair the other
+    way round - the producer made the channel loud), and their weights' rounding, coarse
+    against such small weights, is multiplied by the loud channel: the two hurt together."""
+    ev = evidence[n]
+    if ev.loud_channel < 0 or not ev.loud_ratio >= LOUD:
+        return []
+    return [
+        m
+        for m, r in evidence.items()
+        if n in r.inputs and r.quiet_input == ev.loud_channel and r.quiet_ratio >= LOUD
+    ]
+
+
 def _pair_of(ev: Evidence, evidence: Mapping[str, Evidence]) -> list[str]:
     """The producers of a layer whose weight range one input channel blows: that channel was
     shrunk upstream and these weights scale it back (a compensated pair), so the producer's
@@ -555,9 +604,15 @@ def _outlier_source(
     input carries (an offset channel the bias cancels in float). With ``reaches`` measured
     (:mod:`accdbg.algorithms.reach`) a carrier's source is the first standout whose outlier
     blows its range; without, the nearest standout within ``hops`` layers it came through. An
-    offset's source is the nearest standout it came through, else the input that carries it."""
+    offset's source is the nearest standout it came through, else the input that carries it.
+    Weights scaling back a loud channel of a standout they read (:func:`_scaling_back`) come
+    from that standout."""
     ev = evidence[n]
     by_weights = ev.owner == "weights" and bool(ev.offset_from)
+    if ev.owner == "weights" and not by_weights:
+        return next(
+            (x for x in ev.inputs if x in standouts and n in _scaling_back(x, evidence)), None
+        )
     if not (ev.owner == "output" or by_weights) or _clips(ev):
         return None
     if reaches is not None and not by_weights:
@@ -629,6 +684,12 @@ def _same_channel(
 
 def _carried_cause(n: str, src: str, ev: Evidence, reaches: Mapping[str, Reach] | None) -> str:
     """What a standout whose loss came in with its input says about where from."""
+    if ev.owner == "weights" and not ev.offset_from:
+        return (
+            f"its weights scale back the loud channel {ev.quiet_input} of {src} (they span "
+            f"{ev.quiet_ratio:.3g}x less for it than for their median input channel): their "
+            f"rounding multiplies it ({_cause(ev)})"
+        )
     if ev.owner == "weights":
         return f"its weights' rounding multiplies the offset carried in from {src} ({_cause(ev)})"
     reached = reaches.get(src) if reaches else None

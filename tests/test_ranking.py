@@ -878,4 +878,6 @@ def test_weights_of_a_gemm_the_qnn_preprocessing_hides_between_reshapes_are_judg
     assert list(ranked["Name"])[:1] == [planted], (ranked[["Name", "cause"]], res.findings)
     # the outlier named: the weight, or its row (input channel 5) or column (output channel 9)
     cause = s.loc[planted, "cause"]
-    assert any(t in cause for t in ("weight [5, 9]", "input channel 5 ", "output channel 9 ")), cause
+    assert any(t in cause for t in ("weight [5, 9]", "input channel 5 ", "output channel 9 ")), (
+        cause
+    )

@@ -82,7 +82,14 @@ def _numpy(scale3: float) -> dict[str, np.ndarray]:
     read = t1.copy()
     read[3] *= scale3
     r1 = np.maximum(read, 0)
-    return {"t1": t1, "r1": r1, "t2": W2 @ r1, "t3": W3 @ read, "s": B @ x, "out": B @ x + W3 @ read}
+    return {
+        "t1": t1,
+        "r1": r1,
+        "t2": W2 @ r1,
+        "t3": W3 @ read,
+        "s": B @ x,
+        "out": B @ x + W3 @ read,
+    }
 
 
 def test_reach_is_the_layers_whose_range_the_loud_channel_blows_as_numpy_finds():

@@ -21,10 +21,11 @@ layers do - or whose backend result is far worse than its quantization explains:
   SQNR under ``DESTROYED_DB``: its median channel is mostly noise) and still causes
   ``MIN_SHARE``. A layer that is bad locally but drowned by the error around it is reported in
   its ``cause`` and not named. Faults that hurt only together are measured together: a layer
-  with the later layers carrying the outlier channel it makes; a compensated pair (weights
-  whose range one input channel blows) with the producer that shrank that channel; and weights
-  whose rounding multiplies a constant one input channel carries (an offset the bias cancels
-  in float) are blamed on that channel's maker, measured with them.
+  with the layers whose range the outlier channel it makes blows (measured on the float model:
+  :mod:`accdbg.algorithms.reach`) and with the weights that scale that channel back; a
+  compensated pair (weights whose range one input channel blows) with the producer that shrank
+  that channel; and weights whose rounding multiplies a constant one input channel carries (an
+  offset the bias cancels in float) are blamed on that channel's maker, measured with them.
 * **backend** - the target's error at a layer (per channel) exceeds what the layer's own
   quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
   same way among the model's layers: the kernel, not the encodings (golden inputs: layerwise).
@@ -37,7 +38,8 @@ layers do - or whose backend result is far worse than its quantization explains:
 
 Culprits are ranked by what they were measured to cost the outputs (the largest of: alone,
 taken out, with their partners; for a backend culprit, its kernel difference's share of the
-error on QNN): the one whose fix would remove the most comes first. Those whose cost could not
+error on QNN): the one whose fix would remove the most comes first - after an upstream culprit
+that causes most of the error itself and whose outlier blows its range. Those whose cost could not
 be measured follow, then ties, by the information their own encodings destroy (lowest local
 SQNR first). Shares of several culprits need not add up (their errors interact), so a share
 orders them, it does not split the error between them. When none
@@ -412,8 +414,8 @@ def rank(
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
     candidates.sort(key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
     # an upstream culprit that causes most of the error itself goes before those it blows
-    roots = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= SHARE}
-    candidates = _upstream_first(candidates, roots)
+    leading = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= SHARE}
+    candidates = _upstream_first(candidates, leading)
     by_backend = {b[1] for b in backend}
     culprits = []
     for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):

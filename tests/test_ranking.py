@@ -20,6 +20,8 @@ from accdbg.core.inputs import parse_input_tensor
 from accdbg.verifiers import get_verifier
 from accdbg.verifiers.channels import ChannelPair, channel_axis, live, summarize
 from tests import models
+from tests.ranking_stubs import Impact as _Impact
+from tests.ranking_stubs import evidence as _ev
 
 
 def _db(nsr: float) -> float:
@@ -78,22 +80,6 @@ def test_qdq_matches_onnx_quantize_dequantize():
     (y,) = sess.run(None, {"x": x})
     ours = qdq(x.astype(np.float64), np.float32(0.03), 17, np.dtype(np.uint8))
     assert ours == pytest.approx(y.astype(np.float64), abs=1e-6)
-
-
-def _ev(name: str, db: float, inputs=()) -> Evidence:
-    return Evidence(name, "Conv", list(inputs), weight_nsr=10 ** (-db / 10), weight_note="w")
-
-
-class _Impact:
-    def __init__(self, shares):
-        self.shares = shares
-        self.asked = []
-
-    def __call__(self, names, enough=math.inf):
-        key = names if isinstance(names, str) else tuple(names)
-        self.asked.append(key)
-        share = self.shares.get(key, 0.01)
-        return share if isinstance(share, Share) else Share(share)
 
 
 def test_clean_model_names_no_layer():

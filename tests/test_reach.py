@@ -6,8 +6,6 @@ without the loud channel; the ranking with stand-in measures whose answers are s
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 import pytest
@@ -18,6 +16,8 @@ from accdbg.algorithms.ranking import rank
 from accdbg.algorithms.reach import LOUD, REACH, OutlierReach, Reach
 from accdbg.algorithms.sensitivity import Share, scores
 from accdbg.engines.exposure import Exposed
+from tests.ranking_stubs import Impact as _Impact
+from tests.ranking_stubs import evidence as _ev
 
 RNG = np.random.default_rng(7)
 W1 = RNG.normal(size=(8, 4)).astype(np.float32)
@@ -112,25 +112,6 @@ def test_reach_is_the_layers_whose_range_the_loud_channel_blows_as_numpy_finds()
     assert set(r.layers) == set(expected)
     for n, times in expected.items():
         assert r.layers[n] == pytest.approx(times, rel=1e-4)
-
-
-def _ev(name: str, db: float, inputs=(), owner: str = "weights") -> Evidence:
-    nsr = 10 ** (-db / 10)
-    if owner == "weights":
-        return Evidence(name, "Conv", list(inputs), weight_nsr=nsr, weight_note="w")
-    return Evidence(name, "Conv", list(inputs), output_nsr=nsr, output_note="range")
-
-
-class _Impact:
-    def __init__(self, shares):
-        self.shares = shares
-        self.asked = []
-
-    def __call__(self, names, enough=math.inf):
-        key = names if isinstance(names, str) else tuple(names)
-        self.asked.append(key)
-        share = self.shares.get(key, 0.01)
-        return share if isinstance(share, Share) else Share(share)
 
 
 def _chain(n: int = 40) -> tuple[list[str], dict[str, Evidence]]:

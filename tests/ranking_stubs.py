@@ -1,0 +1,32 @@
+"""Stand-ins for the ranking's measures: evidence with a given local SQNR, and an impact
+measure whose answers a test sets (it records what it was asked)."""
+
+from __future__ import annotations
+
+import math
+
+from accdbg.algorithms.evidence import Evidence
+from accdbg.algorithms.sensitivity import Share
+
+
+def evidence(name: str, db: float, inputs=(), owner: str = "weights") -> Evidence:
+    """A Conv whose weights (or output) keep ``db`` of SQNR."""
+    nsr = 10 ** (-db / 10)
+    if owner == "weights":
+        return Evidence(name, "Conv", list(inputs), weight_nsr=nsr, weight_note="w")
+    return Evidence(name, "Conv", list(inputs), output_nsr=nsr, output_note="range")
+
+
+class Impact:
+    """``shares``: a layer name or a tuple of names -> its share (a float or a Share);
+    anything else costs 1 %."""
+
+    def __init__(self, shares):
+        self.shares = shares
+        self.asked = []
+
+    def __call__(self, names, enough=math.inf):
+        key = names if isinstance(names, str) else tuple(names)
+        self.asked.append(key)
+        share = self.shares.get(key, 0.01)
+        return share if isinstance(share, Share) else Share(share)

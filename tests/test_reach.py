@@ -6,15 +6,29 @@ without the loud channel; the ranking with stand-in measures whose answers are s
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from accdbg.algorithms.evidence import Evidence
 from accdbg.algorithms.ranking import rank
-from accdbg.algorithms.reach import LOUD, REACH, OutlierReach, Reach
+from accdbg.algorithms.reach import (
+    LOUD,
+    REACH,
+    OutlierReach,
+    Reach,
+    _flag,
+    _range_outputs,
+    _with_ranges,
+    _with_switches,
+)
 from accdbg.algorithms.sensitivity import Share, scores
+from accdbg.core.onnx_model import with_outputs
 from accdbg.engines.exposure import Exposed
 from tests.ranking_stubs import Impact as _Impact
 from tests.ranking_stubs import evidence as _ev
@@ -240,3 +254,52 @@ def test_weights_scaling_a_loud_channel_back_are_measured_with_its_maker():
     impact = _Impact({"l10": Share(0.27, 0.37)})
     assert rank(ev, names, impact=impact, reach=lambda s: {}).culprits == []
     assert impact.asked == ["l10"]
+
+
+def _executed(model: onnx.ModelProto, feeds: dict, outputs: list[str], prefix: Path) -> list[str]:
+    """The nodes onnxruntime ran, in its order (from its own profile)."""
+    so = ort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(prefix)
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    proto = with_outputs(model, outputs).SerializeToString()
+    s = ort.InferenceSession(proto, so, providers=["CPUExecutionProvider"])
+    s.run(None, feeds)
+    events = json.loads(Path(s.end_profiling()).read_text())
+    suffix = "_kernel_time"
+    return [
+        e["name"].removesuffix(suffix)
+        for e in events
+        if e.get("cat") == "Node" and e["name"].endswith(suffix)
+    ]
+
+
+def test_each_range_is_taken_before_the_model_goes_two_layers_on(tmp_path):
+    """The ranges must not hold every tensor of the model at once: onnxruntime's own profile
+    of the reach's two models shows each tensor's reductions run before the layer after its
+    reader, in the plain and in the switched model."""
+    n = 12
+    x = RNG.normal(size=(1, 4, 6, 6)).astype(np.float32)
+    w = numpy_helper.from_array(RNG.normal(size=(4, 4, 1, 1)).astype(np.float32), "w")
+    nodes = [_conv(f"c{i}", f"t{i - 1}" if i else "x", "w", f"t{i}") for i in range(n)]
+    g = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info(f"t{n - 1}", TensorProto.FLOAT, None)],
+        [w],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    tensors = [f"t{i}" for i in range(n)]
+    ranges = _range_outputs(tensors)
+    ranged = _with_ranges(model, tensors)
+    down = np.ones((1, 4, 1, 1), np.float32)
+    switched = _with_switches(ranged, {"t3": (0, 9.0, down, 1)})
+    plain = _executed(ranged, {"x": x}, ranges, tmp_path / "plain")
+    on = _executed(switched, {"x": x, _flag("t3"): np.array(True)}, ranges, tmp_path / "on")
+    for order in (plain, on):
+        at = {name: i for i, name in enumerate(order)}
+        for i in range(n - 2):
+            for end in ("max", "min"):
+                assert at[f"t{i}__reach_{end}"] < at[f"c{i + 2}"], order

@@ -24,6 +24,7 @@ from accdbg.algorithms.reach import (
     Reach,
     _flag,
     _range_outputs,
+    _scale,
     _with_ranges,
     _with_switches,
 )
@@ -293,11 +294,11 @@ def test_each_range_is_taken_before_the_model_goes_two_layers_on(tmp_path):
     model.ir_version = 9
     tensors = [f"t{i}" for i in range(n)]
     ranges = _range_outputs(tensors)
-    ranged = _with_ranges(model, tensors)
+    plain = _executed(_with_ranges(model, tensors), {"x": x}, ranges, tmp_path / "plain")
+    switched = _with_switches(_with_ranges(model, tensors), ["t3"])
     down = np.ones((1, 4, 1, 1), np.float32)
-    switched = _with_switches(ranged, {"t3": (0, 9.0, down, 1)})
-    plain = _executed(ranged, {"x": x}, ranges, tmp_path / "plain")
-    on = _executed(switched, {"x": x, _flag("t3"): np.array(True)}, ranges, tmp_path / "on")
+    on_feeds = {"x": x, _flag("t3"): np.array(True), _scale("t3"): down}
+    on = _executed(switched, on_feeds, ranges, tmp_path / "on")
     for order in (plain, on):
         at = {name: i for i, name in enumerate(order)}
         for i in range(n - 2):

@@ -36,7 +36,13 @@ from accdbg.core import onnx_model as om
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines.exposure import Exposed, select
 from accdbg.errors import AccdbgError
-from accdbg.verifiers.channels import by_channel, channel_axis, channel_power, live
+from accdbg.verifiers.channels import (
+    by_channel,
+    channel_axis,
+    channel_extent,
+    channel_power,
+    live,
+)
 
 log = logging.getLogger("accdbg.evidence")
 
@@ -209,16 +215,18 @@ def _offset_channel(stats_in: np.ndarray | None) -> tuple[int, float] | None:
     return (loud, ratio) if ratio >= OFFSET_RATIO else None
 
 
-def _outlier_notes(ref: np.ndarray, axis_out: int, axis_in: int) -> tuple[str, str, float]:
-    """The outlier behind a blown weight range - one weight, one output or input channel - as
-    (what, note, how many times the rest); ("", "", nan) when none is four times the rest."""
+def _outlier_notes(
+    ref: np.ndarray, out_ranges: np.ndarray, in_ranges: np.ndarray
+) -> tuple[str, str, float]:
+    """The outlier behind a blown weight range - one weight, one output or input channel (their
+    ranges given) - as (what, note, how many times the rest); ("", "", nan) when none is four
+    times the rest."""
     absw = np.abs(ref)
     flat = absw.ravel()
     p99 = float(np.percentile(flat, 99)) if flat.size >= 100 else math.nan
     single = float(flat.max()) / p99 if p99 and p99 > 0 else math.nan
     best = (0.0, "", "")
-    for axis, what in ((axis_out, "output channel"), (axis_in, "input channel")):
-        ranges = np.moveaxis(absw, axis, 0).reshape(absw.shape[axis], -1).max(axis=1)
+    for ranges, what in ((out_ranges, "output channel"), (in_ranges, "input channel")):
         note, ratio = _ratio_note(ranges, ranges > 0, what)
         if note and ratio > best[0]:
             best = (ratio, what, note)
@@ -229,9 +237,8 @@ def _outlier_notes(ref: np.ndarray, axis_out: int, axis_in: int) -> tuple[str, s
     return (best[1], best[2], best[0]) if best[2] and best[0] >= 4 else ("", "", math.nan)
 
 
-def _quietest(ref: np.ndarray, axis: int) -> tuple[int, float]:
-    """(index, median over its range) of the channel along ``axis`` whose weights span least."""
-    ranges = np.abs(np.moveaxis(ref, axis, 0)).reshape(ref.shape[axis], -1).max(axis=1)
+def _quietest(ranges: np.ndarray) -> tuple[int, float]:
+    """(index, median over its range) of the channel whose weights span least."""
     alive = ranges > 0
     if alive.sum() < 2:
         return -1, math.nan
@@ -370,9 +377,10 @@ class EvidenceBuilder:
             ref, dw, axis_out, axis_in, stats_in, groups, bias, step=scale
         )
         notes = [f"{'per-channel' if scale.size > 1 else 'per-tensor'} {8 * wq.dtype.itemsize}-bit"]
-        ev.weight_outlier, note, blown = _outlier_notes(ref, axis_out, axis_in)
+        ranges = {axis: channel_extent(ref, axis) for axis in (axis_out, axis_in)}
+        ev.weight_outlier, note, blown = _outlier_notes(ref, ranges[axis_out], ranges[axis_in])
         depthwise = groups > 1 and ref.shape[axis_in] == 1
-        ev.quiet_input, ev.quiet_ratio = _quietest(ref, axis_out if depthwise else axis_in)
+        ev.quiet_input, ev.quiet_ratio = _quietest(ranges[axis_out if depthwise else axis_in])
         offset = _offset_channel(stats_in) if dc_share >= 0.5 and ev.inputs else None
         if offset is not None and not blown >= BLOWN_RATIO:
             # weights whose rounding multiplies an input's offset: its maker is the cause (with

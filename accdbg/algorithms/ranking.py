@@ -542,18 +542,22 @@ class _Partners:
 
 
 def _scaling_back(n: str, evidence: Mapping[str, Evidence]) -> list[str]:
-    """The layers reading ``n`` whose weights for its loud channel span ``LOUD`` times less
-    than for their other inputs: they scale that channel back (a compensated pair the other
-    way round - the producer made the channel loud), and their weights' rounding, coarse
+    """The layers reading ``n`` whose weights scale its loud channel back."""
+    return [m for m, r in evidence.items() if _scales_back(r, evidence[n])]
+
+
+def _scales_back(reader: Evidence, maker: Evidence) -> bool:
+    """``reader`` reads ``maker`` and its weights for the maker's loud channel span ``LOUD``
+    times less than for its other inputs: it scales that channel back (a compensated pair the
+    other way round - the producer made the channel loud), and its weights' rounding, coarse
     against such small weights, is multiplied by the loud channel: the two hurt together."""
-    ev = evidence[n]
-    if ev.loud_channel < 0 or not ev.loud_ratio >= LOUD:
-        return []
-    return [
-        m
-        for m, r in evidence.items()
-        if n in r.inputs and r.quiet_input == ev.loud_channel and r.quiet_ratio >= LOUD
-    ]
+    return (
+        maker.loud_channel >= 0
+        and maker.loud_ratio >= LOUD
+        and maker.name in reader.inputs
+        and reader.quiet_input == maker.loud_channel
+        and reader.quiet_ratio >= LOUD
+    )
 
 
 def _pair_of(ev: Evidence, evidence: Mapping[str, Evidence]) -> list[str]:
@@ -613,7 +617,7 @@ def _outlier_source(
     by_weights = ev.owner == "weights" and bool(ev.offset_from)
     if ev.owner == "weights" and not by_weights:
         return next(
-            (x for x in ev.inputs if x in standouts and n in _scaling_back(x, evidence)), None
+            (x for x in ev.inputs if x in standouts and _scales_back(ev, evidence[x])), None
         )
     if not (ev.owner == "output" or by_weights) or _clips(ev):
         return None

@@ -11,24 +11,25 @@ So the float model (pre-processed as for QNN; onnxruntime CPU, the debugged inpu
 is and once per candidate with that channel brought down to the median channel's size: the
 layers whose range (max - min) narrows by ``REACH`` (one bit of their encoding) or more are
 its reach. Only ranges leave the session (a ReduceMax and a ReduceMin per tensor), never the
-tensors, and one model switches every candidate (a boolean input each, as the sensitivity's).
+tensors, and one model and session serve the plain run and every candidate (a boolean input
+and a scale input each; the switches as the sensitivity's).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from accdbg.algorithms.sensitivity import Feeds, float_tensor
 from accdbg.core import onnx_model as om
 from accdbg.engines.exposure import Exposed
-from accdbg.verifiers.channels import channel_axis
+from accdbg.verifiers.channels import channel_axis, channel_extent
 
 log = logging.getLogger("accdbg.reach")
 
@@ -72,46 +73,44 @@ class OutlierReach:
             return {}
 
     def _measure(self, names: list[str]) -> dict[str, Reach]:
-        ranged = _with_ranges(self.model, list(self.tensor.values()))
+        tensors = list(self.tensor.values())
         wanted = [self.tensor[n] for n in names]
-        sess = _session(ranged, [*_range_outputs(self.tensor.values()), *wanted])
-        out = sess.run(None, self.feeds)
-        k = 2 * len(self.tensor)
-        base = _ranges(self.tensor.values(), out[:k])
-        loud: dict[str, tuple[int, float, np.ndarray, int]] = {}
-        for n, value in zip(names, out[k:], strict=True):
+        model = _with_switches(_with_ranges(self.model, tensors), wanted)
+        ranges = _range_outputs(tensors)
+        sess = _session(model, [*ranges, *wanted])
+        off = {**self.feeds, **{_flag(t): np.array(False) for t in wanted}}
+        off.update({_scale(t): np.ones(1, np.float32) for t in wanted})
+        out = sess.run(None, off)
+        base = _ranges(tensors, out[: len(ranges)])
+        loud: dict[str, tuple[int, float, np.ndarray]] = {}
+        for n, value in zip(names, out[len(ranges) :], strict=True):
             found = _loudest(np.asarray(value), self.op_type[n])
             if found is not None:
                 loud[n] = found
-        if not loud:
-            return {}
-        model = _with_switches(ranged, {self.tensor[n]: v for n, v in loud.items()})
-        sess = _session(model, _range_outputs(self.tensor.values()))
-        flags = {_flag(self.tensor[n]): np.array(False) for n in loud}
         reaches = {}
-        for n, (channel, ratio, _, _) in loud.items():
+        for n, (channel, ratio, scale) in loud.items():
+            t = self.tensor[n]
             cut = _ranges(
-                self.tensor.values(),
-                sess.run(None, {**self.feeds, **flags, _flag(self.tensor[n]): np.array(True)}),
+                tensors, sess.run(ranges, {**off, _flag(t): np.array(True), _scale(t): scale})
             )
             layers = {}
-            for m, t in self.tensor.items():
-                if m == n or base[t] <= 0:
+            for m, x in self.tensor.items():
+                if m == n or base[x] <= 0:
                     continue
-                times = base[t] / cut[t] if cut[t] > 0 else math.inf
+                times = base[x] / cut[x] if cut[x] > 0 else math.inf
                 if times >= REACH:
                     layers[m] = times
             reaches[n] = Reach(channel, ratio, layers)
         return reaches
 
 
-def _loudest(value: np.ndarray, op_type: str) -> tuple[int, float, np.ndarray, int] | None:
-    """(channel, its extent over the median channel's, the scale bringing it to the median,
-    channel axis) of a tensor whose loudest channel is ``LOUD`` times the median one."""
+def _loudest(value: np.ndarray, op_type: str) -> tuple[int, float, np.ndarray] | None:
+    """(channel, its extent over the median channel's, the scale bringing it to the median) of
+    a tensor whose loudest channel is ``LOUD`` times the median one."""
     axis = channel_axis(value.shape, None, op_type, min_per_channel=1)
     if axis is None:
         return None
-    extent = np.abs(np.moveaxis(value, axis, 0).reshape(value.shape[axis], -1)).max(axis=1)
+    extent = channel_extent(value, axis)
     alive = extent[extent > 0]
     if alive.size < 2:
         return None
@@ -124,7 +123,7 @@ def _loudest(value: np.ndarray, op_type: str) -> tuple[int, float, np.ndarray, i
     scale[c] = median / float(extent[c])
     shape = [1] * value.ndim
     shape[axis] = value.shape[axis]
-    return c, ratio, scale.reshape(shape), axis
+    return c, ratio, scale.reshape(shape)
 
 
 def _range_outputs(tensors) -> list[str]:
@@ -158,17 +157,17 @@ def _flag(tensor: str) -> str:
     return f"__reach_on_{tensor}"
 
 
-def _with_switches(
-    model: onnx.ModelProto, scales: Mapping[str, tuple[int, float, np.ndarray, int]]
-) -> onnx.ModelProto:
-    """A copy in which each tensor's readers (not its range) read it with its loud channel
-    scaled down when its switch (a boolean input) is on. The switch goes right after the node
-    making the tensor, so the order ``_with_ranges`` chose is kept."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    g = m.graph
-    own = {f"{t}__reach_{w}" for t in scales for w in ("max", "min")}
-    sel = {t: f"{t}__reach_sel" for t in scales}
+def _scale(tensor: str) -> str:
+    return f"__reach_scale_{tensor}"
+
+
+def _with_switches(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelProto:
+    """The model (edited in place) with each tensor's readers (not its range) reading it times
+    a scale (an input) when its switch (a boolean input) is on. The switch goes right after
+    the node making the tensor, so the order ``_with_ranges`` chose is kept."""
+    g = model.graph
+    own = {f"{t}__reach_{w}" for t in tensors for w in ("max", "min")}
+    sel = {t: f"{t}__reach_sel" for t in tensors}
     nodes = []
     for node in g.node:
         if not any(o in own for o in node.output):  # its own range is measured as it is
@@ -176,10 +175,10 @@ def _with_switches(
                 if x in sel:
                     node.input[i] = sel[x]
         nodes.append(node)
-        for t in (o for o in node.output if o in scales):
-            flag, scale = _flag(t), f"{t}__reach_scale"
+        for t in (o for o in node.output if o in sel):
+            flag, scale = _flag(t), _scale(t)
             g.input.append(helper.make_tensor_value_info(flag, onnx.TensorProto.BOOL, []))
-            g.initializer.append(numpy_helper.from_array(scales[t][2], scale))
+            g.input.append(helper.make_tensor_value_info(scale, onnx.TensorProto.FLOAT, None))
             nodes += [
                 helper.make_node("Mul", [t, scale], [f"{t}__reach_scaled"]),
                 helper.make_node("Where", [flag, f"{t}__reach_scaled", t], [sel[t]]),
@@ -187,7 +186,7 @@ def _with_switches(
     copies = [onnx.NodeProto.FromString(n.SerializeToString()) for n in nodes]
     del g.node[:]
     g.node.extend(copies)
-    return m
+    return model
 
 
 def _session(model: onnx.ModelProto, outputs: Sequence[str]):

@@ -64,6 +64,12 @@ def by_channel(arr: np.ndarray, axis: int) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float64).reshape(a.shape[0], -1)
 
 
+def channel_extent(arr: np.ndarray, axis: int) -> np.ndarray:
+    """Each channel's largest magnitude along ``axis`` (in the array's own dtype)."""
+    a = np.moveaxis(np.abs(np.asarray(arr)), axis, 0)
+    return a.reshape(a.shape[0], -1).max(axis=1)
+
+
 class ChannelPair:
     """Golden and target as ``[channels, elements]``, with the per-channel sums every metric
     shares computed once (views of the flat pair when channels lead, as in NCHW batch 1)."""

@@ -418,6 +418,7 @@ def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own
 
     import onnx
 
+    from accdbg.algorithms import divergence as divergence_mod
     from accdbg.algorithms.culprits import find_culprits, prepared_model
     from accdbg.algorithms.divergence import kernel_effect, local_divergence
     from accdbg.algorithms.evidence import EvidenceBuilder
@@ -464,6 +465,58 @@ def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own
         target=result,
     )
     assert [(c.name, c.kind) for c in ranking.culprits] == [(wrong, "backend")]
+    # in parts of one layer's dump each (as a model too big to hold does): each part's run is
+    # fed only the dumps it reads, and every figure is the same
+    one_layer = target.records["layer0"].size  # 8-bit: a byte per value
+    fed_sizes = []
+    real_run = divergence_mod._run
+
+    def spy(model, outputs, feeds):
+        fed_sizes.append(sum(v.nbytes for k, v in feeds.items() if k.endswith("::backend")))
+        return real_run(model, outputs, feeds)
+
+    divergence_mod._run = spy
+    try:
+        parts = local_divergence(
+            onnx.load(str(qdq_path)), builder.layers, x, TensorFolder(result), held=one_layer
+        )
+    finally:
+        divergence_mod._run = real_run
+    assert dict(parts) == dict(div) and parts.how == div.how
+    assert len(fed_sizes) >= 14 and max(fed_sizes) <= 2 * one_layer  # its own input, at most two
+
+
+def test_a_slice_of_a_model_keeps_what_its_outputs_read():
+    """``sliced``: the nodes a tensor depends on, and only the graph inputs they read - a run of
+    it is fed those alone and gives the whole model's value."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from accdbg.core.onnx_model import sliced
+
+    two = numpy_helper.from_array(np.array([2.0], np.float32), "two")
+    g = helper.make_graph(
+        [
+            helper.make_node("Mul", ["a", "two"], ["a2"]),
+            helper.make_node("Add", ["a2", "b"], ["s"]),
+            helper.make_node("Relu", ["s"], ["r"]),
+            helper.make_node("Neg", ["c"], ["nc"]),
+            helper.make_node("Add", ["r", "nc"], ["out"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in "abc"],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [3])],
+        [two],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    part = sliced(m, ["r"])  # its output untyped, as with_outputs leaves it: onnxruntime types it
+    assert [n.op_type for n in part.graph.node] == ["Mul", "Add", "Relu"]
+    assert [i.name for i in part.graph.input] == ["a", "b"]
+    assert [o.name for o in part.graph.output] == ["r"]
+    a, b = np.array([1, -2, 3], np.float32), np.array([0.5, 1, -10], np.float32)
+    sess = ort.InferenceSession(part.SerializeToString(), providers=["CPUExecutionProvider"])
+    (r,) = sess.run(["r"], {"a": a, "b": b})
+    np.testing.assert_array_equal(r, np.maximum(2 * a + b, 0))
+    assert len(m.graph.node) == 5 and [o.name for o in m.graph.output] == ["out"]  # untouched
 
 
 def test_a_softmax_output_is_judged_at_its_logits(tmp_path):

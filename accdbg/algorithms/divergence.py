@@ -31,6 +31,7 @@ from accdbg.verifiers.base import dot
 log = logging.getLogger("accdbg.divergence")
 
 ONE_WAY = 0.9  # this share of the differing values on one side: a bias, not noise
+HELD = 256 << 20  # bytes of the backend's dumps one CPU run of the local divergence is fed
 
 
 class Divergences(dict):
@@ -81,13 +82,55 @@ def local_divergence(
     layers: Sequence[Exposed],
     feeds: Mapping[str, np.ndarray],
     target: TensorFolder,
+    held: int = HELD,
 ) -> Divergences:
     """Per layer, as :func:`divergence`, but each layer's CPU fake-quant reads the backend's
-    values of its inputs: one CPU run in which every dumped tensor's consumers are cut from
-    their producer and fed the integers QNN computed for it."""
+    values of its inputs: a CPU run in which every dumped tensor's consumers are cut from
+    their producer and fed the integers QNN computed for it. The layers are taken in parts of
+    at most ``held`` bytes of dumps, each part's run fed only the dumps it reads: a big
+    model's tensors are never all in memory at once."""
     wanted = [e for e in layers if e.name in target]
-    model, fed = _cut(qdq_model, wanted, _reader(target))
-    return _compare(model, wanted, {**feeds, **fed}, target, fed)
+    model, cuts = _cut_plan(qdq_model, wanted, target)
+    read = _reader(target)
+    out = Divergences()
+    for part in _parts(wanted, target, held):
+        sub, given, fed = _slice(model, cuts, [e.graph_tensor for e in part], feeds, read)
+        got = _compare(sub, part, {**given, **fed}, target, fed, cuts)
+        out.update(got)
+        out.how.update(got.how)
+    return out
+
+
+def _slice(
+    cut_model: onnx.ModelProto,
+    cuts: Mapping[str, Exposed],
+    tensors: Sequence[str],
+    feeds: Mapping[str, np.ndarray],
+    read: Callable[[Exposed], np.ndarray],
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The part of the cut model that computes ``tensors``, the model inputs it reads (onnxruntime
+    refuses a feed the model does not have) and the backend's dumps it reads, by cut name."""
+    sub = om.sliced(cut_model, tensors)
+    needed = [i.name for i in sub.graph.input]
+    given = {k: feeds[k] for k in needed if k in feeds}
+    return sub, given, {n: read(cuts[n]) for n in needed if n in cuts}
+
+
+def _parts(wanted: Sequence[Exposed], target: TensorFolder, held: int) -> list[list[Exposed]]:
+    """Consecutive layers whose dumps (as the backend's integers) add up to at most about
+    ``held`` bytes - a part's inputs are mostly the outputs of the part before, so a run holds
+    about twice that."""
+    parts: list[list[Exposed]] = [[]]
+    size = 0
+    for e in wanted:
+        rec = target.records[e.name]
+        n = rec.size * np.dtype(e.native_dtype if e.quantized else "float32").itemsize
+        if parts[-1] and size + n > held:
+            parts.append([])
+            size = 0
+        parts[-1].append(e)
+        size += n
+    return [p for p in parts if p]
 
 
 def kernel_effect(
@@ -109,9 +152,11 @@ def kernel_effect(
     if not subjects or not ends:
         return {}
     read = _reader(target)
-    cut_all, fed = _cut(qdq_model, [e for e in layers if e.name in target], read)
+    cut_all, cuts = _cut_plan(qdq_model, [e for e in layers if e.name in target], target)
+    tensors = [e.graph_tensor for e in subjects]
+    sub, given, fed = _slice(cut_all, cuts, tensors, feeds, read)
     backend = {e.name: fed[_cut_name(e)] if _cut_name(e) in fed else read(e) for e in subjects}
-    local = _run(cut_all, [e.graph_tensor for e in subjects], {**feeds, **fed})
+    local = _run(sub, tensors, {**given, **fed})
     full = _run(qdq_model, [e.graph_tensor for e in subjects + ends], feeds)
     model, base_feed = _cut(qdq_model, subjects, lambda e: full[e.graph_tensor])
     outputs = [e.graph_tensor for e in ends]
@@ -184,6 +229,28 @@ def _cut(
     return m, fed
 
 
+def _cut_plan(
+    qdq_model: onnx.ModelProto, exposed: Sequence[Exposed], target: TensorFolder
+) -> tuple[onnx.ModelProto, dict[str, Exposed]]:
+    """As :func:`_cut` with the backend's dumps, without reading them: the cut model and, by
+    cut name, the layer whose dump feeds it (typed from the dump's record; a dump whose file
+    does not match its record keeps its producer)."""
+    specs: dict[str, Exposed] = {}
+
+    def shape_only(e: Exposed) -> np.ndarray:
+        rec = target.records[e.name]
+        path = target.root / rec.file
+        size = rec.size * np.dtype(rec.dtype).itemsize
+        if not path.is_file() or path.stat().st_size != size:
+            raise ValueError(f"{path}: not the recorded size")
+        specs[_cut_name(e)] = e
+        dtype = e.native_dtype if e.quantized and not e.graph_is_dequantized else "float32"
+        return np.broadcast_to(np.zeros((), dtype), rec.shape)
+
+    model, _ = _cut(qdq_model, exposed, shape_only)
+    return model, specs
+
+
 def _reader(target: TensorFolder) -> Callable[[Exposed], np.ndarray]:
     return lambda e: _backend_value(e, target.load(e.name))
 
@@ -219,13 +286,18 @@ def _compare(
     feeds: Mapping[str, np.ndarray],
     target: TensorFolder,
     loaded: Mapping[str, np.ndarray] | None = None,
+    cuts: Mapping[str, Exposed] | None = None,
 ) -> Divergences:
-    """``loaded``: the backend's values already read, by cut name (not read twice)."""
+    """``loaded``: the backend's values already read, by cut name (not read twice); ``cuts``:
+    the layers whose dumps are read as the backend's integers (those the cut model feeds)."""
     values = _run(model, [e.graph_tensor for e in wanted], feeds)
-    loaded = loaded or {}
+    loaded, cuts = loaded or {}, cuts or {}
+    read = _reader(target)
     out = Divergences()
     for e in wanted:
         have = loaded.get(_cut_name(e))
+        if have is None and _cut_name(e) in cuts:  # fed to a later part: read it here
+            have = read(e)
         if have is not None and np.array_equal(have, values[e.graph_tensor]):
             out[e.name] = 0.0  # the same integers (most layers): nothing to dequantize
             continue

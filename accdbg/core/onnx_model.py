@@ -228,6 +228,46 @@ def with_outputs(
     return m
 
 
+def _referenced(node: onnx.NodeProto) -> list[str]:
+    """The names a node reads, its subgraphs' outer-scope reads included (an If/Loop body
+    reads the enclosing graph's tensors by name)."""
+    names = [x for x in node.input if x]
+    for a in node.attribute:
+        for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+            for n in g.node:
+                names += _referenced(n)
+    return names
+
+
+def sliced(model: onnx.ModelProto, outputs: Iterable[str]) -> onnx.ModelProto:
+    """The part of the model that computes ``outputs``: the nodes they depend on, the graph
+    inputs and initializers those read, and ``outputs`` as its only outputs. onnxruntime needs
+    every graph input fed, so a run of the part needs only what the part reads."""
+    wanted = list(dict.fromkeys(outputs))
+    producer = {o: i for i, n in enumerate(model.graph.node) for o in n.output if o}
+    keep: set[int] = set()
+    read: set[str] = set()
+    stack = list(wanted)
+    while stack:
+        t = stack.pop()
+        if t in read:
+            continue
+        read.add(t)
+        i = producer.get(t)
+        if i is not None and i not in keep:
+            keep.add(i)
+            stack += _referenced(model.graph.node[i])
+    part = with_outputs(model, wanted)
+    nodes = [n for i, n in enumerate(part.graph.node) if i in keep]
+    del part.graph.node[:]
+    part.graph.node.extend(nodes)
+    for field in ("input", "initializer"):
+        kept = [x for x in getattr(part.graph, field) if x.name in read]
+        del getattr(part.graph, field)[:]
+        getattr(part.graph, field).extend(kept)
+    return part
+
+
 def all_tensor_names(model: onnx.ModelProto) -> list[str]:
     names = [i.name for i in model.graph.input]
     for n in model.graph.node:

@@ -225,6 +225,25 @@ def test_runtime_and_flag_errors(tmp_path, capsys, argv, expect):
     assert expect in one_line_error(err)
 
 
+def test_a_model_quantized_for_integer_kernels_is_refused_in_one_line(tmp_path, capsys):
+    """onnxruntime's dynamic quantization (MatMulInteger and friends) is neither float nor
+    QDQ: the engine says so before anything runs, as does oneshot."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    built = models.mlp(tmp_path)
+    dyn = tmp_path / "dynamic.onnx"
+    quantize_dynamic(str(built.path), str(dyn))
+    ops = {n.op_type for n in onnx.load(str(dyn)).graph.node}
+    assert "MatMulInteger" in ops  # what onnxruntime made of the MatMuls
+    argv = ["-m", dyn, "-i", "x", "2,4", built.input_path, "-w", tmp_path / "w"]
+    for component in (["--inference_engine", "-r", "htp"], ["-f", "onnx", "-r", "htp"]):
+        code, _, err = run_cli(capsys, *component, *argv)
+        line = one_line_error(err)
+        assert code == 2 and "is already quantized with integer operators (" in line
+        assert "MatMulInteger x2" in line and "give the float model" in line
+    assert not (tmp_path / "w").exists() or not any((tmp_path / "w").rglob("*.raw"))
+
+
 @pytest.mark.slow
 def test_gpu_backend_that_cannot_start_is_an_error_not_a_cpu_run(tmp_path):
     built = models.conv_net(tmp_path, channels=4, size=8, layers=1)

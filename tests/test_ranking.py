@@ -92,6 +92,28 @@ def test_clean_model_names_no_layer():
     assert all(r.columns[n].get("culprit_rank") is None for n in names)
 
 
+@pytest.mark.parametrize(
+    "per_channel, bits, advice",
+    [
+        ((False, True), (8, 8), "per-channel weights, 16-bit activations, calibration"),
+        ((True, True), (8, 16), "16-bit activations, calibration"),
+        ((False, True), (16, 16), "per-channel weights, calibration"),
+        ((True, True), (16, 16), "calibration"),
+        ((None, None), (0, 0), "per-channel weights, 16-bit activations, calibration"),
+    ],
+)
+def test_the_diffuse_verdict_leaves_out_the_changes_the_model_already_has(
+    per_channel, bits, advice
+):
+    names = [f"l{i}" for i in range(40)]
+    ev = {n: _ev(n, 35 + (i % 5)) for i, n in enumerate(names)}
+    for i, n in enumerate(names):  # the first layer as given, the others as the second
+        ev[n].weight_per_channel = per_channel[i > 0]
+        ev[n].output_bits = bits[i > 0]
+    (line,) = [f for f in rank(ev, names).findings if f.startswith("no single layer")]
+    assert line.endswith(f"a global change ({advice}) is the question, not a layer")
+
+
 def test_a_standout_is_named_only_when_it_reaches_the_outputs():
     rng = np.random.default_rng(2)
     names = [f"l{i}" for i in range(40)]

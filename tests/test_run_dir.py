@@ -172,3 +172,17 @@ def test_run_folders_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert run.path.stat().st_mode & 0o777 == 0o755
+
+
+def test_an_error_naming_a_file_of_the_run_names_it_where_it_ends_up(tmp_path):
+    """A backend's failure points at its log inside the staging folder; the run is then kept as
+    NAME.failed, and the message (raised and logged) points there."""
+    with pytest.raises(AccdbgError) as info:
+        with RunDir(tmp_path, "inference_engine", "run") as run:
+            (run.path / "backend_log.txt").write_text("FinalizeGraphs started\n")
+            raise AccdbgError(f"QNN failed (full backend log: {run.path / 'backend_log.txt'})")
+    where = tmp_path / "inference_engine" / "run.failed" / "backend_log.txt"
+    assert str(info.value) == f"QNN failed (full backend log: {where})"
+    assert where.read_text() == "FinalizeGraphs started\n"
+    last = (where.parent / "log.txt").read_text().splitlines()[-1]
+    assert last.endswith(f"(full backend log: {where})")

@@ -65,6 +65,7 @@ class Evidence:
     inputs: list[str] = field(default_factory=list)  # row names of its activation inputs
     weight_nsr: float = math.nan  # median output channel
     weight_note: str = ""
+    weight_per_channel: bool | None = None  # None: no quantized weights
     # what blows the weight range: "weight", "output channel", "input channel" (the last is
     # the mark of a compensated pair: the producer shrank that channel, these weights undo it)
     weight_outlier: str = ""
@@ -82,6 +83,7 @@ class Evidence:
     clip_nsr: float = math.nan  # the part of output_nsr_tensor that clipping alone causes
     range_used: float = math.nan  # golden range over the encoding's range
     output_note: str = ""
+    output_bits: int = 0  # of its output's encoding (0: not quantized, or no golden value)
     # the output channel reaching farthest from zero, and how far over the median channel
     # (an offset channel counts: it blows the range as much as a wide one)
     loud_channel: int = -1
@@ -376,6 +378,7 @@ class EvidenceBuilder:
         ev.weight_nsr, dc_share = _weighted_nsr(
             ref, dw, axis_out, axis_in, stats_in, groups, bias, step=scale
         )
+        ev.weight_per_channel = scale.size > 1
         notes = [f"{'per-channel' if scale.size > 1 else 'per-tensor'} {8 * wq.dtype.itemsize}-bit"]
         ranges = {axis: channel_extent(ref, axis) for axis in (axis_out, axis_in)}
         ev.weight_outlier, note, blown = _outlier_notes(ref, ranges[axis_out], ranges[axis_in])
@@ -483,7 +486,8 @@ def output_evidence(e: Exposed, gold: tuple[np.ndarray, str | None], ev: Evidenc
     cc = float(np.sum((vmin - under) ** 2) + np.sum((over - vmax) ** 2))
     ev.clip_nsr = cc / gg if gg > 0 else 0.0
     axis = channel_axis(g.shape, layout, e.op_type)
-    notes = [f"{8 * dtype.itemsize}-bit"]
+    ev.output_bits = 8 * dtype.itemsize
+    notes = [f"{ev.output_bits}-bit"]
     if axis is None:
         ev.output_nsr = ev.output_nsr_tensor
         top, bottom = float(g.max()), float(g.min())

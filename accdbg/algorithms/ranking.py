@@ -44,7 +44,8 @@ be measured follow, then ties, by the information their own encodings destroy (l
 SQNR first). Shares of several culprits need not add up (their errors interact), so a share
 orders them, it does not split the error between them. When none
 stands out, the verdict says the error is diffuse: a global change (per-channel weights,
-16-bit activations, calibration) is the question, not a layer. Every other row's ``cause``
+16-bit activations, calibration; those the model already has left out) is the question, not a
+layer. Every other row's ``cause``
 says where its error comes from when it is inherited.
 """
 
@@ -428,7 +429,9 @@ def rank(
         for n, c in columns.items()
         if RANK not in c and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
     ]
-    findings = _findings(culprits, floor, spread, outputs, max(unnamed, default=None))
+    findings = _findings(
+        culprits, floor, spread, outputs, max(unnamed, default=None), _global_changes(evidence)
+    )
     if divergence and math.isfinite(backend_share):
         findings.insert(
             -1,
@@ -771,8 +774,10 @@ def _findings(
     spread: float,
     outputs: Sequence[tuple[str, str, float, bool | None]],
     nearest: tuple[float, str] | None = None,
+    changes: str = "per-channel weights, 16-bit activations, calibration",
 ) -> list[str]:
-    """``nearest``: the share and name of the standout measured closest to being named."""
+    """``nearest``: the share and name of the standout measured closest to being named;
+    ``changes``: the global changes left to try (:func:`_global_changes`)."""
     lines = []
     verdicts = [o for o in outputs if o[3] is not None]
     if verdicts and all(o[3] for o in verdicts):
@@ -796,14 +801,27 @@ def _findings(
         )
         lines.append(
             f"no single layer stands out: the error is diffuse at the noise floor's level{near} - "
-            "a global change (per-channel weights, 16-bit activations, calibration) is the "
-            "question, not a layer"
+            f"a global change ({changes}) is the question, not a layer"
         )
     for c in culprits:
         lines.append(f"culprit #{c.rank}: {c.name} ({c.op_type}) - {c.cause}")
     lines += _patterns(culprits)
     lines.append(floor_txt)
     return lines
+
+
+def _global_changes(evidence: Mapping[str, Evidence]) -> str:
+    """The model-wide changes not already made: per-channel weights unless every quantized
+    weight is per-channel, 16-bit activations unless every quantized output is 16-bit or
+    more (either listed when the evidence cannot tell), and calibration."""
+    weights = [
+        ev.weight_per_channel for ev in evidence.values() if ev.weight_per_channel is not None
+    ]
+    bits = [ev.output_bits for ev in evidence.values() if ev.output_bits]
+    changes = [] if weights and all(weights) else ["per-channel weights"]
+    if not (bits and min(bits) >= 16):
+        changes.append("16-bit activations")
+    return ", ".join([*changes, "calibration"])
 
 
 # what one change across several culprits that lose the same thing would be

@@ -252,6 +252,7 @@ class RunDir:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc is not None:
+                self._follow_the_rename(exc)
                 self._log_failure(exc)
         finally:
             detach_log_file(self._log_handler)
@@ -280,6 +281,15 @@ class RunDir:
         finally:
             if lock is not None:
                 lock.release(self.path)
+
+    def _follow_the_rename(self, exc: BaseException) -> None:
+        """An error naming a file of the staging folder (a backend log) names it where the
+        user will find it: in ``NAME.failed``."""
+        if isinstance(exc, AccdbgError) and self.path != self.final_path:
+            failed = str(self.root / f"{self.name}.failed")
+            exc.args = tuple(
+                a.replace(str(self.path), failed) if isinstance(a, str) else a for a in exc.args
+            )
 
     def _log_failure(self, exc: BaseException) -> None:
         """End this run's ``log.txt`` with the error or the signal; the traceback before it

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,6 +49,26 @@ if TYPE_CHECKING:
     from accdbg.frameworks.convert import Conversion
 
 log = logging.getLogger("accdbg.inference_engine")
+
+# operators of a model quantized for onnxruntime's integer kernels (dynamic or QOperator
+# quantization): neither float nor QDQ, QNN's pre-processing cannot take them
+INTEGER_OPS = {
+    "ConvInteger",
+    "MatMulInteger",
+    "DynamicQuantizeLinear",
+    "DynamicQuantizeLSTM",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+    "QLinearConv",
+    "QLinearMatMul",
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QLinearConcat",
+    "QLinearAveragePool",
+    "QLinearGlobalAveragePool",
+}
 
 __all__ = ["OUTPUT_DATA_TYPES", "STAGES", "EngineResult", "run_inference_engine"]
 FUSION_TOLERANCE = 1e-6
@@ -118,6 +139,13 @@ def check_inference_engine(
     if stage == "compiled" and not any(n.op_type == "EPContext" for n in model.graph.node):
         raise AccdbgError(
             f"--stage compiled: {str(model_path)!r} has no EPContext node (not a QNN context model)"
+        )
+    integer = Counter(n.op_type for n in model.graph.node if n.op_type in INTEGER_OPS)
+    if stage != "compiled" and integer:
+        ops = ", ".join(f"{op} x{k}" for op, k in integer.most_common())
+        raise AccdbgError(
+            f"{str(model_path)!r} is already quantized with integer operators ({ops}); QNN "
+            "takes a float model (quantized here) or a QDQ one - give the float model"
         )
     has_qdq = any(n.op_type == "QuantizeLinear" for n in model.graph.node)
     if stage == "source" and has_qdq and precision == "int8":

@@ -62,24 +62,23 @@ def pytest_collection_modifyitems(config, items):
 
 # the logger as the test session found it: a module-scoped fixture that runs the CLI sets it up
 # before any per-test fixture could save it, so the state to restore is this one
-_LOGGER_AT_START = (
-    list(logging.getLogger("accdbg").handlers),
-    logging.getLogger("accdbg").propagate,
-    logging.getLogger("accdbg").level,
-)
+_ACCDBG = logging.getLogger("accdbg")
+_LOGGER_AT_START = (list(_ACCDBG.handlers), _ACCDBG.propagate, _ACCDBG.level)
 
 
 @pytest.fixture(autouse=True)
 def _restore_accdbg_logger():
     """The CLI installs a console handler and stops propagation; give every test a clean logger
     (whatever ran before it in this process, in whichever order the workers take the tests)."""
-    logger = logging.getLogger("accdbg")
-    handlers, propagate, level = _LOGGER_AT_START
-    logger.handlers[:] = handlers
-    logger.propagate, logger.level = propagate, level
+    _reset_logger()
     yield
-    logger.handlers[:] = handlers
-    logger.propagate, logger.level = propagate, level
+    _reset_logger()
+
+
+def _reset_logger() -> None:
+    handlers, propagate, level = _LOGGER_AT_START
+    _ACCDBG.handlers[:] = handlers
+    _ACCDBG.propagate, _ACCDBG.level = propagate, level
 
 
 @pytest.fixture(scope="session")

@@ -431,7 +431,7 @@ def long_chain(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own_inputs(
-    long_chain, tmp_path
+    long_chain, tmp_path, monkeypatch
 ):
     """A QNN dump made wrong at one layer (as a faulty kernel would) parts from the CPU
     fake-quant of that layer fed QNN's own inputs, and nowhere else: it is a backend culprit
@@ -497,13 +497,11 @@ def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own
         fed_sizes.append(sum(v.nbytes for k, v in feeds.items() if k.endswith("::backend")))
         return real_run(model, outputs, feeds)
 
-    divergence_mod._run = spy
-    try:
-        parts = local_divergence(
-            onnx.load(str(qdq_path)), builder.layers, x, TensorFolder(result), held=one_layer
-        )
-    finally:
-        divergence_mod._run = real_run
+    monkeypatch.setattr(divergence_mod, "_run", spy)
+    parts = local_divergence(
+        onnx.load(str(qdq_path)), builder.layers, x, TensorFolder(result), held=one_layer
+    )
+    monkeypatch.undo()
     assert dict(parts) == dict(div) and parts.how == div.how
     assert len(fed_sizes) >= 14 and max(fed_sizes) <= 2 * one_layer  # its own input, at most two
 

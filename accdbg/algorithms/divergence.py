@@ -123,8 +123,7 @@ def _parts(wanted: Sequence[Exposed], target: TensorFolder, held: int) -> list[l
     parts: list[list[Exposed]] = [[]]
     size = 0
     for e in wanted:
-        rec = target.records[e.name]
-        n = rec.size * np.dtype(e.native_dtype if e.quantized else "float32").itemsize
+        n = target.records[e.name].size * _backend_dtype(e).itemsize
         if parts[-1] and size + n > held:
             parts.append([])
             size = 0
@@ -238,14 +237,9 @@ def _cut_plan(
     specs: dict[str, Exposed] = {}
 
     def shape_only(e: Exposed) -> np.ndarray:
-        rec = target.records[e.name]
-        path = target.root / rec.file
-        size = rec.size * np.dtype(rec.dtype).itemsize
-        if not path.is_file() or path.stat().st_size != size:
-            raise ValueError(f"{path}: not the recorded size")
+        rec = target.check(e.name)
         specs[_cut_name(e)] = e
-        dtype = e.native_dtype if e.quantized and not e.graph_is_dequantized else "float32"
-        return np.broadcast_to(np.zeros((), dtype), rec.shape)
+        return np.broadcast_to(np.zeros((), _backend_dtype(e)), rec.shape)
 
     model, _ = _cut(qdq_model, exposed, shape_only)
     return model, specs
@@ -255,11 +249,20 @@ def _reader(target: TensorFolder) -> Callable[[Exposed], np.ndarray]:
     return lambda e: _backend_value(e, target.load(e.name))
 
 
+def _holds_integers(e: Exposed) -> bool:
+    """The QDQ graph holds a dumped tensor as the backend's integers when it is a quantized
+    activation; else as float (as a graph output is, read after its DequantizeLinear)."""
+    return e.quantized and not e.graph_is_dequantized
+
+
+def _backend_dtype(e: Exposed) -> np.dtype:
+    return np.dtype(e.native_dtype if _holds_integers(e) else "float32")
+
+
 def _backend_value(e: Exposed, values: np.ndarray) -> np.ndarray:
-    """The dumped tensor as the QDQ graph holds it: the backend's integers for a quantized
-    activation (re-quantized exactly from the dequantized dump), else float (as is a graph
-    output's, read after its DequantizeLinear)."""
-    if not e.quantized or e.graph_is_dequantized:
+    """The dumped tensor as the QDQ graph holds it (integers re-quantized exactly from the
+    dequantized dump)."""
+    if not _holds_integers(e):
         return np.asarray(values, np.float32)
     return e.quantize(values)
 
@@ -276,7 +279,9 @@ def _run(
     model: onnx.ModelProto, outputs: Sequence[str], feeds: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     outputs = list(dict.fromkeys(outputs))
-    sess = _session(om.with_outputs(model, outputs))
+    if [o.name for o in model.graph.output] != outputs:  # a slice has them already
+        model = om.with_outputs(model, outputs)
+    sess = _session(model)
     return dict(zip(outputs, sess.run(outputs, dict(feeds)), strict=True))
 
 

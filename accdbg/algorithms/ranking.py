@@ -773,8 +773,8 @@ def _findings(
     floor: float,
     spread: float,
     outputs: Sequence[tuple[str, str, float, bool | None]],
-    nearest: tuple[float, str] | None = None,
-    changes: str = "per-channel weights, 16-bit activations, calibration",
+    nearest: tuple[float, str] | None,
+    changes: str,
 ) -> list[str]:
     """``nearest``: the share and name of the standout measured closest to being named;
     ``changes``: the global changes left to try (:func:`_global_changes`)."""

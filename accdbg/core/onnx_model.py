@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,20 +212,18 @@ def with_outputs(
     """
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    typed = {vi.name: vi for vi in [*m.graph.value_info, *m.graph.output]}
-    old = list(m.graph.output)
+    old = [o.name for o in m.graph.output]
+    wanted = list(dict.fromkeys([*old, *names] if keep_existing else names))
+    infos = _output_infos(m.graph, wanted)
     del m.graph.output[:]
-    wanted = list(dict.fromkeys(names))
-    if keep_existing:
-        wanted = list(dict.fromkeys([*(o.name for o in old), *wanted]))
-    for name in wanted:
-        vi = onnx.ValueInfoProto()
-        if name in typed:
-            vi.CopyFrom(typed[name])
-        else:
-            vi.name = name
-        m.graph.output.append(vi)
+    m.graph.output.extend(infos)
     return m
+
+
+def _output_infos(graph: onnx.GraphProto, names: Sequence[str]) -> list[onnx.ValueInfoProto]:
+    """Graph outputs for ``names``: typed as the graph knows them, else untyped."""
+    typed = {vi.name: vi for vi in [*graph.value_info, *graph.output]}
+    return [typed[n] if n in typed else onnx.ValueInfoProto(name=n) for n in names]
 
 
 def _referenced(node: onnx.NodeProto) -> list[str]:
@@ -257,14 +255,18 @@ def sliced(model: onnx.ModelProto, outputs: Iterable[str]) -> onnx.ModelProto:
         if i is not None and i not in keep:
             keep.add(i)
             stack += _referenced(model.graph.node[i])
-    part = with_outputs(model, wanted)
-    nodes = [n for i, n in enumerate(part.graph.node) if i in keep]
-    del part.graph.node[:]
-    part.graph.node.extend(nodes)
-    for field in ("input", "initializer"):
-        kept = [x for x in getattr(part.graph, field) if x.name in read]
-        del getattr(part.graph, field)[:]
-        getattr(part.graph, field).extend(kept)
+    # built from the pieces kept, not a copy of the whole model cut down: a big model's
+    # weights are not copied once per slice
+    g = model.graph
+    part = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
+    part.opset_import.extend(model.opset_import)
+    part.functions.extend(model.functions)
+    part.graph.name = g.name
+    part.graph.node.extend(n for i, n in enumerate(g.node) if i in keep)
+    part.graph.input.extend(x for x in g.input if x.name in read)
+    part.graph.initializer.extend(x for x in g.initializer if x.name in read)
+    part.graph.value_info.extend(x for x in g.value_info if x.name in read)
+    part.graph.output.extend(_output_infos(g, wanted))
     return part
 
 

@@ -160,6 +160,11 @@ class RunDir:
             name = f"{base}_{n}"
         return name
 
+    @property
+    def failed_path(self) -> Path:
+        """Where a run of this name that fails is kept."""
+        return self.root / f"{self.name}.failed"
+
     def _staging(self, name: str) -> Path:
         return self.root / f".{name}.partial"
 
@@ -186,8 +191,7 @@ class RunDir:
             self.final_path = self.root / self.name
 
     def _claim_name(self) -> None:
-        final, staging = self.final_path, self._staging(self.name)
-        failed = self.root / f"{self.name}.failed"
+        final, staging, failed = self.final_path, self._staging(self.name), self.failed_path
         for _ in range(100):  # each pass either claims a folder or sees another run move one
             if staging.exists():
                 lock = self._take(staging, create=False)
@@ -260,7 +264,7 @@ class RunDir:
         try:
             if exc_type is not None:
                 if self.path != self.final_path:
-                    failed = self.root / f"{self.name}.failed"
+                    failed = self.failed_path
                     _retire(self.path, failed, None)
                     self.path = failed
                 return
@@ -286,9 +290,9 @@ class RunDir:
         """An error naming a file of the staging folder (a backend log) names it where the
         user will find it: in ``NAME.failed``."""
         if isinstance(exc, AccdbgError) and self.path != self.final_path:
-            failed = str(self.root / f"{self.name}.failed")
+            staging, failed = str(self.path), str(self.failed_path)
             exc.args = tuple(
-                a.replace(str(self.path), failed) if isinstance(a, str) else a for a in exc.args
+                a.replace(staging, failed) if isinstance(a, str) else a for a in exc.args
             )
 
     def _log_failure(self, exc: BaseException) -> None:

@@ -217,20 +217,27 @@ class TensorFolder:
     def path(self, name: str) -> Path:
         return self.root / self.records[name].file
 
-    def load(self, name: str, mmap: bool = True) -> np.ndarray:
-        """The tensor with its recorded shape; memory-mapped so big folders stay cheap."""
+    def check(self, name: str) -> TensorRecord:
+        """The tensor's record, once its file is known to hold what the record says (a
+        tensor can be planned for without being read)."""
         if name not in self.records:
             raise AccdbgError(f"tensor {name!r} is not in {str(self.root)!r}")
         rec = self.records[name]
         path = self.root / rec.file
-        dtype = np.dtype(rec.dtype)
-        expected = rec.size * dtype.itemsize
+        expected = rec.size * np.dtype(rec.dtype).itemsize
         actual = path.stat().st_size if path.exists() else -1
         if actual != expected:
             raise AccdbgError(
                 f"{path}: {actual} bytes on disk, expected {expected} for {rec.dtype}{rec.shape}"
             )
-        if expected == 0:
+        return rec
+
+    def load(self, name: str, mmap: bool = True) -> np.ndarray:
+        """The tensor with its recorded shape; memory-mapped so big folders stay cheap."""
+        rec = self.check(name)
+        path = self.root / rec.file
+        dtype = np.dtype(rec.dtype)
+        if rec.size == 0:
             return np.zeros(rec.shape, dtype=dtype)
         if mmap and rec.shape:
             return np.memmap(path, dtype=dtype, mode="r", shape=tuple(rec.shape))

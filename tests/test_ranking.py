@@ -14,7 +14,7 @@ import pytest
 
 from accdbg.algorithms.evidence import Evidence, qdq
 from accdbg.algorithms.oneshot import run_oneshot
-from accdbg.algorithms.ranking import rank
+from accdbg.algorithms.ranking import KernelsAdded, rank
 from accdbg.algorithms.sensitivity import Share
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.verifiers import get_verifier
@@ -22,6 +22,8 @@ from accdbg.verifiers.channels import ChannelPair, channel_axis, live, summarize
 from tests import models
 from tests.ranking_stubs import Impact as _Impact
 from tests.ranking_stubs import evidence as _ev
+
+ADDS_90 = KernelsAdded("out", 0.1, 0.01)  # QNN ten times as far from float as the CPU
 
 
 def _db(nsr: float) -> float:
@@ -183,14 +185,14 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
     assert [c.name for c in r.culprits] == ["l10"]
     assert ("l10", "l11", "l12") in impact.asked  # measured as a group only after alone failed
     assert "reaches l11, l12" in r.culprits[0].cause
-    assert "costs the outputs 90%" in r.culprits[0].cause and "(alone 5%," in r.culprits[0].cause
+    assert "costs the outputs 90%" in r.culprits[0].cause and "(alone 5%)" in r.culprits[0].cause
     assert r.columns["l11"]["cause"] == "activation outlier carried in from l10"
     assert r.columns["l12"]["cause"] == "activation outlier carried in from l11"
     # the same layers, with a group that does not matter either: nothing is named
     r = rank(ev, names, impact=_Impact({"l10": 0.05, ("l10", "l11", "l12"): 0.1}))
     assert r.culprits == []
     assert (
-        "only 5% of the whole model's error (alone 5%, taken out of the quantized model ?%) "
+        "only 5% of the whole model's error (alone 5%) "
         "(with the 2 layer(s) carrying its outlier 10%)" in (r.columns["l10"]["cause"])
     )
 
@@ -281,21 +283,27 @@ def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_cos
 
         return measure
 
-    r = rank(ev, names, divergence=div, kernel_share=kernel(0.8), backend_share=0.9)
+    r = rank(ev, names, divergence=div, kernel_share=kernel(0.8), kernels_added=ADDS_90)
     assert asked == [["l30"]]
     assert [(c.name, c.kind) for c in r.culprits] == [("l30", "backend")]
     assert "23.0 dB" in r.culprits[0].cause and "costs the outputs 80% of their error on QNN" in (
         r.culprits[0].cause
     )
     for share in (0.3, math.nan):
-        r = rank(ev, names, divergence=div, kernel_share=kernel(share), backend_share=0.9)
+        r = rank(ev, names, divergence=div, kernel_share=kernel(share), kernels_added=ADDS_90)
         assert r.culprits == [] and r.columns["l30"]["cause"].startswith("backend: fed")
     asked.clear()  # the kernels together carry under half the outputs' error: none is measured
-    r = rank(ev, names, divergence=div, kernel_share=kernel(0.8), backend_share=0.4)
+    r = rank(
+        ev,
+        names,
+        divergence=div,
+        kernel_share=kernel(0.8),
+        kernels_added=KernelsAdded("out", 1.0, 0.6),
+    )
     assert r.culprits == [] and asked == []
     few = {n: (div[n] if n in ("l30", *names[:6]) else 0.0) for n in names}  # 7 differ
     asked.clear()
-    r = rank(ev, names, divergence=few, kernel_share=kernel(0.8), backend_share=0.9)
+    r = rank(ev, names, divergence=few, kernel_share=kernel(0.8), kernels_added=ADDS_90)
     assert r.culprits == [] and "cause" not in r.columns["l30"] and asked == []
 
 
@@ -463,12 +471,15 @@ def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own
     assert len(others) >= 8 and min(others) > 30  # every other layer: a rounding step apart
     ev = builder.build()
     names = [e.name for e in builder.layers]
-    r = rank(ev, names, divergence=div, backend_share=0.9)
+    r = rank(ev, names, divergence=div, kernels_added=ADDS_90)
     assert r.culprits == []  # not measured: a note
     assert r.columns[wrong]["cause"].startswith("backend: fed the backend's own inputs")
     # 0.6 of each value: the backend's integers sit below the fake-quant's, by many steps
     assert "steps, 100% of them below the fake-quant's" in r.columns[wrong]["cause"]
-    assert any("QNN's kernels account for 90%" in f for f in r.findings)
+    assert (
+        "QNN's kernels add 90% to the outputs' error: out at 10.0 dB SQNR on QNN, 20.0 dB"
+        in (r.findings[-2])
+    )
     # what the difference costs the outputs, measured on the CPU fake-quant: the wrong layer is
     # the output, so it is its own difference, 0.4 of the signal in amplitude
     effect = kernel_effect(
@@ -939,4 +950,48 @@ def test_weights_of_a_gemm_the_qnn_preprocessing_hides_between_reshapes_are_judg
     cause = s.loc[planted, "cause"]
     assert any(t in cause for t in ("weight [5, 9]", "input channel 5 ", "output channel 9 ")), (
         cause
+    )
+
+
+def test_what_the_kernels_add_is_the_errors_difference_not_the_runs_distance():
+    """Two runs rounding differently part by as much as either is from float: QNN is then no
+    worse, whatever their distance; the share is that of QNN's error the CPU's lacks."""
+    rng = np.random.default_rng(3)
+    g = rng.normal(size=10_000)
+    cpu, qnn = g + 0.1 * rng.normal(size=g.size), g + 0.1 * rng.normal(size=g.size)
+    nsr = lambda x: float(((x - g) ** 2).sum() / (g**2).sum())  # noqa: E731
+    assert nsr(qnn - cpu + g) > 0.9 * nsr(qnn)  # the runs are as far apart as from float
+    same = KernelsAdded("out", nsr(qnn), nsr(cpu))
+    assert same.share < 0.05 and "add nothing measurable" in same.line()
+    worse = KernelsAdded("out", nsr(qnn) * 4, nsr(qnn))  # QNN's error four times the CPU's
+    assert worse.share == pytest.approx(0.75) and worse.line().startswith("QNN's kernels add 75%")
+    assert f"{10 * math.log10(1 / (4 * nsr(qnn))):.1f} dB SQNR on QNN" in worse.line()
+    picked = KernelsAdded.worst({"a": (0.01, 0.01), "b": (0.02, 0.005), "c": (0.0, 0.0)})
+    assert (picked.output, picked.share) == ("b", 0.75)
+    assert KernelsAdded.worst({}) is None
+
+
+def test_an_fp16_run_is_compared_with_the_cpu_float_run_and_says_so():
+    """A float model QNN ran in fp16 has no fake-quant: the CPU reference is its float run."""
+    rng = np.random.default_rng(5)
+    names = [f"l{i}" for i in range(31)]
+    ev = {n: _ev(n, 36 + rng.normal(0, 1)) for n in names}
+    dbs = [44 + rng.normal(0, 2) for _ in range(30)] + [23.0]
+    div = {n: 10 ** (-d / 10) for n, d in zip(names, dbs, strict=True)}
+    added = KernelsAdded("out", 0.01, 0.0001, quantized=False)
+    r = rank(
+        ev,
+        names,
+        divergence=div,
+        kernels_added=added,
+        quantized=False,
+        kernel_share=lambda ns: {n: 0.8 for n in ns},
+    )
+    assert r.culprits[0].name == "l30"
+    assert "onnxruntime's CPU run of this layer and QNN part at 23.0 dB" in r.culprits[0].cause
+    assert "added to the CPU float run, costs the outputs 80%" in r.culprits[0].cause
+    assert "fake-quant" not in " ".join(r.findings) + r.culprits[0].cause
+    assert (
+        "99% to the outputs' error: out at 20.0 dB SQNR on QNN, 40.0 dB in onnxruntime's CPU "
+        "run of the same float model" in r.findings[-2]
     )

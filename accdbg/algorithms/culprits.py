@@ -20,7 +20,7 @@ import pandas as pd
 
 from accdbg.algorithms.divergence import divergence, kernel_effect, local_divergence
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
-from accdbg.algorithms.ranking import Ranking, rank
+from accdbg.algorithms.ranking import KernelsAdded, Ranking, rank
 from accdbg.algorithms.reach import OutlierReach
 from accdbg.algorithms.sensitivity import Sensitivity, Share, scores
 from accdbg.core.tensor_store import TensorFolder
@@ -115,6 +115,7 @@ def find_culprits(
         impact = _LazySensitivity(float_proto, qdq, feeds, more_feeds, by_name, weights_of)
         reach = OutlierReach(float_proto, builder.layers, feeds)
     outputs = [o.name for o in qdq.graph.output]
+    quantized = any(n.op_type == "QuantizeLinear" for n in qdq.graph.node)  # else fp16 on QNN
     div = at_outputs = kernels = None
     judged = outputs  # the outputs' backend error is judged where their error is: the logits
     if target is not None and feeds:
@@ -125,7 +126,8 @@ def find_culprits(
         try:
             div = local_divergence(qdq, builder.layers, feeds, folder)
             ends = [e for e in builder.layers if e.name in judged]
-            at_outputs = divergence(qdq, ends, feeds, folder)
+            gold = TensorFolder(golden)
+            at_outputs = divergence(qdq, ends, feeds, folder, _golden_of(gold, names))
             errors = _errors(table, name_col, verifiers, judged)
             kernels = _KernelShare(qdq, builder.layers, feeds, folder, errors)
         except Exception as exc:  # the CPU cannot run it: no backend verdict, say why
@@ -139,7 +141,8 @@ def find_culprits(
         outputs=output_verdicts(table, name_col, verifiers, outputs) if full_run else (),
         divergence=div,
         kernel_share=kernels,
-        backend_share=_backend_share(at_outputs, table, name_col, verifiers, judged),
+        kernels_added=KernelsAdded.worst(at_outputs.errors, quantized) if at_outputs else None,
+        quantized=quantized,
         reach=reach,
     )
     log.info("culprit ranking in %.1f s", time.perf_counter() - t)
@@ -159,15 +162,14 @@ def _errors(table, name_col, verifiers, judged) -> dict[str, float]:
     return out
 
 
-def _backend_share(div, table, name_col, verifiers, outputs) -> float:
-    """The outputs' QNN-vs-CPU divergence over their QNN-vs-float error (the worst output, at
-    its logits when a Softmax or Sigmoid makes it: a saturated output hides both)."""
-    if not div:
-        return math.nan
-    shares = [
-        div[n] / e for n, e in _errors(table, name_col, verifiers, outputs).items() if n in div
-    ]
-    return max(shares) if shares else math.nan
+def _golden_of(gold: TensorFolder, names: Mapping[str, str]):
+    """A layer's float tensor, None when the golden run has none."""
+
+    def read(e) -> np.ndarray | None:
+        name = names.get(e.name, e.name)
+        return gold.load(name) if name in gold else None
+
+    return read
 
 
 class _KernelShare:

@@ -41,6 +41,9 @@ class Divergences(dict):
     def __init__(self) -> None:
         super().__init__()
         self.how: dict[str, str] = {}
+        # with a golden: per layer, (QNN's error, the CPU fake-quant's error) against float,
+        # each ``Σ(x - golden)² / Σgolden²``
+        self.errors: dict[str, tuple[float, float]] = {}
 
 
 def how_they_part(steps: np.ndarray) -> str:
@@ -71,10 +74,14 @@ def divergence(
     layers: Sequence[Exposed],
     feeds: Mapping[str, np.ndarray],
     target: TensorFolder,
+    golden: Callable[[Exposed], np.ndarray | None] | None = None,
 ) -> Divergences:
-    """Per layer: ``Σ(qnn - cpu)² / Σcpu²`` for every layer dumped in ``target``."""
+    """Per layer: ``Σ(qnn - cpu)² / Σcpu²`` for every layer dumped in ``target``. With
+    ``golden`` (a layer's float tensor, None when unknown), also each run's error against float
+    (``errors``): two runs that round differently part by as much as either is from float
+    without either being worse, so only the two errors say what the backend adds."""
     wanted = [e for e in layers if e.name in target]
-    return _compare(qdq_model, wanted, dict(feeds), target)
+    return _compare(qdq_model, wanted, dict(feeds), target, golden=golden)
 
 
 def local_divergence(
@@ -179,6 +186,19 @@ def kernel_effect(
             if ss > 0:
                 out[e.name][end.name] = dot(got - b, got - b) / ss
     return out
+
+
+def _against_float(
+    out: Divergences, e: Exposed, gold: np.ndarray | None, qnn: np.ndarray, cpu: np.ndarray
+) -> None:
+    """Both runs' error against the layer's float tensor, when it is known and matches."""
+    if gold is None:
+        return
+    g = np.asarray(gold, np.float64).ravel()
+    gg = dot(g, g)
+    if g.size != qnn.size or not gg > 0:
+        return
+    out.errors[e.name] = (dot(qnn - g, qnn - g) / gg, dot(cpu - g, cpu - g) / gg)
 
 
 def _shifted(cpu: np.ndarray, backend: np.ndarray, local: np.ndarray) -> np.ndarray:
@@ -292,9 +312,11 @@ def _compare(
     target: TensorFolder,
     loaded: Mapping[str, np.ndarray] | None = None,
     cuts: Mapping[str, Exposed] | None = None,
+    golden: Callable[[Exposed], np.ndarray | None] | None = None,
 ) -> Divergences:
     """``loaded``: the backend's values already read, by cut name (not read twice); ``cuts``:
-    the layers whose dumps are read as the backend's integers (those the cut model feeds)."""
+    the layers whose dumps are read as the backend's integers (those the cut model feeds);
+    ``golden``: see :func:`divergence`."""
     values = _run(model, [e.graph_tensor for e in wanted], feeds)
     loaded, cuts = loaded or {}, cuts or {}
     read = _reader(target)
@@ -303,17 +325,20 @@ def _compare(
         have = loaded.get(_cut_name(e))
         if have is None and _cut_name(e) in cuts:  # fed to a later part: read it here
             have = read(e)
-        if have is not None and np.array_equal(have, values[e.graph_tensor]):
+        same = have is not None and np.array_equal(have, values[e.graph_tensor])
+        if same and golden is None:
             out[e.name] = 0.0  # the same integers (most layers): nothing to dequantize
             continue
         cpu = np.asarray(e.dequantize(values[e.graph_tensor]), np.float64).ravel()
         try:
-            qnn = target.load(e.name) if have is None else e.dequantize(have)
+            qnn = cpu if same else target.load(e.name) if have is None else e.dequantize(have)
             qnn = np.asarray(qnn, np.float64).ravel()
         except Exception:  # unreadable dump: no verdict for this layer
             continue
         if qnn.size != cpu.size or not (np.isfinite(qnn).all() and np.isfinite(cpu).all()):
             continue
+        if golden is not None:
+            _against_float(out, e, golden(e), qnn, cpu)
         d = qnn - cpu
         ss, dd = dot(cpu, cpu), dot(d, d)
         out[e.name] = dd / ss if ss > 0 else (0.0 if dd == 0 else math.inf)

@@ -81,6 +81,7 @@ OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it c
 # layers where QNN and the CPU fake-quant differ at all, needed for their floor (many layers
 # of the models measured are bit-exact, and a floor of three rounding steps says nothing)
 MIN_DIVERGING = 8
+NOTICED = 0.05  # what the kernels add to the outputs' error below this is not stated as a share
 
 RANK = "culprit_rank"
 CAUSE = "cause"
@@ -114,6 +115,52 @@ def _consider(impact: Impact | None, names: Sequence[str]) -> None:
     consider = getattr(impact, "consider", None)
     if consider is not None:
         consider(names)
+
+
+def cpu_run(quantized: bool, of: str = "the same QDQ model") -> str:
+    """What QNN is compared with: the CPU fake-quant of the model QNN runs, or, for a float
+    model QNN runs in fp16, the CPU's float run of it."""
+    if quantized:
+        return f"onnxruntime's CPU fake-quant of {of}"
+    return f"onnxruntime's CPU run of {'the same float model' if of.startswith('the same') else of}"
+
+
+@dataclass(frozen=True)
+class KernelsAdded:
+    """What QNN's kernels add to the outputs' error: at the judged output where they add the
+    most, its error on QNN and in onnxruntime's CPU fake-quant of the same QDQ model (each
+    noise-to-signal against float). Not the two runs' difference: two runs that round
+    differently part by as much as either is from float, with neither worse."""
+
+    output: str
+    qnn: float
+    cpu: float
+    quantized: bool = True  # else an fp16 run on QNN: the CPU ran the float model
+
+    @property
+    def share(self) -> float:
+        """The part of the output's QNN error the CPU fake-quant does not have (0 when QNN is
+        no worse)."""
+        return max(0.0, 1.0 - self.cpu / self.qnn) if self.qnn > 0 else 0.0
+
+    def line(self) -> str:
+        where = (
+            f"{self.output} at {nsr_db(self.qnn):.1f} dB SQNR on QNN, {nsr_db(self.cpu):.1f} dB "
+            f"in {cpu_run(self.quantized)}"
+        )
+        if self.share < NOTICED:
+            return f"QNN's kernels add nothing measurable to the outputs' error: {where}"
+        return f"QNN's kernels add {_pct(self.share)} to the outputs' error: {where}"
+
+    @classmethod
+    def worst(
+        cls, errors: Mapping[str, tuple[float, float]], quantized: bool = True
+    ) -> KernelsAdded | None:
+        """From (QNN's error, the CPU's error) per judged output."""
+        found = [
+            cls(n, q, c, quantized) for n, (q, c) in errors.items() if q > 0 and math.isfinite(q)
+        ]
+        return max(found, key=lambda k: (k.share, k.qnn), default=None)
 
 
 @dataclass
@@ -258,7 +305,8 @@ def rank(
     local_observed: bool = False,
     outputs: Sequence[tuple[str, str, float, bool | None]] = (),
     divergence: Mapping[str, float] | None = None,
-    backend_share: float = math.nan,
+    kernels_added: KernelsAdded | None = None,
+    quantized: bool = True,
     kernel_share: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
     reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None = None,
 ) -> Ranking:
@@ -273,12 +321,13 @@ def rank(
     ``outputs`` are the model outputs' verdicts ``(name, verifier label, value, passed)``.
     ``divergence`` is, per layer, the QNN result against the CPU fake-quant of that layer fed
     QNN's own inputs (noise-to-signal; :func:`~accdbg.algorithms.divergence.local_divergence`),
-    and ``backend_share`` the outputs' QNN-vs-CPU divergence over their QNN-vs-float error
-    (stated in the findings). ``kernel_share(names)`` is, for layers whose divergence stands
-    out, what that layer's kernel difference alone costs the outputs over their error on QNN:
-    at ``SHARE`` or more it is a backend culprit of a full run, else a note in its ``cause``.
-    It is asked only when ``backend_share`` reaches ``SHARE``: when QNN's kernels together
-    carry less than half the outputs' error, no one of them is measured (a CPU run each).
+    and ``kernels_added`` what QNN's kernels add to the outputs' error (stated in the findings);
+    ``quantized`` False for a float model QNN ran in fp16 (the CPU ran it in float).
+    ``kernel_share(names)`` is, for layers whose divergence stands out, what that layer's
+    kernel difference alone costs the outputs over their error on QNN: at ``SHARE`` or more it
+    is a backend culprit of a full run, else a note in its ``cause``. It is asked only when the
+    kernels add ``SHARE`` or more: when QNN is less than twice as far from float as the CPU
+    fake-quant, no one kernel is measured (a CPU run each).
     ``reach(names)`` says, of the standouts whose output carries a loud channel, which layers
     that channel blows (:class:`~accdbg.algorithms.reach.OutlierReach`): those layers are its
     carriers, and it is measured with them when alone it does not matter.
@@ -394,16 +443,18 @@ def rank(
     else:
         _inherited(order, evidence, observed, local, columns)
     named = {c[1] for c in candidates}
-    standing = _diverging(divergence or {})
+    standing = _diverging(divergence or {}, quantized)
     shares: Mapping[str, float] = {}
-    if standing and kernel_share is not None and not local_observed and backend_share >= SHARE:
+    added = kernels_added.share if kernels_added is not None else math.nan
+    if standing and kernel_share is not None and not local_observed and added >= SHARE:
         shares = kernel_share(list(standing))  # not when the kernels together carry less
     for n, cause in standing.items():
         col = columns.setdefault(n, {})
         share = shares.get(n, math.nan)
         if not math.isnan(share):
             cause += (
-                f"; that difference alone, added to the CPU fake-quant, costs the outputs "
+                f"; that difference alone, added to the "
+                f"{'CPU fake-quant' if quantized else 'CPU float run'}, costs the outputs "
                 f"{_pct(share)} of their error on QNN"
             )
         if share >= SHARE and n not in named and n in evidence:
@@ -432,12 +483,8 @@ def rank(
     findings = _findings(
         culprits, floor, spread, outputs, max(unnamed, default=None), _global_changes(evidence)
     )
-    if divergence and math.isfinite(backend_share):
-        findings.insert(
-            -1,
-            f"QNN's kernels account for {100 * min(backend_share, 1):.0f}% of the outputs' error "
-            "(QNN against onnxruntime's CPU fake-quant of the same QDQ model)",
-        )
+    if divergence and kernels_added is not None:
+        findings.insert(-1, kernels_added.line())
     return Ranking(culprits, floor, spread, findings, columns)
 
 
@@ -446,7 +493,9 @@ def _pct(x: float) -> str:
 
 
 def _both(share: Share) -> str:
-    return f"alone {_pct(share.alone)}, taken out of the quantized model {_pct(share.removed)}"
+    """Both measures, or the one taken (the second is skipped when the first is enough)."""
+    parts = [("alone", share.alone), ("taken out of the quantized model", share.removed)]
+    return ", ".join(f"{k} {_pct(v)}" for k, v in parts if not math.isnan(v))
 
 
 def _nan_none(x: float) -> float | None:
@@ -749,7 +798,7 @@ def _backend(
     ]
 
 
-def _diverging(div: Mapping[str, float]) -> dict[str, str]:
+def _diverging(div: Mapping[str, float], quantized: bool = True) -> dict[str, str]:
     """Layers where QNN parts from the CPU fake-quant fed its own inputs (noise-to-signal
     ``div``) far more than at the model's other layers that differ at all."""
     dbs = {n: nsr_db(d) for n, d in div.items() if d > 0}
@@ -760,7 +809,7 @@ def _diverging(div: Mapping[str, float]) -> dict[str, str]:
     cut = floor - standout_gap(spread)
     how: Mapping[str, str] = getattr(div, "how", {})
     return {
-        n: f"backend: fed the backend's own inputs, onnxruntime's CPU fake-quant of this layer "
+        n: f"backend: fed the backend's own inputs, {cpu_run(quantized, 'this layer')} "
         f"and QNN part at {d:.1f} dB (the model's median differing layer: {floor:.1f} dB)"
         + (f": {how[n]}" if how.get(n) else "")
         for n, d in dbs.items()

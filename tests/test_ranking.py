@@ -498,6 +498,24 @@ def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own
         target=result,
     )
     assert [(c.name, c.kind) for c in ranking.culprits] == [(wrong, "backend")]
+    # what the kernels add, from the files: QNN's output error and the CPU's (onnxruntime run
+    # here with every Q/DQ as written), each against the float golden
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    out = onnx.load(str(qdq_path)).graph.output[0].name
+    cpu = ort.InferenceSession(str(qdq_path), so, providers=["CPUExecutionProvider"]).run([out], x)[
+        0
+    ]
+    g = TensorFolder(res.golden_dir).load(wrong).astype(np.float64).ravel()
+    q = target.load(wrong).astype(np.float64).ravel()
+    c = cpu.astype(np.float64).ravel()
+    q_db, c_db = (10 * math.log10(g @ g / ((v - g) @ (v - g))) for v in (q, c))
+    added = 100 * (1 - 10 ** ((q_db - c_db) / 10))
+    line = next(f for f in ranking.findings if f.startswith("QNN's kernels add"))
+    assert line.startswith(f"QNN's kernels add {added:.0f}% to the outputs' error: {wrong} at ")
+    assert f"at {q_db:.1f} dB SQNR on QNN, {c_db:.1f} dB in onnxruntime's CPU fake-quant" in line
     # in parts of one layer's dump each (as a model too big to hold does): each part's run is
     # fed only the dumps it reads, and every figure is the same
     one_layer = target.records["layer0"].size  # 8-bit: a byte per value

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from accdbg.algorithms import ranking as ranking_mod
 from accdbg.algorithms.evidence import Evidence, qdq
 from accdbg.algorithms.oneshot import run_oneshot
 from accdbg.algorithms.ranking import KernelsAdded, rank
@@ -398,6 +399,78 @@ def test_clean_chain_names_nothing(outlier_runs):
     assert any(f.startswith("no single layer stands out") for f in res.findings) or any(
         f.startswith("the outputs meet") for f in res.findings
     )
+
+
+@pytest.mark.slow
+def test_the_ranking_prepared_beside_the_run_is_the_ranking_done_after_it(
+    outlier_runs, tmp_path, monkeypatch
+):
+    """Oneshot prepares the ranking's evidence, sensitivity and reach while QNN runs; the
+    ranking after the run then measures nothing again, and it is the same as one done wholly
+    after the run - also when the worst input is not the one prepared (its evidence built
+    again, the sensitivity, pooled over the same inputs, kept)."""
+    import json
+    import shutil
+
+    from accdbg.algorithms import culprits as culprits_mod
+    from accdbg.algorithms import sensitivity as sensitivity_mod
+    from accdbg.verifiers.pairing import find_results
+
+    built, res = outlier_runs[60.0]
+    qdq = next(res.engine_run.glob("*.qdq.onnx"))
+    (golden,) = find_results(res.golden_dir, "golden")[0].values()  # its one input's folder
+    mapping = json.loads((res.engine_run / "tensor_mapping.json").read_text())
+    x = {"x": np.fromfile(built.input_path, np.float32).reshape(built.dims)}
+    table = res.summary.drop(columns=[c for c in ranking_mod.COLUMNS if c in res.summary])
+
+    def ranked(prefetch=None):
+        r = culprits_mod.find_culprits(
+            qdq,
+            golden,
+            table,
+            "Name",
+            {"CosineSimilarity": get_verifier("CosineSimilarity"), "SQNR": get_verifier("SQNR")},
+            feeds=x,
+            float_model=culprits_mod.prepared_model(qdq),
+            golden_name=mapping,
+            target=res.engine_run / "output" / "Result_0",
+            prefetch=prefetch,
+        )
+        return r.findings, r.columns
+
+    after = ranked()
+    assert after[0] == res.findings  # oneshot itself ran with the prefetch
+    assert after[0][1].startswith(f"culprit #1: {built.expected['planted']}")
+    measured = []
+    real_share, real_reach = sensitivity_mod.Sensitivity.share, culprits_mod.OutlierReach.__call__
+
+    def share(self, *a, **k):
+        measured.append("share")
+        return real_share(self, *a, **k)
+
+    def reach(self, *a, **k):
+        measured.append("reach")
+        return real_reach(self, *a, **k)
+
+    monkeypatch.setattr(sensitivity_mod.Sensitivity, "share", share)
+    monkeypatch.setattr(culprits_mod.OutlierReach, "__call__", reach)
+    prefetch = culprits_mod.Prefetch(qdq, golden, mapping, x, ())
+    before = prefetch.take()
+    assert before is not None and "share" in measured and "reach" in measured
+    measured.clear()
+    assert ranked(prefetch) == after and measured == []  # nothing measured twice
+    # prepared for another input's golden (a copy elsewhere): evidence and reach again, the
+    # pooled sensitivity kept
+    other = tmp_path / "Result_0"
+    shutil.copytree(golden, other)
+    prefetch = culprits_mod.Prefetch(qdq, other, mapping, x, ())
+    prefetch.take()
+    measured.clear()
+    assert ranked(prefetch) == after and measured == ["reach"]
+    # stopped: it ends at the next question, and the ranking does everything itself
+    prefetch = culprits_mod.Prefetch(qdq, golden, mapping, x, ())
+    prefetch.close()
+    assert ranked(prefetch) == after
 
 
 def pd_isna(v) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -21,8 +22,9 @@ import pandas as pd
 from accdbg.algorithms.divergence import divergence, kernel_effect, local_divergence
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.ranking import KernelsAdded, Ranking, rank
-from accdbg.algorithms.reach import OutlierReach
+from accdbg.algorithms.reach import OutlierReach, Reach
 from accdbg.algorithms.sensitivity import Sensitivity, Share, scores
+from accdbg.core.cpu_session import cpu_threads
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
 
@@ -75,6 +77,141 @@ def output_verdicts(
     return out
 
 
+class _BeforeBackend:
+    """What the ranking needs before any backend result, for one input: the models, that
+    input's evidence, and the output sensitivity and outlier reach - which remember what they
+    were asked, so a ranking run twice measures once."""
+
+    def __init__(
+        self,
+        qdq_model: Path,
+        golden: Path,
+        golden_name: Mapping[str, str] | None,
+        feeds: Mapping[str, np.ndarray] | None,
+        float_model: Path | None,
+        more_feeds: Iterable[Mapping[str, np.ndarray]],
+        impact: _LazySensitivity | None = None,
+    ):
+        self.golden, self.feeds = Path(golden).resolve(), dict(feeds or {})
+        self.qdq = onnx.load(str(qdq_model))
+        self.names = dict(golden_name or {})
+        # read once: its weights, its logits' names and (if a layer stands out) the sensitivity
+        self.float_proto = (
+            onnx.load(str(float_model)) if float_model and float_model.is_file() else None
+        )
+        weights = float_weights_of(self.float_proto) if self.float_proto is not None else None
+        self.builder = EvidenceBuilder(
+            self.qdq,
+            TensorFolder(golden),
+            lambda n: self.names.get(n, n),
+            weights,
+            graph_inputs=feeds,
+        )
+        self.evidence = self.builder.build()
+        self.impact: _LazySensitivity | None = None
+        self.reach: _RememberedReach | None = None
+        if self.float_proto is not None and feeds:
+            by_name = {e.name: e for e in self.builder.layers}
+            weights_of = {n: ev.weights_of for n, ev in self.evidence.items() if ev.weights_of}
+            self.impact = impact or _LazySensitivity(
+                self.float_proto, self.qdq, feeds, more_feeds, by_name, weights_of
+            )
+            self.reach = _RememberedReach(
+                OutlierReach(self.float_proto, self.builder.layers, feeds)
+            )
+
+    def serves(self, golden: Path, feeds: Mapping[str, np.ndarray] | None) -> bool:
+        """Built for this input (its golden folder and the same input values)."""
+        feeds = dict(feeds or {})
+        return (
+            Path(golden).resolve() == self.golden
+            and feeds.keys() == self.feeds.keys()
+            and all(np.array_equal(feeds[k], self.feeds[k]) for k in feeds)
+        )
+
+    def rank_alone(self, stop: threading.Event) -> None:
+        """The ranking with no backend result, in execution order: it asks the sensitivity and
+        the reach what the full ranking will ask them (``stop`` set: it stops at the next
+        question)."""
+        rank(
+            self.evidence,
+            [e.name for e in self.builder.layers],
+            impact=_Stoppable(self.impact, stop) if self.impact else None,
+            reach=_Stoppable(self.reach, stop) if self.reach else None,
+        )
+
+
+class _Stopped(Exception):
+    pass
+
+
+class _Stoppable:
+    """A measure that refuses further questions once ``stop`` is set."""
+
+    def __init__(self, measure, stop: threading.Event):
+        self.measure, self.stop = measure, stop
+
+    def __call__(self, *args, **kwargs):
+        if self.stop.is_set():
+            raise _Stopped
+        return self.measure(*args, **kwargs)
+
+    def consider(self, names: Sequence[str]) -> None:
+        _consider = getattr(self.measure, "consider", None)
+        if _consider is not None:
+            _consider(names)
+
+
+class Prefetch:
+    """The culprit ranking's work that needs no backend result, done in a thread while the
+    backend runs (QNN's graph finalize keeps one core busy for seconds; the ranking would
+    otherwise wait for it): the evidence of the first input and the output sensitivity and
+    outlier reach its standouts ask for. :func:`find_culprits` takes what serves its own
+    question and measures the rest. Made for one run: the model the engine runs and the inputs
+    it is fed (the sensitivity pools all of them, whichever comes first)."""
+
+    def __init__(
+        self,
+        qdq_model: Path,
+        golden: Path,
+        golden_name: Mapping[str, str],
+        feeds: Mapping[str, np.ndarray],
+        more_feeds: Iterable[Mapping[str, np.ndarray]],
+    ):
+        self._done: _BeforeBackend | None = None
+        self._stop = threading.Event()
+        args = (qdq_model, golden, golden_name, feeds, prepared_model(qdq_model), more_feeds)
+        self.seconds = math.nan
+        self._thread = threading.Thread(
+            target=self._run, args=args, name="accdbg-ranking-prefetch", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, *args) -> None:
+        t = time.perf_counter()
+        try:
+            with cpu_threads(1):  # the core QNN's graph finalize leaves free, not both
+                before = _BeforeBackend(*args)
+                before.rank_alone(self._stop)
+            self._done = before
+        except _Stopped:
+            pass
+        except Exception as exc:  # the ranking does it all after the run, and says why there
+            log.info("culprit ranking not prepared beside the run: %s", str(exc).splitlines()[0])
+        self.seconds = time.perf_counter() - t
+
+    def take(self) -> _BeforeBackend | None:
+        """What it prepared (waiting for it), or None."""
+        self._thread.join()
+        return self._done
+
+    def close(self) -> None:
+        """Stop at the next question and wait (a run stopped or failed: no thread left in a
+        CPU run while the process ends)."""
+        self._stop.set()
+        self._thread.join()
+
+
 def find_culprits(
     qdq_model: Path,
     golden: Path,
@@ -88,6 +225,7 @@ def find_culprits(
     full_run: bool = True,
     target: Path | None = None,
     more_feeds: Iterable[Mapping[str, np.ndarray]] = (),
+    prefetch: Prefetch | None = None,
 ) -> Ranking:
     """Evidence for every layer, output sensitivity for the standouts, one verdict.
 
@@ -97,23 +235,16 @@ def find_culprits(
     layer fed QNN's own inputs to find backend culprits. ``more_feeds``: the other inputs debugged with this
     one - the output sensitivity pools its error over all of them (the evidence and the
     backend comparison stay on ``feeds``, whose golden and target are given); read only if
-    some layer stands out."""
+    some layer stands out. ``prefetch``: the same run's work done while the backend ran."""
     t = time.perf_counter()
-    qdq = onnx.load(str(qdq_model))
-    names = dict(golden_name or {})
-    # read once: its weights, its logits' names and (if a layer stands out) the sensitivity
-    float_proto = onnx.load(str(float_model)) if float_model and float_model.is_file() else None
-    weights = float_weights_of(float_proto) if float_proto is not None else None
-    builder = EvidenceBuilder(
-        qdq, TensorFolder(golden), lambda n: names.get(n, n), weights, graph_inputs=feeds
-    )
-    evidence = builder.build()
-    by_name = {e.name: e for e in builder.layers}
-    impact = reach = None
-    if float_proto is not None and feeds:
-        weights_of = {n: ev.weights_of for n, ev in evidence.items() if ev.weights_of}
-        impact = _LazySensitivity(float_proto, qdq, feeds, more_feeds, by_name, weights_of)
-        reach = OutlierReach(float_proto, builder.layers, feeds)
+    before = prefetch.take() if prefetch is not None else None
+    beside = "" if before is None else f" ({prefetch.seconds:.1f} s more beside the backend run)"
+    if before is None or not before.serves(golden, feeds):  # another input is the worst
+        impact = before.impact if before is not None else None  # pooled over the same inputs
+        before = _BeforeBackend(
+            qdq_model, golden, golden_name, feeds, float_model, more_feeds, impact
+        )
+    qdq, float_proto, builder = before.qdq, before.float_proto, before.builder
     outputs = [o.name for o in qdq.graph.output]
     quantized = any(n.op_type == "QuantizeLinear" for n in qdq.graph.node)  # else fp16 on QNN
     div = at_outputs = kernels = None
@@ -127,15 +258,15 @@ def find_culprits(
             div = local_divergence(qdq, builder.layers, feeds, folder)
             ends = [e for e in builder.layers if e.name in judged]
             gold = TensorFolder(golden)
-            at_outputs = divergence(qdq, ends, feeds, folder, _golden_of(gold, names))
+            at_outputs = divergence(qdq, ends, feeds, folder, _golden_of(gold, before.names))
             errors = _errors(table, name_col, verifiers, judged)
             kernels = _KernelShare(qdq, builder.layers, feeds, folder, errors)
         except Exception as exc:  # the CPU cannot run it: no backend verdict, say why
             log.info("no backend comparison (CPU fake-quant failed: %s)", str(exc).splitlines()[0])
     ranking = rank(
-        evidence,
+        before.evidence,
         [str(n) for n in table[name_col]],
-        impact=impact,
+        impact=before.impact,
         observed_nsr=observed_nsr(table, name_col, verifiers),
         local_observed=local_observed,
         outputs=output_verdicts(table, name_col, verifiers, outputs) if full_run else (),
@@ -143,9 +274,9 @@ def find_culprits(
         kernel_share=kernels,
         kernels_added=KernelsAdded.worst(at_outputs.errors, quantized) if at_outputs else None,
         quantized=quantized,
-        reach=reach,
+        reach=before.reach,
     )
-    log.info("culprit ranking in %.1f s", time.perf_counter() - t)
+    log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)
     return ranking
 
 
@@ -192,6 +323,20 @@ class _KernelShare:
         }
 
 
+class _RememberedReach:
+    """An outlier reach that measures each question once."""
+
+    def __init__(self, reach: OutlierReach):
+        self.reach = reach
+        self.answers: dict[tuple[str, ...], dict[str, Reach]] = {}
+
+    def __call__(self, names: Sequence[str]) -> dict[str, Reach]:
+        key = tuple(names)
+        if key not in self.answers:
+            self.answers[key] = self.reach(names)
+        return self.answers[key]
+
+
 class _LazySensitivity:
     """Output sensitivity, set up only when a layer stands out (clean models pay nothing)."""
 
@@ -210,6 +355,7 @@ class _LazySensitivity:
         self._sens: Sensitivity | None = None
         self.failed = False
         self.asked: list[str] = []
+        self.answers: dict[tuple[tuple[str, ...], float], Share] = {}  # each question once
 
     def consider(self, names: Sequence[str]) -> None:
         """The layers that will be asked about: the models are built once for all of them."""
@@ -234,10 +380,16 @@ class _LazySensitivity:
         return self._sens
 
     def __call__(self, names: str | Sequence[str], enough: float = math.inf) -> Share:
+        group = [names] if isinstance(names, str) else list(names)
+        key = (tuple(group), enough)
+        if key not in self.answers:
+            self.answers[key] = self._measure(group, enough)
+        return self.answers[key]
+
+    def _measure(self, group: list[str], enough: float) -> Share:
         sens = self._ready()
         if sens is None:
             return Share(math.nan)
-        group = [names] if isinstance(names, str) else list(names)
         try:
             return sens.share(
                 [self.layers[x] for n in group for x in self._with_weights(n)], enough

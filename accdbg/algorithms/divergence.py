@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from accdbg.core import onnx_model as om
+from accdbg.core.cpu_session import exact_session
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.base import dot
@@ -166,7 +166,7 @@ def kernel_effect(
     full = _run(qdq_model, [e.graph_tensor for e in subjects + ends], feeds)
     model, base_feed = _cut(qdq_model, subjects, lambda e: full[e.graph_tensor])
     outputs = [e.graph_tensor for e in ends]
-    sess = _session(om.with_outputs(model, outputs))
+    sess = exact_session(om.with_outputs(model, outputs))
     feed = {**feeds, **base_feed}
 
     def deq(e: Exposed, values: np.ndarray) -> np.ndarray:
@@ -287,21 +287,13 @@ def _backend_value(e: Exposed, values: np.ndarray) -> np.ndarray:
     return e.quantize(values)
 
 
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    # every Q/DQ executed as written (no fusion into QLinear kernels): the exact fake-quant
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def _run(
     model: onnx.ModelProto, outputs: Sequence[str], feeds: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
     outputs = list(dict.fromkeys(outputs))
     if [o.name for o in model.graph.output] != outputs:  # a slice has them already
         model = om.with_outputs(model, outputs)
-    sess = _session(model)
+    sess = exact_session(model)
     return dict(zip(outputs, sess.run(outputs, dict(feeds)), strict=True))
 
 

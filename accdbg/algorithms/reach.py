@@ -28,6 +28,7 @@ from onnx import helper
 
 from accdbg.algorithms.sensitivity import Feeds, float_tensor
 from accdbg.core import onnx_model as om
+from accdbg.core.cpu_session import exact_session
 from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.channels import channel_axis, channel_extent
 
@@ -190,11 +191,6 @@ def _with_switches(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.Model
 
 
 def _session(model: onnx.ModelProto, outputs: Sequence[str]):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     proto = om.with_outputs(model, outputs)
     proto.graph.ClearField("value_info")
-    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return exact_session(proto)

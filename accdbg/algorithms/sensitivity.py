@@ -39,17 +39,11 @@ from onnx import helper, numpy_helper
 
 from accdbg.algorithms.evidence import SAME_VALUES, dequantized_weight
 from accdbg.core import onnx_model as om
+from accdbg.core.cpu_session import exact_session
 from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.base import dot
 
 log = logging.getLogger("accdbg.sensitivity")
-
-
-def _session(model: onnx.ModelProto) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _runs(sess: ort.InferenceSession, names: Sequence[str], feeds) -> list[list[np.ndarray]]:
@@ -351,7 +345,7 @@ class _Switched:
     def run(self, names: Sequence[str], feeds: Sequence[Feeds], on: Sequence[Exposed]):
         """The named outputs on every input, with the switches of ``on`` turned on."""
         if self._sess is None:
-            self._sess = _session(self.model)
+            self._sess = exact_session(self.model)
         lit = {_flag(e) for e in on}
         flags = {f: np.array(f in lit) for f in self.flags}
         return _runs(self._sess, names, [{**f, **flags} for f in feeds])

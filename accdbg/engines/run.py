@@ -15,7 +15,7 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -176,6 +176,17 @@ def _config(config: EngineConfig | dict | None, keywords: dict) -> EngineConfig:
     return config
 
 
+@dataclass(frozen=True)
+class ModelReady:
+    """What the engine will run, known before it runs: work that needs only the models (the
+    culprit ranking's evidence and CPU simulation) can go on beside the backend's run, whose
+    graph finalize keeps one core busy for seconds."""
+
+    model: Path  # the model the backend runs (QDQ), in the run's staging folder until it ends
+    tensor_mapping: dict[str, str]  # as tensor_mapping.json will have it
+    inputs: list[dict[str, Path]]  # per input line: graph input -> file
+
+
 def run_inference_engine(
     model_path: str | Path | None = None,
     input_list: str | Path | None = None,
@@ -188,6 +199,7 @@ def run_inference_engine(
     options_record: dict | None = None,
     allow_nonfinite_inputs: bool = False,
     conversion: Conversion | None = None,
+    on_ready: Callable[[ModelReady], None] | None = None,
     **keywords: object,
 ) -> EngineResult:
     """Run the model on the chosen engine and dump its intermediate tensors.
@@ -195,7 +207,9 @@ def run_inference_engine(
     Options: an :class:`~accdbg.engines.options.EngineConfig` (what the CLI parses), or the
     flat keywords of its fields, e.g. ``runtime="htp", act_bitwidth=16, per_channel=True``.
     ``conversion``: the model is another framework's, converted to ONNX; the tensor mapping then
-    goes to the framework's names and each dumped tensor records its layout."""
+    goes to the framework's names and each dumped tensor records its layout. ``on_ready`` is
+    called once the quantized model is written, before the backend runs it (not for a converted
+    model, whose mapping is known only after the run)."""
     start = time.perf_counter()
     req = check_inference_engine(
         model_path,
@@ -273,6 +287,15 @@ def run_inference_engine(
             },
             inputs=[inputs_record({n: p for n, (p, _, _) in f.items()}) for f in feeds],
         )
+        mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
+        if on_ready is not None and conversion is None and prepared.stage == "source":
+            on_ready(
+                ModelReady(
+                    target,
+                    dict(mapping),
+                    [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds],
+                )
+            )
         plain, report, diffs = _execute(eng, job, workers)
         model_net = (
             artifacts.merge_qnn_json(
@@ -283,7 +306,6 @@ def run_inference_engine(
         )
         qnn_tensors = artifacts.qnn_tensor_names(model_net)
         _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
-        mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
         if conversion is not None:
             mapping = _through_conversion(run.path, report.results, mapping, conversion)
         write_tensor_mapping(run.path / MAPPING_FILE, mapping)

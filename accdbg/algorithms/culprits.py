@@ -201,9 +201,11 @@ class Prefetch:
         self.seconds = time.perf_counter() - t
 
     def take(self) -> _BeforeBackend | None:
-        """What it prepared (waiting for it), or None."""
+        """What it prepared (waiting for it), or None; handed over once (not held after the
+        ranking: its sessions and evidence go with it)."""
         self._thread.join()
-        return self._done
+        done, self._done = self._done, None
+        return done
 
     def close(self) -> None:
         """Stop at the next question and wait (a run stopped or failed: no thread left in a

@@ -134,9 +134,18 @@ def test_a_standout_is_named_only_when_it_reaches_the_outputs():
     )
     assert r.findings[0].startswith("culprit #1: l30 (Conv) - weight range")
     assert r.findings[1].startswith("culprit #2: l10 (Conv) - weight range")
+    # the most either costs is 70 %: the rest of the error is the model's own
+    assert r.findings[2] == (
+        "the culprits named cost the outputs at most 70% of their error; the rest is spread "
+        "over the model: for it a global change (per-channel weights, 16-bit activations, "
+        "calibration) is the question"
+    )
     # the same cost: the one whose encodings destroy more comes first
     r = rank(ev, names, impact=_Impact({"l10": 0.7, "l20": 0.1, "l30": 0.7}))
     assert [c.name for c in r.culprits] == ["l10", "l30"]
+    # one that costs 90 %: its fix is the question, nothing more is said
+    r = rank(ev, names, impact=_Impact({"l10": 0.08, "l20": 0.1, "l30": 0.9}))
+    assert not any("spread over the model" in f for f in r.findings)
     # without l30, none is named: the verdict says which standout came closest, and how close
     r = rank(ev, names, impact=_Impact({"l10": 0.01, "l20": 0.1, "l30": 0.3}))
     assert r.culprits == []

@@ -52,7 +52,7 @@ says where its error comes from when it is inherited.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -73,6 +73,7 @@ CLIP_MIN = 0.01  # a layer clipping one value in a hundred goes to the sensitivi
 CLIP_RATIO = 10.0  # ...when that is ten times what the model's median layer clips
 DESTROYED_DB = 6.0  # below this the median channel keeps a quarter of noise: information is gone
 SHARE = 0.5  # a culprit alone causes at least this share of the whole model's output error...
+MOST = 0.8  # ...and when none was measured to cause this much, the rest is the model's own
 MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
 BACKEND_DB = 10.0
 MAX_CULPRITS = 5
@@ -481,11 +482,23 @@ def rank(
         if RANK not in c and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
     ]
     findings = _findings(
-        culprits, floor, spread, outputs, max(unnamed, default=None), _global_changes(evidence)
+        culprits,
+        floor,
+        spread,
+        outputs,
+        max(unnamed, default=None),
+        _global_changes(evidence),
+        _most(costs.get(c.name, math.nan) for c in culprits),
     )
     if divergence and kernels_added is not None:
         findings.insert(-1, kernels_added.line())
     return Ranking(culprits, floor, spread, findings, columns)
+
+
+def _most(shares: Iterable[float]) -> float:
+    """The largest share, NaN when any is unknown (or none is given)."""
+    known = list(shares)
+    return max(known) if known and not any(math.isnan(x) for x in known) else math.nan
 
 
 def _pct(x: float) -> str:
@@ -824,9 +837,12 @@ def _findings(
     outputs: Sequence[tuple[str, str, float, bool | None]],
     nearest: tuple[float, str] | None,
     changes: str,
+    named_share: float = math.nan,
 ) -> list[str]:
     """``nearest``: the share and name of the standout measured closest to being named;
-    ``changes``: the global changes left to try (:func:`_global_changes`)."""
+    ``changes``: the global changes left to try (:func:`_global_changes`); ``named_share``:
+    the most a named culprit was measured to cost the outputs (under ``MOST`` the rest of the
+    error is the model's own, and the global changes are its question too)."""
     lines = []
     verdicts = [o for o in outputs if o[3] is not None]
     if verdicts and all(o[3] for o in verdicts):
@@ -855,6 +871,12 @@ def _findings(
     for c in culprits:
         lines.append(f"culprit #{c.rank}: {c.name} ({c.op_type}) - {c.cause}")
     lines += _patterns(culprits)
+    if culprits and named_share < MOST:
+        lines.append(
+            f"the culprits named cost the outputs at most {_pct(named_share)} of their error; "
+            f"the rest is spread over the model: for it a global change ({changes}) is the "
+            "question"
+        )
     lines.append(floor_txt)
     return lines
 

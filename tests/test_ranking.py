@@ -149,7 +149,31 @@ def test_a_standout_is_named_only_when_it_reaches_the_outputs():
     # without l30, none is named: the verdict says which standout came closest, and how close
     r = rank(ev, names, impact=_Impact({"l10": 0.01, "l20": 0.1, "l30": 0.3}))
     assert r.culprits == []
-    assert "cost the outputs less than half their error - the most, l30, 30%" in r.findings[0]
+    assert "cost the outputs less than half of their error - the most, l30, 30%" in r.findings[0]
+
+
+def test_the_models_only_standout_is_named_from_a_quarter_of_the_error():
+    """Every other layer at the floor: the rest of the error is spread thin, so the one layer
+    standing out is named from a quarter of it (and the verdict says the rest is the model's
+    own); beside another standout it needs half."""
+    rng = np.random.default_rng(6)
+    names = [f"l{i}" for i in range(40)]
+    ev = {n: _ev(n, 36 + rng.normal(0, 2)) for n in names}
+    ev["l20"] = _ev("l20", 12.0)
+    r = rank(ev, names, impact=_Impact({"l20": 0.3}))
+    assert [c.name for c in r.culprits] == ["l20"]
+    assert r.culprits[0].cause.endswith(
+        "; the model's only standout: every other layer sits at its noise floor"
+    )
+    assert any(f.startswith("the culprits named cost the outputs at most 30%") for f in r.findings)
+    r = rank(ev, names, impact=_Impact({"l20": 0.2}))
+    assert (
+        r.culprits == []
+        and "cost the outputs less than a quarter of their error" in (r.findings[0])
+    )
+    ev["l30"] = _ev("l30", 13.0)  # a second standout of its own
+    r = rank(ev, names, impact=_Impact({"l20": 0.3, "l30": 0.1}))
+    assert r.culprits == [] and "the most, l20, 30%" in r.findings[0]
 
 
 def test_a_standout_that_hurts_only_with_the_other_encodings_is_named():
@@ -220,7 +244,7 @@ def test_a_compensated_pair_is_measured_with_the_producer_whose_channel_it_ampli
     }
     ev["l10"] = _ev("l10", 9.0, inputs=["l9"])
     ev["l10"].weight_outlier = "input channel"
-    impact = _Impact({"l10": Share(0.25, -0.3), ("l10", "l9"): 0.8})
+    impact = _Impact({"l10": Share(0.2, -0.3), ("l10", "l9"): 0.8})
     r = rank(ev, names, impact=impact)
     assert [c.name for c in r.culprits] == ["l10"]
     assert impact.asked == ["l10", ("l10", "l9")]
@@ -228,7 +252,7 @@ def test_a_compensated_pair_is_measured_with_the_producer_whose_channel_it_ampli
     assert "costs the outputs 80%" in r.culprits[0].cause
     # an output-channel outlier is the weights' own: no partner is asked
     ev["l10"].weight_outlier = "output channel"
-    impact = _Impact({"l10": Share(0.25, -0.3), ("l10", "l9"): 0.8})
+    impact = _Impact({"l10": Share(0.2, -0.3), ("l10", "l9"): 0.8})
     assert rank(ev, names, impact=impact).culprits == []
     assert impact.asked == ["l10"]
 

@@ -74,6 +74,9 @@ CLIP_RATIO = 10.0  # ...when that is ten times what the model's median layer cli
 DESTROYED_DB = 6.0  # below this the median channel keeps a quarter of noise: information is gone
 SHARE = 0.5  # a culprit alone causes at least this share of the whole model's output error...
 MOST = 0.8  # ...and when none was measured to cause this much, the rest is the model's own
+# the model's only standout (every other layer at the floor) is a culprit from this share: the
+# rest of the error is spread over layers each costing a small part of it
+LONE_SHARE = 0.25
 MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
 BACKEND_DB = 10.0
 MAX_CULPRITS = 5
@@ -402,7 +405,8 @@ def rank(
         if n in root_of:
             continue
         ev, db = evidence[n], local_db[n]
-        verdict = _matters(n, db, impact, partners[n].names)
+        lone = len(roots) == 1  # every other layer at the floor, or carrying its outlier
+        verdict = _matters(n, db, impact, partners[n].names, lone)
         if verdict is None:  # impact unknown: only a layer that destroys its information
             if db >= DESTROYED_DB:
                 columns[n][CAUSE] = (
@@ -436,6 +440,8 @@ def rank(
                 "neighbours' encodings"
             )
         costs[n] = share.best if group_share is None else max(share.best, group_share.best)
+        if costs[n] < SHARE and db >= DESTROYED_DB:  # named by the lone standout's bar
+            cause += "; the model's only standout: every other layer sits at its noise floor"
         candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
     backend: list[tuple[float, str, str]] = []
     if local_observed:
@@ -489,6 +495,7 @@ def rank(
         max(unnamed, default=None),
         _global_changes(evidence),
         _most(costs.get(c.name, math.nan) for c in culprits),
+        "a quarter" if len(roots) == 1 else "half",
     )
     if divergence and kernels_added is not None:
         findings.insert(-1, kernels_added.line())
@@ -516,7 +523,7 @@ def _nan_none(x: float) -> float | None:
 
 
 def _matters(
-    n: str, db: float, impact: Impact | None, later: Sequence[str]
+    n: str, db: float, impact: Impact | None, later: Sequence[str], lone: bool = False
 ) -> tuple[Share, Share | None, bool] | None:
     """Whether a standout costs the outputs enough: (its share, its group's share when its
     partners were needed, verdict); None when its impact could not be measured.
@@ -526,8 +533,9 @@ def _matters(
     (:func:`_pair_of`) hurts only together. So when the layer alone does not matter, it is
     measured again quantized together with its partners (carriers or pair) - and also when a
     layer that destroys its information matters alone by the lower bar: what it costs with
-    them orders it among the culprits."""
-    bar = MIN_SHARE if db < DESTROYED_DB else SHARE
+    them orders it among the culprits. The model's ``lone`` standout needs ``LONE_SHARE``: the
+    rest of the error is spread over layers at the floor, none of which comes near it."""
+    bar = MIN_SHARE if db < DESTROYED_DB else LONE_SHARE if lone else SHARE
     share = impact(n, bar) if impact is not None else Share(math.nan)
     if math.isnan(share.best):
         return None
@@ -838,11 +846,13 @@ def _findings(
     nearest: tuple[float, str] | None,
     changes: str,
     named_share: float = math.nan,
+    bar: str = "half",
 ) -> list[str]:
     """``nearest``: the share and name of the standout measured closest to being named;
     ``changes``: the global changes left to try (:func:`_global_changes`); ``named_share``:
     the most a named culprit was measured to cost the outputs (under ``MOST`` the rest of the
-    error is the model's own, and the global changes are its question too)."""
+    error is the model's own, and the global changes are its question too); ``bar``: the share
+    a standout needed."""
     lines = []
     verdicts = [o for o in outputs if o[3] is not None]
     if verdicts and all(o[3] for o in verdicts):
@@ -859,7 +869,8 @@ def _findings(
     )
     if not culprits:
         near = (
-            f" (the layers that stand out locally cost the outputs less than half their error - "
+            f" (the layers that stand out locally cost the outputs less than {bar} of their "
+            f"error - "
             f"the most, {nearest[1]}, {_pct(nearest[0])}: see its cause)"
             if nearest is not None and math.isfinite(nearest[0])
             else ""

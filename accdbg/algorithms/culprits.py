@@ -156,10 +156,8 @@ class _Stoppable:
             raise _Stopped
         return self.measure(*args, **kwargs)
 
-    def consider(self, names: Sequence[str]) -> None:
-        _consider = getattr(self.measure, "consider", None)
-        if _consider is not None:
-            _consider(names)
+    def __getattr__(self, name: str):  # the measure's own (``consider``), when it has one
+        return getattr(self.measure, name)
 
 
 class Prefetch:

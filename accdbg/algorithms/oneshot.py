@@ -297,18 +297,24 @@ def run_oneshot(
 
         def ready(m: ModelReady) -> None:
             """The ranking's work that needs no backend result starts beside the run."""
-            if PREFETCH and "Result_0" in goldens and m.inputs:
-                first, *rest = m.inputs
-                prefetch.append(
-                    Prefetch(
-                        m.model,
-                        goldens["Result_0"],
-                        m.tensor_mapping,
-                        _feeds_from(first, engine_inputs),
-                        (_feeds_from(f, engine_inputs) for f in rest),
-                    )
+            if not (PREFETCH and "Result_0" in goldens and m.inputs):
+                return
+            first, *rest = m.inputs
+            try:  # never the run's failure: the ranking then does it all after the run
+                feeds = _feeds_from(first, engine_inputs)
+            except Exception as exc:
+                log.info("culprit ranking not prepared beside the run: %s", exc)
+                return
+            prefetch.append(
+                Prefetch(
+                    m.model,
+                    goldens["Result_0"],
+                    m.tensor_mapping,
+                    feeds,
+                    (_feeds_from(f, engine_inputs) for f in rest),
                 )
-                stack.callback(prefetch[0].close)  # done by then, unless the run stopped
+            )
+            stack.callback(prefetch[0].close)  # done by then, unless the run stopped
 
         engine = run_inference_engine(
             engine_model,

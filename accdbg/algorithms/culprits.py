@@ -94,7 +94,7 @@ class _BeforeBackend:
     ):
         self.golden, self.feeds = Path(golden).resolve(), dict(feeds or {})
         self.qdq = onnx.load(str(qdq_model))
-        self.names = dict(golden_name or {})
+        names = dict(golden_name or {})
         # read once: its weights, its logits' names and (if a layer stands out) the sensitivity
         self.float_proto = (
             onnx.load(str(float_model)) if float_model and float_model.is_file() else None
@@ -103,7 +103,7 @@ class _BeforeBackend:
         self.builder = EvidenceBuilder(
             self.qdq,
             TensorFolder(golden),
-            lambda n: self.names.get(n, n),
+            lambda n: names.get(n, n),
             weights,
             graph_inputs=feeds,
         )
@@ -257,9 +257,10 @@ def find_culprits(
         try:
             div = local_divergence(qdq, builder.layers, feeds, folder)
             ends = [e for e in builder.layers if e.name in judged]
-            gold = TensorFolder(golden)
-            at_outputs = divergence(qdq, ends, feeds, folder, _golden_of(gold, before.names))
-            errors = _errors(table, name_col, verifiers, judged)
+            at_outputs = divergence(qdq, ends, feeds, folder, _golden_of(builder))
+            errors = {  # each judged tensor's QNN error, measured just now against float
+                n: q for n, (q, _) in at_outputs.errors.items() if math.isfinite(q) and q > 0
+            }
             kernels = _KernelShare(qdq, builder.layers, feeds, folder, errors)
         except Exception as exc:  # the CPU cannot run it: no backend verdict, say why
             log.info("no backend comparison (CPU fake-quant failed: %s)", str(exc).splitlines()[0])
@@ -280,25 +281,13 @@ def find_culprits(
     return ranking
 
 
-def _errors(table, name_col, verifiers, judged) -> dict[str, float]:
-    """Each judged tensor's QNN error (noise-to-signal) from the table."""
-    label = noise_verifier(verifiers, table.columns)
-    if label is None:
-        return {}
-    out = {}
-    for _, row in table[table[name_col].isin(list(judged))].iterrows():
-        err = verifiers[label].noise_to_signal(float(pd.to_numeric(row[label], errors="coerce")))
-        if err and math.isfinite(err) and err > 0:
-            out[str(row[name_col])] = err
-    return out
-
-
-def _golden_of(gold: TensorFolder, names: Mapping[str, str]):
-    """A layer's float tensor, None when the golden run has none."""
+def _golden_of(builder: EvidenceBuilder):
+    """A layer's float tensor from the folder and names the evidence reads, None when the
+    golden run has none."""
 
     def read(e) -> np.ndarray | None:
-        name = names.get(e.name, e.name)
-        return gold.load(name) if name in gold else None
+        name = builder.golden_name(e.name)
+        return builder.golden.load(name) if name is not None and name in builder.golden else None
 
     return read
 

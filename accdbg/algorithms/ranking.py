@@ -121,12 +121,12 @@ def _consider(impact: Impact | None, names: Sequence[str]) -> None:
         consider(names)
 
 
-def cpu_run(quantized: bool, of: str = "the same QDQ model") -> str:
+def cpu_run(quantized: bool, layer: bool = False) -> str:
     """What QNN is compared with: the CPU fake-quant of the model QNN runs, or, for a float
-    model QNN runs in fp16, the CPU's float run of it."""
-    if quantized:
-        return f"onnxruntime's CPU fake-quant of {of}"
-    return f"onnxruntime's CPU run of {'the same float model' if of.startswith('the same') else of}"
+    model QNN runs in fp16, the CPU's float run of it (of one ``layer``, or of the model)."""
+    run = "CPU fake-quant" if quantized else "CPU run"
+    of = "this layer" if layer else "the same QDQ model" if quantized else "the same float model"
+    return f"onnxruntime's {run} of {of}"
 
 
 @dataclass(frozen=True)
@@ -830,7 +830,7 @@ def _diverging(div: Mapping[str, float], quantized: bool = True) -> dict[str, st
     cut = floor - standout_gap(spread)
     how: Mapping[str, str] = getattr(div, "how", {})
     return {
-        n: f"backend: fed the backend's own inputs, {cpu_run(quantized, 'this layer')} "
+        n: f"backend: fed the backend's own inputs, {cpu_run(quantized, layer=True)} "
         f"and QNN part at {d:.1f} dB (the model's median differing layer: {floor:.1f} dB)"
         + (f": {how[n]}" if how.get(n) else "")
         for n, d in dbs.items()

@@ -7,6 +7,8 @@ without a traceback (``-v`` shows the traceback); anything else is a bug.
 
 from __future__ import annotations
 
+import errno
+
 
 class AccdbgError(Exception):
     """A user-facing error: the message is the whole story, on one line."""
@@ -36,4 +38,12 @@ def describe(exc: BaseException) -> str:
         return f"interrupted by {exc.signal_name}"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted by SIGINT"
+    if is_disk_full(exc):
+        where = f" (writing {exc.filename})" if getattr(exc, "filename", None) else ""
+        return f"error: the disk is full{where}: free some space and rerun"
     return f"internal error: {type(exc).__name__}: {exc}"
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """A full disk or quota is the machine's state, not a bug: one line, no traceback."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,35 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+# modules one of whose tests failed: their temporary folders stay for the post-mortem
+_FAILED_MODULES: set[str] = set()
+# a session-scoped fixture's folder outlives the module that happened to create it first
+SESSION_DIR_PREFIX = "session-"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        _FAILED_MODULES.add(item.nodeid.split("::")[0])
+    return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_folders_go_with_the_module(request, tmp_path_factory):
+    """The suite runs real models and dumps every tensor: left until the session ends, its
+    folders peak at several GB (a CI disk that ran full failed the whole suite). Each module's
+    folders go when it ends (with ``--dist loadfile`` a worker runs one module at a time)."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    if request.node.nodeid in _FAILED_MODULES:
+        return
+    for folder in set(base.iterdir()) - before:
+        if not folder.name.startswith(SESSION_DIR_PREFIX):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 # the logger as the test session found it: a module-scoped fixture that runs the CLI sets it up
 # before any per-test fixture could save it, so the state to restore is this one
 _ACCDBG = logging.getLogger("accdbg")
@@ -100,7 +130,7 @@ def _text_page(tmp_path_factory, side: int) -> Path:
     """A deterministic 1x3xSIDExSIDE page of printed text, as a raw float32 file."""
     from tests.images import text_image
 
-    path = tmp_path_factory.mktemp(f"ppocr{side}") / f"x{side}.raw"
+    path = tmp_path_factory.mktemp(f"{SESSION_DIR_PREFIX}ppocr{side}") / f"x{side}.raw"
     text_image(side, side, seed=7).tofile(path)
     return path
 

@@ -164,6 +164,19 @@ def test_failed_run_log_ends_with_the_error_or_the_signal(tmp_path):
         assert ("Traceback" in "\n".join(lines)) == (name == "bug")  # a bug keeps its traceback
 
 
+def test_a_full_disk_ends_the_log_in_one_line_naming_the_file_where_it_ends_up(tmp_path):
+    import errno
+
+    with pytest.raises(OSError), RunDir(tmp_path, "inference_engine", "run") as run:
+        raise OSError(errno.ENOSPC, "No space left on device", str(run.path / "Result_0" / "y.raw"))
+    failed = tmp_path / "inference_engine" / "run.failed"
+    log = (failed / "log.txt").read_text()
+    assert log.splitlines()[-1].endswith(
+        f"error: the disk is full (writing {failed / 'Result_0' / 'y.raw'}): free some space and rerun"
+    )
+    assert "Traceback" not in log  # the machine's state, not a bug
+
+
 def test_run_folders_follow_the_umask(tmp_path):
     old = os.umask(0o022)
     try:

@@ -78,3 +78,33 @@ def test_folder_without_manifest_reads_raw_files(tmp_path):
 def test_safe_relpath_is_stable():
     assert safe_relpath("a/b:0") == "a/b_0"
     assert safe_relpath("conv2d_450.tmp_0") == "conv2d_450.tmp_0"
+
+
+def test_a_full_disk_is_named_as_such_not_as_a_short_write(monkeypatch, capsys):
+    """numpy reports /dev/full (a disk with no space) as "N requested and 0 written", no errno;
+    the writer gives it ENOSPC, which the console prints as one line without the -v hint."""
+    import errno
+    from collections import namedtuple
+
+    from accdbg.cli import main as cli
+    from accdbg.core import tensor_store
+
+    arr = np.zeros(1 << 16, np.float32)  # beyond stdio's buffer, so the write itself fails
+    with pytest.raises(OSError) as plain:  # space left: numpy's own error is not relabelled
+        tensor_store._write_raw(arr, tensor_store.Path("/dev/full"))
+    assert plain.value.errno is None
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(tensor_store.shutil, "disk_usage", lambda p: usage(10, 10, 0))
+    with pytest.raises(OSError) as full:
+        tensor_store._write_raw(arr, tensor_store.Path("/dev/full"))
+    assert full.value.errno == errno.ENOSPC and full.value.filename == "/dev/full"
+
+    def fills(argv):
+        raise full.value
+
+    monkeypatch.setattr(cli, "_main", fills)
+    assert cli.main(["--framework_diagnosis"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "qnn-accuracy-debugger: error: the disk is full (writing /dev/full): free some space and rerun"
+    ]

@@ -24,7 +24,7 @@ import yaml
 
 from accdbg.cli.args import Parser
 from accdbg.core import run_dir
-from accdbg.errors import AccdbgError, Interrupted, describe
+from accdbg.errors import AccdbgError, Interrupted, describe, is_disk_full
 
 PROG = "qnn-accuracy-debugger"
 
@@ -252,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: say so in one line, keep the traceback for -v
         if verbose:
             traceback.print_exc()
-        print(f"{PROG}: {describe(exc)} (rerun with -v for the traceback)", file=sys.stderr)
+        hint = "" if is_disk_full(exc) else " (rerun with -v for the traceback)"
+        print(f"{PROG}: {describe(exc)}{hint}", file=sys.stderr)
         return 1
     finally:  # a notebook calling main(["-v", ...]) once must not log tracebacks ever after
         run_dir.LOG_TRACEBACKS = traces

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from accdbg.core.folder_lock import LOCK_NAME, FolderLock, LockBusy, holder
-from accdbg.errors import AccdbgError, describe
+from accdbg.errors import AccdbgError, describe, is_disk_full
 
 TIMESTAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
 LOG_NAME = "log.txt"
@@ -289,11 +289,15 @@ class RunDir:
     def _follow_the_rename(self, exc: BaseException) -> None:
         """An error naming a file of the staging folder (a backend log) names it where the
         user will find it: in ``NAME.failed``."""
-        if isinstance(exc, AccdbgError) and self.path != self.final_path:
-            staging, failed = str(self.path), str(self.failed_path)
+        if self.path == self.final_path:
+            return
+        staging, failed = str(self.path), str(self.failed_path)
+        if isinstance(exc, AccdbgError):
             exc.args = tuple(
                 a.replace(staging, failed) if isinstance(a, str) else a for a in exc.args
             )
+        elif is_disk_full(exc) and isinstance(exc.filename, str):
+            exc.filename = exc.filename.replace(staging, failed)
 
     def _log_failure(self, exc: BaseException) -> None:
         """End this run's ``log.txt`` with the error or the signal; the traceback before it
@@ -301,7 +305,7 @@ class RunDir:
         handler = self._log_handler
         if handler is None:
             return
-        expected = isinstance(exc, AccdbgError | KeyboardInterrupt)
+        expected = isinstance(exc, AccdbgError | KeyboardInterrupt) or is_disk_full(exc)
         trace = None
         if LOG_TRACEBACKS or not expected:
             trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

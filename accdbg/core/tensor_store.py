@@ -11,10 +11,12 @@ collisions after sanitizing get a numeric suffix. The original name is kept in t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -78,6 +80,17 @@ class TensorRecord:
         return int(np.prod(self.shape)) if self.shape else 1
 
 
+def _write_raw(arr: np.ndarray, path: Path) -> None:
+    """numpy reports a full disk as a short write with no errno; give it the errno the console
+    tells apart from a bug."""
+    try:
+        arr.tofile(path)
+    except OSError as exc:
+        if exc.errno is None and shutil.disk_usage(path.parent).free < arr.nbytes:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
+        raise
+
+
 class TensorWriter:
     """Write tensors one at a time into ``root`` and keep their manifest.
 
@@ -115,7 +128,7 @@ class TensorWriter:
             raise AccdbgError(f"tensor name {name!r} would write outside {str(self.root)!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
         out = arr if self.store_dtype is None else arr.astype(self.store_dtype, copy=False)
-        np.ascontiguousarray(out).tofile(path)
+        _write_raw(np.ascontiguousarray(out), path)
         layout = info.pop("layout", None)
         rec = TensorRecord(
             name=name,

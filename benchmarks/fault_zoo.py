@@ -2,6 +2,7 @@
 
     python benchmarks/fault_zoo.py [--quick] [--algorithms oneshot,layerwise,cumulative]
         [--models det,rec,cls,face] [--kinds weight_outlier,...] [--out DIR] [--jobs N]
+        [--keep-tensors]
 
 Prints, per algorithm and fault kind, hit@1 and hit@3 of ``culprit_rank`` (overall and by what
 the fault costs the outputs on QNN) and the false alarms on the clean models; writes ``cases.csv``
@@ -73,6 +74,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--rerun", action="store_true", help="ignore results cached in --out")
     p.add_argument(
+        "--keep-tensors",
+        action="store_true",
+        help="keep every case's tensor dumps (GBs over the zoo; by default a planted case's go "
+        "once it ran, keeping the SQNRs the summary needs)",
+    )
+    p.add_argument(
         "--keep-harmless",
         action="store_true",
         help="keep every planting at its drawn strength, whether the quantized outputs feel "
@@ -85,9 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _run_one(args: tuple) -> list[dict]:
-    case, algorithms, out, rerun, workers = args
+    case, algorithms, out, rerun, workers, keep_tensors = args
     logging.getLogger("accdbg").setLevel(logging.WARNING)
-    return runner.run_case(case, algorithms, out, rerun, workers)
+    return runner.run_case(case, algorithms, out, rerun, workers, keep_tensors)
 
 
 def main(argv=None) -> int:
@@ -134,7 +141,7 @@ def main(argv=None) -> int:
             return algorithms
         return [x for x in algorithms if x != "cumulative"]
 
-    jobs = [(c, algos(c), out, a.rerun, workers) for c in cases]
+    jobs = [(c, algos(c), out, a.rerun, workers, a.keep_tensors) for c in cases]
     results: list[dict] = []
     if a.jobs > 1:
         with ProcessPoolExecutor(a.jobs) as pool:

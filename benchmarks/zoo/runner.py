@@ -46,6 +46,8 @@ QUICK = (
     "cls/clipping/early",
 )
 SNOOP_DIRS = {"layerwise": "layerwise_snooping", "cumulative": "cumulative_layerwise_snooping"}
+# the components oneshot's runs are in (the other algorithms' runs stay when it runs again)
+RUN_DIRS = {"oneshot": ["framework_diagnosis", "inference_engine", "verification"]}
 
 
 @dataclass
@@ -173,8 +175,14 @@ def channel_sqnr(golden: np.ndarray, target: np.ndarray) -> float:
 
 
 def tensor_sqnrs(case_folder: Path, names: list[str], per_channel: bool) -> dict[str, float]:
+    """QNN's SQNR (per tensor, or its median channel's) at ``names`` of the case's oneshot run:
+    from its dumps, or from the figures kept when they were dropped (:func:`drop_tensors`)."""
     from accdbg.core.tensor_store import TensorFolder
 
+    kept = _figures_file(case_folder)
+    if kept.is_file():
+        figures = json.loads(kept.read_text())["channel" if per_channel else "tensor"]
+        return {n: figures[n] for n in names if n in figures}
     gdir, tdir = oneshot_dumps(case_folder)
     if not (gdir.is_dir() and tdir.is_dir()):
         return {}
@@ -182,6 +190,34 @@ def tensor_sqnrs(case_folder: Path, names: list[str], per_channel: bool) -> dict
     have = set(t.names()) & set(g.names())
     fn = channel_sqnr if per_channel else scoring.sqnr_db
     return {n: fn(g.load(n), t.load(n)) for n in names if n in have}
+
+
+def _figures_file(case_folder: Path) -> Path:
+    return case_folder / "harm_figures.json"
+
+
+def drop_tensors(case: Case) -> int:
+    """Remove a planted case's tensor dumps once its algorithms ran; return the bytes freed.
+
+    They are GBs over a zoo (det's every tensor, golden, QNN and snooped, per input line), and
+    the summary needs only a few SQNRs of them: the watched outputs' and the culprit rows' per
+    channel, kept in ``harm_figures.json``. A clean case keeps its dumps: every planted case of
+    its model is compared with it at its own culprit rows.
+    """
+    if case.fault.kind == "clean":
+        return 0
+    model = onnx.load(str(case.model_path), load_external_data=False)
+    local = list(dict.fromkeys([*case.fault.culprits, *case.fault.checked]))
+    figures = {
+        "tensor": tensor_sqnrs(case.folder, watched_outputs(model), False),
+        "channel": tensor_sqnrs(case.folder, local, True),
+    }
+    _figures_file(case.folder).write_text(json.dumps(figures))
+    freed = 0
+    for raw in (case.folder / "w").rglob("*.raw"):
+        freed += raw.stat().st_size
+        raw.unlink()
+    return freed
 
 
 def _min(values: dict[str, float]) -> float:
@@ -193,12 +229,27 @@ def _result_file(case: Case, algorithm: str) -> Path:
     return case.folder / f"result_{algorithm}.json"
 
 
+def _cached(case: Case, algorithm: str, rerun: bool) -> dict | None:
+    """The algorithm's cached result on this very case (same planted model), if any."""
+    path = _result_file(case, algorithm)
+    if rerun or not path.is_file():
+        return None
+    row = json.loads(path.read_text())
+    return row if row.get("fingerprint") == case.fingerprint else None
+
+
 def run_case(
-    case: Case, algorithms: list[str], out: Path, rerun: bool = False, workers: int | None = None
+    case: Case,
+    algorithms: list[str],
+    out: Path,
+    rerun: bool = False,
+    workers: int | None = None,
+    keep_tensors: bool = True,
 ) -> list[dict]:
     """Run the algorithms on one case; one result row per algorithm, cached in the case
     folder (``--rerun`` ignores the cache). Oneshot runs first whatever is asked: the others
-    reuse its golden tensors and QDQ model."""
+    reuse its golden tensors and QDQ model (run again when its dumps were dropped). Without
+    ``keep_tensors`` a planted case's dumps go once it ran (:func:`drop_tensors`)."""
     from accdbg.algorithms.cumulative import run_cumulative_layerwise
     from accdbg.algorithms.layerwise import run_layerwise
     from accdbg.algorithms.oneshot import run_oneshot
@@ -227,19 +278,25 @@ def run_case(
     input_list = out / "models" / spec.name / "input_list.txt"
     work = case.folder / "w"
     results: dict[str, dict] = {}
+    cached = {a: _cached(case, a, rerun) for a in ["oneshot", *algorithms]}
+    if _figures_file(case.folder).is_file() and not all(cached.values()):
+        cached["oneshot"] = None  # the others need its golden tensors, which went: run it again
+        _figures_file(case.folder).unlink()
     for algo in ["oneshot", *[a for a in algorithms if a != "oneshot"]]:
-        cached = _result_file(case, algo)
-        if not rerun and cached.is_file():
-            row = json.loads(cached.read_text())
-            if row.get("fingerprint") == case.fingerprint:
-                results[algo] = _rescored(case, algo, row, base)
-                continue
+        if cached[algo] is not None:
+            results[algo] = _rescored(case, algo, cached[algo], base)
+            continue
         if algo != "oneshot" and results["oneshot"].get("status") != "ok":
             results[algo] = base | {"algorithm": algo, "status": "oneshot failed", "n_named": 0}
             continue
-        # a stale run of the same name would be resumed (snooping) or refused: start afresh
-        stale = work if algo == "oneshot" else work / SNOOP_DIRS[algo] / algo
-        shutil.rmtree(stale, ignore_errors=True)
+        # a stale run of the same name (finished, failed or killed) would be resumed
+        # (snooping) or refused: start afresh
+        for component in RUN_DIRS.get(algo) or [SNOOP_DIRS[algo]]:
+            for stale in [
+                *(work / component).glob(algo + "*"),
+                *(work / component).glob(f".{algo}*"),
+            ]:
+                shutil.rmtree(stale, ignore_errors=True)
         t = time.perf_counter()
         try:
             if algo == "oneshot":
@@ -276,6 +333,8 @@ def run_case(
             row = base | _failed(algo, exc, time.perf_counter() - t)
         _result_file(case, algo).write_text(json.dumps(row, default=str))
         results[algo] = row
+    if not keep_tensors and results["oneshot"].get("status") == "ok":
+        drop_tensors(case)
     return [results[a] for a in algorithms]
 
 

@@ -1121,3 +1121,169 @@ def test_an_fp16_run_is_compared_with_the_cpu_float_run_and_says_so():
         "99% to the outputs' error: out at 20.0 dB SQNR on QNN, 40.0 dB in onnxruntime's CPU "
         "run of the same float model" in r.findings[-2]
     )
+
+
+def test_a_few_weights_far_beyond_their_tensor_are_counted_as_numpy_counts_them():
+    from accdbg.algorithms.evidence import few_outliers
+
+    rng = np.random.default_rng(11)
+    w = rng.normal(scale=0.1, size=(16, 32, 1, 1))
+    p99 = np.percentile(np.abs(w), 99)
+    w[5, 7, 0, 0] = 40 * p99
+    count, rest, ratio, note = few_outliers(w)
+    p99_after = np.percentile(np.abs(w), 99)
+    assert count == 1 and ratio == pytest.approx(40 * p99 / p99_after)
+    assert rest == pytest.approx(np.sort(np.abs(w).ravel())[-2])
+    assert note.startswith("weight [5, 7, 0, 0] is ")
+    scaled = w.copy()
+    scaled[5, 7, 0, 0] = w[4, 7, 0, 0]
+    scaled[3] *= 40  # a whole output channel: not "a few weights"
+    assert few_outliers(scaled)[0] == 0
+    assert few_outliers(w[:2, :40, 0, 0])[0] == 0  # under 100 weights: no percentile to trust
+
+
+def test_weights_requantized_on_their_encodings_terms():
+    """Symmetric int8 per output channel stays symmetric (scale max|w|/127 per channel);
+    asymmetric uint8 per tensor takes the range with zero in it (ONNX QuantizeLinear's terms)."""
+    from onnx import helper, numpy_helper
+
+    from accdbg.algorithms.sensitivity import requantized
+
+    rng = np.random.default_rng(12)
+    w = rng.normal(size=(4, 3, 3, 3))
+    inits = {
+        "wq": numpy_helper.from_array(np.zeros(w.shape, np.int8), "wq"),
+        "s": numpy_helper.from_array(np.ones(4, np.float32), "s"),
+        "z": numpy_helper.from_array(np.zeros(4, np.int8), "z"),
+    }
+    dq = helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"], axis=0)
+    ints, scale, zp = (numpy_helper.to_array(t) for t in requantized(dq, inits, w))
+    expected = np.abs(w).reshape(4, -1).max(axis=1) / 127
+    assert scale == pytest.approx(expected, rel=1e-6) and not zp.any()
+    back = ints.astype(np.float64) * scale.reshape(4, 1, 1, 1)
+    assert np.abs(back - w).max() <= expected.max() / 2 + 1e-6
+
+    inits = {
+        "wq": numpy_helper.from_array(np.zeros(w.shape, np.uint8), "wq"),
+        "s": numpy_helper.from_array(np.float32(1.0), "s"),
+        "z": numpy_helper.from_array(np.uint8(128), "z"),
+    }
+    dq = helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"])
+    ints, scale, zp = (numpy_helper.to_array(t) for t in requantized(dq, inits, w))
+    lo, hi = min(w.min(), 0.0), max(w.max(), 0.0)
+    assert float(scale) == pytest.approx((hi - lo) / 255, rel=1e-6)
+    assert int(zp) == round(-lo / ((hi - lo) / 255))
+    back = (ints.astype(np.float64) - int(zp)) * float(scale)
+    assert np.abs(back - w).max() <= float(scale) / 2 + 1e-6
+
+
+def test_an_outlier_weight_is_named_by_what_the_model_loses_without_it_not_its_own_encodings():
+    """A layer at the noise floor whose one weight is 40x its tensor's 99th percentile: alone
+    and taken out it costs 1 %, without that weight the outputs lose 80 % of their error - it is
+    the culprit, asked together with the other such layers first. Under BLOWN_RATIO, or when
+    the outputs hardly change, nothing is named."""
+
+    class Clamping(_Impact):
+        def __init__(self, shares, clamped):
+            super().__init__(shares)
+            self.clamp_answers, self.clamp_asked = clamped, []
+
+        def clamped(self, levels):
+            key = tuple(sorted(levels))
+            self.clamp_asked.append((key, dict(levels)))
+            return self.clamp_answers.get(key, 0.0)
+
+    def model(ratio_a: float, ratio_b: float):
+        ev = {f"c{i}": _ev(f"c{i}", 30 + (i % 3)) for i in range(12)}
+        for name, ratio in (("c4", ratio_a), ("c9", ratio_b)):
+            ev[name].few_outliers, ev[name].rest_max, ev[name].few_ratio = 1, 0.25, ratio
+            ev[name].few_note = f"weight [1, 2] is {ratio:g}x the tensor's 99th percentile"
+        return ev
+
+    ev = model(40, 20)
+    impact = Clamping({}, {("c4", "c9"): 0.85, ("c4",): 0.8, ("c9",): 0.05})
+    r = rank(ev, list(ev), impact=impact)
+    assert [c.name for c in r.culprits] == ["c4"]
+    assert "outlier weight: weight [1, 2] is 40x" in r.culprits[0].cause
+    assert "the outputs lose 80% of their error" in r.culprits[0].cause
+    assert impact.clamp_asked[0] == (("c4", "c9"), {"c4": 0.25, "c9": 0.25})  # together first
+    assert r.culprits[0].kind == ranking_mod.FEW
+
+    quiet = Clamping({}, {("c4", "c9"): 0.3})
+    assert rank(ev, list(ev), impact=quiet).culprits == []
+    assert [k for k, _ in quiet.clamp_asked] == [("c4", "c9")]  # not one by one
+
+    mild = Clamping({}, {("c4",): 0.9})
+    ev = model(ranking_mod.BLOWN_RATIO * 0.9, 3)
+    assert rank(ev, list(ev), impact=mild).culprits == [] and mild.clamp_asked == []
+
+
+def test_the_model_without_its_outlier_weight_is_measured_as_numpy_computes_it(tmp_path):
+    """Sensitivity.clamped_share against the same chain in numpy: layer 2's weight [3, 2] is
+    100x the rest, so output column 2 carries channel 3 of layer 1's quantized output 100 times
+    over. With that weight brought to the rest's range (in float, and requantized over the
+    range left), each model judged against its own float, most of the error power goes."""
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_static
+
+    from accdbg.algorithms.sensitivity import Sensitivity
+    from accdbg.core.onnx_model import topological_nodes
+    from accdbg.engines.exposure import Exposed
+
+    rng = np.random.default_rng(5)
+    w1 = rng.normal(size=(6, 40)).astype(np.float32)
+    w2 = rng.normal(scale=0.1, size=(40, 4)).astype(np.float32)
+    w2[3, 2] = 100 * np.abs(w2).max()
+    model, fp, qp = _matmul_chain(tmp_path, w1, w2)
+    x = rng.normal(size=(8, 6)).astype(np.float32)
+    quantize_static(
+        str(fp), str(qp), _Feeds(x), activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8
+    )
+    q = onnx.load(str(qp))
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    enc = {}
+    for n in q.graph.node:
+        if n.op_type == "QuantizeLinear":
+            enc[n.input[0].removesuffix("_QuantizeLinear_Input")] = (
+                inits[n.input[1]],
+                inits[n.input[2]],
+            )
+
+    def qdq_np(v, s, z):
+        return (np.clip(np.round(v / s) + z, 0, 255) - z) * s
+
+    def uint8_weights(w):  # ONNX QuantizeLinear's asymmetric per-tensor terms, zero included
+        lo, hi = min(w.min(), 0.0), max(w.max(), 0.0)
+        s = (hi - lo) / 255
+        return qdq_np(w, s, np.round(-lo / s))
+
+    def w_np(name):
+        dq = next(
+            n
+            for n in q.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0] == f"{name}_quantized"
+        )
+        return (inits[dq.input[0]].astype(np.float64) - inits[dq.input[2]]) * inits[dq.input[1]]
+
+    def noise(w2_float, w2_quantized):
+        x64 = x.astype(np.float64)
+        golden = x64 @ w1.astype(np.float64) @ w2_float
+        a = qdq_np(qdq_np(x64, *enc["x"]) @ w_np("w1"), *enc["a"])
+        return float(np.sum((golden - qdq_np(a @ w2_quantized, *enc["y"])) ** 2))
+
+    level = float(np.sort(np.abs(w2).ravel())[-2])
+    clamped = np.clip(w2.astype(np.float64), -level, level)
+    expected = 1 - noise(clamped, uint8_weights(clamped)) / noise(w2.astype(np.float64), w_np("w2"))
+
+    nodes = topological_nodes(q.graph)
+    made_by = {o: n for n in nodes for o in n.output}
+    index = next(
+        i
+        for i, n in enumerate(nodes)
+        if n.op_type == "MatMul" and made_by[n.input[1]].input[0] == "w2_quantized"
+    )
+    layer = Exposed("y", "y", nodes[index].name, "MatMul", index, "y", native_dtype="uint8")
+    share = Sensitivity(model, q, {"x": x}).clamped_share([(layer, level)])
+    assert share == pytest.approx(expected, abs=1e-3)
+    assert share > 0.5

@@ -156,8 +156,17 @@ class _Stoppable:
             raise _Stopped
         return self.measure(*args, **kwargs)
 
-    def __getattr__(self, name: str):  # the measure's own (``consider``), when it has one
-        return getattr(self.measure, name)
+    def __getattr__(self, name: str):  # the measure's own (``consider``, ``clamped``)
+        own = getattr(self.measure, name)
+        if not callable(own):
+            return own
+
+        def asked(*args, **kwargs):
+            if self.stop.is_set():
+                raise _Stopped
+            return own(*args, **kwargs)
+
+        return asked
 
 
 class Prefetch:
@@ -345,6 +354,7 @@ class _LazySensitivity:
         self.failed = False
         self.asked: list[str] = []
         self.answers: dict[tuple[tuple[str, ...], float], Share] = {}  # each question once
+        self.clamps: dict[tuple[tuple[str, float], ...], float] = {}
 
     def consider(self, names: Sequence[str]) -> None:
         """The layers that will be asked about: the models are built once for all of them."""
@@ -374,6 +384,26 @@ class _LazySensitivity:
         if key not in self.answers:
             self.answers[key] = self._measure(group, enough)
         return self.answers[key]
+
+    def clamped(self, levels: Mapping[str, float]) -> float:
+        """What these layers' few outlier weights cost the outputs
+        (:meth:`~accdbg.algorithms.sensitivity.Sensitivity.clamped_share`); NaN when the CPU
+        cannot tell."""
+        key = tuple(sorted(levels.items()))
+        if key not in self.clamps:
+            sens = self._ready()
+            try:
+                self.clamps[key] = (
+                    math.nan
+                    if sens is None
+                    else sens.clamped_share(
+                        [(self.layers[self.weights_of.get(n, n)], v) for n, v in levels.items()]
+                    )
+                )
+            except Exception as exc:  # onnxruntime refusing the edited model: not measured
+                log.info("no clamped measure for %s: %s", key[0][0], str(exc).splitlines()[0])
+                self.clamps[key] = math.nan
+        return self.clamps[key]
 
     def _measure(self, group: list[str], enough: float) -> Share:
         sens = self._ready()

@@ -47,6 +47,7 @@ from accdbg.verifiers.channels import (
 log = logging.getLogger("accdbg.evidence")
 
 OFFSET_RATIO = 4.0  # an input channel's mean this many times the median channel's RMS
+OUTLIER_RATIO = 4.0  # a weight or weight channel this many times the rest is an outlier
 BLOWN_RATIO = 16.0  # a weight outlier this many times the rest costs 4 of 8 bits: it is the cause
 
 # ops that carry their input's values unchanged (a reshape, a transpose): the same error
@@ -77,6 +78,12 @@ class Evidence:
     # the uncompared layer whose weights these are (a Gemm the QNN pre-processing put between
     # two Reshapes, whose values only this layer's golden shows)
     weights_of: str = ""
+    # a few weights far beyond the rest of their tensor (count, the largest of the rest, note):
+    # what the model is like without them is asked of the outputs (Sensitivity.clamped_share)
+    few_outliers: int = 0
+    rest_max: float = math.nan
+    few_ratio: float = math.nan
+    few_note: str = ""
     output_nsr: float = math.nan  # median channel, clipping included
     output_nsr_tensor: float = math.nan
     clipped: float = math.nan  # share of golden values outside the encoding's range
@@ -232,11 +239,35 @@ def _outlier_notes(
         note, ratio = _ratio_note(ranges, ranges > 0, what)
         if note and ratio > best[0]:
             best = (ratio, what, note)
-    if not math.isnan(single) and single >= 4 and single > best[0]:
+    if not math.isnan(single) and single >= OUTLIER_RATIO and single > best[0]:
         pos = np.unravel_index(int(np.argmax(absw)), ref.shape)
         note = f"weight {list(map(int, pos))} is {single:.3g}x the tensor's 99th percentile"
         return "weight", note, single
-    return (best[1], best[2], best[0]) if best[2] and best[0] >= 4 else ("", "", math.nan)
+    return (
+        (best[1], best[2], best[0]) if best[2] and best[0] >= OUTLIER_RATIO else ("", "", math.nan)
+    )
+
+
+def few_outliers(ref: np.ndarray) -> tuple[int, float, float, str]:
+    """The weights beyond ``OUTLIER_RATIO`` x the tensor's 99th percentile, when they are at
+    most one in a thousand (a channel scaled as a whole is not "a few weights"): (how many, the
+    largest magnitude of the rest, the largest's ratio to the percentile, a note); (0, nan, nan,
+    "") when there are none or too many."""
+    none = (0, math.nan, math.nan, "")
+    absw = np.abs(ref).ravel()
+    if absw.size < 100:
+        return none
+    p99 = float(np.percentile(absw, 99))
+    over = absw > OUTLIER_RATIO * p99
+    count = int(over.sum())
+    if p99 <= 0 or not 0 < count <= max(1, absw.size // 1000):
+        return none
+    ratio = float(absw.max()) / p99
+    pos = list(map(int, np.unravel_index(int(np.argmax(absw)), ref.shape)))
+    note = f"weight {pos} is {ratio:.3g}x the tensor's 99th percentile"
+    if count > 1:
+        note += f" ({count} weights beyond {OUTLIER_RATIO:g}x)"
+    return count, float(absw[~over].max()), ratio, note
 
 
 def _quietest(ranges: np.ndarray) -> tuple[int, float]:
@@ -352,6 +383,8 @@ class EvidenceBuilder:
             row.weight_nsr, row.weight_note = ev.weight_nsr, ev.weight_note
             row.weight_outlier, row.offset_from = ev.weight_outlier, ev.offset_from
             row.weights_of, row.inputs = e.name, list(ev.inputs)
+            row.few_outliers, row.rest_max = ev.few_outliers, ev.rest_max
+            row.few_ratio, row.few_note = ev.few_ratio, ev.few_note
 
     def _weights(self, node: onnx.NodeProto, ev: Evidence) -> None:
         axis_out = WEIGHT_OUT_AXIS.get(node.op_type)
@@ -382,6 +415,7 @@ class EvidenceBuilder:
         notes = [f"{'per-channel' if scale.size > 1 else 'per-tensor'} {8 * wq.dtype.itemsize}-bit"]
         ranges = {axis: channel_extent(ref, axis) for axis in (axis_out, axis_in)}
         ev.weight_outlier, note, blown = _outlier_notes(ref, ranges[axis_out], ranges[axis_in])
+        ev.few_outliers, ev.rest_max, ev.few_ratio, ev.few_note = few_outliers(ref)
         depthwise = groups > 1 and ref.shape[axis_in] == 1
         ev.quiet_input, ev.quiet_ratio = _quietest(ranges[axis_out if depthwise else axis_in])
         offset = _offset_channel(stats_in) if dc_share >= 0.5 and ev.inputs else None

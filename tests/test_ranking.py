@@ -1224,9 +1224,21 @@ def test_an_outlier_weight_is_named_by_what_the_model_loses_without_it_not_its_o
     assert impact.clamp_asked[0] == (("c4", "c9"), {"c4": 0.25, "c9": 0.25})  # together first
     assert r.culprits[0].kind == ranking_mod.FEW
 
+    assert not any("outlier weights of" in f for f in r.findings)
+
     quiet = Clamping({}, {("c4", "c9"): 0.3})
-    assert rank(ev, list(ev), impact=quiet).culprits == []
+    r = rank(ev, list(ev), impact=quiet)
+    assert r.culprits == [] and not any("outlier weights of" in f for f in r.findings)
     assert [k for k, _ in quiet.clamp_asked] == [("c4", "c9")]  # not one by one
+
+    # together they matter, neither alone: no culprit, a finding of the model as a whole
+    spread = Clamping({}, {("c4", "c9"): 0.63, ("c4",): 0.35, ("c9",): 0.4})
+    r = rank(ev, list(ev), impact=spread)
+    assert r.culprits == []
+    assert (
+        "the outlier weights of 2 layers (c4, c9; up to 40x their tensor's 99th percentile) "
+        "together cost the outputs 63% of their error, none of them alone half" in r.findings[-2]
+    )
 
     mild = Clamping({}, {("c4",): 0.9})
     ev = model(ranking_mod.BLOWN_RATIO * 0.9, 3)

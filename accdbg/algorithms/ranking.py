@@ -454,7 +454,9 @@ def rank(
         if costs[n] < SHARE and db >= DESTROYED_DB:  # named by the lone standout's bar
             cause += "; the model's only standout: every other layer sits at its noise floor"
         candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
-    few = _outlier_weights(evidence, order, impact, {c[1] for c in candidates}, columns)
+    few, few_together = _outlier_weights(
+        evidence, order, impact, {c[1] for c in candidates}, columns
+    )
     for n, (share, cause) in few.items():
         costs[n] = share
         candidates.append((local.get(n, 0.0), n, cause))
@@ -514,6 +516,8 @@ def rank(
     )
     if divergence and kernels_added is not None:
         findings.insert(-1, kernels_added.line())
+    if few_together:
+        findings.insert(-1, few_together)
     return Ranking(culprits, floor, spread, findings, columns)
 
 
@@ -523,13 +527,14 @@ def _outlier_weights(
     impact: Impact | None,
     named: Collection[str],
     columns: dict[str, dict[str, object]],
-) -> dict[str, tuple[float, str]]:
+) -> tuple[dict[str, tuple[float, str]], str]:
     """Layers whose few outlier weights (``BLOWN_RATIO`` times the tensor's 99th percentile
     or more: 4 of the 8 bits) were measured to cost the outputs ``SHARE`` of their error or
     more, brought to the rest's range in the float and the QDQ model: name -> (share, cause).
     Such a weight need not stand out locally, nor cost much alone: it multiplies the error its
     input channel brings from every encoding upstream. Asked together first (one run of each
-    model); one by one only when together they matter."""
+    model); one by one only when together they matter - and when then none does alone, a
+    finding says what they cost together (the second item; "" otherwise)."""
     clamped = getattr(impact, "clamped", None)
     few = {
         n: evidence[n].rest_max
@@ -540,10 +545,10 @@ def _outlier_weights(
         and evidence[n].few_ratio >= BLOWN_RATIO
     }
     if clamped is None or not few:
-        return {}
+        return {}, ""
     together = clamped(few)
     if not together >= SHARE:
-        return {}
+        return {}, ""
     found = {}
     for n, level in few.items():
         share = together if len(few) == 1 else clamped({n: level})
@@ -558,7 +563,15 @@ def _outlier_weights(
             "removes: clamp or retrain that weight, or keep its input path in 16 bits"
             + (f"; {was}" if was else ""),
         )
-    return found
+    if found:
+        return found, ""
+    most = max(evidence[n].few_ratio for n in few)
+    return found, (
+        f"the outlier weights of {len(few)} layers ({', '.join(few)}; up to {most:.3g}x their "
+        f"tensor's 99th percentile) together cost the outputs {_pct(together)} of their error, "
+        "none of them alone half: clamping or retraining them is a question for the model as a "
+        "whole"
+    )
 
 
 def _most(shares: Iterable[float]) -> float:

@@ -1240,6 +1240,17 @@ def test_an_outlier_weight_is_named_by_what_the_model_loses_without_it_not_its_o
         "together cost the outputs 63% of their error, none of them alone half" in r.findings[-2]
     )
 
+    # many such layers: one by one only the ONE_BY_ONE farthest outliers (two sessions each)
+    many = {f"c{i}": _ev(f"c{i}", 30 + (i % 3)) for i in range(20)}
+    for i, name in enumerate(many):
+        many[name].few_outliers, many[name].rest_max = 1, 0.25
+        many[name].few_ratio, many[name].few_note = 17.0 + i, f"weight [{i}] is far"
+    wide = Clamping({}, {tuple(sorted(many)): 0.9, ("c19",): 0.7})
+    r = rank(many, list(many), impact=wide)
+    one_by_one = [k for k, _ in wide.clamp_asked[1:]]
+    expected = [(f"c{i}",) for i in range(19, 19 - ranking_mod.ONE_BY_ONE, -1)]
+    assert one_by_one == expected and [c.name for c in r.culprits] == ["c19"]
+
     mild = Clamping({}, {("c4",): 0.9})
     ev = model(ranking_mod.BLOWN_RATIO * 0.9, 3)
     assert rank(ev, list(ev), impact=mild).culprits == [] and mild.clamp_asked == []

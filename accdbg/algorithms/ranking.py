@@ -86,6 +86,7 @@ MOST = 0.8  # ...and when none was measured to cause this much, the rest is the 
 LONE_SHARE = 0.25
 MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
 FEW = "outlier weights"  # a culprit's kind when a few of its weights are the cause
+ONE_BY_ONE = 8  # layers with outlier weights asked one by one, at most (the farthest first)
 BACKEND_DB = 10.0
 MAX_CULPRITS = 5
 CAUSE_DB = 6.0
@@ -533,8 +534,9 @@ def _outlier_weights(
     more, brought to the rest's range in the float and the QDQ model: name -> (share, cause).
     Such a weight need not stand out locally, nor cost much alone: it multiplies the error its
     input channel brings from every encoding upstream. Asked together first (one run of each
-    model); one by one only when together they matter - and when then none does alone, a
-    finding says what they cost together (the second item; "" otherwise)."""
+    model); one by one only when together they matter (``ONE_BY_ONE`` at most, the farthest
+    outliers first) - and when then none does alone, a finding says what they cost together
+    (the second item; "" otherwise)."""
     clamped = getattr(impact, "clamped", None)
     few = {
         n: evidence[n].rest_max
@@ -550,8 +552,10 @@ def _outlier_weights(
     if not together >= SHARE:
         return {}, ""
     found = {}
-    for n, level in few.items():
-        share = together if len(few) == 1 else clamped({n: level})
+    # one by one, the farthest outliers first: a question is two CPU sessions of the model
+    farthest = sorted(few, key=lambda n: -evidence[n].few_ratio)[:ONE_BY_ONE]
+    for n in farthest:
+        share = together if len(few) == 1 else clamped({n: few[n]})
         if not share >= SHARE:
             continue
         was = columns.get(n, {}).get(CAUSE)

@@ -225,46 +225,50 @@ def _offset_channel(stats_in: np.ndarray | None) -> tuple[int, float] | None:
 
 
 def _outlier_notes(
-    ref: np.ndarray, out_ranges: np.ndarray, in_ranges: np.ndarray
+    ref: np.ndarray, out_ranges: np.ndarray, in_ranges: np.ndarray, p99: float
 ) -> tuple[str, str, float]:
     """The outlier behind a blown weight range - one weight, one output or input channel (their
-    ranges given) - as (what, note, how many times the rest); ("", "", nan) when none is four
-    times the rest."""
-    absw = np.abs(ref)
-    flat = absw.ravel()
-    p99 = float(np.percentile(flat, 99)) if flat.size >= 100 else math.nan
-    single = float(flat.max()) / p99 if p99 and p99 > 0 else math.nan
+    ranges given; ``p99``: :func:`weight_p99`) - as (what, note, how many times the rest);
+    ("", "", nan) when none is four times the rest."""
+    single = float(np.abs(ref).max()) / p99 if p99 and p99 > 0 else math.nan
     best = (0.0, "", "")
     for ranges, what in ((out_ranges, "output channel"), (in_ranges, "input channel")):
         note, ratio = _ratio_note(ranges, ranges > 0, what)
         if note and ratio > best[0]:
             best = (ratio, what, note)
     if not math.isnan(single) and single >= OUTLIER_RATIO and single > best[0]:
-        pos = np.unravel_index(int(np.argmax(absw)), ref.shape)
-        note = f"weight {list(map(int, pos))} is {single:.3g}x the tensor's 99th percentile"
-        return "weight", note, single
+        return "weight", _largest_note(ref, single), single
     return (
         (best[1], best[2], best[0]) if best[2] and best[0] >= OUTLIER_RATIO else ("", "", math.nan)
     )
 
 
-def few_outliers(ref: np.ndarray) -> tuple[int, float, float, str]:
-    """The weights beyond ``OUTLIER_RATIO`` x the tensor's 99th percentile, when they are at
-    most one in a thousand (a channel scaled as a whole is not "a few weights"): (how many, the
-    largest magnitude of the rest, the largest's ratio to the percentile, a note); (0, nan, nan,
-    "") when there are none or too many."""
-    none = (0, math.nan, math.nan, "")
+def weight_p99(ref: np.ndarray) -> float:
+    """The 99th percentile of a weight tensor's magnitudes, the scale its outliers are measured
+    against; NaN under 100 weights (no percentile to trust)."""
+    return float(np.percentile(np.abs(ref), 99)) if ref.size >= 100 else math.nan
+
+
+def _largest_note(ref: np.ndarray, ratio: float) -> str:
+    pos = list(map(int, np.unravel_index(int(np.argmax(np.abs(ref))), ref.shape)))
+    return f"weight {pos} is {ratio:.3g}x the tensor's 99th percentile"
+
+
+def few_outliers(ref: np.ndarray, p99: float | None = None) -> tuple[int, float, float, str]:
+    """The weights beyond ``OUTLIER_RATIO`` x the tensor's 99th percentile (``p99``, computed
+    when not given), when they are at most one in a thousand (a channel scaled as a whole is
+    not "a few weights"): (how many, the largest magnitude of the rest, the largest's ratio to
+    the percentile, a note); (0, nan, nan, "") when there are none or too many."""
+    p99 = weight_p99(ref) if p99 is None else p99
+    if not p99 > 0:  # NaN too: under 100 weights
+        return 0, math.nan, math.nan, ""
     absw = np.abs(ref).ravel()
-    if absw.size < 100:
-        return none
-    p99 = float(np.percentile(absw, 99))
     over = absw > OUTLIER_RATIO * p99
     count = int(over.sum())
-    if p99 <= 0 or not 0 < count <= max(1, absw.size // 1000):
-        return none
+    if not 0 < count <= max(1, absw.size // 1000):
+        return 0, math.nan, math.nan, ""
     ratio = float(absw.max()) / p99
-    pos = list(map(int, np.unravel_index(int(np.argmax(absw)), ref.shape)))
-    note = f"weight {pos} is {ratio:.3g}x the tensor's 99th percentile"
+    note = _largest_note(ref, ratio)
     if count > 1:
         note += f" ({count} weights beyond {OUTLIER_RATIO:g}x)"
     return count, float(absw[~over].max()), ratio, note
@@ -414,8 +418,9 @@ class EvidenceBuilder:
         ev.weight_per_channel = scale.size > 1
         notes = [f"{'per-channel' if scale.size > 1 else 'per-tensor'} {8 * wq.dtype.itemsize}-bit"]
         ranges = {axis: channel_extent(ref, axis) for axis in (axis_out, axis_in)}
-        ev.weight_outlier, note, blown = _outlier_notes(ref, ranges[axis_out], ranges[axis_in])
-        ev.few_outliers, ev.rest_max, ev.few_ratio, ev.few_note = few_outliers(ref)
+        p99 = weight_p99(ref)  # once: both kinds of outlier are measured against it
+        ev.weight_outlier, note, blown = _outlier_notes(ref, ranges[axis_out], ranges[axis_in], p99)
+        ev.few_outliers, ev.rest_max, ev.few_ratio, ev.few_note = few_outliers(ref, p99)
         depthwise = groups > 1 and ref.shape[axis_in] == 1
         ev.quiet_input, ev.quiet_ratio = _quietest(ranges[axis_out if depthwise else axis_in])
         offset = _offset_channel(stats_in) if dc_share >= 0.5 and ev.inputs else None

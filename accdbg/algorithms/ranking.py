@@ -555,7 +555,7 @@ def _outlier_weights(
     # one by one, the farthest outliers first: a question is two CPU sessions of the model
     farthest = sorted(few, key=lambda n: -evidence[n].few_ratio)[:ONE_BY_ONE]
     for n in farthest:
-        share = together if len(few) == 1 else clamped({n: few[n]})
+        share = clamped({n: few[n]})  # the question already asked when it is the only one
         if not share >= SHARE:
             continue
         was = columns.get(n, {}).get(CAUSE)

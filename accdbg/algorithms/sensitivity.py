@@ -36,6 +36,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
+from onnxruntime.quantization.quant_utils import (
+    compute_scale_zp,
+    get_qmin_qmax_for_qType,
+    quantize_nparray,
+)
 
 from accdbg.algorithms.evidence import SAME_VALUES, dequantized_weight
 from accdbg.core import onnx_model as om
@@ -199,14 +204,16 @@ class Sensitivity:
     def _qdq_noise(self, switched: _Switched, off: Sequence[Exposed]) -> np.ndarray:
         """Each output's error power from the QDQ model with the ``off`` layers' quantizers
         taken out."""
-        names = self._fetch_names
-        outs = []
-        for gold, run in zip(self.golden, switched.run(names, self.feeds, off), strict=True):
-            got = dict(zip(names, run, strict=True))
-            outs.append(
-                [got.get(self._fetch[n], g) for n, g in zip(self.outputs, gold, strict=True)]
-            )
-        return self._pooled_noise(outs)
+        runs = switched.run(self._fetch_names, self.feeds, off)
+        return self._pooled_noise(
+            [self._fetched(gold, run) for gold, run in zip(self.golden, runs, strict=True)]
+        )
+
+    def _fetched(self, golden: Sequence[np.ndarray], run: Sequence[np.ndarray]) -> list:
+        """One QDQ run's outputs in ``self.outputs``' order (the fetched names' values; an output
+        the QDQ model has no dequantized tensor for keeps its golden value)."""
+        got = dict(zip(self._fetch_names, run, strict=True))
+        return [got.get(self._fetch[n], g) for n, g in zip(self.outputs, golden, strict=True)]
 
     def _pooled_noise(self, outs: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
         """Each output's error power, summed over the inputs (``outs``: per input, per output)."""
@@ -253,7 +260,7 @@ class Sensitivity:
         for layer, level in levels:
             for x in self._qdq_nodes[layer.index].input:
                 w = self._float_weight_of(x, self._float_inits)
-                if w is None or w.name not in f_inits:
+                if w is None:
                     continue
                 clamped = np.clip(numpy_helper.to_array(w).astype(np.float64), -level, level)
                 f_inits[w.name].CopyFrom(
@@ -262,12 +269,11 @@ class Sensitivity:
                 for t in requantized(self._producer[x], q_inits, clamped):
                     q_inits[t.name].CopyFrom(t)
         golden = _runs(exact_session(flt), self.outputs, self.feeds)
-        names = self._fetch_names
-        noise = np.zeros(len(self.outputs))
-        for gold, run in zip(golden, _runs(exact_session(qdq), names, self.feeds), strict=True):
-            got = dict(zip(names, run, strict=True))
-            target = [got.get(self._fetch[n], g) for n, g in zip(self.outputs, gold, strict=True)]
-            noise += output_noise(gold, target)
+        runs = _runs(exact_session(qdq), self._fetch_names, self.feeds)
+        noise = np.sum(
+            [output_noise(g, self._fetched(g, r)) for g, r in zip(golden, runs, strict=True)],
+            axis=0,
+        )
         # error powers, not noise-to-signal: the weight's own signal goes with it, and the
         # outputs' error is what the user sees in the outputs' units
         return float((1.0 - noise[useful] / self.whole_noise[useful]).max())
@@ -367,36 +373,32 @@ class Sensitivity:
 def requantized(
     dq: onnx.NodeProto, inits: Mapping[str, onnx.TensorProto], weights: np.ndarray
 ) -> list[onnx.TensorProto]:
-    """A weight's integers, scale and zero point for new float ``weights``, on the encoding's
-    own terms: its integer type, per-tensor or along its axis, symmetric when its zero points
-    are all zero in a signed type (the range min/max otherwise, zero included)."""
-    wq, scale, _ = dequantized_weight(dq, inits)
-    stored_scale = numpy_helper.to_array(inits[dq.input[1]])
-    zp_name = dq.input[2] if len(dq.input) > 2 else ""
-    zp = (
-        numpy_helper.to_array(inits[zp_name]) if zp_name else np.zeros(stored_scale.shape, wq.dtype)
-    )
-    info = np.iinfo(wq.dtype)
-    axes = tuple(i for i in range(weights.ndim) if scale.shape[i] == 1) if scale.size > 1 else None
-    lo = np.minimum(weights.min(axis=axes, keepdims=True), 0.0)
-    hi = np.maximum(weights.max(axis=axes, keepdims=True), 0.0)
-    if info.min < 0 and not np.any(zp):
-        new_scale = np.maximum(-lo, hi) / info.max
-        new_zp = np.zeros_like(new_scale)
-    else:
-        new_scale = (hi - lo) / (info.max - info.min)
-        new_zp = np.round(info.min - lo / np.where(new_scale > 0, new_scale, 1.0))
-    new_scale = np.where(new_scale > 0, new_scale, 1.0)
-    ints = np.clip(np.round(weights / new_scale) + new_zp, info.min, info.max).astype(wq.dtype)
-    out = [
-        numpy_helper.from_array(ints, dq.input[0]),
-        numpy_helper.from_array(
-            new_scale.astype(stored_scale.dtype).reshape(stored_scale.shape), dq.input[1]
+    """A weight's integers, scale and zero point for new float ``weights``, as onnxruntime's
+    quantizer (which made the engine's QDQ model) computes them, on the encoding's own terms:
+    its integer type, per tensor or along its axis, symmetric when its zero points are all zero
+    in a signed type."""
+    stored = [numpy_helper.to_array(inits[x]) for x in dq.input[1:3]]
+    wq = numpy_helper.to_array(inits[dq.input[0]])
+    symmetric = np.iinfo(wq.dtype).min < 0 and not (len(stored) > 1 and np.any(stored[1]))
+    qtype = helper.np_dtype_to_tensor_dtype(wq.dtype)
+    qmin, qmax = get_qmin_qmax_for_qType(qtype, symmetric=symmetric)
+    axis = next((a.i for a in dq.attribute if a.name == "axis"), 1) if stored[0].size > 1 else 0
+    # per axis, one slice per channel; per tensor, the whole tensor as one slice
+    slices = np.moveaxis(weights, axis, 0) if stored[0].size > 1 else weights[None]
+    ints, scales, zps = [], [], []
+    for w in slices.astype(np.float32):
+        zp, scale = compute_scale_zp(w.min(), w.max(), qmin, qmax, symmetric=symmetric)
+        ints.append(quantize_nparray(qtype, w, scale, zp))
+        scales.append(scale)
+        zps.append(zp)
+    ints = np.moveaxis(np.stack(ints), 0, axis) if stored[0].size > 1 else ints[0]
+    return [
+        numpy_helper.from_array(ints.astype(wq.dtype), dq.input[0]),
+        *(
+            numpy_helper.from_array(np.asarray(v, t.dtype).reshape(t.shape), name)
+            for v, t, name in zip((scales, zps), stored, dq.input[1:3], strict=False)
         ),
     ]
-    if zp_name:
-        out.append(numpy_helper.from_array(new_zp.astype(zp.dtype).reshape(zp.shape), zp_name))
-    return out
 
 
 def float_tensor(layer: Exposed, produced: Collection[str]) -> str | None:

@@ -45,9 +45,12 @@ QUICK = (
     "cls/conv_pair_scaled/mid",
     "cls/clipping/early",
 )
-SNOOP_DIRS = {"layerwise": "layerwise_snooping", "cumulative": "cumulative_layerwise_snooping"}
-# the components oneshot's runs are in (the other algorithms' runs stay when it runs again)
-RUN_DIRS = {"oneshot": ["framework_diagnosis", "inference_engine", "verification"]}
+# the component folders each algorithm's runs are in (one rerun leaves the others' in place)
+RUN_DIRS = {
+    "oneshot": ["framework_diagnosis", "inference_engine", "verification"],
+    "layerwise": ["layerwise_snooping"],
+    "cumulative": ["cumulative_layerwise_snooping"],
+}
 
 
 @dataclass
@@ -196,8 +199,8 @@ def _figures_file(case_folder: Path) -> Path:
     return case_folder / "harm_figures.json"
 
 
-def drop_tensors(case: Case) -> int:
-    """Remove a planted case's tensor dumps once its algorithms ran; return the bytes freed.
+def drop_tensors(case: Case) -> None:
+    """Remove a planted case's tensor dumps once its algorithms ran.
 
     They are GBs over a zoo (det's every tensor, golden, QNN and snooped, per input line), and
     the summary needs only a few SQNRs of them: the watched outputs' and the culprit rows' per
@@ -205,7 +208,7 @@ def drop_tensors(case: Case) -> int:
     its model is compared with it at its own culprit rows.
     """
     if case.fault.kind == "clean":
-        return 0
+        return
     model = onnx.load(str(case.model_path), load_external_data=False)
     local = list(dict.fromkeys([*case.fault.culprits, *case.fault.checked]))
     figures = {
@@ -213,11 +216,8 @@ def drop_tensors(case: Case) -> int:
         "channel": tensor_sqnrs(case.folder, local, True),
     }
     _figures_file(case.folder).write_text(json.dumps(figures))
-    freed = 0
     for raw in (case.folder / "w").rglob("*.raw"):
-        freed += raw.stat().st_size
         raw.unlink()
-    return freed
 
 
 def _min(values: dict[str, float]) -> float:
@@ -291,7 +291,7 @@ def run_case(
             continue
         # a stale run of the same name (finished, failed or killed) would be resumed
         # (snooping) or refused: start afresh
-        for component in RUN_DIRS.get(algo) or [SNOOP_DIRS[algo]]:
+        for component in RUN_DIRS[algo]:
             for stale in [
                 *(work / component).glob(algo + "*"),
                 *(work / component).glob(f".{algo}*"),

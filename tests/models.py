@@ -257,3 +257,55 @@ def dense_chain(
         (1, tokens, width),
         {"planted": names[at], "position": [5, 9]},  # type: ignore[dict-item]
     )
+
+
+def nested_concat(tmp: Path, seed: int = 0) -> Built:
+    """A detection head as YOLOX exports it: per-scale ``Concat(boxes, sigmoid, sigmoid)``,
+    reshaped, then concatenated with another scale. HTP (QAIRT 2.x, emulated) does not move the
+    sigmoids' part of the inner Concat from its encoding to the outer one's: their integers come
+    out in the wrong encoding, while onnxruntime's CPU fake-quant of the same QDQ model is right.
+    ``expected['out']``: numpy's float output."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    nodes, inits, expected = [], [], {}
+
+    def conv(name: str, src: str, cout: int, bias: float, scale: float) -> None:
+        w = (rng.standard_normal((cout, 3, 1, 1)) * scale).astype(np.float32)
+        b = np.full(cout, bias, np.float32)
+        inits.extend(
+            [numpy_helper.from_array(w, f"{name}_w"), numpy_helper.from_array(b, f"{name}_b")]
+        )
+        nodes.append(helper.make_node("Conv", [src, f"{name}_w", f"{name}_b"], [name], name=name))
+        expected[name] = np.einsum("oi,nihw->nohw", w[:, :, 0, 0], x) + b[None, :, None, None]
+
+    conv("boxes", "x", 4, 0.0, 0.3)
+    conv("obj_logit", "x", 1, -6.0, 0.3)  # objectness: nearly 0 after the sigmoid
+    conv("cls_logit", "x", 1, 0.3, 0.1)
+    for s in ("obj", "cls"):
+        nodes.append(helper.make_node("Sigmoid", [f"{s}_logit"], [s], name=f"{s}_sigmoid"))
+        expected[s] = 1 / (1 + np.exp(-expected[f"{s}_logit"]))
+    conv("other_scale", "x", 6, 0.5, 0.8)  # a wider range: the outer Concat's encoding
+    nodes.append(helper.make_node("Concat", ["boxes", "obj", "cls"], ["head"], name="head", axis=1))
+    inits.append(numpy_helper.from_array(np.array([1, 6, -1], np.int64), "flat"))
+    nodes.append(helper.make_node("Reshape", ["head", "flat"], ["head_flat"], name="head_flat"))
+    nodes.append(
+        helper.make_node("Reshape", ["other_scale", "flat"], ["other_flat"], name="other_flat")
+    )
+    nodes.append(
+        helper.make_node("Concat", ["other_flat", "head_flat"], ["out"], name="out", axis=2)
+    )
+    head = np.concatenate([expected["boxes"], expected["obj"], expected["cls"]], 1)
+    expected["out"] = np.concatenate(
+        [expected["other_scale"].reshape(1, 6, -1), head.reshape(1, 6, -1)], 2
+    )
+    graph = helper.make_graph(
+        nodes,
+        "nested_concat",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 6, 512])],
+        inits,
+    )
+    path = save(graph, tmp / "nested_concat.onnx")
+    x_path = tmp / "nested_x.raw"
+    x.tofile(x_path)
+    return Built(path, x_path, "x", (1, 3, 16, 16), expected)

@@ -169,6 +169,54 @@ def test_the_cause_orders_the_candidates_and_a_backend_culprit_gets_none(tmp_pat
     }
 
 
+def test_a_backend_concat_that_kept_its_inputs_encoding_gets_that_encoding_as_candidate(tmp_path):
+    """A backend cause naming the tensors to give the Concat's encoding: one candidate, whose
+    overrides fix those tensors to the baseline's scale and zero point (typed for onnxruntime's
+    quantizer), and whose landing is checked against the Concat's QNN encoding."""
+    import onnxruntime.quantization as oq
+
+    from accdbg.engines.quantize import overrides_for_ort
+
+    model = onnx.load(str(planted_chain(tmp_path).path))
+    cause = (
+        "backend: fed the backend's own inputs ...; 8 of its values are layer2's own integers "
+        "(scale 0.008, offset -41) kept in this Concat's encoding (scale 0.0129, offset -71), "
+        "not requantized: giving layer1 and layer2 this Concat's encoding avoids it"
+    )
+    culprits = C.read_diagnosis(
+        pd.DataFrame({"Name": ["layer3"], "culprit_rank": [1], "cause": [cause]})
+    )
+    changes, notes = C.propose(model, culprits, False, 8, "tf")
+    local = [c for c in changes if not c.is_global]
+    assert local == [C.Change("encoding", "layer1,layer2", "layer3", local[0].why)]
+    assert local[0].label == "layer1, layer2: the encoding of layer3"
+    assert notes == ["layer3: backend; its candidate: layer1, layer2: the encoding of layer3"]
+    st = C.settings(
+        local, False, 8, "tf", "QUInt8", {}, encodings={"layer3": (0.0129, 71, "QUInt8")}
+    )
+    entry = {"scale": 0.0129, "zero_point": 71, "quant_type": "QUInt8"}
+    assert st["overrides"] == {"layer1": [entry], "layer2": [entry]}
+    assert st["landed"] == [("encoding of layer3", "layer1"), ("encoding of layer3", "layer2")]
+    ort_form = overrides_for_ort(st["overrides"])["layer1"][0]
+    assert ort_form["quant_type"] == oq.QuantType.QUInt8
+    assert ort_form["zero_point"].dtype == np.uint8 and ort_form["zero_point"] == 71
+    assert ort_form["scale"].dtype == np.float32 and ort_form["scale"] == np.float32(0.0129)
+    # the landing check reads both tensors' encodings in the QNN graph JSON
+    from accdbg.algorithms.fixes.measure import _landed
+
+    def tensor(scale, offset):
+        return {
+            "data_type": 0x0408,
+            "quant_params": {"encoding": 0, "scale_offset": {"scale": scale, "offset": offset}},
+        }
+
+    tensors = {"layer3_QuantizeLinear_Output": tensor(0.0129, -71)}
+    tensors["layer1_QuantizeLinear_Output"] = tensor(0.0129, -71)
+    tensors["layer2_QuantizeLinear_Output"] = tensor(0.008, -41)
+    assert _landed("encoding of layer3", "layer1", tensors, model)["ok"]
+    assert not _landed("encoding of layer3", "layer2", tensors, model)["ok"]
+
+
 def test_a_16bit_activation_covers_both_sides_of_its_layer(tmp_path):
     model = onnx.load(str(offset_chain(tmp_path).path))
     # Conv_2 -> conv2 -> Relu_2 -> layer2 -> Conv_3 -> conv3 -> Relu_3 -> layer3

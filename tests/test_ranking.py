@@ -301,8 +301,9 @@ def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_cos
     """Hand-built local divergences (dB): twenty layers a rounding step from the CPU fake-quant,
     ten bit-exact, one 20 dB apart. Only that one is measured for what its difference costs the
     outputs (when QNN's kernels together carry half their error or more); it is a backend
-    culprit at half their error or more, a note below that; with fewer than eight layers that
-    differ at all there is no floor and nothing is measured."""
+    culprit at half their error or more, a note below that. With fewer than eight layers that
+    differ at all there is no spread: a layer is measured when it parts 15 dB under their median
+    (or under the pass mark)."""
     rng = np.random.default_rng(5)
     names = [f"l{i}" for i in range(31)]
     ev = {n: _ev(n, 36 + rng.normal(0, 1)) for n in names}  # no quantization standout
@@ -335,10 +336,139 @@ def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_cos
         kernels_added=KernelsAdded("out", 1.0, 0.6),
     )
     assert r.culprits == [] and asked == []
-    few = {n: (div[n] if n in ("l30", *names[:6]) else 0.0) for n in names}  # 7 differ
+    # seven layers differ: no spread; 15 dB under their median (or the pass mark) stands out
+    few = {n: (div[n] if n in ("l30", *names[:6]) else 0.0) for n in names}
+    median = float(np.median([_db(few[n]) for n in ("l30", *names[:6])]))
+    assert median - 15 > 23.0  # l30 is under that bar, the six others far above it
+    asked.clear()
+    r = rank(ev, names, divergence=few, kernel_share=kernel(0.8), kernels_added=ADDS_90)
+    assert asked == [["l30"]] and [(c.name, c.kind) for c in r.culprits] == [("l30", "backend")]
+    assert f"(too few layers differ for a floor: under {median - 15:.1f} dB stands out)" in (
+        r.culprits[0].cause
+    )
+    few["l30"] = few[names[0]]  # all seven a rounding step apart: nothing is measured
     asked.clear()
     r = rank(ev, names, divergence=few, kernel_share=kernel(0.8), kernels_added=ADDS_90)
     assert r.culprits == [] and "cause" not in r.columns["l30"] and asked == []
+
+
+def encoding_of(qdq_path, tensor: str) -> tuple[float, int]:
+    """(scale, zero point) of a tensor's QuantizeLinear in a QDQ model (a graph output's
+    producer is renamed ``<name>_QuantizeLinear_Input``)."""
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(qdq_path))
+    consts = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    q = next(
+        n
+        for n in m.graph.node
+        if n.op_type == "QuantizeLinear"
+        and n.input[0] in (tensor, f"{tensor}_QuantizeLinear_Input")
+    )
+    return float(consts[q.input[1]]), int(consts[q.input[2]])
+
+
+@pytest.mark.slow
+def test_htp_part_of_a_nested_concat_in_the_wrong_encoding_is_a_backend_culprit(tmp_path):
+    """HTP's outer Concat of a YOLOX-style head: ten layers, too few that differ from the CPU
+    fake-quant for a floor. Independently of the ranking: QNN's ``out`` is far from float while
+    its own inputs on QNN and onnxruntime's CPU fake-quant of the same QDQ model are close, so
+    the error enters at ``out``, on the backend. The tool names it first, as the backend, says
+    why (the inner Concat's integers kept in their encoding) and the fix search proves the fix
+    it names."""
+    built = models.nested_concat(tmp_path)
+    inp = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
+    res = run_oneshot("onnx", built.path, inp, working_dir=tmp_path / "w")
+    from accdbg.core.tensor_store import TensorFolder
+
+    qnn = TensorFolder(res.engine_run / "output" / "Result_0")
+    qdq_path = next(res.engine_run.glob("*.qdq.onnx"))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(qdq_path), so, providers=["CPUExecutionProvider"])
+    x = np.fromfile(built.input_path, np.float32).reshape(built.dims)
+    cpu = sess.run(["out"], {"x": x})[0]
+    flat = {
+        "other_flat": built.expected["other_scale"].reshape(1, 6, -1),
+        "head_flat": np.concatenate(
+            [built.expected[n] for n in ("boxes", "obj", "cls")], 1
+        ).reshape(1, 6, -1),
+    }
+
+    def sqnr(gold: np.ndarray, got: np.ndarray) -> float:
+        g, d = gold.astype(np.float64).ravel(), (got - gold).astype(np.float64).ravel()
+        return 10 * math.log10(g @ g / (d @ d))
+
+    assert sqnr(built.expected["out"], cpu) > 30
+    assert sqnr(built.expected["out"], qnn.load("out")) < 15
+    assert min(sqnr(v, qnn.load(n)) for n, v in flat.items()) > 30
+    first = res.culprits[0]
+    assert (first.rank, first.name, first.kind) == (1, "out", "backend"), res.findings
+    assert "too few layers differ for a floor" in first.cause
+    # numpy, on QNN's dumps: the sigmoids' rows of head_flat come out as head_flat's own
+    # integers read in out's encoding
+    e_out, e_head = (encoding_of(qdq_path, n) for n in ("out", "head_flat"))
+    q_out = np.rint(qnn.load("out")[0, 4:, 256:] / e_out[0]) + e_out[1]
+    q_head = np.rint(qnn.load("head_flat")[0, 4:] / e_head[0]) + e_head[1]
+    assert np.array_equal(q_out, q_head) and e_out != e_head
+    assert "512 of its values are head_flat's own integers" in first.cause
+    assert "giving head and head_flat this Concat's encoding avoids it" in first.cause
+    # that fix, measured on QNN by the fix search: 8-bit still, the outputs as the CPU's
+    from accdbg.algorithms.fixes import run_fix_search
+
+    fixed = run_fix_search(
+        built.path, inp, diagnosis=res.summary, target_sqnr=30, working_dir=tmp_path / "w"
+    )
+    best = fixed.best
+    assert fixed.accepted == ["head, head_flat: the encoding of out"], fixed.candidates
+    assert best["16-bit tensors"] == 0 and best["all landed"]
+    assert best["SQNR mean"] > sqnr(built.expected["out"], cpu) - 1
+
+
+def test_a_concat_whose_backend_kept_an_inputs_own_integers_says_so_and_names_the_fix():
+    """Hand-built integers: a Concat of two inputs along axis 2; the backend copied the second
+    input's integers (its own encoding, zero point 41) where the fake-quant requantized them
+    (zero point 71), and differs by a rounding step elsewhere. The note names that input,
+    counts the copied values and says whose encoding to change - through the Reshape that
+    keeps its input's encoding - and the fix search reads those tensors back."""
+    from accdbg.algorithms.divergence import _copied_note, encoding_fix, kept_integers
+    from accdbg.engines.exposure import Exposed
+
+    a = np.full((1, 2, 3), 100, np.uint8)
+    b = np.full((1, 2, 4), 41, np.uint8)  # b's integers in b's encoding
+    cpu = np.concatenate([a, np.full((1, 2, 4), 71, np.uint8)], 2)
+    backend = np.concatenate([a, b], 2)
+    backend[0, 0, 0] += 1  # one rounding step: not a copy, not counted
+    assert kept_integers(backend, cpu, [("a", a), ("b", b)]) == ("b", 8)
+    assert kept_integers(cpu, cpu, [("a", a), ("b", b)]) is None  # nothing far off
+    assert kept_integers(backend, cpu, [("a", a)]) is None  # the shapes make no concatenation
+    moved = backend.copy()
+    moved[0, :, 3:] = 90  # far off, and not the input's integers: not a copy
+    assert kept_integers(moved, cpu, [("a", a), ("b", b)]) is None
+
+    def exposed(name: str, op: str, scale: float, zero: int, inputs: list[str]) -> Exposed:
+        return Exposed(name, name, name, op, 0, name, scale, zero, "uint8", inputs=inputs)
+
+    layers = {
+        "a": exposed("a", "Conv", 0.02, 100, ["x"]),
+        "head": exposed("head", "Concat", 0.008, 41, ["p", "q"]),
+        "b": exposed("b", "Reshape", 0.008, 41, ["head"]),
+        "out": exposed("out", "Concat", 0.0129, 71, ["a", "b"]),
+    }
+    cuts = {f"{n}::backend": e for n, e in layers.items() if n != "out"}
+    loaded = {"a::backend": a, "b::backend": b}
+    note = _copied_note(layers["out"], backend, cpu, loaded, cuts, lambda e: None)
+    assert note == (
+        "; 8 of its values are b's own integers (scale 0.008, offset -41) kept in this "
+        "Concat's encoding (scale 0.0129, offset -71), not requantized: giving head and b "
+        "this Concat's encoding avoids it"
+    )
+    assert encoding_fix(f"backend: fed the backend's own inputs{note}; that costs") == [
+        "head",
+        "b",
+    ]
+    assert encoding_fix("backend: run alone on the backend it keeps 3 dB") == []
 
 
 def test_how_the_backend_parts_says_bias_or_a_different_computation():

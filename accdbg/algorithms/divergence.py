@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -31,6 +32,9 @@ from accdbg.verifiers.base import dot
 log = logging.getLogger("accdbg.divergence")
 
 ONE_WAY = 0.9  # this share of the differing values on one side: a bias, not noise
+COPIED = 0.9  # this share of a Concat's far-off values are its inputs' integers: not requantized
+# ops whose output the quantizer gives their input's encoding
+KEEP_ENCODING = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
 HELD = 256 << 20  # bytes of the backend's dumps one CPU run of the local divergence is fed
 
 
@@ -67,6 +71,42 @@ def how_they_part(steps: np.ndarray) -> str:
         if big == 1:
             text += " (a rounding bias)"
     return text
+
+
+def kept_integers(
+    backend: np.ndarray, cpu: np.ndarray, inputs: Sequence[tuple[str, np.ndarray]]
+) -> tuple[str, int] | None:
+    """Where a Concat's backend integers part from the fake-quant's by more than a step, are
+    they its inputs' own integers, copied in their encodings instead of requantized to the
+    Concat's? ``inputs``: (name, the backend's integers) in the Concat's order. Returns the
+    input holding most of those values and how many, when at least ``COPIED`` of them are
+    copies; None otherwise (or when the shapes do not make one concatenation)."""
+    axis = _concat_axis(backend.shape, [v.shape for _, v in inputs])
+    if axis is None:
+        return None
+    far = np.abs(backend.astype(np.int64) - cpu.astype(np.int64)) > 1
+    if not far.any():
+        return None
+    copied = np.concatenate([v.astype(np.int64) for _, v in inputs], axis) == backend
+    if np.count_nonzero(copied & far) < COPIED * np.count_nonzero(far):
+        return None
+    sizes = np.cumsum([0] + [v.shape[axis] for _, v in inputs])
+    counts = [
+        int(np.count_nonzero(np.take(copied & far, range(a, b), axis=axis)))
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+    ]
+    best = int(np.argmax(counts))
+    return inputs[best][0], counts[best]
+
+
+def _concat_axis(out: tuple[int, ...], ins: Sequence[tuple[int, ...]]) -> int | None:
+    """The one axis along which ``ins`` concatenate to ``out``."""
+    for a in range(len(out)):
+        rest = [s[:a] + s[a + 1 :] for s in ins]
+        if all(len(s) == len(out) for s in ins) and all(r == out[:a] + out[a + 1 :] for r in rest):
+            if sum(s[a] for s in ins) == out[a]:
+                return a
+    return None
 
 
 def divergence(
@@ -342,4 +382,55 @@ def _compare(
                 else np.rint(d / e.scale)
             )
             out.how[e.name] = how_they_part(steps)
+            if e.op_type == "Concat":  # a graph output's values are read as floats
+                mine = target.load(e.name) if have is None else have
+                ints = e.native(np.asarray(mine).reshape(cpu_int.shape))
+                out.how[e.name] += _copied_note(e, ints, e.native(cpu_int), loaded, cuts, read)
     return out
+
+
+def _copied_note(
+    e: Exposed,
+    have: np.ndarray,
+    cpu: np.ndarray,
+    loaded: Mapping[str, np.ndarray],
+    cuts: Mapping[str, Exposed],
+    read: Callable[[Exposed], np.ndarray],
+) -> str:
+    """The cause's words when the backend kept some of a Concat's inputs in their own encoding
+    (:func:`kept_integers`), with the fix that avoids it."""
+    by_name = {x.name: x for x in cuts.values()}
+    inputs = [by_name.get(n) for n in e.inputs]
+    if not inputs or any(x is None or not _holds_integers(x) for x in inputs):
+        return ""
+    try:
+        values = [(x.name, loaded.get(_cut_name(x), None)) for x in inputs]
+        values = [(n, v if v is not None else read(by_name[n])) for n, v in values]
+    except Exception:  # an unreadable dump: no more to say
+        return ""
+    kept = kept_integers(have, cpu, values)
+    if kept is None:
+        return ""
+    x = by_name[kept[0]]
+    chain = [x]  # the encoding is made where the ops that keep it (a Reshape) take it from
+    while chain[-1].op_type in KEEP_ENCODING and len(chain[-1].inputs) == 1:
+        up = by_name.get(chain[-1].inputs[0])
+        if up is None or (up.scale, up.zero_point) != (x.scale, x.zero_point):
+            break
+        chain.append(up)
+    return (
+        f"; {kept[1]} of its values are {x.name}'s own integers (scale {x.scale:.4g}, offset "
+        f"{-x.zero_point}) kept in this Concat's encoding (scale {e.scale:.4g}, offset "
+        f"{-e.zero_point}), not requantized: {_GIVING} "
+        f"{' and '.join(c.name for c in reversed(chain))} {_AVOIDS}"
+    )
+
+
+_GIVING, _AVOIDS = "giving", "this Concat's encoding avoids it"
+
+
+def encoding_fix(cause: str) -> list[str]:
+    """The tensors a backend ``cause`` says should take its Concat's encoding (the fix
+    :func:`_copied_note` writes; the fix search measures it on QNN)."""
+    m = re.search(f"not requantized: {_GIVING} (.+?) {re.escape(_AVOIDS)}", cause)
+    return m.group(1).split(" and ") if m else []

@@ -38,7 +38,9 @@ layers do - or whose backend result is far worse than its quantization explains:
   same way among the model's layers: the kernel, not the encodings (golden inputs: layerwise).
   In a full run, each layer's QNN result is compared with onnxruntime's CPU fake-quant of that
   layer fed QNN's own inputs (:func:`~accdbg.algorithms.divergence.local_divergence`); a layer
-  where they part far more than at the model's other layers is named when that difference,
+  where they part far more than at the model's other layers (with fewer than
+  ``MIN_DIVERGING`` layers that differ, no spread is known: ``MAX_GAP_DB`` under their median,
+  or under ``ABS_DB``) is named when that difference,
   added to the layer in the CPU fake-quant of the whole model, costs the outputs at least
   ``SHARE`` of their error on QNN (:func:`~accdbg.algorithms.divergence.kernel_effect`), and
   noted otherwise.
@@ -900,15 +902,17 @@ def _diverging(div: Mapping[str, float], quantized: bool = True) -> dict[str, st
     ``div``) far more than at the model's other layers that differ at all."""
     dbs = {n: nsr_db(d) for n, d in div.items() if d > 0}
     finite = [d for d in dbs.values() if math.isfinite(d)]
-    if len(finite) < MIN_DIVERGING:
-        return {}
-    floor, spread = robust_floor(finite)
-    cut = floor - standout_gap(spread)
+    if len(finite) >= MIN_DIVERGING:
+        floor, spread = robust_floor(finite)
+        cut = floor - standout_gap(spread)
+        bar = f"the model's median differing layer: {floor:.1f} dB"
+    else:  # too few layers differ for a spread: the widest gap, or the pass mark
+        cut = max(ABS_DB, float(np.median(finite)) - MAX_GAP_DB) if finite else ABS_DB
+        bar = f"too few layers differ for a floor: under {cut:.1f} dB stands out"
     how: Mapping[str, str] = getattr(div, "how", {})
     return {
         n: f"backend: fed the backend's own inputs, {cpu_run(quantized, layer=True)} "
-        f"and QNN part at {d:.1f} dB (the model's median differing layer: {floor:.1f} dB)"
-        + (f": {how[n]}" if how.get(n) else "")
+        f"and QNN part at {d:.1f} dB ({bar})" + (f": {how[n]}" if how.get(n) else "")
         for n, d in dbs.items()
         if d < cut
     }

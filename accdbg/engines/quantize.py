@@ -125,8 +125,9 @@ def quant_type(bits: int, symmetric: bool, what: str) -> QuantType:
 
 
 def overrides_for_ort(overrides: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict:
-    """``TensorQuantOverrides`` in JSON form (``quant_type`` as a name, e.g. ``"QUInt16"``:
-    what a journal or ``best_overrides.json`` holds) in onnxruntime's form."""
+    """``TensorQuantOverrides`` in JSON form (``quant_type`` as a name, e.g. ``"QUInt16"``; a
+    fixed ``scale`` and ``zero_point`` as numbers: what a journal or ``best_overrides.json``
+    holds) in onnxruntime's form."""
     out: dict[str, list[dict[str, Any]]] = {}
     for name, entries in overrides.items():
         conv = []
@@ -134,6 +135,12 @@ def overrides_for_ort(overrides: Mapping[str, Sequence[Mapping[str, Any]]]) -> d
             e = dict(e)
             if isinstance(e.get("quant_type"), str):
                 e["quant_type"] = QuantType[e["quant_type"]]
+            if "scale" in e and "zero_point" in e:  # a fixed encoding: numpy, typed as stored
+                stored = e.get("quant_type", QuantType.QUInt8).tensor_type
+                e["scale"] = np.array(e["scale"], np.float32)
+                e["zero_point"] = np.array(
+                    e["zero_point"], onnx.helper.tensor_dtype_to_np_dtype(stored)
+                )
             conv.append(e)
         out[name] = conv
     return out

@@ -5,18 +5,22 @@ A :class:`Change` is one knob: a global one (per-channel weights, activation cal
 for its output activation, 16-bit for its weights, equalization with a neighbouring Conv).
 The ``cause`` the culprit ranking wrote (``weight range``, ``activation range``, ``clipping``,
 ``unbalanced concatenation``, ``backend``) orders them: the change aimed at the cause first.
-A layer whose cause is the backend gets no precision candidate - precision is not its problem.
+A layer whose cause is the backend gets no precision candidate - precision is not its problem;
+when its cause says which inputs the backend left in their own encoding (a Concat that does not
+requantize them, :func:`accdbg.algorithms.divergence.encoding_fix`), those inputs given the
+Concat's encoding are its candidate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 import pandas as pd
 
+from accdbg.algorithms.divergence import encoding_fix
 from accdbg.algorithms.fixes.equalize import Pair, conv_pairs
 from accdbg.errors import AccdbgError
 
@@ -32,7 +36,8 @@ PER_CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}
 class Change:
     """One knob. ``target``: the tensor, weight, calibration or Conv pair it acts on."""
 
-    kind: str  # per_channel_all | calibration | act16_all | per_channel | act16 | w16 | equalize
+    # per_channel_all | calibration | act16_all | per_channel | act16 | w16 | equalize | encoding
+    kind: str
     target: str = ""
     layer: str = ""  # the diagnosed layer it was chosen for ('' for global knobs)
     why: str = ""
@@ -47,6 +52,7 @@ class Change:
             "act16": f"16-bit activation: {self.target}",
             "w16": f"16-bit weights: {self.target}",
             "equalize": f"equalize {self.target}",
+            "encoding": f"{self.target.replace(',', ', ')}: the encoding of {self.layer}",
         }[self.kind]
 
     @property
@@ -226,6 +232,12 @@ def propose(
     pairs = conv_pairs(model)
     tensors = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     for c in culprits:
+        shared = [t for t in encoding_fix(c.cause) if t in tensors] if c.backend else []
+        if shared and c.name in tensors:
+            why = f"culprit #{c.rank}: {c.cause}"
+            local.append(Change("encoding", ",".join(shared), c.name, why))
+            notes.append(f"{c.name}: backend; its candidate: {local[-1].label}")
+            continue
         if c.backend:
             notes.append(
                 f"{c.name}: {c.cause} - a backend issue, not a precision one: no precision "
@@ -303,11 +315,15 @@ def settings(
     weight_type: str,
     axes: dict[str, int],
     regions: dict[str, list[str]] | None = None,
+    encodings: Mapping[str, tuple[float, int, str]] | None = None,
 ) -> dict:
     """Quantizer options and TensorQuantOverrides (JSON form) of a set of changes, and the
     (what, tensor) pairs whose landing in the QNN graph is checked. ``regions``: the tensors
-    a 16-bit activation candidate sets, by target (:func:`act16_region`)."""
+    a 16-bit activation candidate sets, by target (:func:`act16_region`); ``encodings``: the
+    baseline's (scale, zero point, quant type) of the layers whose encoding a candidate gives
+    others."""
     regions = regions or {}
+    encodings = encodings or {}
     out = {
         "per_channel": per_channel,
         "act_bitwidth": act_bitwidth,
@@ -334,4 +350,12 @@ def settings(
         elif c.kind == "w16":
             out["overrides"][c.target] = [{"quant_type": "QUInt16"}]
             out["landed"].append(("w16", c.target))
+        elif c.kind == "encoding" and c.layer in encodings:
+            scale, zero, qtype = encodings[c.layer]
+            for t in c.target.split(","):
+                out["overrides"][t] = [{"scale": scale, "zero_point": zero, "quant_type": qtype}]
+                out["landed"].append((f"{ENCODING_OF}{c.layer}", t))
     return out
+
+
+ENCODING_OF = "encoding of "  # a landing check's 'what': the tensor holds this layer's encoding

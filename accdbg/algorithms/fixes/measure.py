@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from accdbg.algorithms.fixes.candidates import ENCODING_OF
 from accdbg.engines.base import EngineOptions
 from accdbg.engines.options import QuantOptions
 from accdbg.errors import AccdbgError
@@ -41,7 +42,8 @@ class Spec:
     options: EngineOptions
     quant: QuantOptions = field(default_factory=QuantOptions)
     overrides: dict = field(default_factory=dict)  # TensorQuantOverrides, JSON form
-    landed: list = field(default_factory=list)  # (what, tensor): what in act16|w16|per_channel
+    # (what, tensor): what in act16|w16|per_channel|"encoding of <layer>"
+    landed: list = field(default_factory=list)
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
@@ -145,6 +147,9 @@ def _landed(what: str, name: str, tensors: dict, qdq: onnx.ModelProto) -> dict[s
         ok = bits == 16 and cls in ("ufixed", "sfixed")
     elif what == "per_channel":
         ok = enc in (1, 3)  # QNN_QUANTIZATION_ENCODING_(BW_)AXIS_SCALE_OFFSET
+    elif what.startswith(ENCODING_OF):  # the tensor holds that layer's scale and offset
+        other = _qnn_tensor(what[len(ENCODING_OF) :], tensors)
+        ok = other is not None and _scale_offset(t) == _scale_offset(other[1]) != (None, None)
     else:
         ok = False
     return {
@@ -153,6 +158,12 @@ def _landed(what: str, name: str, tensors: dict, qdq: onnx.ModelProto) -> dict[s
         "ok": bool(ok),
         "qnn": f"{qname}: {datatype_name(code)}, encoding {enc}",
     }
+
+
+def _scale_offset(tensor: dict) -> tuple[float | None, int | None]:
+    so = (tensor.get("quant_params") or {}).get("scale_offset") or {}
+    scale = so.get("scale")
+    return (None if scale is None else round(float(scale), 9)), so.get("offset")
 
 
 def float_outputs(model_path: Path, feeds: list) -> list[list[np.ndarray]]:

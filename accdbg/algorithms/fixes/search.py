@@ -90,6 +90,9 @@ class _Setup:
     options: Any
     quant: QuantOptions  # the baseline: the run's quantizer options
     axes: dict[str, int]
+    # the baseline's (scale, zero point, quant type) of the layers whose encoding a candidate
+    # gives others
+    encodings: dict[str, tuple[float, int, str]] = field(default_factory=dict)
 
     def quant_of(self, settings: Mapping[str, Any]) -> QuantOptions:
         """The quantizer options of a candidate's settings (:func:`C.settings`) over the
@@ -190,6 +193,9 @@ def run_fix_search(
         )
         for n in notes:
             log.info("fix search: %s", n)
+        shared = {c.layer for c in cands if c.kind == "encoding"}
+        if shared:
+            setup.encodings = _baseline_encodings(setup, calibration, shared, work)
         search = _Search(setup, run.path, journal, workers, wtype, executor)
         try:
             rows, accepted = search.greedy(
@@ -250,6 +256,24 @@ def run_fix_search(
         seconds,
         notes,
     )
+
+
+def _baseline_encodings(
+    setup: _Setup, calibration: Calibration, layers: set[str], work: Path
+) -> dict[str, tuple[float, int, str]]:
+    """The (scale, zero point, quant type) the baseline quantization gives ``layers``'
+    outputs (one quantization of the model, as the engine does it)."""
+    from accdbg.encodings.model import zero_point_from_offset
+    from accdbg.encodings.qdq import qdq_encodings
+
+    qdq = quantize_prepared(setup.prepared_path, "baseline", calibration, setup.quant, work).path
+    out = {}
+    for name, e in qdq_encodings(qdq).items():
+        if name in layers and len(e.scale) == 1:
+            signed = e.source.get("onnx_type", "").startswith("INT")
+            zero = zero_point_from_offset(e.offset[0], e.bitwidth, signed)
+            out[name] = (e.scale[0], zero, f"Q{'Int' if signed else 'UInt'}{e.bitwidth}")
+    return out
 
 
 def _ensure_qdq(setup: _Setup, folder: Path, settings: dict) -> None:
@@ -344,6 +368,7 @@ class _Search:
             self.wtype,
             s.axes,
             regions,
+            s.encodings,
         )
         out_dir = self.root / "candidates" / folder
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -73,3 +73,32 @@ def test_the_peer_ranks_every_layer_so_it_always_names_some():
     g = [[[1.0, 2.0], [3.0]], [[2.0, 0.0], [1.0]]]
     r = [[[1.5, 2.0], [3.0]], [[2.0, 0.5], [1.0]]]
     assert _sqnr_db(g, r) == pytest.approx(10 * math.log10((1 + 4 + 4) / (0.25 + 0.25)))
+
+
+def test_a_clean_model_that_diverges_on_the_backend_may_have_its_backend_layer_named():
+    """A clean run naming only backend culprits is no false alarm when the model's plain QNN
+    run loses 3 dB or more against the CPU fake-quant; naming one quantization culprit beside
+    it, or a gap under 3 dB, is still an alarm."""
+    table = pd.DataFrame(
+        {
+            "Name": ["a", "b", "c"],
+            "culprit_rank": pd.array([1, None, 2], dtype="Int64"),
+            "cause": ["backend: fed the backend's own inputs", "inherited from a", "backend: x"],
+        }
+    )
+    s = scoring.score("oneshot", table, [])
+    assert (s["n_named"], s["n_backend"]) == (2, 2)
+    mixed = table.assign(cause=["backend: fed", "", "weight range: 8-bit"])
+    m = scoring.score("oneshot", mixed, [])
+    assert (m["n_named"], m["n_backend"]) == (2, 1)
+    rows = pd.DataFrame(
+        [
+            {"kind": "clean", "status": "ok", "backend_gap_db": 6.2} | s,  # not an alarm
+            {"kind": "clean", "status": "ok", "backend_gap_db": 2.9} | s,  # under 3 dB
+            {"kind": "clean", "status": "ok", "backend_gap_db": 6.2} | m,  # a layer besides
+            {"kind": "clean", "status": "ok", "backend_gap_db": math.nan} | s,  # not measured
+        ]
+    ).assign(algorithm="oneshot", out_loss_db=math.nan)
+    t = scoring.summary_table(scoring.with_defaults(rows), ["clean"]).set_index("fault kind")
+    assert t.loc["clean", "false alarms"] == "3/4"
+    assert list(scoring.real_backend(rows).index) == [0]

@@ -25,9 +25,9 @@ import onnx
 
 from benchmarks.zoo import models as zoo_models
 from benchmarks.zoo.probe import load_feeds, run
-from benchmarks.zoo.scoring import sqnr_db
+from benchmarks.zoo.scoring import HARM_DB, sqnr_db
 
-HARM_DB = 3.0  # a fault at least doubles the outputs' error power (the ranking's own bar)
+__all__ = ["HARM_DB", "HarmMeter", "fingerprint", "watched_outputs"]
 
 
 def fingerprint(model: onnx.ModelProto, overrides: dict | None) -> str:
@@ -76,10 +76,26 @@ class HarmMeter:
             self.cache.write_text(json.dumps(self.known, indent=1))
         return float(self.known[key])
 
+    def backend_gap(self) -> float:
+        """dB the clean model's watched outputs lose on QNN HTP against onnxruntime's CPU
+        fake-quant of the same QDQ model: a clean model whose outputs lose ``HARM_DB`` or more
+        has a backend divergence of its own, which a ranking may rightly name."""
+        key = "backend_gap:" + fingerprint(self.prep.model, None)
+        if key not in self.known:
+            self.known[key] = _qnn_sqnr(self.prep, self.prep.model, None, against_cpu=True)
+            self.cache.write_text(json.dumps(self.known, indent=1))
+        return float(self.known[key])
 
-def _qnn_sqnr(prep: zoo_models.Prepared, model: onnx.ModelProto, overrides: dict | None) -> float:
+
+def _qnn_sqnr(
+    prep: zoo_models.Prepared,
+    model: onnx.ModelProto,
+    overrides: dict | None,
+    against_cpu: bool = False,
+) -> float:
     """Quantize as the engine does, run once on QNN HTP; the worst watched output's SQNR against
-    the same pre-processed float model on onnxruntime's CPU."""
+    the same pre-processed float model on onnxruntime's CPU. ``against_cpu``: instead, the CPU
+    fake-quant's SQNR minus QNN's, at the output where QNN loses the most."""
     from accdbg.engines.base import get_engine
     from accdbg.engines.options import EngineConfig
     from accdbg.engines.pipeline import Calibration, prepare_model
@@ -107,4 +123,8 @@ def _qnn_sqnr(prep: zoo_models.Prepared, model: onnx.ModelProto, overrides: dict
         qdq.graph.output.extend(onnx.ValueInfoProto(name=w) for w in watched if w not in have)
         session = get_engine("qnn").create_session(qdq.SerializeToString(), config.engine_options())
         got = session.run(watched, feed[0])
-    return min(sqnr_db(golden[w], v) for w, v in zip(watched, got, strict=True))
+        qnn = {w: sqnr_db(golden[w], v) for w, v in zip(watched, got, strict=True)}
+        if not against_cpu:
+            return min(qnn.values())
+        cpu = run(qdq, feed, watched)[0]  # every Q/DQ as written
+        return max(sqnr_db(golden[w], cpu[w]) - qnn[w] for w in watched)

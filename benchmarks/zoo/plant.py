@@ -94,6 +94,7 @@ class Fault:
     checked: list[str] = field(default_factory=list)  # tensors compared besides the outputs
     excluded: str = ""  # why the case is not kept
     harm_db: float | None = None  # what it costs the outputs on QNN (benchmarks.zoo.harm)
+    backend_gap_db: float | None = None  # clean: QNN's outputs under the CPU fake-quant's
     tries: list[str] = field(default_factory=list)  # the plantings measured before it
 
     @property

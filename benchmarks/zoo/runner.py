@@ -122,6 +122,8 @@ def build_cases(
                 dropped.append((name, f"no eligible site in this model{held}"))
                 continue
             fault = planted.fault
+            if kind == "clean" and meter is not None:
+                fault.backend_gap_db = meter.backend_gap()
             if planted.site is not None:
                 taken.setdefault(kind, set()).add(zoo_plant.site_key(planted.site))
             if fault.excluded:
@@ -269,6 +271,7 @@ def run_case(
         "detail": case.fault.detail,
         "float_change": case.fault.float_change,
         "planted_loss_db": case.fault.harm_db,
+        "backend_gap_db": case.fault.backend_gap_db,
         "tries": " | ".join(case.fault.tries),
         "folder": str(case.folder),
         "fingerprint": case.fingerprint,
@@ -348,8 +351,11 @@ TABLES = {
 
 def _rescored(case: Case, algo: str, row: dict, base: dict) -> dict:
     """A cached result with the case's record as it is now; scored again from its table when
-    the culprit set changed since it ran (the planted model did not: the run stands)."""
-    if row.get("status") != "ok" or row.get("culprits") == base["culprits"]:
+    the culprit set changed since it ran, or the scoring has learnt a figure since (the planted
+    model did not change: the run stands)."""
+    if row.get("status") != "ok" or (
+        row.get("culprits") == base["culprits"] and "n_backend" in row
+    ):
         return row | base
     table = pd.read_csv(case.folder / "w" / TABLES[algo], keep_default_na=False)
     row = row | base | scoring.score(algo, table, case.fault.culprits)

@@ -309,3 +309,48 @@ def nested_concat(tmp: Path, seed: int = 0) -> Built:
     x_path = tmp / "nested_x.raw"
     x.tofile(x_path)
     return Built(path, x_path, "x", (1, 3, 16, 16), expected)
+
+
+def pooled_conv(tmp: Path, seed: int = 0, channels: int = 8) -> Built:
+    """Conv -> GlobalAveragePool -> Conv. Averaging 256 values removes the rounding noise of
+    the first Conv's output but not a rounding bias: where QNN's requantization rounds one way,
+    the pooled value carries it whole. ``expected``: numpy's float tensors."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    w1 = (rng.standard_normal((channels, 3, 3, 3)) * 0.4).astype(np.float32)
+    w2 = (rng.standard_normal((channels, channels, 1, 1)) * 0.4 / np.sqrt(channels)).astype(
+        np.float32
+    )
+    zeros = np.zeros(channels, np.float32)
+    inits = [
+        numpy_helper.from_array(w1, "w1"),
+        numpy_helper.from_array(w2, "w2"),
+        numpy_helper.from_array(zeros, "b"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b"], ["features"], name="features", pads=[1] * 4),
+        helper.make_node("GlobalAveragePool", ["features"], ["pooled"], name="pooled"),
+        helper.make_node("Conv", ["pooled", "w2", "b"], ["scores"], name="scores"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pooled_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, channels, 1, 1])],
+        inits,
+    )
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))
+    features = np.einsum("nchwij,ocij->nohw", windows, w1)
+    pooled = features.mean(axis=(2, 3), keepdims=True)
+    scores = np.einsum("oi,nihw->nohw", w2[:, :, 0, 0], pooled)
+    path = save(graph, tmp / f"pooled_conv_{seed}.onnx")
+    x_path = tmp / f"pooled_x_{seed}.raw"
+    x.tofile(x_path)
+    return Built(
+        path,
+        x_path,
+        "x",
+        (1, 3, 16, 16),
+        {"features": features, "pooled": pooled, "scores": scores},
+    )

@@ -352,6 +352,31 @@ def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_cos
     assert r.culprits == [] and "cause" not in r.columns["l30"] and asked == []
 
 
+def _on_qnn_and_cpu(built, tmp_path, tensors: list[str]):
+    """Oneshot on the real backend, QNN's dumps, the engine's QDQ model and onnxruntime's CPU
+    fake-quant of it (every Q/DQ as written) at ``tensors``, by name."""
+    import onnx
+
+    from accdbg.core.onnx_model import with_outputs
+    from accdbg.core.tensor_store import TensorFolder
+
+    inp = [parse_input_tensor(["x", ",".join(map(str, built.dims)), str(built.input_path)])]
+    res = run_oneshot("onnx", built.path, inp, working_dir=tmp_path / "w")
+    qdq_path = next(res.engine_run.glob("*.qdq.onnx"))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    model = with_outputs(onnx.load(str(qdq_path)), tensors).SerializeToString()
+    x = np.fromfile(built.input_path, np.float32).reshape(built.dims)
+    cpu = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(tensors, {"x": x})
+    qnn = TensorFolder(res.engine_run / "output" / "Result_0")
+    return res, inp, qnn, qdq_path, dict(zip(tensors, cpu, strict=True))
+
+
+def _sqnr(gold: np.ndarray, got: np.ndarray) -> float:
+    g, d = gold.astype(np.float64).ravel(), (got - gold).astype(np.float64).ravel()
+    return 10 * math.log10(g @ g / (d @ d))
+
+
 def encoding_of(qdq_path, tensor: str) -> tuple[float, int]:
     """(scale, zero point) of a tensor's QuantizeLinear in a QDQ model (a graph output's
     producer is renamed ``<name>_QuantizeLinear_Input``)."""
@@ -378,17 +403,8 @@ def test_htp_part_of_a_nested_concat_in_the_wrong_encoding_is_a_backend_culprit(
     why (the inner Concat's integers kept in their encoding) and the fix search proves the fix
     it names."""
     built = models.nested_concat(tmp_path)
-    inp = [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])]
-    res = run_oneshot("onnx", built.path, inp, working_dir=tmp_path / "w")
-    from accdbg.core.tensor_store import TensorFolder
-
-    qnn = TensorFolder(res.engine_run / "output" / "Result_0")
-    qdq_path = next(res.engine_run.glob("*.qdq.onnx"))
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(str(qdq_path), so, providers=["CPUExecutionProvider"])
-    x = np.fromfile(built.input_path, np.float32).reshape(built.dims)
-    cpu = sess.run(["out"], {"x": x})[0]
+    res, inp, qnn, qdq_path, cpu = _on_qnn_and_cpu(built, tmp_path, ["out"])
+    cpu = cpu["out"]
     flat = {
         "other_flat": built.expected["other_scale"].reshape(1, 6, -1),
         "head_flat": np.concatenate(
@@ -396,13 +412,9 @@ def test_htp_part_of_a_nested_concat_in_the_wrong_encoding_is_a_backend_culprit(
         ).reshape(1, 6, -1),
     }
 
-    def sqnr(gold: np.ndarray, got: np.ndarray) -> float:
-        g, d = gold.astype(np.float64).ravel(), (got - gold).astype(np.float64).ravel()
-        return 10 * math.log10(g @ g / (d @ d))
-
-    assert sqnr(built.expected["out"], cpu) > 30
-    assert sqnr(built.expected["out"], qnn.load("out")) < 15
-    assert min(sqnr(v, qnn.load(n)) for n, v in flat.items()) > 30
+    assert _sqnr(built.expected["out"], cpu) > 30
+    assert _sqnr(built.expected["out"], qnn.load("out")) < 15
+    assert min(_sqnr(v, qnn.load(n)) for n, v in flat.items()) > 30
     first = res.culprits[0]
     assert (first.rank, first.name, first.kind) == (1, "out", "backend"), res.findings
     assert "too few layers differ for a floor" in first.cause
@@ -423,7 +435,7 @@ def test_htp_part_of_a_nested_concat_in_the_wrong_encoding_is_a_backend_culprit(
     best = fixed.best
     assert fixed.accepted == ["head, head_flat: the encoding of out"], fixed.candidates
     assert best["16-bit tensors"] == 0 and best["all landed"]
-    assert best["SQNR mean"] > sqnr(built.expected["out"], cpu) - 1
+    assert best["SQNR mean"] > _sqnr(built.expected["out"], cpu) - 1
 
 
 def test_a_concat_whose_backend_kept_an_inputs_own_integers_says_so_and_names_the_fix():
@@ -469,6 +481,98 @@ def test_a_concat_whose_backend_kept_an_inputs_own_integers_says_so_and_names_th
         "b",
     ]
     assert encoding_fix("backend: run alone on the backend it keeps 3 dB") == []
+
+
+def test_kernel_differences_are_halved_down_to_the_one_that_costs_the_outputs():
+    """A stub of the CPU runs: each layer's kernel difference adds a hand-set error power at
+    the output, and a group adds the sum. Halving finds the one layer at half of QNN's error
+    or more, in at most two runs per halving; spread evenly, none is named."""
+    from accdbg.algorithms.divergence import kernel_bisect
+
+    class Runs:
+        def __init__(self, power: dict[str, float]):
+            self.names, self.power, self.asked = list(power), power, []
+
+        def effect(self, group):
+            self.asked.append(list(group))
+            return {"out": sum(self.power[n] for n in group)}
+
+    names = [f"l{i}" for i in range(16)]
+    runs = Runs({n: (0.6 if n == "l11" else 0.02) for n in names})
+    found = kernel_bisect(runs, lambda e: e["out"] / 1.0, 0.5)
+    assert found == pytest.approx({"l11": 0.6})
+    assert len(runs.asked) <= 1 + 2 * 4  # the whole, then two halves per level
+    spread = Runs({n: 0.06 for n in names})  # together 0.96, any half 0.48
+    assert kernel_bisect(spread, lambda e: e["out"], 0.5) == {}
+    assert len(spread.asked) == 3
+
+
+def test_with_no_culprit_the_kernels_carrying_most_of_the_error_are_searched_layer_by_layer():
+    """No layer stands out (encodings or QNN's difference) while QNN's kernels carry most of
+    the outputs' error: the kernel search is asked, and a layer it finds is a backend culprit.
+    With a quantization culprit named, or the kernels under half, it is not asked."""
+    rng = np.random.default_rng(2)
+    names = [f"l{i}" for i in range(20)]
+    ev = {n: _ev(n, 36 + rng.normal(0, 1)) for n in names}
+    div = {n: 10 ** (-(44 + rng.normal(0, 2)) / 10) for n in names}  # all a step apart
+    asked: list[list[str]] = []
+
+    class Kernels:
+        def __call__(self, ns):
+            return {}
+
+        def search(self, ns, bar):
+            asked.append(list(ns))
+            return {"l7": 0.7}
+
+    r = rank(ev, names, divergence=div, kernel_share=Kernels(), kernels_added=ADDS_90)
+    assert [(c.name, c.kind) for c in r.culprits] == [("l7", "backend")]
+    assert "costs the outputs 70% of their error on QNN (found by halving" in r.culprits[0].cause
+    assert sorted(asked[0]) == sorted(names)  # every layer that differs, largest first
+    assert asked[0][0] == max(names, key=lambda n: div[n])
+    asked.clear()
+    rank(
+        ev,
+        names,
+        divergence=div,
+        kernel_share=Kernels(),
+        kernels_added=KernelsAdded("out", 1.0, 0.6),
+    )
+    assert asked == []  # the kernels carry under half
+    ev["l3"] = _ev("l3", 5.0)  # a layer whose encodings destroy it
+    impact = _Impact({"l3": 0.8})
+    r = rank(
+        ev, names, impact=impact, divergence=div, kernel_share=Kernels(), kernels_added=ADDS_90
+    )
+    assert [c.name for c in r.culprits] == ["l3"] and asked == []
+
+
+@pytest.mark.slow
+def test_a_rounding_bias_before_a_pooling_is_named_on_the_backend(tmp_path):
+    """Conv -> GlobalAveragePool -> Conv on QNN: the first Conv's integers sit one step off the
+    CPU fake-quant's on a few percent of values, nearly all one way, so no layer's difference
+    stands out; averaging keeps the bias. Independently of the ranking: QNN's pooling is its
+    input's mean (within a step), the CPU fake-quant's outputs are far better than QNN's, and
+    the bias is there in QNN's features. The tool names the Conv, as the backend."""
+    built = models.pooled_conv(tmp_path, seed=1)
+    res, _, qnn, qdq_path, cpu = _on_qnn_and_cpu(built, tmp_path, ["features", "scores"])
+    cpu_features, cpu_scores = cpu["features"], cpu["scores"]
+
+    assert (
+        _sqnr(built.expected["scores"], cpu_scores)
+        > _sqnr(built.expected["scores"], qnn.load("scores")) + 6
+    )
+    scale, zero = encoding_of(qdq_path, "features")
+    steps = np.rint((qnn.load("features") - cpu_features) / scale)
+    assert 0 < np.count_nonzero(steps) < 0.2 * steps.size and np.abs(steps).max() == 1
+    assert abs(steps.sum()) >= 0.7 * np.count_nonzero(steps)  # nearly all one way
+    p_scale, p_zero = encoding_of(qdq_path, "pooled")  # the mean on pooled's 8-bit grid
+    mean = qnn.load("features").mean(axis=(2, 3), keepdims=True)
+    grid = (np.clip(np.rint(mean / p_scale) + p_zero, 0, 255) - p_zero) * p_scale
+    assert np.abs(qnn.load("pooled") - grid).max() <= 1.01 * p_scale
+    first = res.culprits[0]
+    assert (first.name, first.kind) == ("features", "backend"), res.findings
+    assert "found by halving the layers where QNN differs" in first.cause
 
 
 def test_how_the_backend_parts_says_bias_or_a_different_computation():
@@ -688,7 +792,7 @@ def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own
 
     from accdbg.algorithms import divergence as divergence_mod
     from accdbg.algorithms.culprits import find_culprits, prepared_model
-    from accdbg.algorithms.divergence import kernel_effect, local_divergence
+    from accdbg.algorithms.divergence import KernelRuns, local_divergence
     from accdbg.algorithms.evidence import EvidenceBuilder
     from accdbg.core.tensor_store import TensorFolder
 
@@ -720,9 +824,9 @@ def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own
     )
     # what the difference costs the outputs, measured on the CPU fake-quant: the wrong layer is
     # the output, so it is its own difference, 0.4 of the signal in amplitude
-    effect = kernel_effect(
+    effect = KernelRuns(
         onnx.load(str(qdq_path)), builder.layers, x, TensorFolder(result), [wrong], [wrong]
-    )
+    ).each()
     assert _db(effect[wrong][wrong]) == pytest.approx(-20 * math.log10(0.4), abs=1.5)
     # the whole path: the CPU runs and the shares measured by find_culprits
     ranking = find_culprits(

@@ -19,7 +19,13 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from accdbg.algorithms.divergence import divergence, kernel_effect, local_divergence
+from accdbg.algorithms.divergence import (
+    HELD,
+    KernelRuns,
+    divergence,
+    kernel_bisect,
+    local_divergence,
+)
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.ranking import KernelsAdded, Ranking, rank
 from accdbg.algorithms.reach import OutlierReach, Reach
@@ -270,7 +276,7 @@ def find_culprits(
             errors = {  # each judged tensor's QNN error, measured just now against float
                 n: q for n, (q, _) in at_outputs.errors.items() if math.isfinite(q) and q > 0
             }
-            kernels = _KernelShare(qdq, builder.layers, feeds, folder, errors)
+            kernels = _KernelShare(qdq, builder.layers, feeds, folder, errors, dict(at_outputs))
         except Exception as exc:  # the CPU cannot run it: no backend verdict, say why
             log.info("no backend comparison (CPU fake-quant failed: %s)", str(exc).splitlines()[0])
     ranking = rank(
@@ -301,24 +307,69 @@ def _golden_of(builder: EvidenceBuilder):
     return read
 
 
+# the CPU fake-quant with every kernel difference added must part from its own outputs as QNN
+# does, within this factor of error power, for a layer's share of it to mean anything
+REPRODUCED = 2.0
+
+
 class _KernelShare:
     """What one layer's kernel difference costs the outputs, over their error on QNN (the
     worst judged output); measured only for the layers whose difference stands out."""
 
-    def __init__(self, qdq, layers, feeds, target: TensorFolder, errors: dict[str, float]):
+    def __init__(
+        self,
+        qdq,
+        layers,
+        feeds,
+        target: TensorFolder,
+        errors: dict[str, float],
+        apart: dict[str, float] | None = None,
+    ):
         self.args = (qdq, layers, feeds, target)
         self.errors = errors
+        self.apart = apart or {}  # judged tensor -> Σ(qnn - cpu)² / Σcpu²
 
     def __call__(self, names: Sequence[str]) -> dict[str, float]:
         try:
-            effects = kernel_effect(*self.args, names, list(self.errors))
+            effects = KernelRuns(*self.args, names, list(self.errors)).each()
         except Exception as exc:  # the CPU cannot run the cut model: a note, not a verdict
             log.info("no kernel effect measured: %s", str(exc).splitlines()[0])
             return {}
-        return {
-            n: max((v / self.errors[end] for end, v in per.items()), default=math.nan)
-            for n, per in effects.items()
-        }
+        return {n: self._share(per) for n, per in effects.items()}
+
+    def _share(self, effect: dict[str, float]) -> float:
+        return max((v / self.errors[end] for end, v in effect.items()), default=math.nan)
+
+    def search(self, names: Sequence[str], bar: float) -> dict[str, float]:
+        """The layers among ``names`` (where QNN parts most first) whose kernel difference
+        alone costs ``bar`` of the outputs' error or more, found by halving them in graph
+        order (:func:`~accdbg.algorithms.divergence.kernel_bisect`); only the first
+        ``HELD`` bytes of their dumps are asked about: every one asked is held at once."""
+        qdq, layers, feeds, target = self.args
+        chosen: set[str] = set()
+        size = 0
+        for n in names:
+            if n in target:
+                size += 4 * int(target.records[n].size)
+                if size > HELD and chosen:
+                    break
+                chosen.add(n)
+        order = [e.name for e in layers if e.name in chosen]
+        try:
+            runs = KernelRuns(qdq, layers, feeds, target, order, list(self.errors))
+            every = runs.effect(runs.names)  # every difference added: QNN's outputs again?
+            off = [v / self.apart[n] for n, v in every.items() if self.apart.get(n, 0) > 0]
+            if not off or not all(1 / REPRODUCED <= r <= REPRODUCED for r in off):
+                log.info(
+                    "kernel search: the CPU run with every kernel difference does not "
+                    "reproduce QNN's outputs (%s): no layer searched",
+                    off,
+                )
+                return {}
+            return kernel_bisect(runs, self._share, bar)
+        except Exception as exc:  # the CPU cannot run the cut model: a note, not a verdict
+            log.info("no kernel effect measured: %s", str(exc).splitlines()[0])
+            return {}
 
 
 class _RememberedReach:

@@ -179,53 +179,146 @@ def _parts(wanted: Sequence[Exposed], target: TensorFolder, held: int) -> list[l
     return [p for p in parts if p]
 
 
-def kernel_effect(
-    qdq_model: onnx.ModelProto,
-    layers: Sequence[Exposed],
-    feeds: Mapping[str, np.ndarray],
-    target: TensorFolder,
-    names: Sequence[str],
-    judged: Sequence[str],
-) -> dict[str, dict[str, float]]:
-    """Per named layer, what its kernel's own difference does to the outputs: QNN's result
-    minus the CPU fake-quant of that layer fed QNN's inputs, added to that layer in the CPU
-    fake-quant of the whole model. ``Σ(out - out_cpu)² / Σout_cpu²`` at each of the ``judged``
-    tensors (layer -> judged tensor -> value): the scale of the outputs' error, so a share of
-    it can be taken."""
-    by = {e.name: e for e in layers}
-    subjects = [by[n] for n in names if n in by and n in target]
-    ends = [by[n] for n in judged if n in by]
-    if not subjects or not ends:
-        return {}
-    read = _reader(target)
-    cut_all, cuts = _cut_plan(qdq_model, [e for e in layers if e.name in target], target)
-    tensors = [e.graph_tensor for e in subjects]
-    sub, given, fed = _slice(cut_all, cuts, tensors, feeds, read)
-    backend = {e.name: fed[_cut_name(e)] if _cut_name(e) in fed else read(e) for e in subjects}
-    local = _run(sub, tensors, {**given, **fed})
-    full = _run(qdq_model, [e.graph_tensor for e in subjects + ends], feeds)
-    model, base_feed = _cut(qdq_model, subjects, lambda e: full[e.graph_tensor])
-    outputs = [e.graph_tensor for e in ends]
-    sess = exact_session(om.with_outputs(model, outputs))
-    feed = {**feeds, **base_feed}
+class KernelRuns:
+    """The CPU fake-quant of the whole model with some layers' kernel difference (QNN's result
+    minus the CPU fake-quant of the layer fed QNN's inputs) added where they compute, one run
+    per question. The difference is added to what flows there, so a moved layer's effect
+    reaches the outputs through the other layers as computed; every named layer's difference
+    is held, so ask about a bounded set."""
 
-    def deq(e: Exposed, values: np.ndarray) -> np.ndarray:
-        return np.asarray(e.dequantize(values), np.float64).ravel()
+    def __init__(
+        self,
+        qdq_model: onnx.ModelProto,
+        layers: Sequence[Exposed],
+        feeds: Mapping[str, np.ndarray],
+        target: TensorFolder,
+        names: Sequence[str],
+        judged: Sequence[str],
+    ):
+        by = {e.name: e for e in layers}
+        subjects = [by[n] for n in names if n in by and n in target]
+        self.ends = [by[n] for n in judged if n in by]
+        self.names = [e.name for e in subjects] if self.ends else []
+        if not self.names:
+            return
+        read = _reader(target)
+        cut_all, cuts = _cut_plan(qdq_model, [e for e in layers if e.name in target], target)
+        tensors = [e.graph_tensor for e in subjects]
+        sub, given, fed = _slice(cut_all, cuts, tensors, feeds, read)
+        local = _run(sub, tensors, {**given, **fed})
+        self.delta = {}  # each subject's kernel difference, in its integers when it has them
+        for e in subjects:
+            backend = fed[_cut_name(e)] if _cut_name(e) in fed else read(e)
+            mine = local[e.graph_tensor]
+            wide = np.int32 if np.issubdtype(mine.dtype, np.integer) else np.float32
+            self.delta[e.name] = backend.astype(wide) - mine.astype(wide)
+        model, self.moved = _added(qdq_model, subjects)
+        self.outputs = [self.moved.get(e.name, e.graph_tensor) for e in self.ends]
+        self.sess = exact_session(om.with_outputs(model, self.outputs))
+        self.feed = {
+            **feeds,
+            **{_delta_name(e): np.zeros_like(self.delta[e.name]) for e in subjects},
+        }
+        self.by = by
+        base = self.sess.run(self.outputs, self.feed)  # no difference added: the CPU's own run
+        self.base = [_deq(e, v) for e, v in zip(self.ends, base, strict=True)]
 
-    # fed the CPU's own values, the cut model is the whole model's run: its outputs are known
-    base = [deq(e, full[e.graph_tensor]) for e in ends]
-    out: dict[str, dict[str, float]] = {}
-    for e in subjects:
-        own = _shifted(full[e.graph_tensor], backend[e.name], local[e.graph_tensor])
-        cut = {_cut_name(e): own} if _cut_name(e) in feed else {}  # else: read by nothing
-        runs = sess.run(outputs, {**feed, **cut})
-        out[e.name] = {}
-        for end, b, v in zip(ends, base, runs, strict=True):
-            got = deq(end, own if end is e else v)  # a judged layer is its own output
+    def each(self) -> dict[str, dict[str, float]]:
+        """Per named layer, what its kernel difference alone does to the outputs:
+        ``Σ(out - out_cpu)² / Σout_cpu²`` at each judged tensor (layer -> judged tensor ->
+        value), the scale of the outputs' error, so a share of it can be taken."""
+        return {n: self.effect([n]) for n in self.names}
+
+    def effect(self, group: Sequence[str]) -> dict[str, float]:
+        """``Σ(out - out_cpu)² / Σout_cpu²`` at each judged tensor with the ``group``'s kernel
+        differences added at once."""
+        moved = {_delta_name(self.by[n]): self.delta[n] for n in group}
+        runs = self.sess.run(self.outputs, {**self.feed, **moved})
+        out = {}
+        for end, b, v in zip(self.ends, self.base, runs, strict=True):
             ss = dot(b, b)
             if ss > 0:
-                out[e.name][end.name] = dot(got - b, got - b) / ss
-    return out
+                got = _deq(end, v)
+                out[end.name] = dot(got - b, got - b) / ss
+        return out
+
+
+def _delta_name(e: Exposed) -> str:
+    return f"{e.graph_tensor}::kernel_difference"
+
+
+def _added(
+    qdq_model: onnx.ModelProto, subjects: Sequence[Exposed]
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy where each subject's tensor is followed by the addition of a fed difference
+    (integers: widened, added, clipped to their type, narrowed back) that its readers read
+    instead; and, by layer, the name of the tensor holding the sum."""
+    from onnx import helper
+
+    m, readers = _copy_with_readers(qdq_model)
+    moved: dict[str, str] = {}
+    added: list[onnx.NodeProto] = []
+    for e in subjects:
+        t, d, out = e.graph_tensor, _delta_name(e), f"{e.graph_tensor}::moved"
+        users = readers.get(t, [])
+        integer = _holds_integers(e)
+        elem = onnx.TensorProto.INT32 if integer else onnx.TensorProto.FLOAT
+        m.graph.input.append(helper.make_tensor_value_info(d, elem, None))
+        if integer:
+            info = np.iinfo(e.native_dtype)
+            lo, hi = (f"{t}::{k}" for k in ("lo", "hi"))
+            m.graph.initializer.extend(
+                [
+                    onnx.numpy_helper.from_array(np.array(info.min, np.int32), lo),
+                    onnx.numpy_helper.from_array(np.array(info.max, np.int32), hi),
+                ]
+            )
+            native = helper.np_dtype_to_tensor_dtype(np.dtype(e.native_dtype))
+            added += [
+                helper.make_node("Cast", [t], [f"{t}::wide"], to=onnx.TensorProto.INT32),
+                helper.make_node("Add", [f"{t}::wide", d], [f"{t}::sum"]),
+                helper.make_node("Clip", [f"{t}::sum", lo, hi], [f"{t}::kept"]),
+                helper.make_node("Cast", [f"{t}::kept"], [out], to=native),
+            ]
+        else:
+            added.append(helper.make_node("Add", [t, d], [out]))
+        for node, i in users:
+            node.input[i] = out
+        moved[e.name] = out
+    m.graph.node.extend(added)
+    nodes = om.topological_nodes(m.graph)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m, moved
+
+
+def kernel_bisect(
+    runs: KernelRuns, share_of: Callable[[dict[str, float]], float], bar: float
+) -> dict[str, float]:
+    """The layers whose kernel difference alone costs ``bar`` of the outputs' error or more,
+    found by halving: a group is split only while it reaches ``bar`` (``share_of`` turns an
+    :meth:`KernelRuns.effect` into that share), so at most two runs per halving; a group that
+    reaches it while neither half does is a difference spread over its layers, not one's."""
+    found: dict[str, float] = {}
+
+    def visit(group: list[str]) -> None:
+        share = share_of(runs.effect(group))
+        if not share >= bar:
+            return
+        if len(group) == 1:
+            found[group[0]] = share
+            return
+        half = len(group) // 2
+        visit(group[:half])
+        visit(group[half:])
+
+    if runs.names:
+        visit(list(runs.names))
+    return found
+
+
+def _deq(e: Exposed, values: np.ndarray) -> np.ndarray:
+    return np.asarray(e.dequantize(values), np.float64).ravel()
 
 
 def _against_float(
@@ -255,6 +348,19 @@ def _cut_name(e: Exposed) -> str:
     return f"{e.graph_tensor}::backend"
 
 
+def _copy_with_readers(
+    model: onnx.ModelProto,
+) -> tuple[onnx.ModelProto, dict[str, list[tuple[onnx.NodeProto, int]]]]:
+    """A copy of the model to rewire, and, by tensor, the (node, input slot) pairs reading it."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for n in m.graph.node:
+        for i, x in enumerate(n.input):
+            readers.setdefault(x, []).append((n, i))
+    return m, readers
+
+
 def _cut(
     qdq_model: onnx.ModelProto,
     exposed: Sequence[Exposed],
@@ -262,12 +368,7 @@ def _cut(
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A copy whose readers of each exposed tensor read a new graph input instead, and the
     feeds for them (``value_of(e)``; a tensor that cannot be read keeps its producer)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(qdq_model)
-    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for n in m.graph.node:
-        for i, x in enumerate(n.input):
-            readers.setdefault(x, []).append((n, i))
+    m, readers = _copy_with_readers(qdq_model)
     fed: dict[str, np.ndarray] = {}
     for e in exposed:
         users = readers.get(e.graph_tensor, [])

@@ -42,8 +42,10 @@ layers do - or whose backend result is far worse than its quantization explains:
   ``MIN_DIVERGING`` layers that differ, no spread is known: ``MAX_GAP_DB`` under their median,
   or under ``ABS_DB``) is named when that difference,
   added to the layer in the CPU fake-quant of the whole model, costs the outputs at least
-  ``SHARE`` of their error on QNN (:func:`~accdbg.algorithms.divergence.kernel_effect`), and
-  noted otherwise.
+  ``SHARE`` of their error on QNN (:meth:`~accdbg.algorithms.divergence.KernelRuns.each`), and
+  noted otherwise. When the kernels carry ``SHARE`` of the outputs' error and no layer is
+  named at all, the layers where QNN differs are halved down to one whose difference alone
+  costs that much (``kernel_share.search``: a small difference that does not average out).
 
 Culprits are ranked by what they were measured to cost the outputs (the largest of: alone,
 taken out, with their partners; for a backend culprit, its kernel difference's share of the
@@ -345,7 +347,9 @@ def rank(
     kernel difference alone costs the outputs over their error on QNN: at ``SHARE`` or more it
     is a backend culprit of a full run, else a note in its ``cause``. It is asked only when the
     kernels add ``SHARE`` or more: when QNN is less than twice as far from float as the CPU
-    fake-quant, no one kernel is measured (a CPU run each).
+    fake-quant, no one kernel is measured (a CPU run each). Its ``search(names, bar)``, when
+    it has one, is asked when the kernels add ``SHARE`` and nothing else is named: the layers
+    among ``names`` whose difference alone costs ``bar`` of the outputs' error.
     ``reach(names)`` says, of the standouts whose output carries a loud channel, which layers
     that channel blows (:class:`~accdbg.algorithms.reach.OutlierReach`): those layers are its
     carriers, and it is measured with them when alone it does not matter.
@@ -491,6 +495,34 @@ def rank(
             costs[n] = share
         else:
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
+    search = getattr(kernel_share, "search", None)
+    if search is not None and not candidates and not local_observed and added >= SHARE:
+        # the kernels carry most of the error and no layer stands out, for its encodings or
+        # its difference: a small difference that does not average out (a rounding bias
+        # before a pooling) may
+        found = search(
+            sorted(
+                (n for n, d in (divergence or {}).items() if d > 0), key=lambda n: -divergence[n]
+            ),
+            SHARE,
+        )
+        for n, share in found.items():
+            if n in named or n not in evidence:
+                continue
+            col = columns.setdefault(n, {})
+            how = getattr(divergence, "how", {}).get(n)
+            cause = (
+                f"backend: fed the backend's own inputs, {cpu_run(quantized, layer=True)} "
+                f"and QNN part at {nsr_db(divergence[n]):.1f} dB, no further than at other "
+                f"layers{f': {how}' if how else ''}; yet that difference alone, added to the "
+                f"{'CPU fake-quant' if quantized else 'CPU float run'}, costs the outputs "
+                f"{_pct(share)} of their error on QNN (found by halving the layers where QNN "
+                "differs)"
+            )
+            why = f"; {col[CAUSE]}" if col.get(CAUSE) else ""
+            backend.append((divergence[n], n, f"{cause}{why}"))
+            candidates.append(backend[-1])
+            costs[n] = share
     candidates.sort(key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
     # an upstream culprit that causes most of the error itself goes before those it blows
     leading = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= SHARE}

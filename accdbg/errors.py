@@ -30,6 +30,25 @@ class Interrupted(KeyboardInterrupt):
         self.signal_name = signal_name
 
 
+# a stop signal received while the run goes on: its Interrupted may have been raised where
+# Python swallows exceptions (a finalizer running when the signal came), so checkpoints ask
+_PENDING: list[str] = []
+
+
+def signal_received(signal_name: str) -> None:
+    _PENDING[:] = [signal_name]
+
+
+def stop_if_signalled() -> None:
+    """Raise :class:`Interrupted` again for a stop signal whose first raise was lost."""
+    if _PENDING:
+        raise Interrupted(_PENDING[0])
+
+
+def forget_signal() -> None:
+    _PENDING.clear()
+
+
 def describe(exc: BaseException) -> str:
     """The one line that ends the console and a failed run's ``log.txt``."""
     if isinstance(exc, AccdbgError):

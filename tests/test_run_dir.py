@@ -164,6 +164,38 @@ def test_failed_run_log_ends_with_the_error_or_the_signal(tmp_path):
         assert ("Traceback" in "\n".join(lines)) == (name == "bug")  # a bug keeps its traceback
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_stop_signal_whose_raise_was_swallowed_still_ends_the_run_as_failed(tmp_path):
+    """Python ignores an exception raised while a finalizer runs: a SIGTERM arriving then
+    leaves the run going. The handler's record of it stops the run at the next journal row,
+    and a run that got to its end anyway closes as NAME.failed with the signal, not as done."""
+    import gc
+
+    from accdbg.algorithms.checkpoint import Journal
+    from accdbg.cli.main import _raise_interrupted, stop_signals_and_warnings
+    from accdbg.errors import Interrupted
+
+    class Finalized:
+        def __del__(self):  # the signal lands here: its raise is printed and dropped
+            _raise_interrupted(15, None)
+
+    with stop_signals_and_warnings():
+        with pytest.raises(Interrupted), RunDir(tmp_path, "cumulative_layerwise_snooping", "a"):
+            Finalized()
+            gc.collect()
+            Journal(tmp_path / "journal.jsonl").append({"kind": "row"})  # the checkpoint
+            pytest.fail("the run went on past a checkpoint")
+        with pytest.raises(Interrupted), RunDir(tmp_path, "wrapper", "b"):
+            Finalized()
+            gc.collect()
+        log = (tmp_path / "wrapper" / "b.failed" / "log.txt").read_text().splitlines()
+        assert log[-1].endswith("ERROR   accdbg.run: interrupted by SIGTERM")
+        assert not (tmp_path / "wrapper" / "b").exists()
+    with RunDir(tmp_path, "wrapper", "c"):  # the next run, signals restored: nothing pending
+        pass
+    assert (tmp_path / "wrapper" / "c").is_dir()
+
+
 def test_a_full_disk_ends_the_log_in_one_line_naming_the_file_where_it_ends_up(tmp_path):
     import errno
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from accdbg.core.run_dir import RunDir, write_bytes_atomic
-from accdbg.errors import AccdbgError
+from accdbg.errors import AccdbgError, stop_if_signalled
 
 log = logging.getLogger("accdbg.snooping")
 
@@ -56,6 +56,7 @@ class Journal:
             fh.flush()
             os.fsync(fh.fileno())
         self.records.append(record)
+        stop_if_signalled()  # each row is a checkpoint: a lost stop signal stops here
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r.get("kind") == kind]

@@ -24,7 +24,14 @@ import yaml
 
 from accdbg.cli.args import Parser
 from accdbg.core import run_dir
-from accdbg.errors import AccdbgError, Interrupted, describe, is_disk_full
+from accdbg.errors import (
+    AccdbgError,
+    Interrupted,
+    describe,
+    forget_signal,
+    is_disk_full,
+    signal_received,
+)
 
 PROG = "qnn-accuracy-debugger"
 
@@ -93,7 +100,9 @@ def _log_warning(message, category, filename, lineno, file=None, line=None) -> N
 
 
 def _raise_interrupted(signum: int, frame) -> None:
-    raise Interrupted(signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    signal_received(name)  # checkpoints raise it again if this raise is swallowed
+    raise Interrupted(name)
 
 
 @contextmanager
@@ -122,6 +131,7 @@ def stop_signals_and_warnings() -> Iterator[None]:
         warnings.showwarning = shown
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+        forget_signal()
 
 
 def top_level_help() -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from accdbg.core.folder_lock import LOCK_NAME, FolderLock, LockBusy, holder
-from accdbg.errors import AccdbgError, describe, is_disk_full
+from accdbg.errors import AccdbgError, Interrupted, describe, is_disk_full, stop_if_signalled
 
 TIMESTAMP_FORMAT = "%Y-%m-%d_%H-%M-%S"
 LOG_NAME = "log.txt"
@@ -254,6 +254,13 @@ class RunDir:
             return None
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        lost = None
+        try:
+            if exc is None:
+                stop_if_signalled()  # a stop signal whose raise was swallowed: not a success
+        except Interrupted as signalled:
+            lost = signalled
+            exc_type, exc = type(signalled), signalled
         try:
             if exc is not None:
                 self._follow_the_rename(exc)
@@ -267,6 +274,8 @@ class RunDir:
                     failed = self.failed_path
                     _retire(self.path, failed, None)
                     self.path = failed
+                if lost is not None:  # the body ended as if nothing came: end it here
+                    raise lost
                 return
             if self.path != self.final_path:
                 while True:

@@ -23,8 +23,8 @@ from accdbg.core.tensor_store import TensorFolder
 from benchmarks.zoo import models as zoo_models
 from benchmarks.zoo import plant as zoo_plant
 from benchmarks.zoo import runner
-from benchmarks.zoo.harm import HARM_DB
 from benchmarks.zoo.probe import FloatProbe, load_feeds
+from benchmarks.zoo.scoring import HARM_DB
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ import onnx
 import pytest
 
 from benchmarks.zoo import plant as zoo_plant
-from benchmarks.zoo.harm import HARM_DB
 from benchmarks.zoo.probe import FloatProbe
+from benchmarks.zoo.scoring import HARM_DB
 from tests.models import conv_net
 
 

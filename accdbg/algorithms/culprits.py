@@ -23,6 +23,7 @@ from accdbg.algorithms.divergence import (
     HELD,
     KernelRuns,
     divergence,
+    held_parts,
     kernel_bisect,
     local_divergence,
 )
@@ -346,14 +347,9 @@ class _KernelShare:
         order (:func:`~accdbg.algorithms.divergence.kernel_bisect`); only the first
         ``HELD`` bytes of their dumps are asked about: every one asked is held at once."""
         qdq, layers, feeds, target = self.args
-        chosen: set[str] = set()
-        size = 0
-        for n in names:
-            if n in target:
-                size += 4 * int(target.records[n].size)
-                if size > HELD and chosen:
-                    break
-                chosen.add(n)
+        by = {e.name: e for e in layers}
+        asked = held_parts([by[n] for n in names if n in by and n in target], target, HELD)
+        chosen = {e.name for e in asked[0]} if asked else set()
         order = [e.name for e in layers if e.name in chosen]
         try:
             runs = KernelRuns(qdq, layers, feeds, target, order, list(self.errors))

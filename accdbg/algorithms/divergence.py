@@ -140,7 +140,7 @@ def local_divergence(
     model, cuts = _cut_plan(qdq_model, wanted, target)
     read = _reader(target)
     out = Divergences()
-    for part in _parts(wanted, target, held):
+    for part in held_parts(wanted, target, held):
         sub, given, fed = _slice(model, cuts, [e.graph_tensor for e in part], feeds, read)
         got = _compare(sub, part, {**given, **fed}, target, fed, cuts)
         out.update(got)
@@ -163,7 +163,7 @@ def _slice(
     return sub, given, {n: read(cuts[n]) for n in needed if n in cuts}
 
 
-def _parts(wanted: Sequence[Exposed], target: TensorFolder, held: int) -> list[list[Exposed]]:
+def held_parts(wanted: Sequence[Exposed], target: TensorFolder, held: int) -> list[list[Exposed]]:
     """Consecutive layers whose dumps (as the backend's integers) add up to at most about
     ``held`` bytes - a part's inputs are mostly the outputs of the part before, so a run holds
     about twice that."""
@@ -215,11 +215,9 @@ class KernelRuns:
         model, self.moved = _added(qdq_model, subjects)
         self.outputs = [self.moved.get(e.name, e.graph_tensor) for e in self.ends]
         self.sess = exact_session(om.with_outputs(model, self.outputs))
-        self.feed = {
-            **feeds,
-            **{_delta_name(e): np.zeros_like(self.delta[e.name]) for e in subjects},
-        }
-        self.by = by
+        self.fed_as = {e.name: _delta_name(e) for e in subjects}
+        self.known: dict[tuple[str, ...], dict[str, float]] = {}
+        self.feed = {**feeds, **{self.fed_as[n]: np.zeros_like(d) for n, d in self.delta.items()}}
         base = self.sess.run(self.outputs, self.feed)  # no difference added: the CPU's own run
         self.base = [_deq(e, v) for e, v in zip(self.ends, base, strict=True)]
 
@@ -232,7 +230,10 @@ class KernelRuns:
     def effect(self, group: Sequence[str]) -> dict[str, float]:
         """``Σ(out - out_cpu)² / Σout_cpu²`` at each judged tensor with the ``group``'s kernel
         differences added at once."""
-        moved = {_delta_name(self.by[n]): self.delta[n] for n in group}
+        key = tuple(group)
+        if key in self.known:  # the whole group, asked by the caller and again by the halving
+            return self.known[key]
+        moved = {self.fed_as[n]: self.delta[n] for n in group}
         runs = self.sess.run(self.outputs, {**self.feed, **moved})
         out = {}
         for end, b, v in zip(self.ends, self.base, runs, strict=True):
@@ -240,6 +241,7 @@ class KernelRuns:
             if ss > 0:
                 got = _deq(end, v)
                 out[end.name] = dot(got - b, got - b) / ss
+        self.known[key] = out
         return out
 
 
@@ -483,10 +485,10 @@ def _compare(
                 else np.rint(d / e.scale)
             )
             out.how[e.name] = how_they_part(steps)
-            if e.op_type == "Concat":  # a graph output's values are read as floats
-                mine = target.load(e.name) if have is None else have
-                ints = e.native(np.asarray(mine).reshape(cpu_int.shape))
-                out.how[e.name] += _copied_note(e, ints, e.native(cpu_int), loaded, cuts, read)
+            if e.op_type == "Concat":  # both sides as integers (a graph output's are floats)
+                ints = have if have is not None else e.quantize(qnn.reshape(cpu_int.shape))
+                cpu_ints = e.quantize(cpu.reshape(cpu_int.shape))
+                out.how[e.name] += _copied_note(e, ints, cpu_ints, loaded, cuts, read)
     return out
 
 

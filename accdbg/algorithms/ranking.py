@@ -479,21 +479,22 @@ def rank(
     added = kernels_added.share if kernels_added is not None else math.nan
     if standing and kernel_share is not None and not local_observed and added >= SHARE:
         shares = kernel_share(list(standing))  # not when the kernels together carry less
-    for n, cause in standing.items():
+
+    def name_backend(n: str, cause: str, share: float) -> None:
         col = columns.setdefault(n, {})
+        why = f"; {col[CAUSE]}" if col.get(CAUSE) else ""
+        backend.append((divergence[n], n, f"{cause}{why}"))
+        candidates.append(backend[-1])
+        costs[n] = share
+
+    for n, cause in standing.items():
         share = shares.get(n, math.nan)
         if not math.isnan(share):
-            cause += (
-                f"; that difference alone, added to the "
-                f"{'CPU fake-quant' if quantized else 'CPU float run'}, costs the outputs "
-                f"{_pct(share)} of their error on QNN"
-            )
+            cause += f"; {_kernel_cost(share, quantized)}"
         if share >= SHARE and n not in named and n in evidence:
-            why = f"; {col[CAUSE]}" if col.get(CAUSE) else ""
-            backend.append((divergence[n], n, f"{cause}{why}"))
-            candidates.append(backend[-1])
-            costs[n] = share
+            name_backend(n, cause, share)
         else:
+            col = columns.setdefault(n, {})
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
     search = getattr(kernel_share, "search", None)
     if search is not None and not candidates and not local_observed and added >= SHARE:
@@ -506,23 +507,17 @@ def rank(
             ),
             SHARE,
         )
+        how: Mapping[str, str] = getattr(divergence, "how", {})
         for n, share in found.items():
-            if n in named or n not in evidence:
-                continue
-            col = columns.setdefault(n, {})
-            how = getattr(divergence, "how", {}).get(n)
-            cause = (
-                f"backend: fed the backend's own inputs, {cpu_run(quantized, layer=True)} "
-                f"and QNN part at {nsr_db(divergence[n]):.1f} dB, no further than at other "
-                f"layers{f': {how}' if how else ''}; yet that difference alone, added to the "
-                f"{'CPU fake-quant' if quantized else 'CPU float run'}, costs the outputs "
-                f"{_pct(share)} of their error on QNN (found by halving the layers where QNN "
-                "differs)"
-            )
-            why = f"; {col[CAUSE]}" if col.get(CAUSE) else ""
-            backend.append((divergence[n], n, f"{cause}{why}"))
-            candidates.append(backend[-1])
-            costs[n] = share
+            if n not in named and n in evidence:
+                cause = _parted(
+                    nsr_db(divergence[n]),
+                    how.get(n),
+                    quantized,
+                    ", no further than at other layers",
+                )
+                found_by = "(found by halving the layers where QNN differs)"
+                name_backend(n, f"{cause}; yet {_kernel_cost(share, quantized)} {found_by}", share)
     candidates.sort(key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
     # an upstream culprit that causes most of the error itself goes before those it blows
     leading = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= SHARE}
@@ -942,12 +937,26 @@ def _diverging(div: Mapping[str, float], quantized: bool = True) -> dict[str, st
         cut = max(ABS_DB, float(np.median(finite)) - MAX_GAP_DB) if finite else ABS_DB
         bar = f"too few layers differ for a floor: under {cut:.1f} dB stands out"
     how: Mapping[str, str] = getattr(div, "how", {})
-    return {
-        n: f"backend: fed the backend's own inputs, {cpu_run(quantized, layer=True)} "
-        f"and QNN part at {d:.1f} dB ({bar})" + (f": {how[n]}" if how.get(n) else "")
-        for n, d in dbs.items()
-        if d < cut
-    }
+    return {n: _parted(d, how.get(n), quantized, f" ({bar})") for n, d in dbs.items() if d < cut}
+
+
+def _parted(db: float, how: str | None, quantized: bool, where: str) -> str:
+    """A backend cause's first words: how far QNN parts from the CPU run of the layer fed
+    QNN's own inputs (``where``: against what), and how (:func:`~accdbg.algorithms.
+    divergence.how_they_part`)."""
+    return (
+        f"backend: fed the backend's own inputs, {cpu_run(quantized, layer=True)} and QNN part "
+        f"at {db:.1f} dB{where}" + (f": {how}" if how else "")
+    )
+
+
+def _kernel_cost(share: float, quantized: bool) -> str:
+    """What a layer's kernel difference alone costs the outputs (:class:`~accdbg.algorithms.
+    divergence.KernelRuns`)."""
+    return (
+        f"that difference alone, added to the {'CPU fake-quant' if quantized else 'CPU float run'}"
+        f", costs the outputs {_pct(share)} of their error on QNN"
+    )
 
 
 def _findings(

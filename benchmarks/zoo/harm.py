@@ -25,9 +25,7 @@ import onnx
 
 from benchmarks.zoo import models as zoo_models
 from benchmarks.zoo.probe import load_feeds, run
-from benchmarks.zoo.scoring import HARM_DB, sqnr_db
-
-__all__ = ["HARM_DB", "HarmMeter", "fingerprint", "watched_outputs"]
+from benchmarks.zoo.scoring import sqnr_db
 
 
 def fingerprint(model: onnx.ModelProto, overrides: dict | None) -> str:

@@ -26,8 +26,8 @@ import onnx
 from benchmarks.zoo import edits
 from benchmarks.zoo.edits import NotEligible, Source
 from benchmarks.zoo.graph import Graph, bn_scale, effective_weight, layer_of, layers
-from benchmarks.zoo.harm import HARM_DB
 from benchmarks.zoo.probe import FloatProbe, channel_axis, output_change, run
+from benchmarks.zoo.scoring import HARM_DB
 
 KINDS = (
     "weight_outlier",

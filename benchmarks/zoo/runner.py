@@ -354,7 +354,7 @@ def _rescored(case: Case, algo: str, row: dict, base: dict) -> dict:
     the culprit set changed since it ran, or the scoring has learnt a figure since (the planted
     model did not change: the run stands)."""
     if row.get("status") != "ok" or (
-        row.get("culprits") == base["culprits"] and "n_backend" in row
+        row.get("culprits") == base["culprits"] and row.get("scoring") == scoring.VERSION
     ):
         return row | base
     table = pd.read_csv(case.folder / "w" / TABLES[algo], keep_default_na=False)

@@ -23,6 +23,7 @@ NAME_COLUMN = {
 }
 RANK_COLUMN = "culprit_rank"
 HARM_DB = 3.0  # a fault at least doubles the outputs' error power (the ranking's own bar)
+VERSION = 2  # of score()'s figures: a cached row scored by another version is scored again
 
 
 def ranks_of(table: pd.DataFrame) -> pd.Series:
@@ -51,6 +52,7 @@ def score(algorithm: str, table: pd.DataFrame, culprits: Sequence[str]) -> dict:
         "hit3": bool(culprits) and best <= 3,
         "n_named": int(named.sum()),
         "n_backend": backend,  # named as the backend's (their cause starts "backend")
+        "scoring": VERSION,
         "named": " | ".join(f"{int(ranks[i])}:{names[i]}" for i in order.index[:5]),
         "culprit_in_table": bool(in_table),
     }

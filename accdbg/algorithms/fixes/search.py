@@ -41,6 +41,8 @@ from accdbg.core.executors import Executor, ExecutorConfig, get_executor
 from accdbg.core.executors.calls import function_spec
 from accdbg.core.inputs import InputTensor
 from accdbg.core.run_dir import write_json_atomic
+from accdbg.encodings.model import zero_point_from_offset
+from accdbg.encodings.qdq import qdq_encodings
 from accdbg.engines.options import EngineConfig, QuantOptions
 from accdbg.engines.pipeline import Calibration, prepare_float, quantize_prepared
 from accdbg.engines.run import check_engine_options
@@ -263,9 +265,6 @@ def _baseline_encodings(
 ) -> dict[str, tuple[float, int, str]]:
     """The (scale, zero point, quant type) the baseline quantization gives ``layers``'
     outputs (one quantization of the model, as the engine does it)."""
-    from accdbg.encodings.model import zero_point_from_offset
-    from accdbg.encodings.qdq import qdq_encodings
-
     qdq = quantize_prepared(setup.prepared_path, "baseline", calibration, setup.quant, work).path
     out = {}
     for name, e in qdq_encodings(qdq).items():

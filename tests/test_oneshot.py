@@ -376,18 +376,25 @@ def _lines(tmp: Path, base: Path, n: int) -> list[Path]:
     return raws
 
 
+def _run_with_list(capsys, tmp: Path, model: Path, raws: list[Path], i_file: Path):
+    """Oneshot on QNN HTP of a 1x3x16x16 model with ``raws`` as the input list and ``i_file``
+    as ``-i``: (exit code, stderr, working directory)."""
+    lst = tmp / "list.txt"
+    lst.write_text("".join(f"{r}\n" for r in raws))
+    w = tmp / "w"
+    code, _, err = run_cli(
+        capsys,
+        *("-f", "onnx", "-m", model, "-i", "x", "1,3,16,16", i_file),
+        *("-l", lst, "-r", "htp", "-w", w, "--output_dirname", "run"),
+    )
+    return code, err, w
+
+
 @pytest.mark.slow
 def test_every_input_list_line_is_debugged_against_its_own_golden(tmp_path, capsys):
     built = models.planted_chain(tmp_path, layers=4, bad=1)
     raws = _lines(tmp_path, built.input_path, 3)
-    lst = tmp_path / "list.txt"
-    lst.write_text("".join(f"{r}\n" for r in raws))
-    w = tmp_path / "w"
-    code, _, err = run_cli(
-        capsys,
-        *("-f", "onnx", "-m", built.path, "-i", "x", "1,3,16,16", built.input_path),
-        *("-l", lst, "-r", "htp", "-w", w, "--output_dirname", "run"),
-    )
+    code, err, w = _run_with_list(capsys, tmp_path, built.path, raws, built.input_path)
     assert code == 0, err
     # -i is not a list line: said once, and nothing is compared with its golden
     assert err.count("are not a line of -l") == 1
@@ -428,6 +435,44 @@ def test_every_input_list_line_is_debugged_against_its_own_golden(tmp_path, caps
         assert f'<a href="{key}/summary.html">{key}</a>' in html and str(raws[i]) in html
         assert (ver / key / "summary.html").is_file()
     assert f'href="{agg.loc["layer2", "SQNR_worst_input"]}/SQNR/layer2.html"' in html
+
+
+@pytest.mark.slow
+def test_an_input_whose_every_layer_loses_its_information_is_not_the_one_ranked(tmp_path, capsys):
+    """Three inputs of the planted chain without biases, one of them 300 times dimmer (the
+    same image, smaller): its values use a small part of the ranges the encodings were
+    calibrated for, so its outputs score worst, and on it every layer fails 20 dB (its
+    per-input summary). No layer can stand out there: the ranking is on the next worst input,
+    names the planted layer, and says why."""
+
+    def edit(i, w, b):  # no biases: a dimmer input is the same image, smaller
+        b[:] = 0.0
+        if i == 1:  # the planted chain's dead channel with 40x weights
+            w[0] *= 40.0
+            b[0] = -1000.0
+
+    path, x_path = tmp_path / "m.onnx", tmp_path / "x.raw"
+    models._relu_chain(path, x_path, 4, 16, 16, 11, 0.0, edit)
+    raws = _lines(tmp_path, x_path, 3)
+    dim = raws[1]
+    (np.fromfile(dim, np.float32) / 300).tofile(dim)
+    code, err, w = _run_with_list(capsys, tmp_path, path, raws, raws[0])
+    assert code == 0, err
+    ver = w / "verification" / "run"
+    per = {
+        k: pd.read_csv(ver / k / "summary.csv").set_index("Name")
+        for k in ("Result_0", "Result_1", "Result_2")
+    }
+    final = pd.Series({k: t.loc["layer3", "SQNR"] for k, t in per.items()})
+    assert final.idxmin() == "Result_1"  # the dim input scores worst...
+    assert float(np.median(per["Result_1"]["SQNR"].dropna())) < 20  # ...and every layer fails there
+    data = json.loads((ver / "summary.json").read_text())
+    second = final.drop("Result_1").idxmin()
+    assert data["culprit_ranking_input"] == second
+    line = data["findings"][-1]
+    assert f"the culprit ranking is on {second} (" in line
+    assert "whose layers keep their information: on the worst, Result_1, the median layer" in line
+    assert "culprit #1: layer1 (Conv)" in "\n".join(data["findings"])
 
 
 @pytest.mark.slow

@@ -352,6 +352,40 @@ def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_cos
     assert r.culprits == [] and "cause" not in r.columns["l30"] and asked == []
 
 
+def test_backend_standouts_whose_differences_do_not_add_up_are_not_named():
+    """Three layers 20 dB apart from the CPU fake-quant, each of whose kernel differences alone
+    costs the outputs 80-120% of their error on QNN (hand-set). Added at once they cost 90%:
+    the parts sum to 300%, over twice the whole, so none of them is named (outputs this
+    sensitive make any one layer's difference look decisive); each cause says so. When the
+    three together cost 200% (the parts within twice the whole), all three are named."""
+    rng = np.random.default_rng(5)
+    names = [f"l{i}" for i in range(33)]
+    ev = {n: _ev(n, 36 + rng.normal(0, 1)) for n in names}
+    dbs = [44 + rng.normal(0, 2) for _ in range(20)] + [math.inf] * 10 + [23.0, 22.0, 24.0]
+    div = {n: 10 ** (-d / 10) for n, d in zip(names, dbs, strict=True)}
+    alone = {"l30": 0.8, "l31": 1.2, "l32": 1.0}
+
+    class Kernels:
+        def __init__(self, whole):
+            self.whole, self.asked = whole, []
+
+        def __call__(self, ns):
+            return {n: alone[n] for n in ns}
+
+        def together(self, ns):
+            self.asked.append(sorted(ns))
+            return self.whole
+
+    k = Kernels(0.9)
+    r = rank(ev, names, divergence=div, kernel_share=k, kernels_added=ADDS_90)
+    assert r.culprits == [] and k.asked == [["l30", "l31", "l32"]]
+    for n in alone:
+        assert "added at once, cost 90%: one at a time they do not add up" in r.columns[n]["cause"]
+    r = rank(ev, names, divergence=div, kernel_share=Kernels(2.0), kernels_added=ADDS_90)
+    assert sorted(c.name for c in r.culprits) == ["l30", "l31", "l32"]
+    assert {c.kind for c in r.culprits} == {"backend"}
+
+
 def _on_qnn_and_cpu(built, tmp_path, tensors: list[str]):
     """Oneshot on the real backend, QNN's dumps, the engine's QDQ model and onnxruntime's CPU
     fake-quant of it (every Q/DQ as written) at ``tensors``, by name."""
@@ -1123,6 +1157,119 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     assert plain.alone_noise([layer])[0] == pytest.approx(noise(only_1), rel=1e-3)
     with pytest.raises(KeyError):
         plain.alone_noise([ghost])
+
+
+def test_a_layers_encodings_applied_alone_include_its_bias(tmp_path):
+    """Two 1x1 Convs with biases, quantized by onnxruntime (int32 biases at the input's scale
+    times the weights'): the float model with a layer's encodings applied uses its weights,
+    its bias and its output as the QDQ model has them (numpy, from the QDQ model's own
+    encodings). Left in float, the biases move some outputs across a rounding step, which a
+    model amplifying small differences turns into many times the quantized model's error."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from accdbg.algorithms.sensitivity import Sensitivity
+    from accdbg.core.onnx_model import topological_nodes
+    from accdbg.engines.exposure import Exposed
+
+    rng = np.random.default_rng(7)
+    w1 = rng.normal(size=(6, 4, 1, 1)).astype(np.float32)
+    w2 = rng.normal(size=(3, 6, 1, 1)).astype(np.float32)
+    b1 = rng.normal(0, 0.5, size=6).astype(np.float32)
+    b2 = rng.normal(0, 0.5, size=3).astype(np.float32)
+    g = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1", "b1"], ["a"]),
+            helper.make_node("Conv", ["a", "w2", "b2"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [
+            numpy_helper.from_array(v, k)
+            for k, v in (("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2))
+        ],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(model, str(fp))
+    x = (30 * rng.normal(size=(1, 4, 32, 32))).astype(np.float32)
+    quantized = _Quantized(fp, qp, x)
+    q, enc, inits = quantized.model, quantized.enc, quantized.inits
+    nodes = topological_nodes(q.graph)
+    convs = [i for i, n in enumerate(nodes) if n.op_type == "Conv"]
+    layers = [
+        Exposed(
+            t,
+            t,
+            nodes[i].name,
+            "Conv",
+            i,
+            nodes[i].output[0],  # the graph output's is renamed "y_QuantizeLinear_Input"
+            scale=float(enc[t][0]),
+            zero_point=int(enc[t][1]),
+            native_dtype="uint8",
+        )
+        for i, t in zip(convs, ("a", "y"), strict=True)
+    ]
+    s = Sensitivity(model, q, {"x": x})
+
+    def qdq_np(v, t):
+        sc, z = enc[t]
+        return (np.clip(np.round(v / sc) + z, 0, 255) - z) * sc
+
+    def conv(v, w, b):  # a 1x1 convolution
+        return np.einsum("oi,nihw->nohw", w[:, :, 0, 0], v) + b[None, :, None, None]
+
+    def bias(name):  # its int32 integers at their scale
+        dq = next(
+            n
+            for n in q.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0] == f"{name}_quantized"
+        )
+        return inits[dq.input[0]].astype(np.float64) * inits[dq.input[1]]
+
+    x64 = x.astype(np.float64)  # the graph input's encoding is no layer's
+    golden = conv(conv(x64, w1, b1), w2, b2)
+
+    def noise(b1_, b2_):
+        a = qdq_np(conv(x64, quantized.weight("w1"), b1_), "a")
+        return float(np.sum((golden - qdq_np(conv(a, quantized.weight("w2"), b2_), "y")) ** 2))
+
+    both = noise(bias("b1"), bias("b2"))
+    assert s.alone_noise(layers)[0] == pytest.approx(both, rel=1e-5)
+    assert abs(noise(b1, b2) / both - 1) > 1e-4  # with float biases it would differ
+
+
+def test_an_output_of_few_values_whose_shares_do_not_add_up_is_not_judged_on():
+    """Hand-set error powers: a 64-value map and a one-value flag over three inputs. Three
+    standouts, each alone, cost the flag 2.5, 0.3 and 0.1 times its error (2.9 in sum, over
+    twice it): the flag's shares do not add up, so a share is the map's (layer 1: 3/10 there,
+    not 2.5). At 1.5 in sum the flag is judged on too; a map of many values always is."""
+    from accdbg.algorithms.sensitivity import Sensitivity, Share
+
+    def sens(flag_costs):
+        s = object.__new__(Sensitivity)
+        s.outputs = ["map", "flag"]
+        s.golden = [[np.zeros((1, 64)), np.zeros((1, 1))]] * 3  # 192 and 3 values
+        s.golden_power = np.array([100.0, 5.0])
+        s.whole_noise = np.array([10.0, 1.0])
+        per = {
+            k: np.array([m, f])
+            for k, m, f in zip((1, 2, 3), (3.0, 4.0, 9.0), flag_costs, strict=True)
+        }
+        s.alone_noise = lambda group: per[group[0]]
+        s.removed_noise = lambda group: s.whole_noise  # nothing goes when taken out
+        s._adds = s._additive([[1], [2], [3]])
+        return s
+
+    apart = sens((2.5, 0.3, 0.1))
+    assert list(apart._adds) == [True, False]
+    assert apart.share([1]) == Share(pytest.approx(0.3), pytest.approx(0.0))
+    adding = sens((1.2, 0.2, 0.1))
+    assert list(adding._adds) == [True, True]
+    assert adding.share([1]).alone == pytest.approx(1.2)
+    assert list(sens((2.5, 0.3, 0.1))._additive([[1]])) == [True, True]  # one standout: no sum
 
 
 def test_several_culprits_losing_the_same_thing_are_called_one_pattern():

@@ -329,14 +329,28 @@ class _KernelShare:
         self.args = (qdq, layers, feeds, target)
         self.errors = errors
         self.apart = apart or {}  # judged tensor -> Σ(qnn - cpu)² / Σcpu²
+        self._runs: KernelRuns | None = None  # the layers asked last, for :meth:`together`
 
     def __call__(self, names: Sequence[str]) -> dict[str, float]:
         try:
-            effects = KernelRuns(*self.args, names, list(self.errors)).each()
+            self._runs = KernelRuns(*self.args, names, list(self.errors))
+            effects = self._runs.each()
         except Exception as exc:  # the CPU cannot run the cut model: a note, not a verdict
             log.info("no kernel effect measured: %s", str(exc).splitlines()[0])
             return {}
         return {n: self._share(per) for n, per in effects.items()}
+
+    def together(self, names: Sequence[str]) -> float:
+        """What the kernel differences of these layers (among those asked last) cost the
+        outputs added at once, over their error on QNN; NaN when not measured."""
+        runs = self._runs
+        if runs is None or not set(names) <= set(runs.names):
+            return math.nan
+        try:
+            return self._share(runs.effect(list(names)))
+        except Exception as exc:  # as above
+            log.info("no kernel effect measured: %s", str(exc).splitlines()[0])
+            return math.nan
 
     def _share(self, effect: dict[str, float]) -> float:
         return max((v / self.errors[end] for end, v in effect.items()), default=math.nan)
@@ -400,12 +414,15 @@ class _LazySensitivity:
         self._sens: Sensitivity | None = None
         self.failed = False
         self.asked: list[str] = []
+        self.singles: list[str] = []
         self.answers: dict[tuple[tuple[str, ...], float], Share] = {}  # each question once
         self.clamps: dict[tuple[tuple[str, float], ...], float] = {}
 
-    def consider(self, names: Sequence[str]) -> None:
-        """The layers that will be asked about: the models are built once for all of them."""
+    def consider(self, names: Sequence[str], singles: Sequence[str] = ()) -> None:
+        """The layers that will be asked about: the models are built once for all of them
+        (``singles``: those asked alone, whose shares must add up)."""
         self.asked = [x for n in names if n in self.layers for x in self._with_weights(n)]
+        self.singles = [n for n in singles if n in self.layers]
 
     def _with_weights(self, name: str) -> list[str]:
         """A row and the layer whose weights it stands for, if any."""
@@ -416,7 +433,8 @@ class _LazySensitivity:
             model, qdq, feeds, more = self.args
             try:
                 asked = [self.layers[n] for n in self.asked]
-                self._sens = Sensitivity(model, qdq, [feeds, *more], asked)
+                singles = [[self.layers[x] for x in self._with_weights(n)] for n in self.singles]
+                self._sens = Sensitivity(model, qdq, [feeds, *more], asked, singles)
             except Exception as exc:  # onnxruntime refusing the model: rank on evidence alone
                 self.failed = True
                 self._sens = None

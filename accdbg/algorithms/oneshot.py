@@ -28,7 +28,7 @@ import pandas as pd
 
 from accdbg.algorithms.attribution import Attribution, attribute
 from accdbg.algorithms.culprits import Prefetch, find_culprits, prepared_model
-from accdbg.algorithms.ranking import Culprit
+from accdbg.algorithms.ranking import ABS_DB, Culprit, Ranking
 from accdbg.core.inputs import (
     InputTensor,
     check_finite,
@@ -54,7 +54,7 @@ from accdbg.frameworks.diagnosis import (
 from accdbg.mapping.graph_struct import inputs_of, load_graph_struct
 from accdbg.reports.html_report import write_report
 from accdbg.verifiers import get_verifier
-from accdbg.verifiers.aggregate import worst_input
+from accdbg.verifiers.aggregate import inputs_worst_first
 from accdbg.verifiers.base import Verifier
 from accdbg.verifiers.configured import check_verifiers
 from accdbg.verifiers.pairing import find_results
@@ -416,31 +416,51 @@ class _Annotator:
         layer_inputs = inputs_of(load_graph_struct(engine.graph_struct))
         summary, self.marks = attribute(ver.summary, verifiers, layer_inputs)
         several = len(ver.per_input) > 1
-        worst = worst_input(ver.inputs, verifiers) if several else next(iter(ver.per_input))
+        order = inputs_worst_first(ver.inputs, verifiers) if several else list(ver.per_input)
+        worst = order[0]
+        mapping = json.loads(engine.tensor_mapping.read_text(encoding="utf-8"))
+
+        def rank_on(key: str, prefetch: Prefetch | None) -> Ranking:
+            golden, target = ver.folders[key]
+            return find_culprits(
+                engine.qdq_model,
+                golden,
+                ver.per_input[key] if several else summary,
+                "Name",
+                verifiers,
+                feeds=_feeds_of(target, self.engine_inputs),
+                float_model=prepared_model(engine.qdq_model),
+                golden_name=mapping,
+                target=target,
+                more_feeds=(  # loaded only if a layer stands out
+                    _feeds_of(t, self.engine_inputs)
+                    for k, (_, t) in ver.folders.items()
+                    if k != key
+                ),
+                prefetch=prefetch,
+            )
+
+        t = time.perf_counter()
+        ranking = rank_on(worst, self.prefetch)
+        low = None  # the worst input, when its own noise floor fails the pass mark
+        for other in order[1:] if ranking.floor_db < ABS_DB else ():
+            # every layer loses its information on that input (its values use a small part of
+            # the ranges calibrated on all of them): no layer can stand out there, so the
+            # ranking is on the worst input where the layers keep theirs
+            if low is None:
+                low = (worst, ranking.floor_db)
+            found = rank_on(other, None)
+            if found.floor_db >= ABS_DB:
+                ranking, worst = found, other
+                break
         self.worst = worst
         golden_w, target_w = ver.folders[worst]
-        t = time.perf_counter()
-        ranking = find_culprits(
-            engine.qdq_model,
-            golden_w,
-            ver.per_input[worst] if several else summary,
-            "Name",
-            verifiers,
-            feeds=_feeds_of(target_w, self.engine_inputs),
-            float_model=prepared_model(engine.qdq_model),
-            golden_name=json.loads(engine.tensor_mapping.read_text(encoding="utf-8")),
-            target=target_w,
-            more_feeds=(  # loaded only if a layer stands out
-                _feeds_of(t, self.engine_inputs) for k, (_, t) in ver.folders.items() if k != worst
-            ),
-            prefetch=self.prefetch,
-        )
         summary = ranking.apply(summary, "Name")
         seconds["culprit ranking"] = time.perf_counter() - t
         self.culprits = ranking.culprits
         self.findings = list(ranking.findings)
         if several:
-            self.findings.append(_worst_line(ver.inputs, worst, verifiers))
+            self.findings.append(_worst_line(ver.inputs, worst, verifiers, low))
         labels = [v["label"] for v in ver.verifiers]
         links = _detail_links(ver.run_dir, summary, labels, several)
         if self.inspection is not None:
@@ -509,7 +529,12 @@ def _feeds_from(
     }
 
 
-def _worst_line(table: pd.DataFrame, worst: str, verifiers: dict[str, Verifier]) -> str:
+def _worst_line(
+    table: pd.DataFrame,
+    worst: str,
+    verifiers: dict[str, Verifier],
+    low: tuple[str, float] | None = None,
+) -> str:
     """The finding that says which input the culprit ranking looked at, and why."""
     row = table.set_index("Input").loc[worst]
     label = next(
@@ -521,9 +546,26 @@ def _worst_line(table: pd.DataFrame, worst: str, verifiers: dict[str, Verifier])
         value = pd.to_numeric(pd.Series([row[col]]), errors="coerce").iloc[0]
         if not values.empty and not pd.isna(value):
             scores.append(f"{col} {value:.4g} (median over inputs {np.median(values):.4g})")
+    tail = f" - {', '.join(scores)}" if scores else ""
+    if low is None:
+        return (
+            f"the culprit ranking is on the worst of {len(table)} inputs: {worst} "
+            f"({row['Files']}){tail}"
+        )
+    why = (
+        f"under the {ABS_DB:g} dB pass mark: its values use a small part of the ranges "
+        "calibrated for all inputs, which is a calibration question, no one layer's doing"
+    )
+    if worst == low[0]:
+        return (
+            f"the culprit ranking is on the worst of {len(table)} inputs: {worst} "
+            f"({row['Files']}), where the median layer keeps {low[1]:.1f} dB - on every input "
+            f"it falls {why}{tail}"
+        )
     return (
-        f"the culprit ranking is on the worst of {len(table)} inputs: {worst} ({row['Files']})"
-        + (f" - {', '.join(scores)}" if scores else "")
+        f"the culprit ranking is on {worst} ({row['Files']}), the worst of {len(table)} inputs "
+        f"whose layers keep their information: on the worst, {low[0]}, the median layer keeps "
+        f"{low[1]:.1f} dB, {why}{tail}"
     )
 
 

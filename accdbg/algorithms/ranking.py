@@ -72,7 +72,7 @@ import pandas as pd
 
 from accdbg.algorithms.evidence import BLOWN_RATIO, Evidence, nsr_db
 from accdbg.algorithms.reach import LOUD, Reach
-from accdbg.algorithms.sensitivity import Share
+from accdbg.algorithms.sensitivity import ADDS_UP, Share
 
 Z_MIN = 3.5
 GAP_DB = 10.0
@@ -126,12 +126,12 @@ class Impact(Protocol):
         costs a run of the QDQ model, may be skipped)."""
 
 
-def _consider(impact: Impact | None, names: Sequence[str]) -> None:
-    """Tell an impact measure which layers it will be asked about, when it can use that (the
-    sensitivity builds its models once for all of them)."""
+def _consider(impact: Impact | None, names: Sequence[str], singles: Sequence[str]) -> None:
+    """Tell an impact measure which layers it will be asked about (``singles``: those asked
+    alone), when it can use that (the sensitivity builds its models once for all of them)."""
     consider = getattr(impact, "consider", None)
     if consider is not None:
-        consider(names)
+        consider(names, singles)
 
 
 def cpu_run(quantized: bool, layer: bool = False) -> str:
@@ -418,7 +418,7 @@ def rank(
     # problem of its own, whose cost is its own - or a compensated pair's producer
     roots = [n for n in standouts if n not in root_of]
     partners = {n: _Partners.of(n, evidence, carried, reaches, exclude=set(roots)) for n in roots}
-    _consider(impact, [*standouts, *(x for p in partners.values() for x in p.names)])
+    _consider(impact, [*standouts, *(x for p in partners.values() for x in p.names)], roots)
     for n in standouts:
         if n in root_of:
             continue
@@ -487,14 +487,20 @@ def rank(
         candidates.append(backend[-1])
         costs[n] = share
 
+    scattered = _not_adding_up(
+        [n for n in standing if shares.get(n, 0.0) >= SHARE and n not in named and n in evidence],
+        shares,
+        getattr(kernel_share, "together", None),
+    )
     for n, cause in standing.items():
         share = shares.get(n, math.nan)
         if not math.isnan(share):
             cause += f"; {_kernel_cost(share, quantized)}"
-        if share >= SHARE and n not in named and n in evidence:
+        if share >= SHARE and n not in named and n in evidence and n not in scattered:
             name_backend(n, cause, share)
         else:
             col = columns.setdefault(n, {})
+            cause += scattered.get(n, "")
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
     search = getattr(kernel_share, "search", None)
     if search is not None and not candidates and not local_observed and added >= SHARE:
@@ -938,6 +944,29 @@ def _diverging(div: Mapping[str, float], quantized: bool = True) -> dict[str, st
         bar = f"too few layers differ for a floor: under {cut:.1f} dB stands out"
     how: Mapping[str, str] = getattr(div, "how", {})
     return {n: _parted(d, how.get(n), quantized, f" ({bar})") for n, d in dbs.items() if d < cut}
+
+
+def _not_adding_up(
+    over: Sequence[str],
+    shares: Mapping[str, float],
+    together: Callable[[Sequence[str]], float] | None,
+) -> dict[str, str]:
+    """Backend standouts whose kernel differences each cost the outputs ``SHARE`` or more
+    alone but, added at once, far less than their sum (``ADDS_UP``): outputs this sensitive to
+    a small change anywhere make no one layer's difference the cause. Layer -> the words
+    saying so; empty when they add up (or one layer, or not measured)."""
+    if len(over) < 2 or together is None:
+        return {}
+    whole = together(over)
+    parts = sum(shares[n] for n in over)
+    if math.isnan(whole) or parts <= ADDS_UP * whole:
+        return {}
+    why = (
+        f", but the differences of the {len(over)} layers that each cost half or more "
+        f"({', '.join(over[:4])}{' ...' if len(over) > 4 else ''}), added at once, cost "
+        f"{_pct(whole)}: one at a time they do not add up, so none of them alone is the cause"
+    )
+    return dict.fromkeys(over, why)
 
 
 def _parted(db: float, how: str | None, quantized: bool, where: str) -> str:

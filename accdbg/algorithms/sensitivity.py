@@ -51,6 +51,12 @@ from accdbg.verifiers.base import dot
 log = logging.getLogger("accdbg.sensitivity")
 
 
+# layers whose errors, each measured alone, sum to more than this many times the whole
+# model's do not add up: no one of them is the cause
+ADDS_UP = 2.0
+FEW_VALUES = 16  # an output with fewer values (over the inputs) is checked for that first
+
+
 def _runs(sess: ort.InferenceSession, names: Sequence[str], feeds) -> list[list[np.ndarray]]:
     """The named outputs of one session on every input."""
     return [sess.run(list(names), f) for f in feeds]
@@ -156,6 +162,7 @@ class Sensitivity:
         qdq_model: onnx.ModelProto,
         feeds: Feeds | Sequence[Feeds],
         layers: Sequence[Exposed] = (),
+        singles: Sequence[Sequence[Exposed]] = (),
     ):
         self.feeds = [dict(feeds)] if isinstance(feeds, Mapping) else [dict(f) for f in feeds]
         self.outputs = scores(float_model)
@@ -184,6 +191,8 @@ class Sensitivity:
             for run in self.golden
         )
         self.whole_noise = self._qdq_noise(self._removed, ())
+        self._alone_known: dict[tuple[int, ...], np.ndarray] = {}
+        self._adds = self._additive([list(g) for g in singles])
 
     def _prepare(self, layers: list[Exposed]):
         """The two switched models and the golden outputs; a layer the models cannot take
@@ -219,11 +228,45 @@ class Sensitivity:
         """Each output's error power, summed over the inputs (``outs``: per input, per output)."""
         return np.sum([output_noise(g, t) for g, t in zip(self.golden, outs, strict=True)], axis=0)
 
+    def _additive(self, singles: Sequence[Sequence[Exposed]]) -> np.ndarray:
+        """Per output, whether shares of its error power mean anything. An output of a few
+        values (a presence score, a handedness logit: one per input) has an error but no
+        noise: each layer's rounding moves it by a signed amount, they cancel, and one layer
+        alone can move it several times more than the whole model does. Where the ``singles``
+        (the standouts to be asked, each a layer and the layer of its weights), each alone, cost such an output more than ``ADDS_UP``
+        times its error in sum, its shares do not add up and it is not judged on; outputs of
+        many values are (their errors average into noise powers that add)."""
+        ok = np.ones(len(self.outputs), dtype=bool)
+        values = np.sum([[np.asarray(g).size for g in run] for run in self.golden], axis=0)
+        few = np.asarray(values) < FEW_VALUES
+        if not few.any() or len(singles) < 2:
+            return ok
+        try:
+            total = np.sum([self.alone_noise(g) for g in singles], axis=0)
+        except Exception as exc:  # a layer onnxruntime cannot isolate: judged as before
+            log.info("no additivity check: %s", str(exc).splitlines()[0])
+            return ok
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ok[few] = ~(total[few] > ADDS_UP * self.whole_noise[few])
+        if not ok.all():
+            log.info(
+                "outputs whose shares do not add up (standouts alone: %s of their error): %s",
+                np.round(total / np.maximum(self.whole_noise, 1e-30), 2),
+                [o for o, k in zip(self.outputs, ok, strict=True) if not k],
+            )
+        return ok
+
+    def _useful(self) -> np.ndarray:
+        """The outputs shares are taken over: with signal and error, and adding up (if any
+        output does)."""
+        useful = (self.golden_power > 0) & (self.whole_noise > 0)
+        return useful & self._adds if (useful & self._adds).any() else useful
+
     def share(self, layers: Exposed | Sequence[Exposed], enough: float = math.inf) -> Share:
         """These layers' part of the whole model's output error power, both ways (the worst
         output; scale-free, so it holds when a golden output is all zero). When the first
         reaches ``enough`` the second is not needed."""
-        useful = (self.golden_power > 0) & (self.whole_noise > 0)
+        useful = self._useful()
         if not useful.any():  # outputs with no signal (all zero) or no error: nothing to weigh
             return Share(math.nan)
         group = [layers] if isinstance(layers, Exposed) else list(layers)
@@ -249,7 +292,7 @@ class Sensitivity:
         outputs as many times louder, while alone or taken out the layer costs little. The
         question is then the float model's own, and this is its measure (error powers summed
         over the inputs, the worst output, as :meth:`share`)."""
-        useful = (self.golden_power > 0) & (self.whole_noise > 0)
+        useful = self._useful()
         if not useful.any():
             return math.nan
         flt, qdq = onnx.ModelProto(), onnx.ModelProto()
@@ -292,8 +335,11 @@ class Sensitivity:
     def alone_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
         """Each output's error power with only these layers' weights and output encodings
         applied."""
-        alone = self._switched(self._alone, self._alone_model, layers)
-        return self._pooled_noise(alone.run(self.outputs, self.feeds, layers))
+        key = tuple(sorted(e.index for e in layers))
+        if key not in self._alone_known:
+            alone = self._switched(self._alone, self._alone_model, layers)
+            self._alone_known[key] = self._pooled_noise(alone.run(self.outputs, self.feeds, layers))
+        return self._alone_known[key]
 
     def _removed_model(self, layers: Sequence[Exposed]) -> onnx.ModelProto:
         """The QDQ model (fetching the outputs) with each layer's quantizers behind its switch:
@@ -306,7 +352,7 @@ class Sensitivity:
             on = _switch(g, layer)
             node = g.node[self._position[layer.index]]
             for i, x in enumerate(node.input):
-                w = self._float_weight_of(x, self._float_inits)
+                w = self._float_weight_of(x, self._float_inits, biases=True)
                 if w is None:
                     continue
                 name = f"{w.name}__sens_float"
@@ -330,14 +376,17 @@ class Sensitivity:
                             _where(g, on, bypass, dq.output[0], out)
         return _sorted(model)
 
-    def _float_weight_of(self, x: str, inits: Mapping[str, onnx.TensorProto]):
+    def _float_weight_of(self, x: str, inits: Mapping[str, onnx.TensorProto], biases: bool = False):
         """The float model's weight tensor behind a QDQ input ``x`` (a DequantizeLinear of a
-        quantized initializer), or None (biases, 1-D parameters, activations)."""
+        quantized initializer), or None (activations; biases and other 1-D parameters unless
+        ``biases``: a layer's encodings include its bias's - on a model whose outputs amplify
+        small differences, a simulation leaving biases in float parts from the QDQ model by
+        far more than their rounding)."""
         dq = self._producer.get(x)
         if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in self._qdq_inits:
             return None
         w = inits.get(dq.input[0].removesuffix("_quantized"))
-        return w if w is not None and len(w.dims) >= 2 else None
+        return w if w is not None and len(w.dims) >= (1 if biases else 2) else None
 
     def _alone_model(self, layers: Sequence[Exposed]) -> onnx.ModelProto:
         """The float model with each layer's encodings behind its switch: on, its weights
@@ -351,7 +400,7 @@ class Sensitivity:
             on = _switch(g, layer)
             node = self._qdq_nodes[layer.index]
             for x in node.input:
-                w = self._float_weight_of(x, inits)
+                w = self._float_weight_of(x, inits, biases=True)
                 if w is None:
                     continue
                 quant = numpy_helper.from_array(

@@ -142,6 +142,12 @@ def inputs_table(
 def worst_input(table: pd.DataFrame, verifiers: Mapping[str, Verifier]) -> str:
     """The input whose final outputs score worst on the first verifier (label -> verifier)
     that scored them."""
+    return inputs_worst_first(table, verifiers)[0]
+
+
+def inputs_worst_first(table: pd.DataFrame, verifiers: Mapping[str, Verifier]) -> list[str]:
+    """The inputs, those whose final outputs score worst first, on the first verifier (label ->
+    verifier) that scored them (in the table's order when none did)."""
     for label, verifier in verifiers.items():
         cols = [c for c in table.columns if c.endswith(f" {label}")]
         if not cols:
@@ -150,6 +156,6 @@ def worst_input(table: pd.DataFrame, verifiers: Mapping[str, Verifier]) -> str:
         per_row = scores.min(axis=1) if verifier.higher_is_better else scores.max(axis=1)
         if per_row.isna().all():
             continue
-        pos = per_row.idxmin() if verifier.higher_is_better else per_row.idxmax()
-        return str(table.loc[pos, "Input"])
-    return str(table["Input"].iloc[0])
+        order = per_row.sort_values(ascending=verifier.higher_is_better, na_position="last")
+        return [str(table.loc[pos, "Input"]) for pos in order.index]
+    return [str(x) for x in table["Input"]]

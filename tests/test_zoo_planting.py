@@ -116,3 +116,22 @@ def test_a_bias_added_by_a_reshaped_constant_is_part_of_the_layer():
     # an Add of another activation is no bias
     residual = g.node("residual")
     assert not g.const_derived(residual.input[1]) and g.const_derived("b4")
+
+
+def test_a_model_that_cannot_be_prepared_is_left_out_with_its_reason(tmp_path, monkeypatch):
+    """A zoo model whose package is missing (or whose file the converter refuses) leaves its
+    cases out with the first line of the reason, instead of stopping the whole zoo."""
+    from benchmarks.zoo import models as zoo_models
+    from benchmarks.zoo import runner
+
+    def missing():
+        raise zoo_models.ZooSetupError("nopkg==1.0 is not installed (pip install nopkg)\nmore")
+
+    spec = zoo_models.ModelSpec("nomodel", missing, "onnx", "x", (1, 3, 8, 8), "NCHW", "page")
+    monkeypatch.setitem(zoo_models.EVERY_MODEL, "nomodel", spec)
+    cases, dropped = runner.build_cases(["nomodel/clean/-", "nomodel/clipping/mid"], tmp_path)
+    assert cases == []
+    assert dropped == [
+        (n, "the model could not be prepared: nopkg==1.0 is not installed (pip install nopkg)")
+        for n in ("nomodel/clean/-", "nomodel/clipping/mid")
+    ]

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
+from accdbg.errors import AccdbgError
 from benchmarks.zoo import models as zoo_models
 from benchmarks.zoo import plant as zoo_plant
 from benchmarks.zoo import scoring
@@ -99,7 +100,12 @@ def build_cases(
         by_model.setdefault(name.split("/")[0], []).append(name)
     for model_name, names in by_model.items():
         spec = zoo_models.EVERY_MODEL[model_name]
-        prep = zoo_models.prepare(spec, out / "models")
+        try:
+            prep = zoo_models.prepare(spec, out / "models")
+        except (zoo_models.ZooSetupError, AccdbgError) as exc:  # the other models still run
+            why = str(exc).splitlines()[0]
+            dropped += [(name, f"the model could not be prepared: {why}") for name in names]
+            continue
         feeds = load_feeds(prep.input_paths, spec.input_name, spec.dims)
         probe = FloatProbe(prep.model, feeds)
         meter = HarmMeter(prep, out / "models" / spec.name) if gate else None

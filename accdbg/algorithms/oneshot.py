@@ -442,13 +442,12 @@ class _Annotator:
 
         t = time.perf_counter()
         ranking = rank_on(worst, self.prefetch)
-        low = None  # the worst input, when its own noise floor fails the pass mark
-        for other in order[1:] if ranking.floor_db < ABS_DB else ():
-            # every layer loses its information on that input (its values use a small part of
-            # the ranges calibrated on all of them): no layer can stand out there, so the
-            # ranking is on the worst input where the layers keep theirs
-            if low is None:
-                low = (worst, ranking.floor_db)
+        # the worst input and its noise floor, when that fails the pass mark: every layer
+        # loses its information there (its values use a small part of the ranges calibrated
+        # on all inputs) and none can stand out, so the ranking is on the worst input where
+        # the layers keep theirs
+        low = (worst, ranking.floor_db) if ranking.floor_db < ABS_DB else None
+        for other in order[1:] if low else ():
             found = rank_on(other, None)
             if found.floor_db >= ABS_DB:
                 ranking, worst = found, other
@@ -547,26 +546,24 @@ def _worst_line(
         if not values.empty and not pd.isna(value):
             scores.append(f"{col} {value:.4g} (median over inputs {np.median(values):.4g})")
     tail = f" - {', '.join(scores)}" if scores else ""
-    if low is None:
-        return (
-            f"the culprit ranking is on the worst of {len(table)} inputs: {worst} "
-            f"({row['Files']}){tail}"
-        )
+    files = f"{worst} ({row['Files']})"
     why = (
         f"under the {ABS_DB:g} dB pass mark: its values use a small part of the ranges "
         "calibrated for all inputs, which is a calibration question, no one layer's doing"
     )
-    if worst == low[0]:
-        return (
-            f"the culprit ranking is on the worst of {len(table)} inputs: {worst} "
-            f"({row['Files']}), where the median layer keeps {low[1]:.1f} dB - on every input "
-            f"it falls {why}{tail}"
+    if low is None:
+        where = f"the worst of {len(table)} inputs: {files}"
+    elif worst == low[0]:
+        where = (
+            f"the worst of {len(table)} inputs: {files}, where the median layer keeps "
+            f"{low[1]:.1f} dB - on every input it falls {why}"
         )
-    return (
-        f"the culprit ranking is on {worst} ({row['Files']}), the worst of {len(table)} inputs "
-        f"whose layers keep their information: on the worst, {low[0]}, the median layer keeps "
-        f"{low[1]:.1f} dB, {why}{tail}"
-    )
+    else:
+        where = (
+            f"{files}, the worst of {len(table)} inputs whose layers keep their information: "
+            f"on the worst, {low[0]}, the median layer keeps {low[1]:.1f} dB, {why}"
+        )
+    return f"the culprit ranking is on {where}{tail}"
 
 
 def _detail_links(

@@ -261,7 +261,8 @@ class Sensitivity:
         """The outputs shares are taken over: with signal and error, and adding up (if any
         output does)."""
         useful = (self.golden_power > 0) & (self.whole_noise > 0)
-        return useful & self._adds if (useful & self._adds).any() else useful
+        adding = useful & self._adds
+        return adding if adding.any() else useful
 
     def share(self, layers: Exposed | Sequence[Exposed], enough: float = math.inf) -> Share:
         """These layers' part of the whole model's output error power, both ways (the worst

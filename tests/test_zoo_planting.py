@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from benchmarks.zoo import plant as zoo_plant
+from benchmarks.zoo.harm import carrying, judged_outputs
 from benchmarks.zoo.probe import FloatProbe
 from benchmarks.zoo.scoring import HARM_DB
 from tests.models import conv_net
@@ -135,3 +136,17 @@ def test_a_model_that_cannot_be_prepared_is_left_out_with_its_reason(tmp_path, m
         (n, "the model could not be prepared: nopkg==1.0 is not installed (pip install nopkg)")
         for n in ("nomodel/clean/-", "nomodel/clipping/mid")
     ]
+
+
+def test_harm_is_judged_on_outputs_of_many_values_the_clean_model_keeps_when_there_are_any():
+    landmarks, handedness = np.zeros((1, 63), np.float32), np.zeros((1, 1), np.float32)
+    assert judged_outputs({"handedness": handedness, "landmarks": landmarks}) == ["landmarks"]
+    # a model of one-value outputs only is judged on them all
+    assert judged_outputs({"a": handedness, "b": np.zeros(3)}) == ["a", "b"]
+    # values are counted over the inputs the ranking pools: 15 iris points on 3 inputs are many
+    iris = np.zeros((1, 15), np.float32)
+    assert judged_outputs({"iris": iris, "flag": handedness}, inputs=3) == ["iris"]
+    assert judged_outputs({"iris": iris, "mesh": landmarks}, inputs=1) == ["mesh"]
+    # an output the clean model already destroys (more error than signal) is left out
+    assert carrying({"landmarks": 14.3, "world": -3.7}) == ["landmarks"]
+    assert carrying({"a": -1.0, "b": -3.7}) == ["a", "b"]

@@ -4,14 +4,18 @@ A planted change the deployed model does not feel is no fault of it: for its out
 faulted model *is* the clean model, and the right answer on it is the clean model's ("no
 single layer stands out"). Counting it as a fault to be named would ask the ranking to name
 what it must not name on clean models. So a planting is kept only when it costs the watched
-outputs (logits for a softmax/sigmoid output) at least :data:`HARM_DB` of SQNR on the
-debugged input, against the model without it, both run on QNN HTP exactly as the engine
-quantizes them (accdbg's own pre-processing and calibration on the ``-l`` lines). A weaker
-planting is made stronger, then moved to the next eligible site at the same depth
-(:func:`benchmarks.zoo.plant.plant`); one that never hurts is left out and listed.
+outputs at least :data:`HARM_DB` of SQNR on the debugged input, against the model without it,
+both run on QNN HTP exactly as the engine quantizes them (accdbg's own pre-processing and
+calibration on the ``-l`` lines). The watched outputs are the model's, a Softmax/Sigmoid output
+at its logits, judged as the ranking judges them: one of fewer than ``FEW_VALUES`` values over
+the input list (a presence score, a handedness logit) only when no other is watched - the error
+of one number is a signed amount, not a noise power - and not one the clean quantized model
+already destroys (under 0 dB), which moves by chance, many dB either way, with any change
+upstream. A weaker planting is made stronger, then moved to the next eligible site at the same
+depth (:func:`benchmarks.zoo.plant.plant`); one that never hurts is left out and listed.
 
 Each measure is one quantization and one plain QNN session (no tensor dumps): about 4 s on
-det 160x160, cached by the planted model's bytes in ``<out>/models/<model>/harm.json``.
+det 160x160, cached by the planted model's bytes in ``<out>/models/<model>/harm_v2.json``.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import json
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 
+from accdbg.algorithms.sensitivity import FEW_VALUES
 from benchmarks.zoo import models as zoo_models
 from benchmarks.zoo.probe import load_feeds, run
 from benchmarks.zoo.scoring import sqnr_db
@@ -50,50 +56,68 @@ def watched_outputs(model: onnx.ModelProto) -> list[str]:
     return out
 
 
+def judged_outputs(golden: dict[str, np.ndarray], inputs: int = 1) -> list[str]:
+    """The watched outputs harm is judged on: those of ``FEW_VALUES`` values or more over the
+    ``inputs`` the ranking pools (the input list's lines), else all. One number's error is a
+    signed amount: a planting can move a one-value logit by chance while the outputs of many
+    values, where the ranking looks, do not feel it."""
+    many = [w for w, g in golden.items() if np.asarray(g).size * inputs >= FEW_VALUES]
+    return many or list(golden)
+
+
+def carrying(clean: dict[str, float]) -> list[str]:
+    """Of the judged outputs (their clean SQNRs), those the clean quantized model keeps above
+    0 dB, else all. An output quantization already destroys (more error than signal) moves by
+    chance with any change upstream, by many dB either way: it cannot say what a planting
+    costs."""
+    return [w for w, db in clean.items() if db > 0] or list(clean)
+
+
 class HarmMeter:
     """The QNN output SQNR of plantings of one model, and what each costs against the clean one."""
 
     def __init__(self, prep: zoo_models.Prepared, cache_dir: Path):
         self.prep = prep
-        self.cache = cache_dir / "harm.json"
-        self.known: dict[str, float] = (
+        # v2: per output; outputs of a few values, or destroyed in the clean model, left out
+        self.cache = cache_dir / "harm_v2.json"
+        self.known: dict[str, dict[str, float]] = (
             json.loads(self.cache.read_text()) if self.cache.is_file() else {}
         )
-        self._clean: float | None = None
 
     def loss(self, model: onnx.ModelProto, overrides: dict | None = None) -> float:
-        """dB of SQNR the planting costs the worst watched output on the debugged input."""
-        if self._clean is None:
-            self._clean = self.sqnr(self.prep.model)
-        return self._clean - self.sqnr(model, overrides)
+        """dB of SQNR the planting costs the worst judged output on the debugged input."""
+        clean = self.sqnrs(self.prep.model)
+        planted = self.sqnrs(model, overrides)
+        judged = carrying(clean)
+        return min(clean[w] for w in judged) - min(planted[w] for w in judged)
 
-    def sqnr(self, model: onnx.ModelProto, overrides: dict | None = None) -> float:
-        key = fingerprint(model, overrides)
-        if key not in self.known:
-            self.known[key] = _qnn_sqnr(self.prep, model, overrides)
-            self.cache.write_text(json.dumps(self.known, indent=1))
-        return float(self.known[key])
+    def sqnrs(self, model: onnx.ModelProto, overrides: dict | None = None) -> dict[str, float]:
+        return self._known(fingerprint(model, overrides), model, overrides, False)
 
     def backend_gap(self) -> float:
-        """dB the clean model's watched outputs lose on QNN HTP against onnxruntime's CPU
+        """dB the clean model's judged outputs lose on QNN HTP against onnxruntime's CPU
         fake-quant of the same QDQ model: a clean model whose outputs lose ``HARM_DB`` or more
         has a backend divergence of its own, which a ranking may rightly name."""
         key = "backend_gap:" + fingerprint(self.prep.model, None)
+        gaps = self._known(key, self.prep.model, None, True)
+        return max(gaps[w] for w in carrying(self.sqnrs(self.prep.model)))
+
+    def _known(self, key: str, model, overrides, against_cpu: bool) -> dict[str, float]:
         if key not in self.known:
-            self.known[key] = _qnn_sqnr(self.prep, self.prep.model, None, against_cpu=True)
+            self.known[key] = _qnn_sqnrs(self.prep, model, overrides, against_cpu)
             self.cache.write_text(json.dumps(self.known, indent=1))
-        return float(self.known[key])
+        return {w: float(v) for w, v in self.known[key].items()}
 
 
-def _qnn_sqnr(
+def _qnn_sqnrs(
     prep: zoo_models.Prepared,
     model: onnx.ModelProto,
     overrides: dict | None,
     against_cpu: bool = False,
-) -> float:
-    """Quantize as the engine does, run once on QNN HTP; the worst watched output's SQNR against
-    the same pre-processed float model on onnxruntime's CPU. ``against_cpu``: instead, the CPU
-    fake-quant's SQNR minus QNN's, at the output where QNN loses the most."""
+) -> dict[str, float]:
+    """Quantize as the engine does, run once on QNN HTP; each judged output's SQNR against the
+    same pre-processed float model on onnxruntime's CPU. ``against_cpu``: instead, the CPU
+    fake-quant's SQNR minus QNN's."""
     from accdbg.engines.base import get_engine
     from accdbg.engines.options import EngineConfig
     from accdbg.engines.pipeline import Calibration, prepare_model
@@ -122,7 +146,8 @@ def _qnn_sqnr(
         session = get_engine("qnn").create_session(qdq.SerializeToString(), config.engine_options())
         got = session.run(watched, feed[0])
         qnn = {w: sqnr_db(golden[w], v) for w, v in zip(watched, got, strict=True)}
+        judged = judged_outputs({w: golden[w] for w in watched}, len(prep.input_paths))
         if not against_cpu:
-            return min(qnn.values())
+            return {w: qnn[w] for w in judged}
         cpu = run(qdq, feed, watched)[0]  # every Q/DQ as written
-        return max(sqnr_db(golden[w], cpu[w]) - qnn[w] for w in watched)
+        return {w: sqnr_db(golden[w], cpu[w]) - qnn[w] for w in judged}

@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 import traceback
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,7 +28,13 @@ from accdbg.errors import AccdbgError
 from benchmarks.zoo import models as zoo_models
 from benchmarks.zoo import plant as zoo_plant
 from benchmarks.zoo import scoring
-from benchmarks.zoo.harm import HarmMeter, fingerprint, watched_outputs
+from benchmarks.zoo.harm import (
+    HarmMeter,
+    carrying,
+    fingerprint,
+    judged_outputs,
+    watched_outputs,
+)
 from benchmarks.zoo.probe import FloatProbe, load_feeds
 
 log = logging.getLogger("fault_zoo")
@@ -201,6 +208,18 @@ def tensor_sqnrs(case_folder: Path, names: list[str], per_channel: bool) -> dict
     have = set(t.names()) & set(g.names())
     fn = channel_sqnr if per_channel else scoring.sqnr_db
     return {n: fn(g.load(n), t.load(n)) for n in names if n in have}
+
+
+def _many_valued(clean_folder: Path, names: Collection[str]) -> list[str]:
+    """Of ``names``, the outputs of many values in the clean case's golden dumps (it keeps
+    them), as the harm gate judges (:func:`~benchmarks.zoo.harm.judged_outputs`)."""
+    from accdbg.core.tensor_store import TensorFolder
+
+    first = oneshot_dumps(clean_folder)[0]
+    lines = max(1, len(list(first.parent.glob("Result_*"))))
+    golden = TensorFolder(first)
+    have = set(golden.names())
+    return judged_outputs({n: golden.load(n) for n in names if n in have}, lines) or list(names)
 
 
 def _figures_file(case_folder: Path) -> Path:
@@ -387,7 +406,8 @@ HARM_COLUMNS = ("out_sqnr", "out_sqnr_clean", "out_loss_db", "local_loss_db")
 def with_harm(rows: pd.DataFrame) -> pd.DataFrame:
     """Compare each case's QNN oneshot run with its model's clean case (same tensor names).
 
-    ``out_loss_db``: SQNR the watched outputs lose. ``local_loss_db``: the largest loss of
+    ``out_loss_db``: SQNR the watched outputs lose (as the harm gate judges: those of many
+    values the clean model keeps above 0 dB). ``local_loss_db``: the largest loss of
     median per-channel SQNR among the culprit rows and, for a compensated fault, the layers
     undoing it (whose float values are the clean model's).
     """
@@ -403,10 +423,14 @@ def with_harm(rows: pd.DataFrame) -> pd.DataFrame:
         outputs = watched_outputs(model)
         local = [n for n in f"{r['culprits']} | {r['checked']}".split(" | ") if n and n != "nan"]
         local = list(dict.fromkeys(local))
-        h = {"out_sqnr": _min(tensor_sqnrs(folder, outputs, False))}
+        out = tensor_sqnrs(folder, outputs, False)
+        h = {"out_sqnr": _min(out)}
         ref = clean.get(r["model"])
         if ref is not None:
-            h["out_sqnr_clean"] = _min(tensor_sqnrs(ref, outputs, False))
+            clean_out = {n: v for n, v in tensor_sqnrs(ref, outputs, False).items() if v == v}
+            judged = carrying({n: clean_out[n] for n in _many_valued(ref, clean_out)})
+            h["out_sqnr"] = _min({n: v for n, v in out.items() if n in judged})
+            h["out_sqnr_clean"] = _min({n: clean_out[n] for n in judged})
             mine, theirs = tensor_sqnrs(folder, local, True), tensor_sqnrs(ref, local, True)
             d = [theirs[n] - v for n, v in mine.items() if n in theirs]
             d = [x for x in d if not math.isnan(x)]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -84,12 +85,18 @@ class HarmMeter:
             json.loads(self.cache.read_text()) if self.cache.is_file() else {}
         )
 
+    @cached_property
+    def _clean(self) -> tuple[list[str], float]:
+        """The outputs judged (:func:`carrying`) and the worst one's SQNR, of the clean model."""
+        clean = self.sqnrs(self.prep.model)
+        judged = carrying(clean)
+        return judged, min(clean[w] for w in judged)
+
     def loss(self, model: onnx.ModelProto, overrides: dict | None = None) -> float:
         """dB of SQNR the planting costs the worst judged output on the debugged input."""
-        clean = self.sqnrs(self.prep.model)
+        judged, clean = self._clean
         planted = self.sqnrs(model, overrides)
-        judged = carrying(clean)
-        return min(clean[w] for w in judged) - min(planted[w] for w in judged)
+        return clean - min(planted[w] for w in judged)
 
     def sqnrs(self, model: onnx.ModelProto, overrides: dict | None = None) -> dict[str, float]:
         return self._known(fingerprint(model, overrides), model, overrides, False)
@@ -100,7 +107,7 @@ class HarmMeter:
         has a backend divergence of its own, which a ranking may rightly name."""
         key = "backend_gap:" + fingerprint(self.prep.model, None)
         gaps = self._known(key, self.prep.model, None, True)
-        return max(gaps[w] for w in carrying(self.sqnrs(self.prep.model)))
+        return max(gaps[w] for w in self._clean[0])
 
     def _known(self, key: str, model, overrides, against_cpu: bool) -> dict[str, float]:
         if key not in self.known:

@@ -16,7 +16,6 @@ import os
 import shutil
 import time
 import traceback
-from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -210,16 +209,18 @@ def tensor_sqnrs(case_folder: Path, names: list[str], per_channel: bool) -> dict
     return {n: fn(g.load(n), t.load(n)) for n in names if n in have}
 
 
-def _many_valued(clean_folder: Path, names: Collection[str]) -> list[str]:
-    """Of ``names``, the outputs of many values in the clean case's golden dumps (it keeps
-    them), as the harm gate judges (:func:`~benchmarks.zoo.harm.judged_outputs`)."""
+def _clean_outputs(clean_folder: Path, outputs: list[str]) -> dict[str, float]:
+    """The clean case's QNN SQNR at the outputs the harm gate judges (of many values, in its
+    golden dumps, which a clean case keeps; above 0 dB): :mod:`benchmarks.zoo.harm`."""
     from accdbg.core.tensor_store import TensorFolder
 
+    sqnrs = {n: v for n, v in tensor_sqnrs(clean_folder, outputs, False).items() if v == v}
     first = oneshot_dumps(clean_folder)[0]
     lines = max(1, len(list(first.parent.glob("Result_*"))))
     golden = TensorFolder(first)
     have = set(golden.names())
-    return judged_outputs({n: golden.load(n) for n in names if n in have}, lines) or list(names)
+    many = judged_outputs({n: golden.load(n) for n in sqnrs if n in have}, lines) or list(sqnrs)
+    return {n: sqnrs[n] for n in carrying({n: sqnrs[n] for n in many})}
 
 
 def _figures_file(case_folder: Path) -> Path:
@@ -417,6 +418,7 @@ def with_harm(rows: pd.DataFrame) -> pd.DataFrame:
         for _, r in rows[rows["kind"] == "clean"].drop_duplicates("model").iterrows()
     }
     harm: dict[str, dict] = {}
+    judged: dict[str, dict[str, float]] = {}  # a model -> its clean case's judged outputs
     for _, r in rows.drop_duplicates("case").iterrows():
         folder = Path(r["folder"])
         model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
@@ -427,10 +429,11 @@ def with_harm(rows: pd.DataFrame) -> pd.DataFrame:
         h = {"out_sqnr": _min(out)}
         ref = clean.get(r["model"])
         if ref is not None:
-            clean_out = {n: v for n, v in tensor_sqnrs(ref, outputs, False).items() if v == v}
-            judged = carrying({n: clean_out[n] for n in _many_valued(ref, clean_out)})
-            h["out_sqnr"] = _min({n: v for n, v in out.items() if n in judged})
-            h["out_sqnr_clean"] = _min({n: clean_out[n] for n in judged})
+            if r["model"] not in judged:
+                judged[r["model"]] = _clean_outputs(ref, outputs)
+            clean_out = judged[r["model"]]
+            h["out_sqnr"] = _min({n: v for n, v in out.items() if n in clean_out})
+            h["out_sqnr_clean"] = _min(clean_out)
             mine, theirs = tensor_sqnrs(folder, local, True), tensor_sqnrs(ref, local, True)
             d = [theirs[n] - v for n, v in mine.items() if n in theirs]
             d = [x for x in d if not math.isnan(x)]

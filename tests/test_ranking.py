@@ -282,6 +282,40 @@ def test_weights_multiplying_an_offset_name_the_layer_that_makes_the_offset():
     assert r.columns["l11"].get("culprit_rank") is None
 
 
+def test_an_activation_range_blown_by_a_channel_the_weights_before_it_make_names_those_weights():
+    """A conv whose weights for one output channel span 50x the others makes that channel
+    loud; on this input its own range loses little (30 dB, within the floor), the activation
+    after it (same channels) loses its range to that channel (11 dB). The weights are the
+    cause: they are named, measured with the activation, and the activation's cause says so.
+    Weights whose widest channel is another one, or not an outlier, are not blamed."""
+    rng = np.random.default_rng(8)
+    names = [f"l{i}" for i in range(40)]
+    ev = {
+        n: _ev(n, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
+        for i, n in enumerate(names)
+    }
+    ev["l10"] = _ev("l10", 30.0, inputs=["l9"])
+    ev["l10"].channels, ev["l10"].loud_weights, ev["l10"].loud_weights_ratio = 16, 5, 50.0
+    act = Evidence("l11", "PRelu", ["l10"], output_nsr=10 ** (-11 / 10), output_note="range")
+    act.channels, act.loud_channel, act.loud_ratio = 16, 5, 40.0
+    ev["l11"] = act
+    shares = {"l10": 0.1, ("l10", "l11"): 0.8, "l11": 0.3}
+    impact = _Impact(shares)
+    r = rank(ev, names, impact=impact)
+    assert [c.name for c in r.culprits] == ["l10"]
+    assert ("l10", "l11") in impact.asked
+    assert (
+        "which the weights of l10 make loud (their output channel 5 spans 50x"
+        in (r.columns["l11"]["cause"])
+    )
+    assert r.columns["l11"].get("culprit_rank") is None
+    # another channel is the weights' widest, or their widest is no outlier: the activation's own
+    for channel, ratio in ((6, 50.0), (5, 3.0)):
+        ev["l10"].loud_weights, ev["l10"].loud_weights_ratio = channel, ratio
+        r = rank(ev, names, impact=_Impact({**shares, "l11": 0.8}))
+        assert [c.name for c in r.culprits] == ["l11"]
+
+
 def test_a_wide_spread_still_lets_a_layer_16_db_under_the_floor_stand_out():
     """On a model whose layers spread widely (3.5 sigmas > 20 dB), a layer 16 dB under the
     median (40 times its noise power) still reaches the sensitivity step; 13.5 dB does not."""
@@ -691,6 +725,28 @@ def test_activation_outlier_blames_the_producer_not_the_consumer(outlier_runs):
     assert "activation range" in cause and "channel 0" in cause, cause
     consumer = f"layer{int(planted[-1]) + 1}"
     assert pd_isna(s.loc[consumer, "culprit_rank"])
+    # the evidence knows which output channel the producer's weights make loud, and how loud:
+    # the largest magnitude of each output channel's float weights, over the median channel's
+    import onnx
+    from onnx import numpy_helper
+
+    from accdbg.algorithms.culprits import prepared_model
+    from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
+    from accdbg.core.tensor_store import TensorFolder
+
+    qdq_path = next(res.engine_run.glob("*.qdq.onnx"))
+    ev = EvidenceBuilder(
+        onnx.load(str(qdq_path)),
+        TensorFolder(res.golden_dir),
+        lambda n: n,
+        float_weights_of(onnx.load(str(prepared_model(qdq_path)))),
+    ).build()
+    graph = onnx.load(str(built.path)).graph  # the planted layer: a Conv, then its Relu
+    conv = next(n for n in graph.node if n.output[0] == planted.replace("layer", "conv"))
+    w = next(numpy_helper.to_array(i) for i in graph.initializer if i.name == conv.input[1])
+    widest = np.abs(w).reshape(w.shape[0], -1).max(axis=1)
+    assert ev[planted].loud_weights == 0
+    assert ev[planted].loud_weights_ratio == pytest.approx(widest[0] / np.median(widest), rel=1e-3)
 
 
 @pytest.mark.slow

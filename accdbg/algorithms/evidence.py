@@ -78,6 +78,10 @@ class Evidence:
     # the uncompared layer whose weights these are (a Gemm the QNN pre-processing put between
     # two Reshapes, whose values only this layer's golden shows)
     weights_of: str = ""
+    # the output channel whose weights span the most, and how many times the median output
+    # channel's: weights that make that channel of the output loud themselves
+    loud_weights: int = -1
+    loud_weights_ratio: float = math.nan
     # a few weights far beyond the rest of their tensor (count, the largest of the rest, note):
     # what the model is like without them is asked of the outputs (Sensitivity.clamped_share)
     few_outliers: int = 0
@@ -274,6 +278,15 @@ def few_outliers(ref: np.ndarray, p99: float | None = None) -> tuple[int, float,
     return count, float(absw[~over].max()), ratio, note
 
 
+def _widest(ranges: np.ndarray) -> tuple[int, float]:
+    """(index, its range over the median) of the channel whose weights span most."""
+    alive = ranges > 0
+    if alive.sum() < 2:
+        return -1, math.nan
+    idx = int(np.argmax(ranges))
+    return idx, float(ranges[idx] / np.median(ranges[alive]))
+
+
 def _quietest(ranges: np.ndarray) -> tuple[int, float]:
     """(index, median over its range) of the channel whose weights span least."""
     alive = ranges > 0
@@ -389,6 +402,7 @@ class EvidenceBuilder:
             row.weights_of, row.inputs = e.name, list(ev.inputs)
             row.few_outliers, row.rest_max = ev.few_outliers, ev.rest_max
             row.few_ratio, row.few_note = ev.few_ratio, ev.few_note
+            row.loud_weights, row.loud_weights_ratio = ev.loud_weights, ev.loud_weights_ratio
 
     def _weights(self, node: onnx.NodeProto, ev: Evidence) -> None:
         axis_out = WEIGHT_OUT_AXIS.get(node.op_type)
@@ -421,6 +435,7 @@ class EvidenceBuilder:
         p99 = weight_p99(ref)  # once: both kinds of outlier are measured against it
         ev.weight_outlier, note, blown = _outlier_notes(ref, ranges[axis_out], ranges[axis_in], p99)
         ev.few_outliers, ev.rest_max, ev.few_ratio, ev.few_note = few_outliers(ref, p99)
+        ev.loud_weights, ev.loud_weights_ratio = _widest(ranges[axis_out])
         depthwise = groups > 1 and ref.shape[axis_in] == 1
         ev.quiet_input, ev.quiet_ratio = _quietest(ranges[axis_out if depthwise else axis_in])
         offset = _offset_channel(stats_in) if dc_share >= 0.5 and ev.inputs else None

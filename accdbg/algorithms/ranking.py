@@ -25,7 +25,10 @@ layers do - or whose backend result is far worse than its quantization explains:
   :mod:`accdbg.algorithms.reach`) and with the weights that scale that channel back; a
   compensated pair (weights whose range one input channel blows) with the producer that shrank
   that channel; and weights whose rounding multiplies a constant one input channel carries (an
-  offset the bias cancels in float) are blamed on that channel's maker, measured with them.
+  offset the bias cancels in float) are blamed on that channel's maker, measured with them;
+  so is an activation whose range a channel blows that the weights just before it make loud
+  (that output channel's weights ``OUTLIER_RATIO`` times the median one's), whether or not the
+  weights' own layer stands out on the debugged input.
 * **outlier weights** - a layer with a few weights ``BLOWN_RATIO`` times its tensor's 99th
   percentile or more, whether it stands out or not, is asked what the model would be without
   them: those weights brought to the rest's range in the float model and in the QDQ model
@@ -70,7 +73,7 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
-from accdbg.algorithms.evidence import BLOWN_RATIO, Evidence, nsr_db
+from accdbg.algorithms.evidence import BLOWN_RATIO, OUTLIER_RATIO, Evidence, nsr_db
 from accdbg.algorithms.reach import LOUD, Reach
 from accdbg.algorithms.sensitivity import ADDS_UP, Share
 
@@ -410,7 +413,7 @@ def rank(
                 src = None
         standouts.append(n)
         if src is not None:  # the outlier came in with the input: its source is the culprit
-            columns[n][CAUSE] = _carried_cause(n, src, ev, reaches)
+            columns[n][CAUSE] = _carried_cause(n, src, ev, reaches, evidence[src])
             root_of[n] = root_of.get(src, src)
             carried.setdefault(root_of[n], []).append(n)
     # the layers a standout is measured with when alone it does not matter: those its outlier
@@ -679,6 +682,8 @@ class _Partners:
     ) -> _Partners:
         """``exclude``: standouts with a problem of their own, whose cost is their own."""
         reach = reaches.get(n) if reaches else None
+        if reach is None and reaches:  # measured where its outlier first stood out
+            reach = next((reaches[x] for x in carried.get(n, []) if x in reaches), None)
         carriers = [*carried.get(n, []), *(reach.layers if reach else ())]
         mine = [x for x in dict.fromkeys(carriers) if x not in exclude]
         scaling = [x for x in _scaling_back(n, evidence) if x not in exclude and x not in mine]
@@ -807,7 +812,7 @@ def _outlier_source(
         return None
     if reaches is not None and not by_weights:
         reached = next((s for s in standouts if s in reaches and n in reaches[s].layers), None)
-        return reached or _same_channel(ev, evidence, standouts)
+        return reached or _same_channel(ev, evidence, standouts) or _made_by_weights(ev, evidence)
     frontier, seen = [ev.offset_from] if by_weights else list(ev.inputs), {n}
     for _ in range(hops):
         nxt = []
@@ -819,7 +824,41 @@ def _outlier_source(
                 return x
             nxt.extend(evidence[x].inputs if x in evidence else ())
         frontier = nxt
-    return ev.offset_from if by_weights else None  # the offset's maker, standing out or not
+    if by_weights:
+        return ev.offset_from  # the offset's maker, standing out or not
+    return _made_by_weights(ev, evidence)
+
+
+def _made_by_weights(
+    ev: Evidence, evidence: Mapping[str, Evidence], hops: int = OUTLIER_HOPS
+) -> str | None:
+    """The earlier layer whose own weights make this layer's loud channel, standing out or
+    not: its weights for that output channel span ``OUTLIER_RATIO`` times the median output
+    channel's or more, and only layers that keep channels in place (an activation, an add, a
+    pooling: no weights, as many channels) lie between, at most ``hops``. Where the channel
+    first appears its encoding may lose little (on this input the other channels reach as far
+    the other way); the layers after it lose their ranges - the weights are the cause."""
+    if ev.loud_channel < 0 or not ev.loud_ratio >= LOUD or not math.isnan(ev.weight_nsr):
+        return None  # a weighted layer mixes its input channels: its own index means another
+    frontier, seen = list(ev.inputs), {ev.name}
+    for _ in range(hops):
+        nxt = []
+        for x in frontier:
+            src = evidence.get(x)
+            if x in seen or src is None or src.channels not in (0, ev.channels):
+                continue
+            seen.add(x)
+            if not math.isnan(src.weight_nsr):  # a weighted layer: it made the channel or not
+                if (
+                    src.channels == ev.channels
+                    and src.loud_weights == ev.loud_channel
+                    and src.loud_weights_ratio >= OUTLIER_RATIO
+                ):
+                    return x
+                continue
+            nxt.extend(src.inputs)
+        frontier = nxt
+    return None
 
 
 def _upstream_first(
@@ -872,7 +911,9 @@ def _same_channel(
     return None
 
 
-def _carried_cause(n: str, src: str, ev: Evidence, reaches: Mapping[str, Reach] | None) -> str:
+def _carried_cause(
+    n: str, src: str, ev: Evidence, reaches: Mapping[str, Reach] | None, maker: Evidence
+) -> str:
     """What a standout whose loss came in with its input says about where from."""
     if ev.owner == "weights" and not ev.offset_from:
         return (
@@ -887,6 +928,13 @@ def _carried_cause(n: str, src: str, ev: Evidence, reaches: Mapping[str, Reach] 
         return (
             f"activation range blown by the outlier channel {reached.channel} of {src}: "
             f"{reached.layers[n]:.3g}x what it is without it ({_cause(ev)})"
+        )
+    if math.isnan(ev.weight_nsr) and maker.loud_weights == ev.loud_channel >= 0:
+        return (
+            f"activation range blown by channel {ev.loud_channel} ({ev.loud_ratio:.3g}x the median "
+            f"channel), which the weights of {src} make loud (their output channel "
+            f"{maker.loud_weights} spans {maker.loud_weights_ratio:.3g}x the median one's range; "
+            f"{_cause(ev)})"
         )
     return f"activation outlier carried in from {src}"
 

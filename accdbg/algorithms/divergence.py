@@ -45,6 +45,10 @@ class Divergences(dict):
     def __init__(self) -> None:
         super().__init__()
         self.how: dict[str, str] = {}
+        # for the layers that differ, the median difference in integer steps of the values
+        # that differ: one is a rounding of the backend's requantization (a few values may
+        # part by more), more a different computation
+        self.steps: dict[str, float] = {}
         # with a golden: per layer, (QNN's error, the CPU fake-quant's error) against float,
         # each ``Σ(x - golden)² / Σgolden²``
         self.errors: dict[str, tuple[float, float]] = {}
@@ -145,6 +149,7 @@ def local_divergence(
         got = _compare(sub, part, {**given, **fed}, target, fed, cuts)
         out.update(got)
         out.how.update(got.how)
+        out.steps.update(got.steps)
     return out
 
 
@@ -485,6 +490,8 @@ def _compare(
                 else np.rint(d / e.scale)
             )
             out.how[e.name] = how_they_part(steps)
+            parted = np.abs(steps[steps != 0])
+            out.steps[e.name] = float(np.median(parted)) if parted.size else 0.0
             if e.op_type == "Concat":  # both sides as integers (a graph output's are floats)
                 ints = have if have is not None else e.quantize(qnn.reshape(cpu_int.shape))
                 cpu_ints = e.quantize(cpu.reshape(cpu_int.shape))

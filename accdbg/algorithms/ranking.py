@@ -495,12 +495,19 @@ def rank(
         shares,
         getattr(kernel_share, "together", None),
     )
+    steps: Mapping[str, float] = getattr(divergence, "steps", {})
+    interacting: list[str] = []  # backend culprits whose differences do not add up
     for n, cause in standing.items():
         share = shares.get(n, math.nan)
         if not math.isnan(share):
             cause += f"; {_kernel_cost(share, quantized)}"
-        if share >= SHARE and n not in named and n in evidence and n not in scattered:
-            name_backend(n, cause, share)
+        # a rounding (one step) that does not add up is no one layer's; a different
+        # computation is the kernel's whatever the others do (its cause says they interact)
+        rounding = n in scattered and steps.get(n, 1.0) < 2
+        if share >= SHARE and n not in named and n in evidence and not rounding:
+            name_backend(n, cause + _interacting(scattered.get(n, "")), share)
+            if n in scattered:
+                interacting.append(n)
         else:
             col = columns.setdefault(n, {})
             cause += scattered.get(n, "")
@@ -528,6 +535,7 @@ def rank(
                 found_by = "(found by halving the layers where QNN differs)"
                 name_backend(n, f"{cause}; yet {_kernel_cost(share, quantized)} {found_by}", share)
     candidates.sort(key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
+    candidates = _in_order(candidates, interacting, order)
     # an upstream culprit that causes most of the error itself goes before those it blows
     leading = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= SHARE}
     candidates = _upstream_first(candidates, leading)
@@ -552,6 +560,7 @@ def rank(
         _global_changes(evidence),
         _most(costs.get(c.name, math.nan) for c in culprits),
         "a quarter" if len(roots) == 1 else "half",
+        added if not local_observed else math.nan,
     )
     if divergence and kernels_added is not None:
         findings.insert(-1, kernels_added.line())
@@ -1017,6 +1026,31 @@ def _not_adding_up(
     return dict.fromkeys(over, why)
 
 
+def _in_order(
+    candidates: list[tuple[float, str, str]], group: Collection[str], order: Sequence[str]
+) -> list[tuple[float, str, str]]:
+    """The ``group``'s culprits, in the places they hold, put in execution order: of backend
+    differences whose effects interact, the first feeds the others what it made wrong."""
+    if len(group) < 2:
+        return candidates
+    at = {n: i for i, n in enumerate(order)}
+    places = [i for i, c in enumerate(candidates) if c[1] in group]
+    ordered = sorted((candidates[i] for i in places), key=lambda c: at.get(c[1], len(at)))
+    out = list(candidates)
+    for i, c in zip(places, ordered, strict=True):
+        out[i] = c
+    return out
+
+
+def _interacting(why: str) -> str:
+    """For a layer computing differently among differences that do not add up: the same
+    figures, said of a named culprit."""
+    return why.replace(
+        "one at a time they do not add up, so none of them alone is the cause",
+        "their effects interact (the later ones are fed what the earlier ones made)",
+    )
+
+
 def _parted(db: float, how: str | None, quantized: bool, where: str) -> str:
     """A backend cause's first words: how far QNN parts from the CPU run of the layer fed
     QNN's own inputs (``where``: against what), and how (:func:`~accdbg.algorithms.
@@ -1045,12 +1079,14 @@ def _findings(
     changes: str,
     named_share: float = math.nan,
     bar: str = "half",
+    kernels: float = math.nan,
 ) -> list[str]:
     """``nearest``: the share and name of the standout measured closest to being named;
     ``changes``: the global changes left to try (:func:`_global_changes`); ``named_share``:
     the most a named culprit was measured to cost the outputs (under ``MOST`` the rest of the
     error is the model's own, and the global changes are its question too); ``bar``: the share
-    a standout needed."""
+    a standout needed; ``kernels``: the part of the outputs' error QNN's kernels add (at
+    ``SHARE`` or more, no encoding change is the question)."""
     lines = []
     verdicts = [o for o in outputs if o[3] is not None]
     if verdicts and all(o[3] for o in verdicts):
@@ -1065,7 +1101,14 @@ def _findings(
         if math.isfinite(floor)
         else "no quantization evidence (no quantized layer with a golden value)"
     )
-    if not culprits:
+    if not culprits and kernels >= SHARE:
+        lines.append(
+            f"no single layer stands out: QNN's kernels add {_pct(kernels)} of the outputs' error "
+            "and no one layer's difference explains it (the layers where QNN parts from its own "
+            "inputs say how in their cause) - the backend's computation is the question, not "
+            "the encodings"
+        )
+    elif not culprits:
         near = (
             f" (the layers that stand out locally cost the outputs less than {bar} of their "
             f"error - "

@@ -205,9 +205,18 @@ def _check_ops(model: onnx.ModelProto, framework: str, model_path: Path) -> None
 
 @converter("tflite")
 def _tflite(runner, out: Path, outputs, opset: int) -> Conversion:
+    from accdbg.frameworks.tflite_runner import densified
+
     tool = _require_tf2onnx("tflite")
     onnx_path = out / f"{runner.model_path.stem}.onnx"
-    args = ["--tflite", str(runner.model_path), "--output", str(onnx_path), "--opset", str(opset),
+    source = out / f"{runner.model_path.stem}.dense.tflite"  # tf2onnx reads no sparse weights
+    made = densified(runner.model_path, source)
+    if made:
+        log.info("%s: %d sparse weight tensors made dense for tf2onnx", runner.model_path, made)
+        tool += f" (after {made} sparse weight tensors were made dense)"
+    else:
+        source = runner.model_path
+    args = ["--tflite", str(source), "--output", str(onnx_path), "--opset", str(opset),
             "--dequantize"]  # fmt: skip
     _run_tf2onnx(args, runner.model_path)
     return _by_name(runner, "tflite", onnx_path, tool, dict(runner.feed_names))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +47,46 @@ def load_interpreter(model_path, what: str = "--model_path"):
             )
     except Exception as exc:
         raise AccdbgError(f"LiteRT could not load {str(model_path)!r}: {first_line(exc)}") from None
+
+
+def densified(model_path: Path, out_path: Path) -> int:
+    """Write ``model_path`` with its sparse weights made dense to ``out_path``; how many.
+
+    A model with sparse weights (TFLite's sparsity format: MediaPipe's pose detector, the
+    sparse face detector) unpacks them at run time with DENSIFY ops, whose inputs tf2onnx cannot
+    read. LiteRT computes the dense weights itself (one run on zeros: they are constants);
+    each DENSIFY output becomes a constant holding them, the op and its sparse input go, and the
+    model computes exactly what it did. 0 (nothing written) when there is no DENSIFY op."""
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.tools import flatbuffer_utils as fb
+
+    model = fb.read_model(str(model_path))
+    densify = {
+        i
+        for i, code in enumerate(model.operatorCodes)
+        if fb.get_builtin_code_from_operator_code(code) == schema.BuiltinOperator.DENSIFY
+    }
+    graph = model.subgraphs[0]  # the one LiteRT runs (its tensor indices are this graph's)
+    ops = [op for op in graph.operators or () if op.opcodeIndex in densify]
+    if not ops:
+        return 0
+    it = load_interpreter(model_path)
+    it.allocate_tensors()
+    for d in it.get_input_details():
+        it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+    it.invoke()
+    for op in ops:
+        buf = schema.BufferT()
+        buf.data = np.frombuffer(
+            np.ascontiguousarray(it.get_tensor(op.outputs[0])).tobytes(), np.uint8
+        )
+        model.buffers.append(buf)
+        graph.tensors[op.outputs[0]].buffer = len(model.buffers) - 1
+        sparse = graph.tensors[op.inputs[0]]
+        sparse.buffer, sparse.sparsity = 0, None  # no reader left: its data goes
+    graph.operators = [op for op in graph.operators if op.opcodeIndex not in densify]
+    fb.write_model(model, str(out_path))
+    return len(ops)
 
 
 def quantization(detail: dict) -> dict | None:

@@ -219,6 +219,29 @@ HELD_OUT: dict[str, ModelSpec] = {
         "face",
         "MediaPipe hand_landmark_lite (21 points), TFLite converted to ONNX by accdbg (held out)",
     ),
+    # added after the weights-make-the-channel rule, unseen by every rule so far
+    "pose": ModelSpec(
+        "pose",
+        lambda: mediapipe_model("pose_detection/pose_detection.tflite"),
+        "tflite",
+        "input_1",
+        (1, 224, 224, 3),
+        "NHWC",
+        "face",
+        "MediaPipe pose_detection (BlazePose detector, 224), TFLite converted to ONNX by accdbg "
+        "(held out)",
+    ),
+    "recrop": ModelSpec(
+        "recrop",
+        lambda: mediapipe_model("holistic_landmark/hand_recrop.tflite"),
+        "tflite",
+        "input_1",
+        (1, 256, 256, 3),
+        "NHWC",
+        "face",
+        "MediaPipe holistic's hand_recrop (a hand's box from the pose), TFLite converted to ONNX "
+        "by accdbg (held out)",
+    ),
 }
 EVERY_MODEL = MODELS | HELD_OUT
 

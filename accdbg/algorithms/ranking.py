@@ -460,6 +460,8 @@ def rank(
                 f"outputs' error (alone {_pct(share.alone)}): it hurts together with its "
                 "neighbours' encodings"
             )
+        else:
+            cause += f"; it costs the outputs {_pct(share.best)} of the whole model's error ({_both(share)})"
         costs[n] = share.best if group_share is None else max(share.best, group_share.best)
         if costs[n] < SHARE and db >= DESTROYED_DB:  # named by the lone standout's bar
             cause += "; the model's only standout: every other layer sits at its noise floor"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from accdbg.cli.main import main
 
 
@@ -18,3 +20,29 @@ def one_line_error(err: str) -> str:
     assert len(errors) == 1, err
     assert "Traceback" not in err, err
     return errors[0]
+
+
+def converted_matches_golden(conv, golden, feeds: dict) -> int:
+    """Run a converted ONNX model (``conv``: a Conversion) on onnxruntime's CPU with every mapped
+    tensor exposed and check each, brought back to the framework's layout, against its golden
+    tensor (``golden``: a TensorFolder; 1e-3 of the tensor's largest value). Returns how many
+    tensors had to be transposed back (the converter moved them to NCHW)."""
+    import onnxruntime as ort
+
+    from accdbg.core import onnx_model as om
+
+    exposed = om.with_outputs(om.load_model(conv.onnx_path), list(conv.tensor_mapping))
+    sess = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    got = dict(zip(names, sess.run(None, feeds), strict=True))
+    moved = 0
+    for onnx_name, fw_name in conv.tensor_mapping.items():
+        value = got[onnx_name]
+        if onnx_name in conv.permutations:
+            value = value.transpose(conv.permutations[onnx_name])
+            moved += 1
+        want = np.asarray(golden.load(fw_name))
+        np.testing.assert_allclose(
+            value, want, rtol=1e-3, atol=1e-3 * max(1.0, np.abs(want).max()), err_msg=fw_name
+        )
+    return moved

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from accdbg.algorithms.evidence import Evidence
 from accdbg.algorithms.sensitivity import Share
 
@@ -15,6 +17,18 @@ def evidence(name: str, db: float, inputs=(), owner: str = "weights") -> Evidenc
     if owner == "weights":
         return Evidence(name, "Conv", list(inputs), weight_nsr=nsr, weight_note="w")
     return Evidence(name, "Conv", list(inputs), output_nsr=nsr, output_note="range")
+
+
+def chain(seed: int, n: int = 40) -> tuple[list[str], dict[str, Evidence]]:
+    """A chain of ``n`` layers whose weights keep 36 dB give or take 2 (seeded): a noise floor
+    for a test to plant its standouts in."""
+    rng = np.random.default_rng(seed)
+    names = [f"l{i}" for i in range(n)]
+    ev = {
+        x: evidence(x, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
+        for i, x in enumerate(names)
+    }
+    return names, ev
 
 
 class Impact:

@@ -14,7 +14,7 @@ from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.frameworks.convert import convert_to_onnx
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
-from tests.helpers import one_line_error, run_cli
+from tests.helpers import converted_matches_golden, one_line_error, run_cli
 
 tf = pytest.importorskip(
     "tensorflow", reason="TensorFlow is an optional framework: pip install accdbg[tensorflow]"
@@ -188,20 +188,7 @@ def test_keras_mobilenet_frozen_graph(tmp_path):
     assert len(conv.tensor_mapping) >= 90
     relu6 = [n for n in golden.names() if golden.records[n].op_type == "Relu6"]
     assert all(n in conv.tensor_mapping.values() for n in relu6)  # every block output lines up
-    model = om.load_model(conv.onnx_path)
-    sess = ort.InferenceSession(om.with_outputs(model, list(conv.tensor_mapping)).SerializeToString(),
-                                providers=["CPUExecutionProvider"])  # fmt: skip
-    got = dict(
-        zip([o.name for o in sess.get_outputs()], sess.run(None, {"image:0": x}), strict=True)
-    )
-    for onnx_name, fw_name in conv.tensor_mapping.items():
-        value = got[onnx_name]
-        if onnx_name in conv.permutations:
-            value = value.transpose(conv.permutations[onnx_name])
-        want = np.asarray(golden.load(fw_name))
-        np.testing.assert_allclose(
-            value, want, rtol=1e-3, atol=1e-3 * max(1.0, np.abs(want).max()), err_msg=fw_name
-        )
+    converted_matches_golden(conv, golden, {"image:0": x})
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from accdbg.core.tensor_store import TensorFolder
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.convert import CONVERSION_FILE, convert_to_onnx, load_conversion
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
-from tests.helpers import one_line_error, run_cli
+from tests.helpers import converted_matches_golden, one_line_error, run_cli
 
 litert = pytest.importorskip(
     "ai_edge_litert.interpreter",
@@ -163,29 +163,9 @@ def test_face_landmark_converts_to_onnx_with_mapping(landmark):
     assert len(conv.tensor_mapping) >= 0.95 * len(golden)
     assert all(reason for reason in conv.unmapped.values())
     # the converted model, run by onnxruntime, gives the golden values once transposed back
-    onnx_model = om.load_model(conv.onnx_path)
-    exposed = om.with_outputs(onnx_model, list(conv.tensor_mapping))
-    sess = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert all(perm == [0, 2, 3, 1] for perm in conv.permutations.values()), conv.permutations
     x = np.fromfile(raw, np.float32).reshape(1, 192, 192, 3)
-    got = dict(
-        zip(
-            [o.name for o in sess.get_outputs()],
-            sess.run(None, {conv.input_names["input_1"]: x}),
-            strict=True,
-        )
-    )
-    nchw = 0
-    for onnx_name, fw_name in conv.tensor_mapping.items():
-        value = got[onnx_name]
-        perm = conv.permutations.get(onnx_name)
-        if perm is not None:
-            assert perm == [0, 2, 3, 1], perm
-            value = value.transpose(perm)
-            nchw += 1
-        want = np.asarray(golden.load(fw_name))
-        np.testing.assert_allclose(
-            value, want, rtol=1e-3, atol=1e-3 * max(1.0, np.abs(want).max()), err_msg=fw_name
-        )
+    nchw = converted_matches_golden(conv, golden, {conv.input_names["input_1"]: x})
     assert nchw >= 50  # the converter did move most activations to NCHW
 
 
@@ -401,19 +381,8 @@ def test_a_model_with_sparse_weights_converts_with_them_made_dense(tmp_path, mon
     conv = convert_to_onnx("tflite", model, inp, tmp_path / "onnx")
     assert "sparse weight tensors were made dense" in conv.converter
     assert len(conv.tensor_mapping) >= 0.95 * len(golden)
-    exposed = om.with_outputs(om.load_model(conv.onnx_path), list(conv.tensor_mapping))
-    sess = ort.InferenceSession(exposed.SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.fromfile(raw, np.float32).reshape(1, 192, 192, 3)
-    names = [o.name for o in sess.get_outputs()]
-    got = dict(zip(names, sess.run(None, {conv.input_names["input_1"]: x}), strict=True))
-    for onnx_name, fw_name in conv.tensor_mapping.items():
-        value = got[onnx_name]
-        if onnx_name in conv.permutations:
-            value = value.transpose(conv.permutations[onnx_name])
-        want = np.asarray(golden.load(fw_name))
-        np.testing.assert_allclose(
-            value, want, rtol=1e-3, atol=1e-3 * max(1.0, np.abs(want).max()), err_msg=fw_name
-        )
+    converted_matches_golden(conv, golden, {conv.input_names["input_1"]: x})
     monkeypatch.setattr(tflite_runner, "densified", lambda *a: 0)
     with pytest.raises(AccdbgError) as info:
         convert_to_onnx("tflite", model, inp, tmp_path / "onnx2")

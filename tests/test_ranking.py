@@ -22,6 +22,7 @@ from accdbg.verifiers import get_verifier
 from accdbg.verifiers.channels import ChannelPair, channel_axis, live, summarize
 from tests import models
 from tests.ranking_stubs import Impact as _Impact
+from tests.ranking_stubs import chain as _chain
 from tests.ranking_stubs import evidence as _ev
 
 ADDS_90 = KernelsAdded("out", 0.1, 0.01)  # QNN ten times as far from float as the CPU
@@ -205,12 +206,7 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
     """One quantizer at a time, neither the layer that makes an outlier channel nor the layers
     carrying it explain the outputs' loss; quantized together they do: the maker is named, the
     carriers are not, and the cause says both shares."""
-    rng = np.random.default_rng(3)
-    names = [f"l{i}" for i in range(40)]
-    ev = {
-        n: _ev(n, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
-        for i, n in enumerate(names)
-    }
+    names, ev = _chain(3)
     ev["l10"] = _ev("l10", 12.0, inputs=["l9"])  # the maker: a weight outlier
     for n, prev in (("l11", "l10"), ("l12", "l11")):  # carriers: their output range is blown
         ev[n] = Evidence(n, "Conv", [prev], output_nsr=10 ** (-11 / 10), output_note="range")
@@ -236,12 +232,7 @@ def test_a_compensated_pair_is_measured_with_the_producer_whose_channel_it_ampli
     the weights scale it back) hurts only with the producer's encoding, which has few levels for
     the shrunk channel: measured alone neither matters, together they are named (the weights'
     side, whose loss is local)."""
-    rng = np.random.default_rng(4)
-    names = [f"l{i}" for i in range(40)]
-    ev = {
-        n: _ev(n, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
-        for i, n in enumerate(names)
-    }
+    names, ev = _chain(4)
     ev["l10"] = _ev("l10", 9.0, inputs=["l9"])
     ev["l10"].weight_outlier = "input channel"
     impact = _Impact({"l10": Share(0.2, -0.3), ("l10", "l9"): 0.8})
@@ -262,12 +253,7 @@ def test_weights_multiplying_an_offset_name_the_layer_that_makes_the_offset():
     maker's range only mildly, but the consumer's weights multiply their rounding by it: the
     consumer stands out, the maker is named for it - as severe as the consumer - and the
     consumer's cause says where the offset comes from."""
-    rng = np.random.default_rng(6)
-    names = [f"l{i}" for i in range(40)]
-    ev = {
-        n: _ev(n, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
-        for i, n in enumerate(names)
-    }
+    names, ev = _chain(6)
     ev["l10"] = _ev("l10", 30.0, inputs=["l9"])  # the maker: within the floor's reach
     ev["l11"] = _ev("l11", 8.0, inputs=["l10"])
     ev["l11"].offset_from = "l10"
@@ -288,12 +274,7 @@ def test_an_activation_range_blown_by_a_channel_the_weights_before_it_make_names
     after it (same channels) loses its range to that channel (11 dB). The weights are the
     cause: they are named, measured with the activation, and the activation's cause says so.
     Weights whose widest channel is another one, or not an outlier, are not blamed."""
-    rng = np.random.default_rng(8)
-    names = [f"l{i}" for i in range(40)]
-    ev = {
-        n: _ev(n, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
-        for i, n in enumerate(names)
-    }
+    names, ev = _chain(8)
     ev["l10"] = _ev("l10", 30.0, inputs=["l9"])
     ev["l10"].channels, ev["l10"].loud_weights, ev["l10"].loud_weights_ratio = 16, 5, 50.0
     act = Evidence("l11", "PRelu", ["l10"], output_nsr=10 ** (-11 / 10), output_note="range")
@@ -1371,12 +1352,7 @@ def test_a_clipping_layer_is_measured_though_its_noise_power_looks_healthy():
     but removes the largest values: the layer goes to the sensitivity step, and is named when
     it matters. A resize after it keeps the same range and clips as much: it is carried, not a
     second culprit. A model whose calibration clips a little everywhere raises the bar."""
-    rng = np.random.default_rng(11)
-    names = [f"l{i}" for i in range(40)]
-    ev = {
-        n: _ev(n, 36 + rng.normal(0, 2), inputs=[names[i - 1]] if i else [])
-        for i, n in enumerate(names)
-    }
+    names, ev = _chain(11)
     for e in ev.values():
         e.clipped = 0.0  # min/max calibration on the debugged input: no layer clips
 

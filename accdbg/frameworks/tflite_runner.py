@@ -60,7 +60,15 @@ def densified(model_path: Path, out_path: Path) -> int:
     from ai_edge_litert import schema_py_generated as schema
     from ai_edge_litert.tools import flatbuffer_utils as fb
 
-    model = fb.read_model(str(model_path))
+    data = Path(model_path).read_bytes()
+    codes = schema.Model.GetRootAs(data, 0)  # read lazily: most models have no DENSIFY
+    if not any(
+        fb.get_builtin_code_from_operator_code(codes.OperatorCodes(i))
+        == schema.BuiltinOperator.DENSIFY
+        for i in range(codes.OperatorCodesLength())
+    ):
+        return 0
+    model = fb.read_model_from_bytearray(bytearray(data))
     densify = {
         i
         for i, code in enumerate(model.operatorCodes)

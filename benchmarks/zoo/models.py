@@ -231,6 +231,17 @@ HELD_OUT: dict[str, ModelSpec] = {
         "MediaPipe pose_detection (BlazePose detector, 224), TFLite converted to ONNX by accdbg "
         "(held out)",
     ),
+    "pose_lm": ModelSpec(
+        "pose_lm",
+        lambda: mediapipe_model("pose_landmark/pose_landmark_full.tflite"),
+        "tflite",
+        "input_1",
+        (1, 256, 256, 3),
+        "NHWC",
+        "face",
+        "MediaPipe pose_landmark_full (BlazePose GHUM, 33 points), TFLite converted to ONNX by "
+        "accdbg (held out)",
+    ),
     "recrop": ModelSpec(
         "recrop",
         lambda: mediapipe_model("holistic_landmark/hand_recrop.tflite"),

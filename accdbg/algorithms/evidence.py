@@ -278,13 +278,17 @@ def few_outliers(ref: np.ndarray, p99: float | None = None) -> tuple[int, float,
     return count, float(absw[~over].max()), ratio, note
 
 
-def _widest(ranges: np.ndarray) -> tuple[int, float]:
-    """(index, its range over the median) of the channel whose weights span most."""
-    alive = ranges > 0
+def _widest(ranges: np.ndarray, alive: np.ndarray | None = None) -> tuple[int, float]:
+    """(index, its range over the median live channel's) of the live channel spanning most
+    (``alive``: default, those with a range); (-1, nan) under two live channels."""
+    alive = ranges > 0 if alive is None else alive
     if alive.sum() < 2:
         return -1, math.nan
-    idx = int(np.argmax(ranges))
-    return idx, float(ranges[idx] / np.median(ranges[alive]))
+    med = float(np.median(ranges[alive]))
+    if med <= 0:
+        return -1, math.nan
+    idx = int(np.argmax(np.where(alive, ranges, -np.inf)))
+    return idx, float(ranges[idx]) / med
 
 
 def _quietest(ranges: np.ndarray) -> tuple[int, float]:
@@ -298,13 +302,9 @@ def _quietest(ranges: np.ndarray) -> tuple[int, float]:
 
 def _ratio_note(ranges: np.ndarray, alive: np.ndarray, what: str) -> tuple[str, float]:
     """'channel 7 spans 43x the median channel's range' for the loudest live channel."""
-    if alive.sum() < 2:
+    idx, ratio = _widest(ranges, alive)
+    if idx < 0:
         return "", math.nan
-    med = float(np.median(ranges[alive]))
-    if med <= 0:
-        return "", math.nan
-    idx = int(np.argmax(np.where(alive, ranges, -np.inf)))
-    ratio = float(ranges[idx]) / med
     return f"{what} {idx} spans {ratio:.3g}x the median {what}'s range", ratio
 
 
@@ -555,8 +555,7 @@ def output_evidence(e: Exposed, gold: tuple[np.ndarray, str | None], ev: Evidenc
         alive = live(power) & (extent > 0)
         if alive.sum() >= 2:
             ev.channels = int(extent.size)
-            ev.loud_channel = int(np.argmax(np.where(alive, extent, -np.inf)))
-            ev.loud_ratio = float(extent[ev.loud_channel] / np.median(extent[alive]))
+            ev.loud_channel, ev.loud_ratio = _widest(extent, alive)
         note, ratio = _ratio_note(cmax - cmin, live(power), "channel")
         if note and ratio >= 4:
             notes.append(note)

@@ -101,6 +101,9 @@ OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it c
 # layers where QNN and the CPU fake-quant differ at all, needed for their floor (many layers
 # of the models measured are bit-exact, and a floor of three rounding steps says nothing)
 MIN_DIVERGING = 8
+# a layer whose differing integers part from the fake-quant's by this many steps (median) or
+# more computes something else; under it, the backend's requantization rounds differently
+DIFFERENT_STEPS = 2.0
 NOTICED = 0.05  # what the kernels add to the outputs' error below this is not stated as a share
 
 RANK = "culprit_rank"
@@ -505,14 +508,15 @@ def rank(
             cause += f"; {_kernel_cost(share, quantized)}"
         # a rounding (one step) that does not add up is no one layer's; a different
         # computation is the kernel's whatever the others do (its cause says they interact)
-        rounding = n in scattered and steps.get(n, 1.0) < 2
+        rounding = n in scattered and steps.get(n, 1.0) < DIFFERENT_STEPS
         if share >= SHARE and n not in named and n in evidence and not rounding:
-            name_backend(n, cause + _interacting(scattered.get(n, "")), share)
             if n in scattered:
                 interacting.append(n)
+                cause += scattered[n] + INTERACTING
+            name_backend(n, cause, share)
         else:
             col = columns.setdefault(n, {})
-            cause += scattered.get(n, "")
+            cause += scattered[n] + NO_ONE_CAUSE if n in scattered else ""
             col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
     search = getattr(kernel_share, "search", None)
     if search is not None and not candidates and not local_observed and added >= SHARE:
@@ -860,16 +864,22 @@ def _made_by_weights(
                 continue
             seen.add(x)
             if not math.isnan(src.weight_nsr):  # a weighted layer: it made the channel or not
-                if (
-                    src.channels == ev.channels
-                    and src.loud_weights == ev.loud_channel
-                    and src.loud_weights_ratio >= OUTLIER_RATIO
-                ):
+                if _makes_loud(src, ev):
                     return x
                 continue
             nxt.extend(src.inputs)
         frontier = nxt
     return None
+
+
+def _makes_loud(weights: Evidence, ev: Evidence) -> bool:
+    """``weights``' output channel that spans ``OUTLIER_RATIO`` times the median one's is
+    ``ev``'s loud channel (as many channels: the same one, passed on in place)."""
+    return (
+        weights.channels == ev.channels
+        and weights.loud_weights == ev.loud_channel >= 0
+        and weights.loud_weights_ratio >= OUTLIER_RATIO
+    )
 
 
 def _upstream_first(
@@ -940,7 +950,7 @@ def _carried_cause(
             f"activation range blown by the outlier channel {reached.channel} of {src}: "
             f"{reached.layers[n]:.3g}x what it is without it ({_cause(ev)})"
         )
-    if math.isnan(ev.weight_nsr) and maker.loud_weights == ev.loud_channel >= 0:
+    if math.isnan(ev.weight_nsr) and _makes_loud(maker, ev):
         return (
             f"activation range blown by channel {ev.loud_channel} ({ev.loud_ratio:.3g}x the median "
             f"channel), which the weights of {src} make loud (their output channel "
@@ -1012,8 +1022,9 @@ def _not_adding_up(
 ) -> dict[str, str]:
     """Backend standouts whose kernel differences each cost the outputs ``SHARE`` or more
     alone but, added at once, far less than their sum (``ADDS_UP``): outputs this sensitive to
-    a small change anywhere make no one layer's difference the cause. Layer -> the words
-    saying so; empty when they add up (or one layer, or not measured)."""
+    a small change anywhere make no one layer's difference the cause. Layer -> the figures
+    (the caller says what they mean for it: :data:`NO_ONE_CAUSE` or :data:`INTERACTING`);
+    empty when they add up (or one layer, or not measured)."""
     if len(over) < 2 or together is None:
         return {}
     whole = together(over)
@@ -1023,9 +1034,14 @@ def _not_adding_up(
     why = (
         f", but the differences of the {len(over)} layers that each cost half or more "
         f"({', '.join(over[:4])}{' ...' if len(over) > 4 else ''}), added at once, cost "
-        f"{_pct(whole)}: one at a time they do not add up, so none of them alone is the cause"
+        f"{_pct(whole)}"
     )
     return dict.fromkeys(over, why)
+
+
+NO_ONE_CAUSE = ": one at a time they do not add up, so none of them alone is the cause"
+# said of a layer computing differently among them (it is named)
+INTERACTING = ": their effects interact (the later ones are fed what the earlier ones made)"
 
 
 def _in_order(
@@ -1042,15 +1058,6 @@ def _in_order(
     for i, c in zip(places, ordered, strict=True):
         out[i] = c
     return out
-
-
-def _interacting(why: str) -> str:
-    """For a layer computing differently among differences that do not add up: the same
-    figures, said of a named culprit."""
-    return why.replace(
-        "one at a time they do not add up, so none of them alone is the cause",
-        "their effects interact (the later ones are fed what the earlier ones made)",
-    )
 
 
 def _parted(db: float, how: str | None, quantized: bool, where: str) -> str:

@@ -209,13 +209,12 @@ def _tflite(runner, out: Path, outputs, opset: int) -> Conversion:
 
     tool = _require_tf2onnx("tflite")
     onnx_path = out / f"{runner.model_path.stem}.onnx"
-    source = out / f"{runner.model_path.stem}.dense.tflite"  # tf2onnx reads no sparse weights
-    made = densified(runner.model_path, source)
+    dense = out / f"{runner.model_path.stem}.dense.tflite"  # tf2onnx reads no sparse weights
+    made = densified(runner.model_path, dense)
+    source = dense if made else runner.model_path
     if made:
         log.info("%s: %d sparse weight tensors made dense for tf2onnx", runner.model_path, made)
         tool += f" (after {made} sparse weight tensors were made dense)"
-    else:
-        source = runner.model_path
     args = ["--tflite", str(source), "--output", str(onnx_path), "--opset", str(opset),
             "--dequantize"]  # fmt: skip
     _run_tf2onnx(args, runner.model_path)

@@ -61,19 +61,16 @@ def densified(model_path: Path, out_path: Path) -> int:
     from ai_edge_litert.tools import flatbuffer_utils as fb
 
     data = Path(model_path).read_bytes()
-    codes = schema.Model.GetRootAs(data, 0)  # read lazily: most models have no DENSIFY
-    if not any(
-        fb.get_builtin_code_from_operator_code(codes.OperatorCodes(i))
-        == schema.BuiltinOperator.DENSIFY
-        for i in range(codes.OperatorCodesLength())
-    ):
-        return 0
-    model = fb.read_model_from_bytearray(bytearray(data))
+    lazy = schema.Model.GetRootAs(data, 0)  # the op codes only: most models have no DENSIFY
     densify = {
         i
-        for i, code in enumerate(model.operatorCodes)
-        if fb.get_builtin_code_from_operator_code(code) == schema.BuiltinOperator.DENSIFY
+        for i in range(lazy.OperatorCodesLength())
+        if fb.get_builtin_code_from_operator_code(lazy.OperatorCodes(i))
+        == schema.BuiltinOperator.DENSIFY
     }
+    if not densify:
+        return 0
+    model = fb.read_model_from_bytearray(bytearray(data))  # the same codes, now editable
     graph = model.subgraphs[0]  # the one LiteRT runs (its tensor indices are this graph's)
     ops = [op for op in graph.operators or () if op.opcodeIndex in densify]
     if not ops:

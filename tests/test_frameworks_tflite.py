@@ -203,31 +203,47 @@ def test_fp16_weights_are_parameters_not_activations(tmp_path):
 # ---------------------------------------------------------------- int8
 
 
+_INT8_CNN = """
+import sys
+import numpy as np
+import tensorflow as tf
+
+samples, path = np.load(sys.argv[1]), sys.argv[2]
+tf.keras.utils.set_random_seed(0)
+inp = tf.keras.Input((16, 16, 3), batch_size=1, name="image")
+x = tf.keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv1")(inp)
+x = tf.keras.layers.DepthwiseConv2D(3, padding="same", name="dw")(x)
+x = tf.keras.layers.MaxPooling2D(2, name="pool")(x)
+x = tf.keras.layers.Conv2D(4, 1, name="conv2")(x)
+x = tf.keras.layers.Flatten(name="flat")(x)
+out = tf.keras.layers.Dense(5, activation="softmax", name="fc")(x)
+conv = tf.lite.TFLiteConverter.from_keras_model(tf.keras.Model(inp, out))
+conv.optimizations = [tf.lite.Optimize.DEFAULT]
+conv.representative_dataset = lambda: ([s] for s in samples)
+conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+conv.inference_input_type = tf.int8
+conv.inference_output_type = tf.int8
+open(path, "wb").write(conv.convert())
+"""
+
+
 @pytest.fixture(scope="module")
 def int8_model(tmp_path_factory):
-    """A small Keras CNN, fully int8 quantized by the TFLite converter (needs TensorFlow)."""
-    import tensorflow as tf  # the test command installs accdbg[tensorflow]
+    """A small Keras CNN, fully int8 quantized by the TFLite converter (needs TensorFlow), in a
+    child process: the converter segfaults in a process where a Ray cluster has run (a test
+    file of the executors before this one on the same worker)."""
+    import subprocess
 
     root = tmp_path_factory.mktemp("int8")
     rng = np.random.default_rng(0)
-    tf.keras.utils.set_random_seed(0)
-    inp = tf.keras.Input((16, 16, 3), batch_size=1, name="image")
-    x = tf.keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv1")(inp)
-    x = tf.keras.layers.DepthwiseConv2D(3, padding="same", name="dw")(x)
-    x = tf.keras.layers.MaxPooling2D(2, name="pool")(x)
-    x = tf.keras.layers.Conv2D(4, 1, name="conv2")(x)
-    x = tf.keras.layers.Flatten(name="flat")(x)
-    out = tf.keras.layers.Dense(5, activation="softmax", name="fc")(x)
-    keras_model = tf.keras.Model(inp, out)
-    samples = [rng.standard_normal((1, 16, 16, 3)).astype(np.float32) for _ in range(16)]
-    conv = tf.lite.TFLiteConverter.from_keras_model(keras_model)
-    conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    conv.representative_dataset = lambda: ([s] for s in samples)
-    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    conv.inference_input_type = tf.int8
-    conv.inference_output_type = tf.int8
+    samples = np.stack([rng.standard_normal((1, 16, 16, 3)).astype(np.float32) for _ in range(16)])
+    np.save(root / "samples.npy", samples)
     path = root / "cnn_int8.tflite"
-    path.write_bytes(conv.convert())
+    subprocess.run(
+        [sys.executable, "-c", _INT8_CNN, str(root / "samples.npy"), str(path)],
+        check=True,
+        capture_output=True,
+    )
     it = interpreter(path)
     detail = it.get_input_details()[0]
     scale, zp = detail["quantization"]

@@ -9,6 +9,7 @@ subset (oneshot and layerwise).
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -296,8 +297,34 @@ def test_clean_cls_names_no_culprit_and_its_faults_rank_first(quick_zoo):
         ranks = pd.to_numeric(summary["culprit_rank"], errors="coerce")
         if case.fault.kind == "clean" and case.fault.model == "cls":
             assert ranks.isna().all(), f"{case.name}: culprits named on a clean model"
-    cls = rows[(rows["model"] == "cls") & (rows["kind"] != "clean")]
+    cls = rows[(rows["model"] == "cls") & ~rows["kind"].isin(["clean", "backend_divergence"])]
     assert len(cls) >= 6 and (cls["best_rank"] == 1).all(), cls[["case", "algorithm", "best_rank"]]
+
+
+def test_a_backend_divergence_is_named_by_oneshot_and_run_alone_the_layer_is_right(quick_zoo):
+    """cls's planted channel Pad: in the whole model on QNN HTP its new channels read the
+    encoding's minimum, not 0 (tests/test_zoo_planting.py shows it on a small model). Oneshot
+    feeds each layer's CPU fake-quant QNN's own inputs and names the Pad first, as the
+    backend's. Layerwise runs the Pad alone, fed golden values: there HTP computes it right,
+    so layerwise cannot see what only arises between the layers HTP runs together."""
+    _, cases, rows = quick_zoo
+    (case,) = [c for c in cases if c.fault.kind == "backend_divergence"]
+    (pad,) = case.fault.culprits
+    golden, result, summary = _oneshot_dirs(case)
+    row = summary[summary["Name"] == pad].iloc[0]
+    assert str(row["culprit_rank"]) == "1", summary[summary["culprit_rank"] != ""][["Name"]]
+    assert row["cause"].startswith("backend: fed the backend's own inputs"), row["cause"]
+    assert "inherited" not in row["cause"]
+    # numpy, from the dumps: the padded channels are 0 in float and far below 0 on QNN
+    g, q = TensorFolder(golden).load(pad), TensorFolder(result).load(pad)
+    channels = int(re.search(r"padded with (\d+) zero channels", case.fault.detail).group(1))
+    assert not g[:, -channels:].any() and q[:, -channels:].max() < -0.1 * np.abs(g).max()
+    lw = pd.read_csv(
+        next((case.folder / "w" / "layerwise_snooping").rglob("layerwise.csv")),
+        keep_default_na=False,
+    )
+    alone = lw[lw["O/P Name"] == pad].iloc[0]
+    assert float(alone["CosineSimilarity"]) > 0.999, alone
 
 
 def test_a_case_whose_dumps_went_keeps_its_harm_figures_and_reruns_oneshot_for_the_others(

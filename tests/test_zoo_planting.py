@@ -150,3 +150,92 @@ def test_harm_is_judged_on_outputs_of_many_values_the_clean_model_keeps_when_the
     # an output the clean model already destroys (more error than signal) is left out
     assert carrying({"landmarks": 14.3, "world": -3.7}) == ["landmarks"]
     assert carrying({"a": -1.0, "b": -3.7}) == ["a", "b"]
+
+
+def _signed_net(tmp_path):
+    """conv_net with Tanh for Relu: activations reach below zero (a zero point far from 0)."""
+    built = conv_net(tmp_path, channels=8, size=8, layers=4)
+    model = onnx.load(str(built.path))
+    for n in model.graph.node:
+        if n.op_type == "Relu":
+            n.op_type = "Tanh"
+    rng = np.random.default_rng(5)
+    feeds = [{"x": rng.standard_normal(built.dims).astype(np.float32)} for _ in range(2)]
+    return model, feeds
+
+
+def _float_values(model: onnx.ModelProto, feed, names) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names)
+    s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(list(names), feed)
+
+
+def test_a_backend_divergence_pads_channels_the_float_model_does_not_see(tmp_path):
+    """The planting inserts a channel Pad in front of a convolution whose input reaches below
+    zero; the convolution's weights for the new channels copy channels it uses. In float the
+    new channels are 0 and the outputs are unchanged."""
+    model, feeds = _signed_net(tmp_path)
+    probe = FloatProbe(model, feeds)
+    sites = [s.tensor for s in zoo_plant.candidate_sites(model, probe, "backend_divergence", "mid")]
+    # the Tanh outputs feed Conv_1..3; the graph input feeds no site
+    assert sorted(sites) == ["relu0", "relu1", "relu2"], sites
+    p = zoo_plant.plant("net", model, "backend_divergence", "mid", probe, feeds)
+    assert not p.fault.excluded and p.fault.float_change == pytest.approx(0.0, abs=1e-6)
+    pad = next(n for n in p.model.graph.node if n.name == p.fault.site)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in p.model.graph.initializer}
+    pads = inits[pad.input[1]]
+    k = int(pads[5])
+    assert pad.op_type == "Pad" and k >= 1 and pads.tolist() == [0, 0, 0, 0, 0, k, 0, 0]
+    assert p.fault.culprits == [pad.output[0]]
+    conv = next(n for n in p.model.graph.node if pad.output[0] in n.input)
+    w_old = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}[conv.input[1]]
+    w = inits[conv.input[1]]
+    assert w.shape == (8, 8 + k, 3, 3) and np.array_equal(w[:, :8], w_old)
+    assert all(any(np.array_equal(w[:, j], w_old[:, c]) for c in range(8)) for j in range(8, 8 + k))
+    x, padded, out = _float_values(p.model, feeds[0], [pad.input[0], pad.output[0], "pool"])
+    assert np.array_equal(padded[:, :8], x) and not padded[:, 8:].any()
+    assert x.min() <= -zoo_plant.NEGATIVE_SHARE * np.abs(x).max()
+    (before,) = _float_values(model, feeds[0], ["pool"])
+    np.testing.assert_allclose(out, before, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_qnn_htp_pads_channels_with_the_integer_0_not_the_zero_point(tmp_path):
+    """What the backend_divergence kind rests on: QNN HTP fills a channel Pad's new channels
+    with the integer 0, i.e. the encoding's minimum, where onnxruntime's CPU fake-quant of the
+    same QDQ model gives 0 (the zero point). If onnxruntime-qnn ever fixes this, the kind
+    plants nothing the backend does wrong and this test says so."""
+    from accdbg.engines.base import get_engine
+    from accdbg.engines.options import EngineConfig
+    from accdbg.engines.pipeline import Calibration, prepare_model
+
+    model, feeds = _signed_net(tmp_path)
+    p = zoo_plant.plant("net", model, "backend_divergence", "mid", FloatProbe(model, feeds), feeds)
+    pad = next(n for n in p.model.graph.node if n.name == p.fault.site)
+    lines = []
+    for i, f in enumerate(feeds):
+        f["x"].tofile(tmp_path / f"x{i}.raw")
+        lines.append(f"x:={tmp_path / f'x{i}.raw'}")
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    config = EngineConfig.from_keywords()
+    cal = Calibration.from_inputs(p.model, tmp_path / "list.txt")
+    qdq = onnx.load(str(prepare_model(p.model, "m", cal, config, tmp_path / "e").path))
+    qdq.graph.output.extend([onnx.ValueInfoProto(name=pad.output[0])])
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    q = next(
+        n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == pad.output[0]
+    )
+    scale, zp = float(inits[q.input[1]]), int(inits[q.input[2]])
+    assert zp >= 20  # the activation reaches well below 0: a zero point far from the integer 0
+    qnn = get_engine("qnn").create_session(qdq.SerializeToString(), config.engine_options())
+    (on_qnn,) = qnn.run([pad.output[0]], feeds[0])
+    (on_cpu,) = _float_values(qdq, feeds[0], [pad.output[0]])
+    np.testing.assert_allclose(on_cpu[:, 8:], 0.0, atol=1e-7)
+    # the integer 0 (HTP's result lands within a step of it), not the zero point
+    np.testing.assert_allclose(on_qnn[:, 8:], -zp * scale, atol=1.01 * scale)
+    # the input's own channels: the same values up to the rounding of the layers before it
+    assert np.median(np.abs(on_qnn[:, :8] - on_cpu[:, :8])) <= 1.01 * scale

@@ -78,9 +78,11 @@ class Graph:
             return numpy_helper.to_array(self.inits[name]).copy()
         return numpy_helper.to_array(attr(self.constant_nodes[name], "value")).copy()
 
-    def set_const(self, name: str, value: np.ndarray) -> None:
+    def set_const(self, name: str, value: np.ndarray, reshape: bool = True) -> None:
+        """Replace a constant's value, in its dtype and (``reshape``) its shape."""
         old = self.const(name)
-        value = np.asarray(value, dtype=old.dtype).reshape(old.shape)
+        value = np.asarray(value, dtype=old.dtype)
+        value = value.reshape(old.shape) if reshape else value
         tensor = numpy_helper.from_array(value, name)
         if name in self.inits:
             self.inits[name].CopyFrom(tensor)

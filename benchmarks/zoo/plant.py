@@ -8,8 +8,11 @@ every tensor that carries that channel on its way to the layers that undo it. A 
 of them ranked.
 
 Compensated kinds (``act_outlier_scale``, ``act_outlier_offset``, ``conv_pair_scaled``,
-``concat_unbalanced``) must leave the float outputs as they were: :func:`check_float` runs both
-models on onnxruntime's CPU provider and a planting that changes them is excluded, not kept.
+``concat_unbalanced``) and ``backend_divergence`` must leave the float outputs as they were:
+:func:`check_float` runs both models on onnxruntime's CPU provider and a planting that changes
+them is excluded, not kept. ``backend_divergence`` inserts an op QNN HTP computes differently
+from onnxruntime's CPU fake-quant of the same QDQ model (a channel ``Pad``: HTP fills the new
+channels with the integer 0, not the zero point), so only the backend is wrong.
 ``clipping`` leaves the model alone and narrows one activation's encoding with an AIMET-style
 ``-qo`` overrides file, as if calibration had missed most of its range.
 """
@@ -37,13 +40,17 @@ KINDS = (
     "conv_pair_scaled",
     "concat_unbalanced",
     "clipping",
+    "backend_divergence",
     "clean",
 )
 COMPENSATED = ("act_outlier_scale", "act_outlier_offset", "conv_pair_scaled", "concat_unbalanced")
+FLOAT_UNCHANGED = (*COMPENSATED, "backend_divergence")
 DEPTHS = {"early": 0.15, "mid": 0.5, "late": 0.85}
 FLOAT_RTOL = 1e-3
 # clipping: share of the debugged input's values the narrowed encoding clips (tails, not the bulk)
 CLIPPED_SHARE = (0.005, 0.25)  # compensated plantings: largest output change / output scale
+# backend_divergence: the padded activation's minimum reaches this share of its range below 0
+NEGATIVE_SHARE = 0.2
 
 # Strengths, drawn per case from these ranges (seeded): large enough to matter, realistic.
 STRENGTH = {
@@ -54,6 +61,7 @@ STRENGTH = {
     "conv_pair_scaled": (20.0, 50.0),  # consumer's input-channel weights reach K x max|W|
     "concat_unbalanced": (12.0, 40.0),  # one branch's range = K x the other branches'
     "clipping": (0.25, 0.25),  # encoding = this fraction of the calibrated range
+    "backend_divergence": (0.25, 0.5),  # channels padded = K x the tensor's channels
     "clean": (0.0, 0.0),
 }
 
@@ -259,6 +267,21 @@ def clipping_sites(model: onnx.ModelProto, probe: FloatProbe, strength: float) -
     return out
 
 
+def backend_sites(model: onnx.ModelProto, probe: FloatProbe) -> list[Site]:
+    """Convolutions (group 1) reading a computed 4-D activation whose range reaches well below
+    zero: its 8-bit zero point is far from the integer 0 that HTP pads channels with."""
+    g = Graph(model)
+    out = []
+    for layer in layers(g):
+        t = layer.node.input[0]
+        st = probe.stats().get(t)
+        if layer.kind not in ("pointwise", "conv") or t not in g.producer or st is None:
+            continue
+        if len(st.shape) == 4 and st.lo <= -NEGATIVE_SHARE * st.absmax:
+            out.append(Site("backend_divergence", layer.name, t, g.pos(layer.node), layer.kind))
+    return out
+
+
 def by_nearness(sites: Sequence[Site], fraction: float) -> list[Site]:
     """The sites ordered by how near they lie to ``fraction`` of the eligible list (the first
     is the site of that depth; the next ones are where a planting too weak to hurt moves)."""
@@ -294,6 +317,8 @@ def candidate_sites(model: onnx.ModelProto, probe: FloatProbe, kind: str, depth:
         return by_nearness(concat_sites(model, probe), f)
     if kind == "clipping":
         return by_nearness(clipping_sites(model, probe, STRENGTH["clipping"][0]), f)
+    if kind == "backend_divergence":
+        return by_nearness(backend_sites(model, probe), f)
     raise ValueError(kind)
 
 
@@ -486,6 +511,48 @@ def plant_clipping(model, site: Site, strength: float, rng) -> tuple[onnx.ModelP
     return m, fault
 
 
+def plant_backend_divergence(
+    model, site: Site, strength: float, rng
+) -> tuple[onnx.ModelProto, Fault]:
+    """K x C zero channels padded onto a convolution's input, its weights for them copies of
+    channels it uses: in float they add nothing. QNN HTP fills the new channels with the
+    integer 0, which is the activation's minimum, not 0, in the 8-bit encoding Pad shares with
+    its input (found in MediaPipe's hand re-crop model, where onnxruntime's CPU fake-quant of
+    the same QDQ model is right). The Pad is the culprit: fed QNN's own input it computes
+    something else; the convolution after it computes right what it is given.
+
+    Measured on small models: after a Conv, HTP is wrong when the new channels fit in the last
+    block of 32 channels (8 + 24 channels wrong, 8 + 25 right), and right on a graph input. A
+    planting it computes right costs the outputs nothing, and the harm gate leaves it out."""
+    m, g = _copy(model)
+    node = g.node(site.node)
+    layer = layer_of(g, node)
+    w = g.const(layer.weight)
+    per_in = np.abs(w).max(axis=(0, 2, 3))
+    k = max(1, int(round(strength * w.shape[1])))
+    copied = rng.choice(np.flatnonzero(per_in >= np.median(per_in)), size=k)
+    g.set_const(layer.weight, np.concatenate([w, w[:, copied]], axis=1), reshape=False)
+    pads = g.add_init(
+        f"{node.name}__zoo_channel_pads", np.array([0, 0, 0, 0, 0, k, 0, 0], np.int64)
+    )
+    padded = f"{site.tensor}__zoo_padded"
+    pad = onnx.helper.make_node(
+        "Pad", [site.tensor, pads], [padded], name=f"{node.name}__zoo_channel_pad", mode="constant"
+    )
+    m.graph.node.insert(list(m.graph.node).index(node), pad)
+    node.input[0] = padded
+    g.refresh()
+    lo = site.probe.stats()[site.tensor].lo
+    detail = (
+        f"{site.tensor} padded with {k} zero channels before {node.name} (its weights for them "
+        f"copy input channels {sorted(set(copied.tolist()))[:6]}); on HTP they read {lo:.4g}, "
+        "the encoding's minimum"
+    )
+    fault = _fault(site, "backend_divergence", strength, [padded], detail, node=pad.name)
+    fault.checked = [layer.out]
+    return m, fault
+
+
 def plant_clean(model, site: Site | None, strength: float, rng) -> tuple[onnx.ModelProto, Fault]:
     m, _ = _copy(model)
     return m, Fault("", "clean", "-", "", "", 0.0, [], "the model as shipped")
@@ -517,6 +584,7 @@ PLANTERS: dict[str, Callable] = {
     "conv_pair_scaled": plant_conv_pair_scaled,
     "concat_unbalanced": plant_concat_unbalanced,
     "clipping": plant_clipping,
+    "backend_divergence": plant_backend_divergence,
     "clean": plant_clean,
 }
 
@@ -617,7 +685,7 @@ def _plant_at(
     fault.model, fault.depth = model_name, depth
     computing = [i for i, n in enumerate(model.graph.node) if n.op_type != "Constant"]
     fault.relative_depth = sum(i <= site.position for i in computing) / len(computing)
-    if kind in COMPENSATED:
+    if kind in FLOAT_UNCHANGED:
         fault.float_change = check_float(model, m, feeds, fault.checked)
         if not fault.float_change <= FLOAT_RTOL:
             fault.excluded = (

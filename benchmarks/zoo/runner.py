@@ -39,7 +39,7 @@ from benchmarks.zoo.probe import FloatProbe, load_feeds
 log = logging.getLogger("fault_zoo")
 
 ALGORITHMS = ("oneshot", "layerwise", "cumulative")
-# the cases of --quick: six faults of different kinds and the two clean models they are
+# the cases of --quick: seven faults of different kinds and the two clean models they are
 # compared with, on the two fastest models (each fault one the outputs feel: see harm.py); cls's
 # early weight outlier is one whose channel travels through the layers after it
 QUICK = (
@@ -51,6 +51,7 @@ QUICK = (
     "cls/act_outlier_scale/late",
     "cls/conv_pair_scaled/mid",
     "cls/clipping/early",
+    "cls/backend_divergence/early",
 )
 # the component folders each algorithm's runs are in (one rerun leaves the others' in place)
 RUN_DIRS = {

@@ -413,6 +413,24 @@ def test_backend_standouts_whose_differences_do_not_add_up_are_not_named():
     assert [c.name for c in r.culprits] == ["l30", "l32"]
     assert "added at once, cost 90%: their effects interact" in r.culprits[0].cause
     assert "one at a time they do not add up" in r.columns["l31"]["cause"]
+    # in a full run every layer's error here is its input's (the observed figures), yet a
+    # backend culprit, fed QNN's own inputs, parts from the fake-quant itself: its cause does
+    # not say "inherited"
+    linked = {
+        n: _ev(n, -10 * math.log10(e.weight_nsr), inputs=names[i - 1 : i])
+        for i, (n, e) in enumerate(ev.items())
+    }
+    observed = {n: 1e-3 for n in names}
+    r = rank(
+        linked,
+        names,
+        observed_nsr=observed,
+        divergence=div,
+        kernel_share=Kernels(2.0),
+        kernels_added=ADDS_90,
+    )
+    assert sorted(c.name for c in r.culprits) == ["l30", "l31", "l32"]
+    assert not any("inherited" in c.cause for c in r.culprits), [c.cause for c in r.culprits]
 
 
 def _on_qnn_and_cpu(built, tmp_path, tensors: list[str]):
@@ -1734,3 +1752,32 @@ def test_the_model_without_its_outlier_weight_is_measured_as_numpy_computes_it(t
     share = Sensitivity(model, q, {"x": x}).clamped_share([(layer, level)])
     assert share == pytest.approx(expected, abs=1e-3)
     assert share > 0.5
+
+
+def test_a_full_run_without_cpu_comparison_names_a_layer_whose_error_jumps():
+    """Cumulative-layerwise runs the model on the backend with no CPU fake-quant beside it. A
+    layer whose whole-tensor error jumps 10 dB or more beyond what its input brings in the same
+    run plus its own encodings' error (the Pad whose padded channels read the encoding's
+    minimum on HTP: 39 dB of encodings, 33 dB at its input, -1 dB out) is the backend's; a
+    layer whose own weights explain its jump is not, nor one that inherits its error."""
+    names, ev = _chain(7)
+    ev["l10"] = _ev("l10", 12.0, inputs=["l9"])  # its weights lose 12 dB: its error is theirs
+    run = {n: 10 ** (-(40 - 0.2 * i) / 10) for i, n in enumerate(names)}  # error adds slowly
+    run["l10"] = 10 ** (-11.5 / 10)
+    for i in range(11, 40):  # what comes after inherits it
+        run[names[i]] = run["l10"] * 1.02 ** (i - 10)
+    run["l25"] = 10 ** (1.0 / 10)  # -1 dB: the jump
+    for i in range(26, 40):
+        run[names[i]] = run["l25"]
+    r = rank(ev, names, _Impact({}), observed_nsr=run, run_nsr=run)
+    backend = [c for c in r.culprits if c.kind == "backend"]
+    assert [c.name for c in backend] == ["l25"]
+    # numpy: what explains l25 is l24's error in the run plus l25's own weights' (their SQNR)
+    own = ev["l25"].weight_nsr  # the chain's layers: weights only
+    explained = -10 * math.log10(run["l24"] + own)
+    assert (
+        f"where its inputs bring and its encodings explain {explained:.1f} dB" in backend[0].cause
+    )
+    # with a CPU comparison (oneshot) the jump is not what finds the backend's layers
+    r = rank(ev, names, _Impact({}), observed_nsr=run, run_nsr=run, divergence={})
+    assert not [c for c in r.culprits if c.kind == "backend"]

@@ -51,17 +51,18 @@ def noise_verifier(verifiers: Mapping[str, Verifier], columns) -> str | None:
 
 
 def observed_nsr(
-    df: pd.DataFrame, name_col: str, verifiers: Mapping[str, Verifier]
+    df: pd.DataFrame, name_col: str, verifiers: Mapping[str, Verifier], per_channel: bool = True
 ) -> dict[str, float]:
     """Each row's error as noise-to-signal power, from the verifier that measures it (SQNR
-    exactly, cosine approximately), its median channel when known."""
+    exactly, cosine approximately), its median channel when known and ``per_channel``."""
     label = noise_verifier(verifiers, df.columns)
     if label is None:
         return {}
     v = verifiers[label]
     out: dict[str, float] = {}
+    columns = (f"{label} ch_median", label) if per_channel else (label,)
     for _, row in df.iterrows():
-        for col in (f"{label} ch_median", label):
+        for col in columns:
             x = pd.to_numeric(row.get(col), errors="coerce")
             if x is not None and not pd.isna(x):
                 out[str(row[name_col])] = v.noise_to_signal(float(x))
@@ -292,6 +293,8 @@ def find_culprits(
         kernels_added=KernelsAdded.worst(at_outputs.errors, quantized) if at_outputs else None,
         quantized=quantized,
         reach=before.reach,
+        # a full run's whole-tensor error, where no CPU comparison finds the backend's layers
+        run_nsr=None if local_observed else observed_nsr(table, name_col, verifiers, False),
     )
     log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)
     return ranking

@@ -332,6 +332,7 @@ def rank(
     quantized: bool = True,
     kernel_share: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
     reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None = None,
+    run_nsr: Mapping[str, float] | None = None,
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -359,6 +360,10 @@ def rank(
     ``reach(names)`` says, of the standouts whose output carries a loud channel, which layers
     that channel blows (:class:`~accdbg.algorithms.reach.OutlierReach`): those layers are its
     carriers, and it is measured with them when alone it does not matter.
+    ``run_nsr``: a full run's error per layer over the whole tensor (not per channel: a few
+    wrong channels show there). Without a ``divergence`` (cumulative-layerwise has no CPU
+    comparison), a layer whose error jumps far beyond what its inputs bring and its own
+    encodings explain is named as the backend's (:func:`_jumped`).
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -476,11 +481,15 @@ def rank(
         costs[n] = share
         candidates.append((local.get(n, 0.0), n, cause))
     backend: list[tuple[float, str, str]] = []
+    inherited: Mapping[str, str] = {}
     if local_observed:
         backend = _backend(evidence, observed, {c[1] for c in candidates})
         candidates += backend
     else:
-        _inherited(order, evidence, observed, local, columns)
+        inherited = _inherited(order, evidence, observed, local, columns)
+        if divergence is None and run_nsr:
+            backend = _jumped(evidence, run_nsr, {c[1] for c in candidates})
+            candidates += backend
     named = {c[1] for c in candidates}
     standing = _diverging(divergence or {}, quantized)
     shares: Mapping[str, float] = {}
@@ -489,8 +498,9 @@ def rank(
         shares = kernel_share(list(standing))  # not when the kernels together carry less
 
     def name_backend(n: str, cause: str, share: float) -> None:
+        # fed QNN's own inputs it parts from the fake-quant: its error is not its inputs'
         col = columns.setdefault(n, {})
-        why = f"; {col[CAUSE]}" if col.get(CAUSE) else ""
+        why = f"; {col[CAUSE]}" if col.get(CAUSE) and n not in inherited else ""
         backend.append((divergence[n], n, f"{cause}{why}"))
         candidates.append(backend[-1])
         costs[n] = share
@@ -780,9 +790,10 @@ def _inherited(
     observed: Mapping[str, float],
     local: Mapping[str, float],
     columns: dict[str, dict[str, object]],
-) -> None:
+) -> dict[str, str]:
     """In a full run, say where a layer's error comes from when its inputs bring most of it:
-    the chain is followed (execution order) back to where it started."""
+    the chain is followed (execution order) back to where it started. Returns each such layer's
+    root."""
     inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(observed))
     root: dict[str, str] = {}
     for n in order:
@@ -796,6 +807,7 @@ def _inherited(
         if observed[worst] >= 0.5 * obs and observed[worst] > local.get(n, 0.0):
             root[n] = root.get(worst, worst)
             columns[n][CAUSE] = f"inherited from {root[n]}"
+    return root
 
 
 def _outlier_source(
@@ -982,9 +994,8 @@ def _backend(
         ev = evidence.get(n)
         if ev is None or not math.isfinite(obs) or obs <= 0:
             continue
-        parts = [ev.weight_nsr, ev.output_nsr, ev.concat_nsr]
-        parts += [evidence[x].output_nsr for x in ev.inputs if x in evidence]
-        expected[n] = sum(v for v in parts if not math.isnan(v))
+        parts = [evidence[x].output_nsr for x in ev.inputs if x in evidence]
+        expected[n] = _own_nsr(ev) + sum(v for v in parts if not math.isnan(v))
         if expected[n] > 0:
             jumps[n] = (10 * math.log10(obs / expected[n]), obs)
     return [
@@ -993,6 +1004,41 @@ def _backend(
             n,
             f"backend: run alone on the backend it keeps {nsr_db(observed[n]):.1f} dB where its "
             f"quantization explains {nsr_db(expected[n]):.1f} dB ({jumps[n][0]:.1f} dB worse)",
+        )
+        for n in _standing_jumps(jumps)
+        if n not in taken
+    ]
+
+
+def _own_nsr(ev: Evidence) -> float:
+    """What a layer's own encodings (weights, output, a Concat's inputs) cost it."""
+    return sum(v for v in (ev.weight_nsr, ev.output_nsr, ev.concat_nsr) if not math.isnan(v))
+
+
+def _jumped(
+    evidence: Mapping[str, Evidence], run_nsr: Mapping[str, float], taken: set[str]
+) -> list[tuple[float, str, str]]:
+    """Layers of a full run on the backend whose error jumps beyond what explains it: the
+    error its nearest compared inputs bring in the same run plus its own encodings' - with no
+    CPU comparison, the nearest sign of a kernel computing something else."""
+    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(run_nsr))
+    expected: dict[str, float] = {}
+    jumps: dict[str, tuple[float, float]] = {}
+    for n, obs in run_nsr.items():
+        ev = evidence.get(n)
+        brought = [run_nsr[x] for x in inputs.get(n, []) if math.isfinite(run_nsr[x])]
+        if ev is None or not math.isfinite(obs) or obs <= 0 or not brought:
+            continue
+        expected[n] = _own_nsr(ev) + max(brought)
+        if expected[n] > 0:
+            jumps[n] = (10 * math.log10(obs / expected[n]), obs)
+    return [
+        (
+            run_nsr[n],
+            n,
+            f"backend: on the backend its error jumps to {nsr_db(run_nsr[n]):.1f} dB where its "
+            f"inputs bring and its encodings explain {nsr_db(expected[n]):.1f} dB "
+            f"({jumps[n][0]:.1f} dB worse; no CPU comparison in this run)",
         )
         for n in _standing_jumps(jumps)
         if n not in taken

@@ -294,7 +294,9 @@ def find_culprits(
         quantized=quantized,
         reach=before.reach,
         # a full run's whole-tensor error, where no CPU comparison finds the backend's layers
-        run_nsr=None if local_observed else observed_nsr(table, name_col, verifiers, False),
+        run_nsr=None
+        if local_observed or div is not None
+        else observed_nsr(table, name_col, verifiers, per_channel=False),
     )
     log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)
     return ranking

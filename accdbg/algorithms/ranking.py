@@ -989,30 +989,18 @@ def _backend(
     """Layers run alone on the backend (golden inputs) whose error their encodings and their
     inputs' encodings do not explain: the kernel, not the quantization."""
     expected: dict[str, float] = {}
-    jumps: dict[str, tuple[float, float]] = {}
-    for n, obs in observed.items():
+    for n in observed:
         ev = evidence.get(n)
-        if ev is None or not math.isfinite(obs) or obs <= 0:
-            continue
-        parts = [evidence[x].output_nsr for x in ev.inputs if x in evidence]
-        expected[n] = _own_nsr(ev) + sum(v for v in parts if not math.isnan(v))
-        if expected[n] > 0:
-            jumps[n] = (10 * math.log10(obs / expected[n]), obs)
-    return [
-        (
-            observed[n],
-            n,
-            f"backend: run alone on the backend it keeps {nsr_db(observed[n]):.1f} dB where its "
-            f"quantization explains {nsr_db(expected[n]):.1f} dB ({jumps[n][0]:.1f} dB worse)",
-        )
-        for n in _standing_jumps(jumps)
-        if n not in taken
-    ]
-
-
-def _own_nsr(ev: Evidence) -> float:
-    """What a layer's own encodings (weights, output, a Concat's inputs) cost it."""
-    return sum(v for v in (ev.weight_nsr, ev.output_nsr, ev.concat_nsr) if not math.isnan(v))
+        if ev is not None:
+            parts = [evidence[x].output_nsr for x in ev.inputs if x in evidence]
+            expected[n] = _own_nsr(ev) + sum(v for v in parts if not math.isnan(v))
+    return _beyond(
+        observed,
+        expected,
+        taken,
+        "backend: run alone on the backend it keeps {got:.1f} dB where its quantization "
+        "explains {explained:.1f} dB ({jump:.1f} dB worse)",
+    )
 
 
 def _jumped(
@@ -1023,26 +1011,45 @@ def _jumped(
     CPU comparison, the nearest sign of a kernel computing something else."""
     inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(run_nsr))
     expected: dict[str, float] = {}
-    jumps: dict[str, tuple[float, float]] = {}
-    for n, obs in run_nsr.items():
-        ev = evidence.get(n)
+    for n in run_nsr:
         brought = [run_nsr[x] for x in inputs.get(n, []) if math.isfinite(run_nsr[x])]
-        if ev is None or not math.isfinite(obs) or obs <= 0 or not brought:
-            continue
-        expected[n] = _own_nsr(ev) + max(brought)
-        if expected[n] > 0:
-            jumps[n] = (10 * math.log10(obs / expected[n]), obs)
+        if n in evidence and brought:
+            expected[n] = _own_nsr(evidence[n]) + max(brought)
+    return _beyond(
+        run_nsr,
+        expected,
+        taken,
+        "backend: on the backend its error jumps to {got:.1f} dB where its inputs bring and "
+        "its encodings explain {explained:.1f} dB ({jump:.1f} dB worse; no CPU comparison in "
+        "this run)",
+    )
+
+
+def _beyond(
+    observed: Mapping[str, float], expected: Mapping[str, float], taken: set[str], cause: str
+) -> list[tuple[float, str, str]]:
+    """Backend candidates ``(nsr, name, cause)``: the layers whose observed error stands out
+    (:func:`_standing_jumps`) above what is ``expected`` of them; ``cause`` is formatted with
+    ``got``, ``explained`` (dB) and ``jump``."""
+    jumps = {
+        n: (10 * math.log10(observed[n] / e), observed[n])
+        for n, e in expected.items()
+        if e > 0 and math.isfinite(observed[n]) and observed[n] > 0
+    }
     return [
         (
-            run_nsr[n],
+            observed[n],
             n,
-            f"backend: on the backend its error jumps to {nsr_db(run_nsr[n]):.1f} dB where its "
-            f"inputs bring and its encodings explain {nsr_db(expected[n]):.1f} dB "
-            f"({jumps[n][0]:.1f} dB worse; no CPU comparison in this run)",
+            cause.format(got=nsr_db(observed[n]), explained=nsr_db(expected[n]), jump=jumps[n][0]),
         )
         for n in _standing_jumps(jumps)
         if n not in taken
     ]
+
+
+def _own_nsr(ev: Evidence) -> float:
+    """What a layer's own encodings (weights, output, a Concat's inputs) cost it."""
+    return sum(v for v in (ev.weight_nsr, ev.output_nsr, ev.concat_nsr) if not math.isnan(v))
 
 
 def _diverging(div: Mapping[str, float], quantized: bool = True) -> dict[str, str]:

@@ -13,6 +13,7 @@ import pytest
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
+from accdbg.errors import AccdbgError
 from accdbg.frameworks.convert import convert_to_onnx
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from tests.helpers import one_line_error, run_cli
@@ -180,6 +181,31 @@ def test_onnx_export_maps_every_module_output(cnn, tmp_path, form):
         )
     saved = json.loads((tmp_path / "onnx" / "conversion.json").read_text())
     assert saved["tensor_mapping"] == conv.tensor_mapping and saved["framework"] == "pytorch"
+
+
+def test_a_native_crash_while_exporting_is_an_error_and_the_tool_survives(
+    cnn, tmp_path, monkeypatch
+):
+    """torch.onnx runs native code; it exports in a child Python, so a segfault there is a
+    one-line error, not the end of the tool (or of this test's worker)."""
+    root, src, *_ = cnn
+    crashing = tmp_path / "crashing.py"
+    crashing.write_text(
+        src.read_text()
+        + "\n\ndef build_then_crash():\n    import ctypes, os\n    model = build()\n"
+        + "    if os.getpid() != int(os.environ['ACCDBG_TEST_PARENT']):\n"
+        + "        ctypes.string_at(0)  # a native crash, in the converting process only\n"
+        + "    return model\n"
+    )
+    monkeypatch.setenv("ACCDBG_TEST_PARENT", str(__import__("os").getpid()))
+    inp = [parse_input_tensor(["x", "1,3,16,16", str(root / "x.raw")])]
+    with pytest.raises(AccdbgError) as err:
+        convert_to_onnx("pytorch", f"{crashing}:build_then_crash", inp, tmp_path / "onnx")
+    assert str(err.value).startswith(
+        f"the pytorch converter crashed with SIGSEGV while converting '{crashing}:build_then_crash'"
+        " to ONNX; the tool survived"
+    )
+    assert not (tmp_path / "onnx" / "conversion.json").exists()
 
 
 @pytest.mark.parametrize(

@@ -229,9 +229,12 @@ def _sweep_dead_jobs() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_isolated(fn: Callable[..., Any], *args: Any, what: str, log_hint: str = "") -> Any:
-    """``fn(*args)`` in a child Python; ``fn`` must be a module-level function, args picklable."""
-    return Isolated(fn, *args, what=what, log_hint=log_hint).result()
+def run_isolated(
+    fn: Callable[..., Any], *args: Any, what: str, log_hint: str = "", who: str = "the QNN backend"
+) -> Any:
+    """``fn(*args)`` in a child Python; ``fn`` must be a module-level function, args picklable.
+    ``who`` names the native code a crash is blamed on."""
+    return Isolated(fn, *args, what=what, log_hint=log_hint, who=who).result()
 
 
 def _die_with_parent(parent: int | None = None) -> None:

@@ -36,7 +36,7 @@ import onnx
 
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputTensor
-from accdbg.core.isolate import child_env, guarded_module_command
+from accdbg.core.isolate import child_env, guarded_module_command, run_isolated
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.base import FrameworkRunner, RunnerOptions, get_runner_class
@@ -85,11 +85,16 @@ def load_conversion(path: str | os.PathLike) -> Conversion:
 
 Converter = Callable[[FrameworkRunner, Path, Sequence[str], int], Conversion]
 CONVERTERS: dict[str, Converter] = {}
+# converters whose native code runs in this process: they run in a child Python instead, so a
+# crash in them is an error, not the end of the tool (tf2onnx is already a child of its own)
+IN_CHILD: set[str] = set()
 
 
-def converter(framework: str) -> Callable[[Converter], Converter]:
+def converter(framework: str, in_child: bool = False) -> Callable[[Converter], Converter]:
     def add(fn: Converter) -> Converter:
         CONVERTERS[framework] = fn
+        if in_child:
+            IN_CHILD.add(framework)
         return fn
 
     return add
@@ -110,18 +115,20 @@ def convert_to_onnx(
     ONNX model (tf2onnx ``--dequantize``): the engine quantizes it with its own encodings.
     """
     name = framework.strip().lower()
-    runner_cls = get_runner_class(name)
+    get_runner_class(name)  # an unknown framework is named before anything runs
     if name not in CONVERTERS:
         raise AccdbgError(f"converting {name!r} models to ONNX is not supported")
     out = Path(out_dir).expanduser().absolute()
     out.mkdir(parents=True, exist_ok=True)
-    runner = runner_cls(Path(model_path).expanduser().absolute(), inputs, RunnerOptions())
-    runner.activate()
-    try:
-        runner.check_outputs(list(output_tensors))
-        conversion = CONVERTERS[name](runner, out, output_tensors, opset)
-    finally:
-        runner.deactivate()
+    args = (name, Path(model_path).expanduser().absolute(), list(inputs), out, list(output_tensors),
+            opset)  # fmt: skip
+    if name in IN_CHILD:
+        conversion = run_isolated(
+            _convert, *args, what=f"converting {str(model_path)!r} to ONNX",
+            who=f"the {name} converter", log_hint="the log (-v)",
+        )  # fmt: skip
+    else:
+        conversion = _convert(*args)
     conversion.model_path = str(model_path)
     conversion.save(out / CONVERSION_FILE)
     log.info(
@@ -133,6 +140,24 @@ def convert_to_onnx(
         len(conversion.unmapped),
     )
     return conversion
+
+
+def _convert(
+    name: str,
+    model_path: Path,
+    inputs: list[InputTensor],
+    out: Path,
+    outputs: list[str],
+    opset: int,
+) -> Conversion:
+    """Load the model with its framework's runner and convert it (in this process or a child)."""
+    runner = get_runner_class(name)(model_path, inputs, RunnerOptions())
+    runner.activate()
+    try:
+        runner.check_outputs(outputs)
+        return CONVERTERS[name](runner, out, outputs, opset)
+    finally:
+        runner.deactivate()
 
 
 # ---------------------------------------------------------------- ONNX: nothing to convert
@@ -302,7 +327,7 @@ def _after_fused_activation(name: str, consumers, fw_names: set[str]) -> str:
 # ---------------------------------------------------------------- torch.onnx: PyTorch
 
 
-@converter("pytorch")
+@converter("pytorch", in_child=True)
 def _pytorch(runner, out: Path, outputs, opset: int) -> Conversion:
     torch = runner.torch
     if importlib.util.find_spec("onnxscript") is None:

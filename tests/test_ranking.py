@@ -315,7 +315,8 @@ def test_a_wide_spread_still_lets_a_layer_16_db_under_the_floor_stand_out():
 def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_costs_the_outputs():
     """Hand-built local divergences (dB): twenty layers a rounding step from the CPU fake-quant,
     ten bit-exact, one 20 dB apart. Only that one is measured for what its difference costs the
-    outputs (when QNN's kernels together carry half their error or more); it is a backend
+    outputs (when QNN's kernels together carry half their error or more, or QNN computes it
+    differently: its values steps apart); it is a backend
     culprit at half their error or more, a note below that. With fewer than eight layers that
     differ at all there is no spread: a layer is measured when it parts 15 dB under their median
     (or under the pass mark)."""
@@ -351,6 +352,29 @@ def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_cos
         kernels_added=KernelsAdded("out", 1.0, 0.6),
     )
     assert r.culprits == [] and asked == []
+    # ... unless QNN computes something else there (101 steps apart, a Pad reading the integer
+    # 0): that layer is the kernel's whatever the others carry, and is measured and named
+    apart = type("Div", (dict,), {})(div)
+    apart.steps = {"l30": 101.0}
+    r = rank(
+        ev,
+        names,
+        divergence=apart,
+        kernel_share=kernel(0.8),
+        kernels_added=KernelsAdded("out", 1.0, 0.6),
+    )
+    assert asked == [["l30"]] and [(c.name, c.kind) for c in r.culprits] == [("l30", "backend")]
+    apart.steps = {"l30": 1.0}  # a rounding step: not measured, as above
+    asked.clear()
+    r = rank(
+        ev,
+        names,
+        divergence=apart,
+        kernel_share=kernel(0.8),
+        kernels_added=KernelsAdded("out", 1.0, 0.6),
+    )
+    assert r.culprits == [] and asked == []
+    asked.clear()
     # seven layers differ: no spread; 15 dB under their median (or the pass mark) stands out
     few = {n: (div[n] if n in ("l30", *names[:6]) else 0.0) for n in names}
     median = float(np.median([_db(few[n]) for n in ("l30", *names[:6])]))

@@ -354,7 +354,8 @@ def rank(
     kernel difference alone costs the outputs over their error on QNN: at ``SHARE`` or more it
     is a backend culprit of a full run, else a note in its ``cause``. It is asked only when the
     kernels add ``SHARE`` or more: when QNN is less than twice as far from float as the CPU
-    fake-quant, no one kernel is measured (a CPU run each). Its ``search(names, bar)``, when
+    fake-quant, no one kernel's rounding is measured (a CPU run each) - but a layer QNN
+    computes differently (values ``DIFFERENT_STEPS`` or more apart) is, whatever they add. Its ``search(names, bar)``, when
     it has one, is asked when the kernels add ``SHARE`` and nothing else is named: the layers
     among ``names`` whose difference alone costs ``bar`` of the outputs' error.
     ``reach(names)`` says, of the standouts whose output carries a loud channel, which layers
@@ -494,8 +495,12 @@ def rank(
     standing = _diverging(divergence or {}, quantized)
     shares: Mapping[str, float] = {}
     added = kernels_added.share if kernels_added is not None else math.nan
-    if standing and kernel_share is not None and not local_observed and added >= SHARE:
-        shares = kernel_share(list(standing))  # not when the kernels together carry less
+    steps: Mapping[str, float] = getattr(divergence, "steps", {})
+    if standing and kernel_share is not None and not local_observed:
+        # not when the kernels together carry less: a rounding difference then is no one's;
+        # a layer computing something else (steps apart) is measured whatever they carry
+        asked = [n for n in standing if added >= SHARE or steps.get(n, 1.0) >= DIFFERENT_STEPS]
+        shares = kernel_share(asked) if asked else {}
 
     def name_backend(n: str, cause: str, share: float) -> None:
         # fed QNN's own inputs it parts from the fake-quant: its error is not its inputs'
@@ -510,7 +515,6 @@ def rank(
         shares,
         getattr(kernel_share, "together", None),
     )
-    steps: Mapping[str, float] = getattr(divergence, "steps", {})
     interacting: list[str] = []  # backend culprits whose differences do not add up
     for n, cause in standing.items():
         share = shares.get(n, math.nan)

@@ -572,3 +572,59 @@ def test_pooled_lines_skip_the_debugged_input_and_stop_at_the_cap(tmp_path):
     assert [float(f["x"][0, 0]) for f in got] == [1.0, 2.0, 3.0]
     assert list(pooled_feeds(lines[:2], inputs, most=3))[0]["x"].shape == (2, 3)
     assert list(pooled_feeds(None, inputs)) == []
+
+
+@pytest.mark.slow
+def test_a_layer_qnn_preprocessing_splits_into_reshape_gemm_reshape_runs_alone_as_one(tmp_path):
+    """A MatMul + Add on a 3-D input is Reshape -> Gemm -> Reshape in QNN's model: only the
+    last Reshape's tensor is the model's (and has a golden value). That layer is run alone from
+    its golden input through all three, QNN's result within a step of numpy's fake-quant of
+    the three with the QDQ model's encodings; the tensors the pre-processing made are skipped,
+    saying why, and the layer with the outlier weight, not its Gemm, is named."""
+    from accdbg.algorithms.snooping import PREPROCESSED
+
+    built = models.dense_chain(tmp_path, outlier=40.0)
+    inp = [parse_input_tensor(["x", "1,12,16", str(built.input_path)])]
+    res = run_layerwise(built.path, inp, working_dir=tmp_path / "w")
+    r = res.report.set_index("O/P Name")
+    source = {o for n in onnx.load(str(built.path)).graph.node for o in n.output}
+    made = [n for n in r.index if n not in source]
+    assert len(made) == 16 and set(r.loc[made, "Status"]) == {"skip"}  # 2 per layer
+    assert set(r.loc[made, "Info"]) == {PREPROCESSED}
+    kept = [n for n in r.index if n in source]
+    assert kept == [f"act{i}" for i in range(7)] + ["y"]
+    assert set(r.loc[kept, "Status"]) == {""}, r.loc[kept, ["Status", "Info"]]
+    planted = built.expected["planted"]
+    named = r["culprit_rank"].dropna().sort_values()
+    assert list(named.index)[:1] == [planted], r[["culprit_rank", "cause"]]
+    # numpy's fake-quant of act2 -> Reshape -> Gemm -> Reshape (+ Relu, folded into act3's
+    # encoding), each tensor with its QuantizeLinear's scale and zero point in the QDQ model
+    qdq = onnx.load(str(next(res.run_dir.glob("*.qdq.onnx"))))
+    consts = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    made_by = {o: n for n in qdq.graph.node for o in n.output}
+
+    def fq(x, tensor):
+        q = next(
+            n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor
+        )
+        s, z = float(consts[q.input[1]]), consts[q.input[2]]
+        lo, hi = np.iinfo(z.dtype).min, np.iinfo(z.dtype).max
+        return (np.clip(np.round(x / s) + int(z), lo, hi) - int(z)) * s, s
+
+    def weight(name):
+        if name in consts:
+            return consts[name].astype(np.float64)
+        dq = made_by[name]
+        return (consts[dq.input[0]].astype(np.float64) - consts[dq.input[2]]) * consts[dq.input[1]]
+
+    gemm = next(
+        n for n in qdq.graph.node if n.op_type == "Gemm" and any("w3" in i for i in n.input)
+    )
+    golden = TensorFolder(next((tmp_path / "w" / "framework_diagnosis").iterdir()))
+    a, _ = fq(np.asarray(golden.load("act2"), np.float64), "act2")
+    g = a.reshape(12, 16) @ weight(gemm.input[1]) + weight(gemm.input[2])
+    g, _ = fq(g, gemm.output[0])
+    want, step = fq(g.reshape(1, 12, 16), planted)
+    qnn = np.asarray(TensorFolder(res.run_dir / "output" / "batch_0001").load(planted))
+    apart = np.abs(qnn - want) / step
+    assert apart.max() <= 1.01 and (apart > 0.5).mean() < 0.1, (apart.max(), (apart > 0.5).mean())

@@ -52,6 +52,10 @@ class Golden:
                     return self._aliases[alias]
         return None
 
+    def has(self, tensor: str, *aliases: str | None) -> bool:
+        """A model input, or a tensor the folder holds under one of these names."""
+        return tensor in self.inputs or self.name_for(tensor, *aliases) is not None
+
     def _record(self, tensor: str, shape: tuple[int, ...] | None, *aliases: str | None):
         name = self.name_for(tensor, *aliases)
         if name is None:

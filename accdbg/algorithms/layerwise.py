@@ -51,6 +51,26 @@ def _prefix(node_index: int) -> str:
     return f"f{node_index}/"
 
 
+def _golden_cut(ctx: Context, inputs: Sequence[str]) -> list[str]:
+    """A layer's inputs, each one that QNN's pre-processing made (not a tensor of the model
+    given, so no golden has it) replaced by the inputs of the node that makes it, back to
+    tensors the golden has: a MatMul + Add becomes Reshape -> Gemm -> Reshape there, and the
+    layer the user knows is the three together, run alone as one."""
+    cut: list[str] = []
+    todo, seen = list(inputs), set()
+    while todo:
+        t = todo.pop(0)
+        if t in seen:
+            continue
+        seen.add(t)
+        made = ctx.qdq.producer.get(t)
+        if made is None or t in ctx.source or ctx.golden.has(t, *ctx.qdq.aliases(t)):
+            cut.append(t)
+        else:
+            todo += ctx.qdq.activation_inputs(ctx.qdq.nodes[made])
+    return cut
+
+
 def _fragments(ctx: Context, layers: list[Layer]) -> tuple[list[Fragment], list[dict]]:
     """Fragments for the layers' nodes; layers that cannot be cut out get ``err_part`` rows."""
     by_node: dict[int, list[Layer]] = {}
@@ -60,7 +80,7 @@ def _fragments(ctx: Context, layers: list[Layer]) -> tuple[list[Fragment], list[
     for node_index, group in by_node.items():
         prefix = _prefix(node_index)
         try:
-            part = ctx.qdq.fragment(group, prefix)
+            part = ctx.qdq.between(_golden_cut(ctx, group[0].inputs), group, prefix)
             feeds, nbytes = {}, 0
             for name, tensor in part.inputs.items():
                 shape = ctx.qdq.shape(tensor)

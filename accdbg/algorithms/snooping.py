@@ -159,6 +159,24 @@ def select_span(
     return span, skipped
 
 
+PREPROCESSED = (
+    "made by QNN's pre-processing: the model given has no such tensor, so no golden value "
+    "(measured within the layer of the model that reads it)"
+)
+
+
+def source_tensors(model: onnx.ModelProto) -> set[str]:
+    """Every tensor of the model as given (before QNN's pre-processing)."""
+    g = model.graph
+    return {i.name for i in g.input} | {o for n in g.node for o in n.output if o}
+
+
+def _comparable(layer: Layer, source: set[str], golden: Golden, qdq: QdqModel) -> bool:
+    """A golden value can exist: the model given has the tensor, or the golden holds it."""
+    out = layer.exposed.qdq_tensor
+    return layer.name in source or out in source or golden.has(layer.name, out, *qdq.aliases(out))
+
+
 # ---------------------------------------------------------------- the shared driver
 
 POOLED_LINES = 2  # -l lines besides the -i files that a culprit must matter on
@@ -421,6 +439,7 @@ class Context:
     end_layer: Layer | None = None
     meta: str = ""
     qdq_path: Path | None = None
+    source: set[str] = field(default_factory=set)  # the tensors of the model as given
     _html_at: float = field(default_factory=time.perf_counter)
     ranking: Ranking | None = None
 
@@ -468,10 +487,13 @@ class Context:
         from accdbg.algorithms.culprits import find_culprits, prepared_model
 
         feeds = {t.name: t.load() for t in self.req.inputs} or None
+        # a tensor QNN's pre-processing made is judged in the model's layer that reads it (a
+        # Gemm's weights on the Reshape after it), as oneshot judges it
+        judged = df[df["Info"].astype(str) != PREPROCESSED] if "Info" in df.columns else df
         return find_culprits(
             self.qdq_path,
             self.golden.folder.root,
-            df,
+            judged,
             "O/P Name",
             self.judge.verifiers,
             feeds,
@@ -530,6 +552,10 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
         if not qdq.layers:
             raise AccdbgError(f"{qdq_path.name} has no layer to debug")
         span, skipped = select_span(qdq, start_layer, end_layer, req.config.layers)
+        source = source_tensors(req.model)
+        for layer in [x for x in span if not _comparable(x, source, golden, qdq)]:
+            span.remove(layer)
+            skipped[layer.position] = PREPROCESSED
         backend = Backend(
             req.engine,
             req.options,
@@ -553,6 +579,7 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
             args.dump_qnn_json,
             start_layer=find_layer(qdq, start_layer, "--start_layer") if start_layer else None,
             end_layer=find_layer(qdq, end_layer, "--end_layer") if end_layer else None,
+            source=source,
             meta=f"{backend.engine.label} -r {req.options.runtime}; QDQ model {qdq_path.name}; "
             f"golden {golden_root}",
             qdq_path=qdq_path,

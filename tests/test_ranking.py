@@ -343,36 +343,24 @@ def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_cos
     for share in (0.3, math.nan):
         r = rank(ev, names, divergence=div, kernel_share=kernel(share), kernels_added=ADDS_90)
         assert r.culprits == [] and r.columns["l30"]["cause"].startswith("backend: fed")
-    asked.clear()  # the kernels together carry under half the outputs' error: none is measured
-    r = rank(
-        ev,
-        names,
-        divergence=div,
-        kernel_share=kernel(0.8),
-        kernels_added=KernelsAdded("out", 1.0, 0.6),
-    )
+    under_half = KernelsAdded("out", 1.0, 0.6)  # the kernels carry 40% of the outputs' error
+
+    def ranked_under_half(divergence):
+        asked.clear()
+        return rank(
+            ev, names, divergence=divergence, kernel_share=kernel(0.8), kernels_added=under_half
+        )
+
+    r = ranked_under_half(div)  # none is measured
     assert r.culprits == [] and asked == []
     # ... unless QNN computes something else there (101 steps apart, a Pad reading the integer
     # 0): that layer is the kernel's whatever the others carry, and is measured and named
     apart = type("Div", (dict,), {})(div)
     apart.steps = {"l30": 101.0}
-    r = rank(
-        ev,
-        names,
-        divergence=apart,
-        kernel_share=kernel(0.8),
-        kernels_added=KernelsAdded("out", 1.0, 0.6),
-    )
+    r = ranked_under_half(apart)
     assert asked == [["l30"]] and [(c.name, c.kind) for c in r.culprits] == [("l30", "backend")]
     apart.steps = {"l30": 1.0}  # a rounding step: not measured, as above
-    asked.clear()
-    r = rank(
-        ev,
-        names,
-        divergence=apart,
-        kernel_share=kernel(0.8),
-        kernels_added=KernelsAdded("out", 1.0, 0.6),
-    )
+    r = ranked_under_half(apart)
     assert r.culprits == [] and asked == []
     asked.clear()
     # seven layers differ: no spread; 15 dB under their median (or the pass mark) stands out

@@ -249,5 +249,16 @@ class Cdp:
         return png
 
     def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        # closed through the protocol, chromium removes its /tmp/org.chromium.Chromium.* folder;
+        # killed, it leaves it
+        try:  # a browser-level command: no session
+            self._w.write(
+                json.dumps({"id": self._id + 1, "method": "Browser.close"}).encode() + b"\0"
+            )
+        except OSError:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

@@ -7,7 +7,7 @@ has in the full model (same scale and zero point initializers), weights keep the
 DequantizeLinear, and each layer output leaves through its own QuantizeLinear. So a part
 computes exactly what the full model computes, given the same inputs.
 
-* :meth:`QdqModel.fragment` - one layer alone: golden activations in, its integers out
+* :meth:`QdqModel.between` - one layer alone: golden activations in, its integers out
   (``onnx.utils.Extractor`` between the layer's float inputs and its output's Q node).
 * :func:`merge` - many fragments side by side in one model (names prefixed per fragment,
   initializers shared), so one QNN session runs them all.
@@ -193,10 +193,6 @@ class QdqModel:
                         f"node {n.name or n.op_type!r} reads {t!r}, which lies before the cut"
                     )
         return part
-
-    def fragment(self, layers: Sequence[Layer], prefix: str) -> Part:
-        """The node of ``layers`` alone (all of them outputs of one node), names prefixed."""
-        return self.between(layers[0].inputs, layers, prefix)
 
     def between(self, inputs: Sequence[str], layers: Sequence[Layer], prefix: str) -> Part:
         """Everything from the float tensors ``inputs`` (each entering through its Q/DQ) to

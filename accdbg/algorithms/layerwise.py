@@ -22,7 +22,7 @@ from accdbg.algorithms.backend import PartRun, failure_status
 from accdbg.algorithms.fragments import Layer, Part, SurgeryError, merge
 from accdbg.algorithms.golden import GoldenError
 from accdbg.algorithms.judging import error_row, judge_layer
-from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, snoop
+from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, has_golden, snoop
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.batching import plan_batches
 from accdbg.core.executors import ExecutorConfig
@@ -64,7 +64,7 @@ def _golden_cut(ctx: Context, inputs: Sequence[str]) -> list[str]:
             continue
         seen.add(t)
         made = ctx.qdq.producer.get(t)
-        if made is None or t in ctx.source or ctx.golden.has(t, *ctx.qdq.aliases(t)):
+        if made is None or has_golden(t, ctx.source, ctx.golden, ctx.qdq):
             cut.append(t)
         else:
             todo += ctx.qdq.activation_inputs(ctx.qdq.nodes[made])

@@ -165,16 +165,11 @@ PREPROCESSED = (
 )
 
 
-def source_tensors(model: onnx.ModelProto) -> set[str]:
-    """Every tensor of the model as given (before QNN's pre-processing)."""
-    g = model.graph
-    return {i.name for i in g.input} | {o for n in g.node for o in n.output if o}
-
-
-def _comparable(layer: Layer, source: set[str], golden: Golden, qdq: QdqModel) -> bool:
-    """A golden value can exist: the model given has the tensor, or the golden holds it."""
-    out = layer.exposed.qdq_tensor
-    return layer.name in source or out in source or golden.has(layer.name, out, *qdq.aliases(out))
+def has_golden(tensor: str, source: set[str], golden: Golden, qdq: QdqModel) -> bool:
+    """A golden value can exist: the model given (``source``: its tensors) has the tensor
+    under one of its names, or the golden holds it; else QNN's pre-processing made it."""
+    names = (tensor, *qdq.aliases(tensor))
+    return any(n in source for n in names) or golden.has(*names)
 
 
 # ---------------------------------------------------------------- the shared driver
@@ -489,7 +484,8 @@ class Context:
         feeds = {t.name: t.load() for t in self.req.inputs} or None
         # a tensor QNN's pre-processing made is judged in the model's layer that reads it (a
         # Gemm's weights on the Reshape after it), as oneshot judges it
-        judged = df[df["Info"].astype(str) != PREPROCESSED] if "Info" in df.columns else df
+        made = {self.qdq.layers[p].name for p, why in self.skipped.items() if why == PREPROCESSED}
+        judged = df[~df["O/P Name"].isin(made)]
         return find_culprits(
             self.qdq_path,
             self.golden.folder.root,
@@ -552,10 +548,11 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
         if not qdq.layers:
             raise AccdbgError(f"{qdq_path.name} has no layer to debug")
         span, skipped = select_span(qdq, start_layer, end_layer, req.config.layers)
-        source = source_tensors(req.model)
-        for layer in [x for x in span if not _comparable(x, source, golden, qdq)]:
-            span.remove(layer)
-            skipped[layer.position] = PREPROCESSED
+        source = set(om.all_tensor_names(req.model))
+        for layer in span:
+            if not has_golden(layer.exposed.qdq_tensor, source, golden, qdq):
+                skipped[layer.position] = PREPROCESSED
+        span = [x for x in span if x.position not in skipped]
         backend = Backend(
             req.engine,
             req.options,

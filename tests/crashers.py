@@ -33,3 +33,12 @@ def measure_or_crash(specs):
     if any("w16:" in s.key for s in specs):
         segfault()
     return measure_many(specs)
+
+
+def log_then_print(text: str) -> str:
+    """Logs a two-line record through accdbg's logger and prints a native-looking line."""
+    import logging
+
+    logging.getLogger("accdbg.test_child").warning("first line\nsecond line")
+    print(text, flush=True)
+    return text

@@ -208,6 +208,35 @@ def test_a_native_crash_while_exporting_is_an_error_and_the_tool_survives(
     assert not (tmp_path / "onnx" / "conversion.json").exists()
 
 
+def test_a_native_crash_in_the_forward_pass_is_an_error_and_the_tool_survives(
+    capsys, cnn, tmp_path, monkeypatch
+):
+    """Framework diagnosis runs the model's forward passes in a child Python: a segfault in
+    them is a one-line error naming the runtime, the tool (and this worker) goes on, and the
+    run that died is not taken for a finished one."""
+    root, src, *_ = cnn
+    crashing = tmp_path / "crashing.py"
+    crashing.write_text(
+        src.read_text()
+        + "\n\nclass Crash(__import__('torch').nn.Module):\n"
+        + "    def __init__(self):\n        super().__init__()\n        self.inner = build()\n"
+        + "    def forward(self, x):\n        import ctypes, os\n"
+        + "        if os.getpid() != int(os.environ['ACCDBG_TEST_PARENT']):\n"
+        + "            ctypes.string_at(0)  # a native crash, in the running process only\n"
+        + "        return self.inner(x)\n"
+    )
+    monkeypatch.setenv("ACCDBG_TEST_PARENT", str(__import__("os").getpid()))
+    code, _, err = run_cli(capsys, "--framework_diagnosis", "-f", "pytorch", "-m", f"{crashing}:Crash",
+                           "-i", "x", "1,3,16,16", root / "x.raw", "-w", tmp_path / "w")  # fmt: skip
+    assert code != 0
+    assert one_line_error(err).endswith(
+        f"error: the pytorch runtime crashed with SIGSEGV while running '{crashing}:Crash' for "
+        "its golden tensors; the tool survived - see the log (-v)"
+    )
+    fd = tmp_path / "w" / "framework_diagnosis"
+    assert not (fd / "latest").exists()
+
+
 @pytest.mark.parametrize(
     "case, expect",
     [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import numpy as np
@@ -310,6 +311,17 @@ def test_native_crash_is_reported_not_fatal():
         run_isolated(crashers.segfault, what="testing a crash")
     with pytest.raises(AccdbgError, match="SIGABRT"):
         run_isolated(crashers.abort, what="testing an abort")
+
+
+def test_a_childs_log_records_are_logged_in_the_parent_as_they_were(caplog):
+    """A child's own log records come back with their logger, level and lines; what native
+    code prints stays the native log's."""
+    with caplog.at_level(logging.INFO, logger="accdbg"):
+        assert run_isolated(crashers.log_then_print, "chatter", what="logging") == "chatter"
+    got = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+    assert ("accdbg.test_child", logging.WARNING, "first line\nsecond line") in got
+    assert ("accdbg.native", logging.INFO, "[logging] chatter") in got
+    assert not [m for *_, m in got if "accdbg-log" in m]
 
 
 @pytest.mark.slow

@@ -40,7 +40,26 @@ native_log = logging.getLogger("accdbg.native")
 PR_SET_PDEATHSIG = 1
 JOB_PREFIX = "accdbg-job-"
 MAX_NATIVE_LINES = 400  # per child; the rest is summarised in one line
+LOG_PREFIX = "##accdbg-log##"  # a child's log record in its output: prefix, logger, level, text
 _swept = False  # the job folders of dead parents are swept once per process
+
+
+class _RecordLine(logging.Formatter):
+    """One log record on one line of the child's output, for the parent to log again."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record).replace("\n", "\\n")
+        return f"{LOG_PREFIX}\t{record.name}\t{record.levelno}\t{text}"
+
+
+def _forward_logs() -> None:
+    """The child's ``accdbg.*`` records go to its output, which the parent reads back."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RecordLine("%(message)s"))
+    root = logging.getLogger("accdbg")
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    root.propagate = False
 
 
 def _site_dirs() -> set[Path]:
@@ -168,6 +187,11 @@ class Isolated:
         except OSError:
             return
         lines = [line.rstrip() for line in lines if line.strip()]
+        records = [line for line in lines if line.startswith(LOG_PREFIX)]
+        for line in records:  # the child's own log records, as if logged here
+            _, name, level, message = line.split("\t", 3)
+            logging.getLogger(name).log(int(level), message.replace("\\n", "\n"))
+        lines = [line for line in lines if not line.startswith(LOG_PREFIX)]
         for line in lines[:MAX_NATIVE_LINES]:
             native_log.info("[%s] %s", self.what, line)
         if len(lines) > MAX_NATIVE_LINES:
@@ -257,6 +281,7 @@ def _main(job: str, result: str, warm: str = "", parent_pid: str = "") -> int:
     # The parent's pid comes from the parent: it may be gone before this line runs.
     parent, job_path = int(parent_pid or os.getppid()), Path(job)
     _die_with_parent()
+    _forward_logs()
     if os.getppid() != parent:  # died before the kernel was told to kill us with it
         shutil.rmtree(job_path.parent, ignore_errors=True)
         return 0

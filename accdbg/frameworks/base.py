@@ -70,6 +70,13 @@ class FrameworkRunner(ABC):
     def infer(self, feeds: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Run once and return exactly the named tensors."""
 
+    @classmethod
+    def isolated(cls, options: RunnerOptions) -> bool:
+        """Whether framework diagnosis runs this model in a child Python: True where the
+        framework's native code runs the model in-process, so a crash in it is an error
+        instead of the end of the tool."""
+        return True
+
     def model_input_order(self) -> list[str]:
         """The ``--input_tensor`` names in the model's input order (plain input-list paths
         follow it); by default the order they were given in."""

@@ -22,12 +22,14 @@ import pandas as pd
 
 from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor, inputs_per_line, parse_input_list
+from accdbg.core.isolate import run_isolated
 from accdbg.core.progress import progress
 from accdbg.core.provenance import inputs_record
 from accdbg.core.run_dir import RunDir, check_run_folder, options_dict
 from accdbg.core.tensor_store import TensorWriter, records_table
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.base import RunnerOptions, get_runner_class
+from accdbg.frameworks.versions import check_available
 
 log = logging.getLogger("accdbg.framework_diagnosis")
 
@@ -72,7 +74,9 @@ def check_framework_diagnosis(
     allow_nonfinite_inputs: bool = False,
 ) -> None:
     """What a run needs, checked without writing: framework, model, inputs, run folder."""
-    get_runner_class(framework)
+    runner = get_runner_class(framework)
+    if runner.isolated(RunnerOptions()):
+        check_available(framework)  # here, not only in the child that will import it
     check_model_path(model_path, framework)
     for t in inputs:
         t.check(allow_nonfinite_inputs)
@@ -106,43 +110,75 @@ def run_framework_diagnosis(
     options = RunnerOptions.from_flags(
         disable_graph_optimization, onnx_custom_op_lib, include_constants
     )
-    runner_cls = get_runner_class(framework)
     for t in inputs:
         t.load()  # sizes checked before anything is written
     parsed = parse_input_list(input_list) if input_list is not None else None
-    runner = runner_cls(Path(model_path).expanduser().absolute(), inputs, options)
+    record = options_record or options_dict(
+        framework=framework,
+        model_path=model_path,
+        input_tensor=inputs,
+        output_tensor=output_tensors,
+        disable_graph_optimization=disable_graph_optimization,
+        onnx_custom_op_lib=onnx_custom_op_lib,
+        memory_budget_mb=memory_budget_mb,
+        input_list=input_list,
+    )
+    job = _Job(framework, str(model_path), list(inputs), options, list(output_tensors), parsed,
+               int(memory_budget_mb * 2**20), Path(working_dir), output_dirname, record)  # fmt: skip
+    if get_runner_class(framework).isolated(options):
+        result = run_isolated(
+            _diagnose, job, what=f"running {str(model_path)!r} for its golden tensors",
+            who=f"the {framework} runtime", log_hint="the log (-v)",
+        )  # fmt: skip
+    else:
+        result = _diagnose(job)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+@dataclass
+class _Job:
+    """What :func:`_diagnose` needs, picklable: it may run in a child Python."""
+
+    framework: str
+    model_path: str
+    inputs: list[InputTensor]
+    options: RunnerOptions
+    output_tensors: list[str]
+    parsed: list | None  # the input list's lines, when there is one
+    budget: int  # bytes of tensors per run
+    working_dir: Path
+    output_dirname: str | None
+    record: dict  # the options file's content
+
+
+def _diagnose(job: _Job) -> DiagnosisResult:
+    """Load the model in its framework and dump its tensors into a new run folder. Runs in a
+    child Python for frameworks whose native code could crash (``FrameworkRunner.isolated``),
+    so a crash there is an error, not the end of the tool."""
+    model_path, inputs, options = job.model_path, job.inputs, job.options
+    runner = get_runner_class(job.framework)(
+        Path(model_path).expanduser().absolute(), inputs, options
+    )
     runner.activate()
     try:
-        runner.check_outputs(list(output_tensors))
+        runner.check_outputs(job.output_tensors)
         lines = (
-            inputs_per_line(parsed, inputs, runner.model_input_order())
-            if parsed is not None
+            inputs_per_line(job.parsed, inputs, runner.model_input_order())
+            if job.parsed is not None
             else [list(inputs)]
         )
         infos = runner.tensors()
-        budget = int(memory_budget_mb * 2**20)
-        batches = plan_batches(infos, lambda i: i.nbytes, budget)
-        with RunDir(working_dir, "framework_diagnosis", output_dirname) as run:
+        batches = plan_batches(infos, lambda i: i.nbytes, job.budget)
+        with RunDir(job.working_dir, "framework_diagnosis", job.output_dirname) as run:
             options.scratch_dir = run.path / ".scratch"
-            run.write_options(
-                options_record
-                or options_dict(
-                    framework=framework,
-                    model_path=model_path,
-                    input_tensor=inputs,
-                    output_tensor=output_tensors,
-                    disable_graph_optimization=disable_graph_optimization,
-                    onnx_custom_op_lib=onnx_custom_op_lib,
-                    memory_budget_mb=memory_budget_mb,
-                    input_list=input_list,
-                )
-            )
+            run.write_options(job.record)
             log.info(
                 "model %s: %d tensors to dump in %d run(s)%s",
                 model_path,
                 len(infos),
                 len(batches),
-                f" for each of {len(lines)} input-list lines" if parsed is not None else "",
+                f" for each of {len(lines)} input-list lines" if job.parsed is not None else "",
             )
             meta = {
                 "component": "framework_diagnosis",
@@ -151,10 +187,10 @@ def run_framework_diagnosis(
             }
             writers = [
                 TensorWriter(
-                    run.path / f"Result_{i}" if parsed is not None else run.path,
+                    run.path / f"Result_{i}" if job.parsed is not None else run.path,
                     meta={
                         **meta,
-                        **({"result": i} if parsed is not None else {}),
+                        **({"result": i} if job.parsed is not None else {}),
                         "inputs": inputs_record({t.name: t.path for t in line}),
                     },
                 )
@@ -183,13 +219,13 @@ def run_framework_diagnosis(
                 "wrote %d tensors (%d bytes)%s to %s",
                 len(table),
                 int(table["bytes"].sum()),
-                f" for each of {len(writers)} inputs" if parsed is not None else "",
+                f" for each of {len(writers)} inputs" if job.parsed is not None else "",
                 run.final_path,
             )
     finally:
         runner.deactivate()
-    results = [run.path / f"Result_{i}" for i in range(len(lines))] if parsed else [run.path]
-    return DiagnosisResult(run.path, table, len(batches), time.perf_counter() - start, results)
+    results = [run.path / f"Result_{i}" for i in range(len(lines))] if job.parsed else [run.path]
+    return DiagnosisResult(run.path, table, len(batches), 0.0, results)
 
 
 def _cleanup(path: Path | None) -> None:

@@ -9,7 +9,7 @@ import onnxruntime as ort
 
 from accdbg.core import onnx_model as om
 from accdbg.errors import AccdbgError
-from accdbg.frameworks.base import FrameworkRunner, register
+from accdbg.frameworks.base import FrameworkRunner, RunnerOptions, register
 
 
 def session_options(disable_optimization: bool, custom_op_lib=None) -> ort.SessionOptions:
@@ -37,6 +37,12 @@ class OnnxRunner(FrameworkRunner):
     """Exposes the requested node outputs as graph outputs and runs one session per request."""
 
     name = "onnx"
+
+    @classmethod
+    def isolated(cls, options: RunnerOptions) -> bool:
+        """onnxruntime's CPU kernels run in this process (a child costs a second or two); a
+        custom-op library is the user's native code, and runs in a child."""
+        return options.custom_op_lib is not None
 
     def activate(self) -> None:
         model = om.load_model(self.model_path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -63,6 +64,18 @@ def installed_versions(framework: str) -> dict[str, str]:
 
 def unavailable(framework: str) -> AccdbgError:
     return AccdbgError(f"framework {framework!r} is not available: {install_hint(framework)}")
+
+
+def check_available(framework: str) -> None:
+    """Fail with the package to install when the framework's module cannot be found; finds
+    it without importing it (the import happens where the model runs, maybe a child)."""
+    name = FRAMEWORK_PACKAGES[framework].module
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package, or a module set to None
+        found = False
+    if not found:
+        raise unavailable(framework)
 
 
 def require(framework: str, module: str | None = None) -> ModuleType:

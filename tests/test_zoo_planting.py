@@ -5,6 +5,9 @@ hand-built CNN with a stand-in harm measure (no QNN run; the real measure runs i
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -235,3 +238,37 @@ def test_qnn_htp_pads_channels_with_the_integer_0_not_the_zero_point(tmp_path):
     np.testing.assert_allclose(on_qnn[:, 8:], -zp * scale, atol=1.01 * scale)
     # the input's own channels: the same values up to the rounding of the layers before it
     assert np.median(np.abs(on_qnn[:, :8] - on_cpu[:, :8])) <= 1.01 * scale
+
+
+def test_a_planting_is_reused_only_while_what_it_depends_on_is_the_same(net, tmp_path):
+    """The planting cache hands back a case's folder only for the same prepared model, seed,
+    gate and sites held by the kind's other depths, and only while its planted file is intact."""
+    from benchmarks.zoo.runner import Plantings
+
+    model = net[0]
+    folder = tmp_path / "cases" / "net" / "weight_outlier_mid"
+    folder.mkdir(parents=True)
+    (folder / "model.onnx").write_bytes(model.SerializeToString())
+    (folder / "fault.json").write_text(json.dumps({"model": "net", "kind": "weight_outlier"}))
+    cache_dir = tmp_path / "models" / "net"
+    cache_dir.mkdir(parents=True)
+    cache = Plantings(cache_dir, model, seed=0, gate=True)
+    key = cache.key("net/weight_outlier/mid", {"a:b"})
+    sha = hashlib.sha1((folder / "model.onnx").read_bytes()).hexdigest()
+    cache.put(key, {"folder": str(folder), "site": "c:d", "fingerprint": "f", "model_sha1": sha})
+
+    again = Plantings(cache_dir, model, seed=0, gate=True)  # read back from its file
+    got = again.get(again.key("net/weight_outlier/mid", {"a:b"}))
+    assert got is not None and got["site"] == "c:d" and got["record"]["kind"] == "weight_outlier"
+    assert got["folder"] == str(cache_dir / ".." / ".." / "cases" / "net" / "weight_outlier_mid")
+    assert again.get(again.key("net/weight_outlier/mid", set())) is None  # other sites held
+    assert Plantings(cache_dir, model, seed=1, gate=True).get(key.replace(":0:", ":1:")) is None
+    other = Plantings(cache_dir, model, seed=0, gate=False)
+    assert other.get(other.key("net/weight_outlier/mid", {"a:b"})) is None
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    changed.graph.name = "changed"
+    moved = Plantings(cache_dir, changed, seed=0, gate=True)
+    assert moved.get(moved.key("net/weight_outlier/mid", {"a:b"})) is None
+    (folder / "model.onnx").write_bytes(b"not the planted model")
+    assert again.get(again.key("net/weight_outlier/mid", {"a:b"})) is None

@@ -9,6 +9,7 @@ three debug exactly the same quantized model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -16,7 +17,7 @@ import os
 import shutil
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -93,13 +94,74 @@ def case_names(models: list[str], kinds: list[str], every_case: bool = False) ->
     return out
 
 
+# the code a planting depends on: a cached planting is reused only while none of it changed
+PLANTING_CODE = (
+    "plant.py",
+    "edits.py",
+    "graph.py",
+    "harm.py",
+    "probe.py",
+    "inputs.py",
+    "models.py",
+)
+PLANTINGS_FILE = "plantings.json"
+
+
+class Plantings:
+    """What each case's planting came to, cached per prepared model (``plantings.json`` in its
+    folder): the case folder and its fingerprint, or why it was left out, and the site it holds.
+    Planting a case costs tens of seconds (float probes, the harm gate's QNN runs); a cached
+    one is taken as it is when the prepared model, the planting code, the seed, the gate and
+    the sites the other depths of its kind hold are the same."""
+
+    def __init__(self, folder: Path, model: onnx.ModelProto, seed: int, gate: bool):
+        self.path = folder / PLANTINGS_FILE
+        digest = hashlib.sha1(model.SerializeToString())
+        for name in PLANTING_CODE:
+            digest.update((Path(__file__).parent / name).read_bytes())
+        self._base = f"{digest.hexdigest()[:16]}:{seed}:{int(gate)}"
+        try:
+            self._known: dict[str, dict] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self._known = {}
+
+    def key(self, name: str, taken: set[str]) -> str:
+        return f"{self._base}:{name}:{','.join(sorted(taken))}"
+
+    def get(self, key: str) -> dict | None:
+        entry = self._known.get(key)
+        if entry is None or not entry.get("folder"):
+            return entry
+        folder = self.path.parent / entry["folder"]  # relative: the --out folder may move
+        try:
+            model = (folder / "model.onnx").read_bytes()
+            record = json.loads((folder / "fault.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if hashlib.sha1(model).hexdigest() != entry["model_sha1"]:
+            return None
+        return entry | {"folder": str(folder), "record": record}
+
+    def put(self, key: str, entry: dict) -> None:
+        if entry.get("folder"):
+            entry = entry | {"folder": os.path.relpath(entry["folder"], self.path.parent)}
+        self._known[key] = entry
+        self.path.write_text(json.dumps(self._known, indent=1))
+
+
+def _fault(record: dict) -> zoo_plant.Fault:
+    names = {f.name for f in fields(zoo_plant.Fault)}
+    return zoo_plant.Fault(**{k: v for k, v in record.items() if k in names})
+
+
 def build_cases(
     wanted: list[str], out: Path, seed: int = 0, gate: bool = True
 ) -> tuple[list[Case], list[tuple[str, str]]]:
     """Plant every wanted case; returns the cases and (case, why) of those left out. With
     ``gate``, a planting must cost the quantized outputs on QNN :data:`~benchmarks.zoo.harm.
     HARM_DB` or more (made stronger, or moved, until it does; see :mod:`benchmarks.zoo.harm`);
-    without it every planting is kept at its drawn strength, felt or not."""
+    without it every planting is kept at its drawn strength, felt or not. Plantings are reused
+    from :class:`Plantings` when nothing they depend on changed."""
     cases: list[Case] = []
     dropped: list[tuple[str, str]] = []
     by_model: dict[str, list[str]] = {}
@@ -113,48 +175,90 @@ def build_cases(
             why = str(exc).splitlines()[0]
             dropped += [(name, f"the model could not be prepared: {why}") for name in names]
             continue
-        feeds = load_feeds(prep.input_paths, spec.input_name, spec.dims)
-        probe = FloatProbe(prep.model, feeds)
-        meter = HarmMeter(prep, out / "models" / spec.name) if gate else None
+        cache = Plantings(out / "models" / spec.name, prep.model, seed, gate)
+        planter = _Planter(model_name, spec, prep, seed, gate)
         taken: dict[str, set[str]] = {}  # kind -> the sites its other depths hold
         for name in names:
             _, kind, depth = name.split("/")
-            planted = zoo_plant.plant(
-                model_name,
-                prep.model,
-                kind,
-                depth,
-                probe,
-                feeds,
-                seed,
-                harm=meter.loss if meter else None,
-                taken=taken.get(kind, ()),
+            key = cache.key(name, taken.get(kind, set()))
+            entry = cache.get(key)
+            if entry is None:
+                entry = planter.plant(name, kind, depth, taken.get(kind, set()), out)
+                cache.put(key, entry)
+                entry = cache.get(key)
+            if entry.get("site"):
+                taken.setdefault(kind, set()).add(entry["site"])
+            if entry.get("dropped"):
+                dropped.append((name, entry["dropped"]))
+                continue
+            folder = Path(entry["folder"])
+            record = entry.get("record") or json.loads((folder / "fault.json").read_text())
+            fault = _fault(record)
+            overrides = folder / "overrides.encodings" if fault.overrides else None
+            cases.append(
+                Case(fault, folder, folder / "model.onnx", overrides, entry["fingerprint"])
             )
-            if planted is None:
-                held = " left (the other depths hold the rest)" if taken.get(kind) else ""
-                dropped.append((name, f"no eligible site in this model{held}"))
-                continue
-            fault = planted.fault
-            if kind == "clean" and meter is not None:
-                fault.backend_gap_db = meter.backend_gap()
-            if planted.site is not None:
-                taken.setdefault(kind, set()).add(zoo_plant.site_key(planted.site))
-            if fault.excluded:
-                dropped.append((name, f"EXCLUDED: {fault.excluded}"))
-                continue
-            folder = out / "cases" / model_name / f"{kind}_{depth}".replace("-", "none")
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / "model.onnx"
-            onnx.save(planted.model, str(path))
-            overrides = None
-            if fault.overrides:
-                overrides = folder / "overrides.encodings"
-                overrides.write_text(json.dumps(fault.overrides, indent=1))
-            record = asdict(fault) | {"notes": prep.notes, "input_list": str(prep.input_list)}
-            (folder / "fault.json").write_text(json.dumps(record, indent=1, default=str))
-            digest = fingerprint(planted.model, fault.overrides)
-            cases.append(Case(fault, folder, path, overrides, digest))
     return cases, dropped
+
+
+class _Planter:
+    """Plants one model's cases; its float probe and harm meter are made at the first planting
+    the cache does not hold."""
+
+    def __init__(self, model_name: str, spec, prep, seed: int, gate: bool):
+        self.model_name, self.spec, self.prep, self.seed, self.gate = (
+            model_name,
+            spec,
+            prep,
+            seed,
+            gate,
+        )
+        self._tools: tuple | None = None
+
+    def _probe_and_meter(self) -> tuple:
+        if self._tools is None:
+            feeds = load_feeds(self.prep.input_paths, self.spec.input_name, self.spec.dims)
+            meter = HarmMeter(self.prep, self.prep.onnx_path.parent) if self.gate else None
+            self._tools = (feeds, FloatProbe(self.prep.model, feeds), meter)
+        return self._tools
+
+    def plant(self, name: str, kind: str, depth: str, taken: set[str], out: Path) -> dict:
+        """One case planted and saved: the cache's entry for it."""
+        feeds, probe, meter = self._probe_and_meter()
+        planted = zoo_plant.plant(
+            self.model_name,
+            self.prep.model,
+            kind,
+            depth,
+            probe,
+            feeds,
+            self.seed,
+            harm=meter.loss if meter else None,
+            taken=taken,
+        )
+        if planted is None:
+            held = " left (the other depths hold the rest)" if taken else ""
+            return {"dropped": f"no eligible site in this model{held}"}
+        fault = planted.fault
+        if kind == "clean" and meter is not None:
+            fault.backend_gap_db = meter.backend_gap()
+        site = zoo_plant.site_key(planted.site) if planted.site is not None else None
+        if fault.excluded:
+            return {"dropped": f"EXCLUDED: {fault.excluded}", "site": site}
+        folder = out / "cases" / self.model_name / f"{kind}_{depth}".replace("-", "none")
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "model.onnx"
+        onnx.save(planted.model, str(path))
+        if fault.overrides:
+            (folder / "overrides.encodings").write_text(json.dumps(fault.overrides, indent=1))
+        record = asdict(fault) | {"notes": self.prep.notes, "input_list": str(self.prep.input_list)}
+        (folder / "fault.json").write_text(json.dumps(record, indent=1, default=str))
+        return {
+            "folder": str(folder),
+            "site": site,
+            "fingerprint": fingerprint(planted.model, fault.overrides),
+            "model_sha1": hashlib.sha1(path.read_bytes()).hexdigest(),
+        }
 
 
 def _inputs(spec: zoo_models.ModelSpec, prep_dir: Path):

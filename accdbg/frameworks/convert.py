@@ -228,7 +228,7 @@ def _check_ops(model: onnx.ModelProto, framework: str, model_path: Path) -> None
         )
 
 
-@converter("tflite")
+@converter("tflite", in_child=True)  # LiteRT computes the sparse weights dense
 def _tflite(runner, out: Path, outputs, opset: int) -> Conversion:
     from accdbg.frameworks.tflite_runner import densified
 

@@ -85,8 +85,8 @@ def load_conversion(path: str | os.PathLike) -> Conversion:
 
 Converter = Callable[[FrameworkRunner, Path, Sequence[str], int], Conversion]
 CONVERTERS: dict[str, Converter] = {}
-# converters whose native code runs in this process: they run in a child Python instead, so a
-# crash in them is an error, not the end of the tool (tf2onnx is already a child of its own)
+# converters whose framework loads (and runs) the model natively: they run in a child Python,
+# so a crash there is an error, not the end of the tool (tf2onnx is a child of that child)
 IN_CHILD: set[str] = set()
 
 
@@ -246,7 +246,7 @@ def _tflite(runner, out: Path, outputs, opset: int) -> Conversion:
     return _by_name(runner, "tflite", onnx_path, tool, dict(runner.feed_names))
 
 
-@converter("tensorflow")
+@converter("tensorflow", in_child=True)  # TensorFlow loads the graph natively
 def _tensorflow(runner, out: Path, outputs, opset: int) -> Conversion:
     from accdbg.frameworks.tensorflow_runner import tensor_name
 

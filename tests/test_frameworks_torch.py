@@ -183,21 +183,32 @@ def test_onnx_export_maps_every_module_output(cnn, tmp_path, form):
     assert saved["tensor_mapping"] == conv.tensor_mapping and saved["framework"] == "pytorch"
 
 
+def crashing_module(tmp_path, src, monkeypatch, extra: str):
+    """``src`` and ``extra``, where ``crash()`` segfaults in any process but the test's own."""
+    path = tmp_path / "crashing.py"
+    path.write_text(
+        src.read_text()
+        + "\n\ndef crash():\n    import ctypes, os\n\n"
+        + "    if os.getpid() != int(os.environ['ACCDBG_TEST_PARENT']):\n"
+        + "        ctypes.string_at(0)  # a native crash, in a child process only\n\n\n"
+        + extra
+    )
+    monkeypatch.setenv("ACCDBG_TEST_PARENT", str(__import__("os").getpid()))
+    return path
+
+
 def test_a_native_crash_while_exporting_is_an_error_and_the_tool_survives(
     cnn, tmp_path, monkeypatch
 ):
     """torch.onnx runs native code; it exports in a child Python, so a segfault there is a
     one-line error, not the end of the tool (or of this test's worker)."""
     root, src, *_ = cnn
-    crashing = tmp_path / "crashing.py"
-    crashing.write_text(
-        src.read_text()
-        + "\n\ndef build_then_crash():\n    import ctypes, os\n    model = build()\n"
-        + "    if os.getpid() != int(os.environ['ACCDBG_TEST_PARENT']):\n"
-        + "        ctypes.string_at(0)  # a native crash, in the converting process only\n"
-        + "    return model\n"
+    crashing = crashing_module(
+        tmp_path,
+        src,
+        monkeypatch,
+        "def build_then_crash():\n    model = build()\n    crash()\n    return model\n",
     )
-    monkeypatch.setenv("ACCDBG_TEST_PARENT", str(__import__("os").getpid()))
     inp = [parse_input_tensor(["x", "1,3,16,16", str(root / "x.raw")])]
     with pytest.raises(AccdbgError) as err:
         convert_to_onnx("pytorch", f"{crashing}:build_then_crash", inp, tmp_path / "onnx")
@@ -215,17 +226,14 @@ def test_a_native_crash_in_the_forward_pass_is_an_error_and_the_tool_survives(
     them is a one-line error naming the runtime, the tool (and this worker) goes on, and the
     run that died is not taken for a finished one."""
     root, src, *_ = cnn
-    crashing = tmp_path / "crashing.py"
-    crashing.write_text(
-        src.read_text()
-        + "\n\nclass Crash(__import__('torch').nn.Module):\n"
-        + "    def __init__(self):\n        super().__init__()\n        self.inner = build()\n"
-        + "    def forward(self, x):\n        import ctypes, os\n"
-        + "        if os.getpid() != int(os.environ['ACCDBG_TEST_PARENT']):\n"
-        + "            ctypes.string_at(0)  # a native crash, in the running process only\n"
-        + "        return self.inner(x)\n"
+    crashing = crashing_module(
+        tmp_path,
+        src,
+        monkeypatch,
+        "class Crash(__import__('torch').nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.inner = build()\n\n"
+        "    def forward(self, x):\n        crash()\n        return self.inner(x)\n",
     )
-    monkeypatch.setenv("ACCDBG_TEST_PARENT", str(__import__("os").getpid()))
     code, _, err = run_cli(capsys, "--framework_diagnosis", "-f", "pytorch", "-m", f"{crashing}:Crash",
                            "-i", "x", "1,3,16,16", root / "x.raw", "-w", tmp_path / "w")  # fmt: skip
     assert code != 0

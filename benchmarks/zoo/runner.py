@@ -132,7 +132,7 @@ class Plantings:
         entry = self._known.get(key)
         if entry is None or not entry.get("folder"):
             return entry
-        folder = self.path.parent / entry["folder"]  # relative: the --out folder may move
+        folder = Path(os.path.normpath(self.path.parent / entry["folder"]))  # relative to it
         try:
             model = (folder / "model.onnx").read_bytes()
             record = json.loads((folder / "fault.json").read_text())

@@ -173,8 +173,14 @@ class TFLiteRunner(FrameworkRunner):
         try:
             it.allocate_tensors()
         except Exception as exc:
+            why = first_line(exc).rstrip(".")
+            if "custom op" in why.lower():  # e.g. MediaPipe's Convolution2DTransposeBias
+                why += (
+                    " (an op of the application that built the model, which LiteRT runs only "
+                    "with that application's kernels: give accdbg the model as ONNX)"
+                )
             raise AccdbgError(
-                f"LiteRT could not allocate {str(self.model_path)!r}: {first_line(exc)}"
+                f"LiteRT could not allocate {str(self.model_path)!r}: {why}"
             ) from None
         self._tensors = self._list_tensors()
         self._by_name = {i.name: i for i in self._tensors}

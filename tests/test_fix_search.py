@@ -373,6 +373,34 @@ def test_best_encodings_reproduce_the_search_result_exactly(weight_outlier, caps
     same_encodings(best_qdq, next(engine_run.glob("*.qdq.onnx")))
 
 
+@pytest.mark.slow  # runs QNN
+def test_a_softmax_output_is_judged_at_its_logits(weight_outlier, tmp_path):
+    """A saturating score hides what a fix does: the search judges a Softmax output at its
+    logits, as the ranking does. The same chain with a Softmax over its last layer scores, at
+    baseline and fixed, what the chain without it scores at that layer."""
+    _, built, plain = weight_outlier
+    model = onnx.load(str(built.path))
+    last = model.graph.output[0].name
+    model.graph.node.append(helper.make_node("Softmax", [last], ["probs"], axis=1))
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("probs", TensorProto.FLOAT, None))
+    path = tmp_path / "softmax.onnx"
+    onnx.save(model, str(path))
+    result = run_fix_search(
+        path,
+        image(built),
+        diagnosis=diagnosis("layer3", "weight range: output channel 0 spans 40x the median"),
+        working_dir=tmp_path / "w",
+    )
+    base, plain_base = result.candidates.iloc[0], plain.candidates.iloc[0]
+    assert abs(base["SQNR mean"] - plain_base["SQNR mean"]) < 0.1
+    local, plain_local = (
+        rows(r, "per-channel weights: w3").iloc[0] for r in (result, plain)
+    )  # fmt: skip
+    assert abs(local["SQNR mean"] - plain_local["SQNR mean"]) < 0.1
+    assert local["SQNR mean"] > base["SQNR mean"] + 10
+
+
 def test_a_rerun_takes_every_measurement_back_from_the_journal(weight_outlier):
     tmp, built, result = weight_outlier
     again = run_fix_search(
@@ -536,13 +564,23 @@ def test_real_model_planted_fault_best_encodings_reproduce(tmp_path, capsys):
     argv = shlex.split((run / "reproduce.txt").read_text())
     code, _, err = run_cli(capsys, *argv[1:], "-w", tmp_path / "again")
     assert code == 0, err
+    # the classifier's output is a Softmax: the search, as the ranking, judges it at its logits
+    float_model = onnx.load(str(case.model_path))
+    (softmax,) = [n for n in float_model.graph.node if n.op_type == "Softmax"]
+    logits = softmax.input[0]
+    assert f"--add_layer_outputs {logits}" in " ".join(argv)
+    float_model.graph.output.append(onnx.ValueInfoProto(name=logits))
+    sess = ort.InferenceSession(float_model.SerializeToString(), providers=["CPUExecutionProvider"])
     engine = (tmp_path / "again" / "inference_engine" / "latest").resolve()
-    sess = ort.InferenceSession(str(case.model_path), providers=["CPUExecutionProvider"])
     nsr = []
     for i, line in enumerate(listing.read_text().split()):
-        ref = sess.run(None, {"x": np.fromfile(line, np.float32).reshape(1, 3, 48, 192)})[0]
+        x = np.fromfile(line, np.float32).reshape(1, 3, 48, 192)
+        (ref,) = sess.run([logits], {"x": x})
         res = engine / "output" / f"Result_{i}"
-        (rec,) = json.loads((res / "tensors.json").read_text())["tensors"]
+        (rec,) = [
+            r for r in json.loads((res / "tensors.json").read_text())["tensors"]
+            if r["name"] == logits
+        ]  # fmt: skip
         out = np.fromfile(res / rec["file"], np.float32).reshape(ref.shape)
         nsr.append(np.sum((out - ref) ** 2) / np.sum(ref**2))
     assert abs(-10 * math.log10(np.mean(nsr)) - best["SQNR mean"]) < 0.1

@@ -22,6 +22,8 @@ import numpy as np
 import onnx
 
 from accdbg.algorithms.fixes.candidates import ENCODING_OF
+from accdbg.algorithms.sensitivity import dequantized, scores
+from accdbg.core import onnx_model as om
 from accdbg.engines.base import EngineOptions
 from accdbg.engines.options import QuantOptions
 from accdbg.errors import AccdbgError
@@ -167,16 +169,33 @@ def _scale_offset(tensor: dict) -> tuple[float | None, int | None]:
 
 
 def float_outputs(model_path: Path, feeds: list) -> list[list[np.ndarray]]:
-    """The float model's outputs on onnxruntime's CPU for every feed (the reference)."""
+    """The float model's judged outputs (:func:`~accdbg.algorithms.sensitivity.scores`: a
+    Softmax/Sigmoid output at its logits) on onnxruntime's CPU for every feed (the reference)."""
     import onnxruntime as ort
 
     from accdbg.engines.source import load_feed
 
+    model = onnx.load(str(model_path))
+    names = scores(model)
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
+    sess = ort.InferenceSession(
+        om.with_outputs(model, names).SerializeToString(), so, providers=["CPUExecutionProvider"]
+    )
     return [list(sess.run(names, load_feed(f))) for f in feeds]
+
+
+def judged_model(qdq: onnx.ModelProto, qdq_path: Path, float_model: str) -> tuple[Path, list[str]]:
+    """The candidate's QDQ model with the tensors its outputs are judged at exposed (a
+    Softmax/Sigmoid output's logits, dequantized, as the ranking judges them: a saturated
+    score hides what a fix does), and their names; the model itself when they are outputs."""
+    judged = scores(onnx.load(float_model, load_external_data=False))
+    names = [dequantized(qdq, n) or n for n in judged]
+    if set(names) <= {o.name for o in qdq.graph.output}:
+        return qdq_path, names
+    path = qdq_path.with_name(f"{qdq_path.stem}.judged.onnx")
+    onnx.save(om.with_outputs(qdq, names, keep_existing=True), str(path))
+    return path, names
 
 
 def save_reference(path: Path, outs: list[list[np.ndarray]]) -> None:
@@ -275,10 +294,10 @@ def measure(spec: Spec) -> dict[str, Any]:
     )
     report = JobReport()
     qdq = onnx.load(str(qdq_path), load_external_data=False)
-    names = [o.name for o in qdq.graph.output]
+    judged_path, names = judged_model(qdq, qdq_path, spec.float_model)
     t1 = time.perf_counter()
     try:
-        sess = checked_session(job, str(qdq_path), options, "session creation", report)
+        sess = checked_session(job, str(judged_path), options, "session creation", report)
         outs = []
         for feed in spec.feeds:
             values = checked_run(sess, names, feed, job, report)

@@ -16,10 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import onnx
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from accdbg.algorithms.sensitivity import scores
+from accdbg.core import onnx_model as om
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.encodings.qdq import export_qdq_encodings
 from accdbg.reports.cells import escape, safe_frame
@@ -81,8 +84,11 @@ def reproduce_command(
     encodings: Path,
     weights_bitwidth: int,
     param_quantizer: str,
+    judged: Sequence[str] = (),
 ) -> str:
-    """The ``--inference_engine`` command that quantizes to the best fix's encodings on QNN."""
+    """The ``--inference_engine`` command that quantizes to the best fix's encodings on QNN;
+    it dumps the graph outputs, or with ``judged`` (the logits a Softmax/Sigmoid output is
+    judged at, when they are not outputs) those tensors."""
     cmd = ["qnn-accuracy-debugger", "--inference_engine", "-m", str(model), "-r", runtime]
     if input_list:
         cmd += ["-l", str(Path(input_list).absolute())]
@@ -98,8 +104,17 @@ def reproduce_command(
         cmd += ["-wbw", str(weights_bitwidth)]
     if param_quantizer != "tf":
         cmd += ["-pq", param_quantizer]
-    cmd += ["-qo", str(encodings), "--debug_mode_off"]
+    cmd += ["-qo", str(encodings)]
+    cmd += ["--add_layer_outputs", ",".join(judged)] if judged else ["--debug_mode_off"]
     return shlex.join(cmd)
+
+
+def _judged_if_not_outputs(prepared: onnx.ModelProto, model: Path) -> list[str]:
+    """The tensors the search judged the outputs at, when any is not a graph output, named as
+    in the user's ``model`` (a reshape the pre-processing put before a Softmax is followed back
+    to the tensor of the model it reshapes)."""
+    judged = scores(prepared, set(om.all_tensor_names(om.load_model(model))))
+    return judged if set(judged) != {o.name for o in prepared.graph.output} else []
 
 
 def write(
@@ -148,6 +163,7 @@ def write(
         final / "best.encodings",
         setup.quant.weights_bitwidth,
         setup.quant.param_quantizer,
+        _judged_if_not_outputs(setup.prepared, setup.model_path),
     )
     (path / "reproduce.txt").write_text(cmd + "\n", encoding="utf-8")
     write_json_atomic(

@@ -74,8 +74,7 @@ def check_framework_diagnosis(
     allow_nonfinite_inputs: bool = False,
 ) -> None:
     """What a run needs, checked without writing: framework, model, inputs, run folder."""
-    runner = get_runner_class(framework)
-    if runner.isolated(RunnerOptions()):
+    if get_runner_class(framework).isolated(RunnerOptions()):
         check_available(framework)  # here, not only in the child that will import it
     check_model_path(model_path, framework)
     for t in inputs:

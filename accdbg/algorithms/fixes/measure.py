@@ -305,6 +305,9 @@ def measure(spec: Spec) -> dict[str, Any]:
         del sess
     except AccdbgError as exc:
         return {**rec, "status": "refused by QNN", "reason": str(exc), "sessions": 1}
+    finally:
+        if judged_path != qdq_path:  # the judged copy served its session
+            judged_path.unlink(missing_ok=True)
     rec["qnn s"] = time.perf_counter() - t1
     rec["sessions"] = report.sessions
     rec["cpu nodes"] = len(

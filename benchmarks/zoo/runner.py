@@ -143,9 +143,11 @@ class Plantings:
         return entry | {"folder": str(folder), "record": record}
 
     def put(self, key: str, entry: dict) -> None:
-        if entry.get("folder"):
-            entry = entry | {"folder": os.path.relpath(entry["folder"], self.path.parent)}
-        self._known[key] = entry
+        """Keep a fresh planting's entry (its fault record stays in its folder's fault.json)."""
+        kept = {k: v for k, v in entry.items() if k != "record"}
+        if kept.get("folder"):
+            kept["folder"] = os.path.relpath(kept["folder"], self.path.parent)
+        self._known[key] = kept
         self.path.write_text(json.dumps(self._known, indent=1))
 
 
@@ -185,15 +187,13 @@ def build_cases(
             if entry is None:
                 entry = planter.plant(name, kind, depth, taken.get(kind, set()), out)
                 cache.put(key, entry)
-                entry = cache.get(key)
             if entry.get("site"):
                 taken.setdefault(kind, set()).add(entry["site"])
             if entry.get("dropped"):
                 dropped.append((name, entry["dropped"]))
                 continue
             folder = Path(entry["folder"])
-            record = entry.get("record") or json.loads((folder / "fault.json").read_text())
-            fault = _fault(record)
+            fault = _fault(entry["record"])
             overrides = folder / "overrides.encodings" if fault.overrides else None
             cases.append(
                 Case(fault, folder, folder / "model.onnx", overrides, entry["fingerprint"])
@@ -201,19 +201,17 @@ def build_cases(
     return cases, dropped
 
 
+@dataclass
 class _Planter:
     """Plants one model's cases; its float probe and harm meter are made at the first planting
     the cache does not hold."""
 
-    def __init__(self, model_name: str, spec, prep, seed: int, gate: bool):
-        self.model_name, self.spec, self.prep, self.seed, self.gate = (
-            model_name,
-            spec,
-            prep,
-            seed,
-            gate,
-        )
-        self._tools: tuple | None = None
+    model_name: str
+    spec: zoo_models.ModelSpec
+    prep: zoo_models.Prepared
+    seed: int
+    gate: bool
+    _tools: tuple | None = None
 
     def _probe_and_meter(self) -> tuple:
         if self._tools is None:
@@ -247,8 +245,8 @@ class _Planter:
             return {"dropped": f"EXCLUDED: {fault.excluded}", "site": site}
         folder = out / "cases" / self.model_name / f"{kind}_{depth}".replace("-", "none")
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "model.onnx"
-        onnx.save(planted.model, str(path))
+        data = planted.model.SerializeToString()
+        (folder / "model.onnx").write_bytes(data)
         if fault.overrides:
             (folder / "overrides.encodings").write_text(json.dumps(fault.overrides, indent=1))
         record = asdict(fault) | {"notes": self.prep.notes, "input_list": str(self.prep.input_list)}
@@ -257,7 +255,8 @@ class _Planter:
             "folder": str(folder),
             "site": site,
             "fingerprint": fingerprint(planted.model, fault.overrides),
-            "model_sha1": hashlib.sha1(path.read_bytes()).hexdigest(),
+            "model_sha1": hashlib.sha1(data).hexdigest(),
+            "record": record,
         }
 
 

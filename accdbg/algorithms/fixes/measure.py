@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from accdbg.algorithms.fixes.candidates import ENCODING_OF
-from accdbg.algorithms.sensitivity import dequantized, scores
+from accdbg.algorithms.sensitivity import dequantized
 from accdbg.core import onnx_model as om
 from accdbg.engines.base import EngineOptions
 from accdbg.engines.options import QuantOptions
@@ -46,6 +46,7 @@ class Spec:
     overrides: dict = field(default_factory=dict)  # TensorQuantOverrides, JSON form
     # (what, tensor): what in act16|w16|per_channel|"encoding of <layer>"
     landed: list = field(default_factory=list)
+    judged: list = field(default_factory=list)  # the float tensors the outputs are judged at
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
@@ -168,15 +169,14 @@ def _scale_offset(tensor: dict) -> tuple[float | None, int | None]:
     return (None if scale is None else round(float(scale), 9)), so.get("offset")
 
 
-def float_outputs(model_path: Path, feeds: list) -> list[list[np.ndarray]]:
-    """The float model's judged outputs (:func:`~accdbg.algorithms.sensitivity.scores`: a
-    Softmax/Sigmoid output at its logits) on onnxruntime's CPU for every feed (the reference)."""
+def float_outputs(model: onnx.ModelProto, names: list[str], feeds: list) -> list[list[np.ndarray]]:
+    """The float model's tensors ``names`` - its outputs as judged
+    (:func:`~accdbg.algorithms.sensitivity.scores`: a Softmax/Sigmoid output at its logits) -
+    on onnxruntime's CPU for every feed (the reference)."""
     import onnxruntime as ort
 
     from accdbg.engines.source import load_feed
 
-    model = onnx.load(str(model_path))
-    names = scores(model)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     sess = ort.InferenceSession(
@@ -185,11 +185,10 @@ def float_outputs(model_path: Path, feeds: list) -> list[list[np.ndarray]]:
     return [list(sess.run(names, load_feed(f))) for f in feeds]
 
 
-def judged_model(qdq: onnx.ModelProto, qdq_path: Path, float_model: str) -> tuple[Path, list[str]]:
-    """The candidate's QDQ model with the tensors its outputs are judged at exposed (a
-    Softmax/Sigmoid output's logits, dequantized, as the ranking judges them: a saturated
-    score hides what a fix does), and their names; the model itself when they are outputs."""
-    judged = scores(onnx.load(float_model, load_external_data=False))
+def judged_model(qdq: onnx.ModelProto, qdq_path: Path, judged: list[str]) -> tuple[Path, list[str]]:
+    """The candidate's QDQ model with the float tensors ``judged`` exposed, dequantized (a
+    Softmax/Sigmoid output's logits, as the ranking judges them: a saturated score hides what
+    a fix does), and their names there; the model itself when they are outputs."""
     names = [dequantized(qdq, n) or n for n in judged]
     if set(names) <= {o.name for o in qdq.graph.output}:
         return qdq_path, names
@@ -294,7 +293,7 @@ def measure(spec: Spec) -> dict[str, Any]:
     )
     report = JobReport()
     qdq = onnx.load(str(qdq_path), load_external_data=False)
-    judged_path, names = judged_model(qdq, qdq_path, spec.float_model)
+    judged_path, names = judged_model(qdq, qdq_path, spec.judged)
     t1 = time.perf_counter()
     try:
         sess = checked_session(job, str(judged_path), options, "session creation", report)

@@ -37,6 +37,7 @@ from accdbg.algorithms.fixes.measure import (
     measure_many,
     save_reference,
 )
+from accdbg.algorithms.sensitivity import scores
 from accdbg.core.executors import Executor, ExecutorConfig, get_executor
 from accdbg.core.executors.calls import function_spec
 from accdbg.core.inputs import InputTensor
@@ -92,6 +93,7 @@ class _Setup:
     options: Any
     quant: QuantOptions  # the baseline: the run's quantizer options
     axes: dict[str, int]
+    judged: list[str] = field(default_factory=list)  # what the outputs are judged at (logits)
     # the baseline's (scale, zero point, quant type) of the layers whose encoding a candidate
     # gives others
     encodings: dict[str, tuple[float, int, str]] = field(default_factory=dict)
@@ -183,13 +185,15 @@ def run_fix_search(
         prepared_path = prepare_float(model, "model", calibration, work, work / ".prepare").path
         prepared = onnx.load(str(prepared_path))
         reference = run.path / "float_outputs.npz"
-        save_reference(reference, float_outputs(prepared_path, feeds))
+        judged = scores(prepared)  # a Softmax/Sigmoid output at its logits, for every candidate
+        save_reference(reference, float_outputs(prepared, judged, feeds))
         wtype = "QInt8" if quant.param_quantizer == "symmetric" else "QUInt8"
         if quant.weights_bitwidth == 16:
             wtype = wtype.replace("8", "16")
         setup = _Setup(
-            model_path, prepared, prepared_path, feeds, reference, options, quant, _axes(prepared)
-        )
+            model_path, prepared, prepared_path, feeds, reference, options, quant, _axes(prepared),
+            judged,
+        )  # fmt: skip
         cands, notes = C.propose(
             prepared, culprits, quant.per_channel, quant.act_bitwidth, quant.act_quantizer
         )
@@ -397,6 +401,7 @@ class _Search:
             quant=s.quant_of(st),
             overrides=st["overrides"],
             landed=st["landed"],
+            judged=s.judged,
         )
         return spec, {**extra, "settings": st}
 

@@ -29,8 +29,8 @@ from tests.test_model_explorer import load_overlay, overlay_files, producers_by_
 LAYERS, BAD = 8, 5  # layer5 is planted: its op is the 6th of 8 (Conv+Relu fuse into one op)
 
 
-def chain(tmp: Path) -> SimpleNamespace:
-    built = models.planted_chain(tmp, layers=LAYERS, bad=BAD)
+def chain(tmp: Path, built: models.Built | None = None) -> SimpleNamespace:
+    built = built or models.planted_chain(tmp, layers=LAYERS, bad=BAD)
     inputs = [parse_input_tensor(["x", ",".join(map(str, built.dims)), str(built.input_path)])]
     golden = run_framework_diagnosis("onnx", built.path, inputs, working_dir=tmp / "w").run_dir
     engine = run_inference_engine(built.path, input_tensors=inputs, working_dir=tmp / "w")
@@ -40,7 +40,7 @@ def chain(tmp: Path) -> SimpleNamespace:
         golden=golden,
         engine=engine,
         tmp=tmp,
-        planted=built.expected["planted"],
+        planted=built.expected.get("planted"),
     )
 
 
@@ -169,6 +169,53 @@ def test_partly_quantized_models_on_cpu(planted):
     err_alone = float(np.mean((cpu(alone) - float_out) ** 2))
     err_all = float(np.mean((cpu(qdq.model) - float_out) ** 2))
     assert err_alone > 0.5 * err_all
+
+
+@pytest.mark.slow  # runs QNN
+def test_a_softmax_output_is_scored_at_its_logits(planted, tmp_path):
+    """A saturating output hides the error a half brings: the chain with a Softmax over its
+    last layer is scored where the chain without it is, at that layer - every subgraph's score
+    is the plain chain's, and the search takes the same path to the planted layer."""
+    model = onnx.load(str(planted.built.path))
+    last = model.graph.output[0].name
+    model.graph.node.append(onnx.helper.make_node("Softmax", [last], ["probs"], axis=1))
+    del model.graph.output[:]
+    model.graph.output.append(
+        onnx.helper.make_tensor_value_info("probs", onnx.TensorProto.FLOAT, None)
+    )
+    path = tmp_path / "softmax.onnx"
+    onnx.save(model, str(path))
+    m = SimpleNamespace(**vars(planted))
+    m.built = SimpleNamespace(**vars(planted.built))
+    m.built.path, m.tmp = path, tmp_path
+    m.golden = run_framework_diagnosis("onnx", path, m.inputs, working_dir=tmp_path / "w").run_dir
+    m.engine = run_inference_engine(path, input_tensors=m.inputs, working_dir=tmp_path / "w")
+    r, plain = search(m), planted.result.subgraphs
+    subs = r.subgraphs.set_index(["First op", "Last op"])["Score"]
+    # one op more (the Softmax): the whole model and the ranges both op lists share score the same
+    same = plain.set_index(["First op", "Last op"])["Score"]
+    shared = [(0, LAYERS - 1), *(k for k in same.index if k in subs.index and k != (0, LAYERS - 1))]
+    assert subs.index[0] == (0, LAYERS)
+    assert [subs.iloc[0], *(subs[k] for k in shared[1:])] == pytest.approx(
+        [same[k] for k in shared], rel=0.01
+    )
+    assert len(shared) >= 4  # the planted op alone among them
+    assert list(r.report.dropna(subset=["culprit_rank"])["O/P Name"]) == [planted.planted]
+    assert json.loads(r.json.read_text())["judged"] == {"probs": last}
+
+
+@pytest.mark.slow  # runs QNN
+def test_a_model_without_a_bad_part_has_no_culprit(tmp_path):
+    """Halving goes on down a diffuse error too; a part is named only when quantizing it alone
+    costs half of the whole model's error, so a clean chain ends with no culprit and says so."""
+    built = models.outlier_chain(tmp_path, layers=LAYERS)
+    m = chain(tmp_path, built)
+    r = search(m)
+    subs = r.subgraphs
+    leaves = subs[subs["Decision"] == "leaf"]
+    assert len(leaves) and (leaves["Score"] < 0.5 * subs["Score"].iloc[0]).all()
+    assert r.report["culprit_rank"].isna().all() and subs["culprit_rank"].isna().all()
+    assert r.findings[0].startswith("no part of the model stands out")
 
 
 @pytest.mark.slow  # runs QNN

@@ -1,6 +1,8 @@
 """Binary snooping: halve the op list until the quantization error is pinned to a few ops.
 
-The whole quantized model is scored at its outputs against the float golden. The op list
+The whole quantized model is scored at its outputs against the float golden - an output a
+Softmax/Sigmoid makes at its logits, as the culprit ranking judges it (a saturated classifier
+turns most of its error into the same probabilities). The op list
 (every computing node of the QDQ model in topological order) is split at its midpoint; for
 each half a model is built in which only that half is quantized (:mod:`~accdbg.algorithms.mixed`:
 the other half gets its float weights back and loses its Q/DQ pairs) and scored the same way,
@@ -32,9 +34,12 @@ import pandas as pd
 from accdbg.algorithms import checkpoint
 from accdbg.algorithms.backend import Backend, PartRun, failure_status
 from accdbg.algorithms.checkpoint import Journal
+from accdbg.algorithms.evidence import SAME_VALUES
 from accdbg.algorithms.fragments import QDQ_OPS, Part, QdqModel
 from accdbg.algorithms.golden import Golden, GoldenError
 from accdbg.algorithms.mixed import FloatModel, op_list, partly_quantized
+from accdbg.algorithms.ranking import SHARE
+from accdbg.algorithms.sensitivity import dequantized, judged_at
 from accdbg.algorithms.snooping import OPTION_KEYS, SnoopArgs, check_request, set_up
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
@@ -95,6 +100,23 @@ class BinaryResult:
     new_sessions: int = 0  # created by this call (a resumed run reuses the journalled scores)
 
 
+def judged_tensors(qdq: QdqModel, golden: set[str]) -> list[str]:
+    """The float tensors the search scores, one per model output: the output itself, or the
+    logits of a Softmax/Sigmoid (:func:`~accdbg.algorithms.sensitivity.scores`) when the golden
+    has them - followed back through reshapes the pre-processing added until it does."""
+    out = []
+    for output, at in zip(qdq.graph_outputs, judged_at(qdq.model), strict=True):
+        t = qdq.float_source(at)
+        while t not in golden and not set(qdq.aliases(t)) & golden and t in qdq.producer:
+            node = qdq.nodes[qdq.producer[t]]
+            if node.op_type not in SAME_VALUES:
+                break
+            t = qdq.float_source(node.input[0])
+        has = t in golden or set(qdq.aliases(t)) & golden
+        out.append(t if has and t != qdq.float_source(output) else output)
+    return out
+
+
 def check_binary_options(verifier: str, weight: float, min_size: int) -> str:
     """The verifier's report label; one-line errors for bad values."""
     key = str(verifier).strip().lower()
@@ -136,12 +158,18 @@ class _Search:
         self.ops = op_list(qdq)
         self.subgraphs: list[Subgraph] = []
         self.iterations: list[dict[str, Any]] = []
-        self.done = {r["key"]: r for r in journal.of_kind("subgraph")}
-        self.resumed = len(self.done)
         self.outputs = list(qdq.graph_outputs)
+        self.judged = judged_tensors(qdq, set(golden.folder.names()))
+        # a record scored at other tensors (a journal an older version wrote) is scored again
+        self.done = {
+            r["key"]: r
+            for r in journal.of_kind("subgraph")
+            if r.get("judged", self.outputs) == self.judged
+        }
+        self.resumed = len(self.done)
         self._golden_out = [
             np.asarray(golden.load(o, qdq.shape(o), *qdq.aliases(o)), np.float64)
-            for o in self.outputs
+            for o in self.judged
         ]
 
     def new(self, first: int, last: int, parent: Subgraph | None) -> Subgraph:
@@ -175,21 +203,28 @@ class _Search:
             for sg in todo:
                 quantized = set(self.ops[sg.first : sg.last])
                 model, notes = partly_quantized(self.qdq, quantized, self.weights)
-                part = Part(model, {x: x for x in self.qdq.graph_inputs}, {}, self.outputs)
+                # a judged tensor is read after its Q/DQ pair where its producer is quantized
+                names = [
+                    o if o in self.outputs else (dequantized(model, o) or o) for o in self.judged
+                ]
+                if not set(names) <= set(self.outputs):
+                    model = om.with_outputs(model, names, keep_existing=True)
+                part = Part(model, {x: x for x in self.qdq.graph_inputs}, {}, names)
                 label = f"subgraph_{sg.first:05d}_{sg.last:05d}"
-                yield PartRun((sg, notes), part, self._feeds(), self.outputs, label)
+                yield PartRun((sg, notes, names), part, self._feeds(), names, label)
 
         if todo:
-            for (sg, notes), report, values in self.backend.run_many(runs()):
+            for (sg, notes, names), report, values in self.backend.run_many(runs()):
                 rec: dict[str, Any] = {
                     "kind": "subgraph",
                     "key": sg.key,
+                    "judged": self.judged,
                     "sessions": report.sessions,
                     "notes": notes,
                     "cpu_ops": sorted({f"{op}:{name}" for op, name in report.cpu_nodes}),
                 }
                 if report.ok:
-                    mse, nsr = output_error(self._golden_out, [values[o] for o in self.outputs])
+                    mse, nsr = output_error(self._golden_out, [values[o] for o in names])
                     rec.update(mse=mse, nsr=nsr, status="")
                 else:
                     rec.update(
@@ -326,6 +361,16 @@ def _describe(search: _Search, sg: Subgraph) -> str:
         return f"{layers[0].name} ({layers[0].op_type})"
     names = f"{layers[0].name} .. {layers[-1].name}" if layers else "no reported layer"
     return f"ops {sg.first}-{sg.last - 1} ({sg.size} ops; layers {names})"
+
+
+def _judged_text(search: _Search) -> str:
+    """Which outputs are scored at their logits, if any."""
+    at = [
+        f"{o} at its logits {j}"
+        for o, j in zip(search.outputs, search.judged, strict=True)
+        if o != j
+    ]
+    return f", {', '.join(at)}" if at else ""
 
 
 def _score_text(label: str, sg: Subgraph) -> str:
@@ -493,10 +538,15 @@ def _write(
 
     whole = search.subgraphs[0]
     leaves = [sg for sg in search.leaves() if sg.id != 0 or sg.score > 0]
-    ranks = {sg.id: i + 1 for i, sg in enumerate(sg for sg in leaves if sg.id != 0)}
+    shares = {sg.id: sg.score / whole.score if whole.score > 0 else math.nan for sg in leaves}
+    # a subgraph is a culprit when quantizing it alone costs half the whole model's error, as
+    # a layer is in the culprit ranking; the search ends on smaller and smaller parts of a
+    # diffuse error too
+    culprits = [sg for sg in leaves if sg.id != 0 and shares[sg.id] >= SHARE]
+    ranks = {sg.id: i + 1 for i, sg in enumerate(culprits)}
     causes = {}
     for sg in leaves:
-        share = sg.score / whole.score if whole.score > 0 else math.nan
+        share = shares[sg.id]
         causes[sg.id] = (
             f"quantizing only these {sg.size} op(s) gives {_score_text(label, sg)} at the outputs, "
             f"{share:.0%} of the whole model's error ({_score_text(label, whole)})"
@@ -534,10 +584,19 @@ def _write(
             f"the model has {whole.size} ops, no more than min_graph_size {search.min_size}: "
             f"nothing to split ({_score_text(label, whole)})"
         )
-    elif not ranks and whole.score > 0:
+    elif not ranks and whole.score > 0 and not any(sg.id != 0 for sg in leaves):
         findings.append(
             f"no half carries the error alone: the whole model ({_score_text(label, whole)}) "
             "is not split further"
+        )
+    elif not ranks and whole.score > 0:
+        top = max((sg for sg in leaves if sg.id != 0), key=lambda sg: shares[sg.id])
+        findings.append(
+            f"no part of the model stands out: quantized alone, no subgraph the search ended on "
+            f"costs half of the whole model's error ({_score_text(label, whole)}); the most, "
+            f"{_describe(search, top)}, {shares[top.id]:.0%}. The error is spread over the model: "
+            "a global change (per-channel weights, 16-bit activations, calibration data) is the "
+            "question, not a layer"
         )
     findings.append(
         f"cost: {len(search.subgraphs)} models, {sessions} QNN session(s); the float part ran in "
@@ -581,6 +640,7 @@ def _write(
             "score": "MSE" if label == "MSE" else "noise-to-signal power 10^(-SQNR/10)",
             "subgraph_relative_weight": search.weight,
             "min_graph_size": search.min_size,
+            "judged": dict(zip(search.outputs, search.judged, strict=True)),
             "ops": len(search.ops),
             "sessions": sessions,
             "float_part": "fp16 on QNN HTP (enable_htp_fp16_precision); ops QNN refuses on the CPU",
@@ -596,7 +656,9 @@ def _write(
         "compute in float (fp16 on QNN HTP)"
         + ("" if have_float else "; float weights were not found: dequantized weights used")
         + ". Score: the output error against the float golden "
-        + ("(noise-to-signal power)." if label == "SQNR" else "(MSE)."),
+        + ("(noise-to-signal power)" if label == "SQNR" else "(MSE)")
+        + _judged_text(search)
+        + ".",
         f"Cost: {sessions} QNN session(s) for {len(search.subgraphs)} models.",
     ]
     iters_html = "<h2>Iterations</h2>" + html_table(iters.astype(str))

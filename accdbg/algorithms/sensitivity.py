@@ -74,6 +74,7 @@ def output_noise(golden: Sequence[np.ndarray], target: Sequence[np.ndarray]) -> 
 SATURATING = ("Softmax", "Sigmoid", "LogSoftmax")
 # ops a score passes through unchanged in meaning (a reshape, a constant rescale)
 PASSING = (*SAME_VALUES, "Mul", "Div")
+QDQ = ("QuantizeLinear", "DequantizeLinear")  # a QDQ model's output passes its own pair
 
 
 def scores(model: onnx.ModelProto, compared: Collection[str] | None = None) -> list[str]:
@@ -82,13 +83,19 @@ def scores(model: onnx.ModelProto, compared: Collection[str] | None = None) -> l
     keeps its name in the QDQ model). With ``compared`` (the tensors a run compared), a logits
     tensor that was not compared - a Flatten the pre-processing put before the Softmax - is
     followed back through ops that keep its values to one that was."""
+    return list(dict.fromkeys(judged_at(model, compared)))
+
+
+def judged_at(model: onnx.ModelProto, compared: Collection[str] | None = None) -> list[str]:
+    """:func:`scores` output by output, in the graph's order (two may share their logits); in
+    a QDQ model, the logits as the Softmax reads them (after their Q/DQ pair)."""
     producer = {o: n for n in model.graph.node for o in n.output}
     consts = {i.name for i in model.graph.initializer}
     consts |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     out = []
     for o in model.graph.output:
         name, node = o.name, producer.get(o.name)
-        while node is not None and node.op_type in PASSING:
+        while node is not None and node.op_type in (*PASSING, *QDQ):
             if node.op_type in ("Mul", "Div") and not all(x in consts for x in node.input[1:]):
                 break
             node = producer.get(node.input[0])
@@ -100,7 +107,7 @@ def scores(model: onnx.ModelProto, compared: Collection[str] | None = None) -> l
                 break
             name = node.input[0]
         out.append(name)
-    return list(dict.fromkeys(out))
+    return out
 
 
 def dequantized(qdq_model: onnx.ModelProto, name: str) -> str | None:

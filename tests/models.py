@@ -354,3 +354,32 @@ def pooled_conv(tmp: Path, seed: int = 0, channels: int = 8) -> Built:
         (1, 3, 16, 16),
         {"features": features, "pooled": pooled, "scores": scores},
     )
+
+
+def lstm_after_matmul(tmp: Path, steps: int = 2, features: int = 4, hidden: int = 8) -> Built:
+    """MatMul -> bidirectional LSTM: a model whose LSTM the QNN HTP backend of onnxruntime-qnn
+    cannot finalize once quantized (QNN_COMMON_ERROR_MEM_ALLOC, whatever its size), as in
+    ddddocr's shipped OCR model. ``expected`` names both layers' outputs."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "w": rng.normal(size=(features, features)),
+        "W": 0.3 * rng.normal(size=(2, 4 * hidden, features)),
+        "R": 0.3 * rng.normal(size=(2, 4 * hidden, hidden)),
+        "B": np.zeros((2, 8 * hidden)),
+    }
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["mm"]),
+            helper.make_node(
+                "LSTM", ["mm", "W", "R", "B"], ["y"], hidden_size=hidden, direction="bidirectional"
+            ),
+        ],
+        "lstm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, 1, features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, 2, 1, hidden])],
+        inits,
+    )
+    path, x_path = save(graph, tmp / "lstm.onnx"), tmp / "lstm_x.raw"
+    rng.normal(size=(steps, 1, features)).astype(np.float32).tofile(x_path)
+    return Built(path, x_path, "x", (steps, 1, features), {"matmul": "mm", "lstm": "y"})

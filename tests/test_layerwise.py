@@ -339,6 +339,7 @@ def crash_on_pool(job):
     model = onnx.load(job.model_path, load_external_data=False)
     if any(n.op_type == "MaxPool" for n in model.graph.node):
         Path(job.stage_file).write_text("run")
+        Path(job.native_log).write_text("what the backend printed before it died\n")
         os.kill(os.getpid(), signal.SIGSEGV)
     return run_part(job)
 
@@ -352,11 +353,37 @@ def test_a_crashing_layer_is_isolated_and_the_rest_judged(two_fault, tmp_path, m
     )
     df = res.report.set_index("O/P Name")
     assert df.loc["p", "Status"] == "err_exec" and "SIGSEGV" in df.loc["p", "Info"]
+    # the verdict says which layer was not measured, and the Info's backend log is where it
+    # says (the run's final folder, not the staging folder it was written in)
+    assert res.findings[0].startswith(
+        "1 layer(s) not measured on QNN: err_exec, running it failed: p (MaxPool)"
+    )
+    shown = Path(df.loc["p", "Info"].rsplit(" - see ", 1)[1])
+    assert shown.is_file() and shown.parent.parent == res.run_dir
     others = df.drop(index="p")
     assert (others["Status"] == "").all()
     ref = m.layerwise.report.set_index("O/P Name").drop(index="p")
     np.testing.assert_allclose(others["CosineSimilarity"], ref["CosineSimilarity"])
     assert res.sessions > 1  # the batch was bisected
+
+
+@pytest.mark.slow  # runs QNN
+def test_a_layer_qnn_cannot_compile_is_named_and_the_rest_judged(tmp_path, capsys):
+    """A quantized LSTM does not finalize on QNN HTP: the whole model's run fails in one line
+    that says how to find the layer, and layerwise names it in its verdict and judges the rest."""
+    built = models.lstm_after_matmul(tmp_path)
+    code, _, err = run_cli(capsys, *built.flags(), "-w", tmp_path / "oneshot")
+    assert code != 0 and len(err.strip().splitlines()) >= 1
+    last = err.strip().splitlines()[-1]
+    assert "Failed to finalize QNN graph" in last and "--debugging_algorithm layerwise" in last
+    inputs = [parse_input_tensor(["x", ",".join(map(str, built.dims)), str(built.input_path)])]
+    res = run_layerwise(built.path, inputs, working_dir=tmp_path / "w")
+    df = res.report.set_index("O/P Name")
+    assert df.loc["y", "Status"] == "err_cntx" and df.loc["mm", "Status"] == ""
+    assert np.isfinite(float(df.loc["mm", "CosineSimilarity"]))
+    assert res.findings[0].startswith(
+        "1 layer(s) not measured on QNN: err_cntx, QNN could not finalize the graph: y (LSTM)"
+    )
 
 
 @pytest.mark.parametrize(

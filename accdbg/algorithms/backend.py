@@ -239,7 +239,8 @@ class Backend:
         return PartReport(
             False,
             "run" if stage in ("run", "done") else "session",
-            f"{self.engine.label}: {error} - see {job.native_log}",
+            f"{self.engine.label}: {error}"
+            + (f" - see {job.native_log}" if Path(job.native_log).is_file() else ""),
             sessions=1,
         )
 

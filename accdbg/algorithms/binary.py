@@ -475,6 +475,8 @@ def run_binary(
             search.run()
         finally:  # the worker processes stop with the search, however it ended
             backend.close()
+        for sg in search.subgraphs:  # a refused model's backend log, where it will be
+            sg.notes = [run.as_final(n) for n in sg.notes]
         result = _write(search, run.path, req, label, golden_root, qdq_path, prepared.is_file())
         journal.append({"kind": "done", "sessions": backend.sessions})
         if model_explorer:

@@ -33,7 +33,7 @@ from accdbg.algorithms.fragments import Layer, QdqModel
 from accdbg.algorithms.golden import Golden
 from accdbg.algorithms.judging import CPU_INFO, Judge, base_row, finalize_row, restore_row
 from accdbg.algorithms.ranking import Ranking
-from accdbg.algorithms.statuses import SKIP
+from accdbg.algorithms.statuses import ERRORS, MEANING, SKIP
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor, parse_input_list
@@ -437,6 +437,7 @@ class Context:
     source: set[str] = field(default_factory=set)  # the tensors of the model as given
     _html_at: float = field(default_factory=time.perf_counter)
     ranking: Ranking | None = None
+    as_final: Callable[[str], str] | None = None  # RunDir.as_final: the paths a report shows
 
     @property
     def judge(self) -> Judge:
@@ -457,10 +458,13 @@ class Context:
         html = final or time.perf_counter() - self._html_at >= HTML_EVERY
         if html:
             self._html_at = time.perf_counter()
-        rows = list({**self.skip_rows(), **self.rows}.values())
+        rows = [self._as_final(r) for r in {**self.skip_rows(), **self.rows}.values()]
         title = f"{'Cumulative-layerwise' if self.req.cumulative else 'Layerwise'} snooping: {self.req.model_path.name}"
         if final:
             self.ranking = self.rank(report.frame(rows, self.judge.labels, self.req.cumulative))
+            unmeasured = not_measured(rows, self.backend.engine.label)
+            if unmeasured and self.ranking is not None:
+                self.ranking.findings.insert(0, unmeasured)
         return report.write_reports(
             self.run_path,
             self.req.algorithm,
@@ -473,6 +477,14 @@ class Context:
             html=html,
             ranking=self.ranking if final else None,
         )
+
+    def _as_final(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A row whose ``Info`` names a backend log of the staging folder names it where it
+        will be: in the run's final folder."""
+        info = row.get("Info")
+        if self.as_final is None or not isinstance(info, str):
+            return row
+        return {**row, "Info": self.as_final(info)}
 
     def rank(self, df: pd.DataFrame) -> Ranking | None:
         """The culprit ranking over the finished table (layerwise scores are local: golden
@@ -580,6 +592,7 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
             meta=f"{backend.engine.label} -r {req.options.runtime}; QDQ model {qdq_path.name}; "
             f"golden {golden_root}",
             qdq_path=qdq_path,
+            as_final=run.as_final,
         )
         for rec in journal.records:  # what a killed run finished
             for r in rec.get("rows", []):
@@ -647,6 +660,30 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
         run.path / html_path.name,
         backend.peak_rss_mb,
         findings,
+    )
+
+
+def not_measured(rows: Sequence[dict[str, Any]], engine: str, most: int = 5) -> str | None:
+    """The finding naming the layers whose error could not be measured, by status (a layer
+    QNN cannot compile alone is news of its own: the deployed graph may not compile either)."""
+    by_status: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: r["_position"]):
+        if r.get("Status") in ERRORS:
+            by_status.setdefault(r["Status"], []).append(r)
+    if not by_status:
+        return None
+    parts = []
+    for status, failed in by_status.items():
+        names = ", ".join(str(r["O/P Name"]) for r in failed[:most])
+        more = f" and {len(failed) - most} more" if len(failed) > most else ""
+        types = "/".join(sorted({str(r.get("Layer Type", "")) for r in failed} - {""}))
+        parts.append(
+            f"{status}, {MEANING[status]}: {names}{more}" + (f" ({types})" if types else "")
+        )
+    count = sum(map(len, by_status.values()))
+    return (
+        f"{count} layer(s) not measured on {engine}: " + "; ".join(parts) + " - their error is "
+        "unknown; each row's Info says why and where the backend log is"
     )
 
 

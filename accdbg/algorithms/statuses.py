@@ -42,3 +42,13 @@ ERR_PART, ERR_CON, ERR_LIB, ERR_CNTX, ERR_EXEC, ERR_COMPARE = (
     "err_COMPARE",
 )
 ERRORS = (ERR_PART, ERR_CON, ERR_LIB, ERR_CNTX, ERR_EXEC, ERR_COMPARE)
+
+# what each error status means in one line: a finding says why layers were not measured
+MEANING = {
+    ERR_PART: "the model could not be cut there",
+    ERR_CON: "onnxruntime refused the part",
+    ERR_LIB: "QNN refused the graph",
+    ERR_CNTX: "QNN could not finalize the graph",
+    ERR_EXEC: "running it failed",
+    ERR_COMPARE: "no comparison possible",
+}

@@ -71,6 +71,12 @@ class JobReport:
     shapes: dict = field(default_factory=dict)
 
 
+# the whole model does not compile: which layer does not is what layerwise snooping tells
+COMPILES_ALONE = (
+    "--debugging_algorithm layerwise runs each layer alone and names those the backend cannot take"
+)
+
+
 def _explain_failure(exc: Exception, log_path: Path, what: str) -> AccdbgError:
     native = read_log(log_path)
     detail = native.first_qnn_error()
@@ -157,7 +163,12 @@ def plain_job(job: Job, write_outputs: bool) -> JobReport:
     report = JobReport()
     model = onnx.load(job.model_path, load_external_data=False)
     outputs = [o.name for o in model.graph.output]
-    sess = checked_session(job, job.model_path, job.options, "session creation", report)
+    try:
+        sess = checked_session(job, job.model_path, job.options, "session creation", report)
+    except AccdbgError as exc:
+        if "session creation failed" not in str(exc):
+            raise
+        raise AccdbgError(f"{exc}; {COMPILES_ALONE}") from None
     scratch = Path(job.output_root) / ".scratch"
     for i, feed in enumerate(job.feeds):
         values = checked_run(sess, outputs, feed, job, report)

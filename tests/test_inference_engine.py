@@ -576,3 +576,52 @@ def test_job_folders_of_dead_parents_are_swept(monkeypatch, tmp_path):
     isolate._sweep_dead_jobs()
     assert not dead.exists() and live.exists() and young.exists()
     held.release()
+
+
+@pytest.mark.slow  # runs QNN
+def test_initializers_listed_as_inputs_stay_constants(tmp_path):
+    """An IR 3 model lists its initializers among its inputs. ONNX's own test models make
+    their weights and BatchNormalization parameters with ConstantOfShape from such shapes;
+    onnxruntime folds them and fuses the BatchNormalization into the Conv, but leaves the used-up
+    shapes as graph inputs, which calibration then asks for. They must stay constants."""
+    shapes = {"w": [4, 3, 3, 3], "scale": [4], "bias": [4], "mean": [4], "var": [4]}
+    values = {"w": 0.02, "scale": 1.5, "bias": 0.1, "mean": 0.05, "var": 1.0}
+    inits = [
+        numpy_helper.from_array(np.array(d, np.int64), f"{n}__SHAPE") for n, d in shapes.items()
+    ]
+    nodes = [
+        helper.make_node(
+            "ConstantOfShape",
+            [f"{n}__SHAPE"],
+            [n],
+            value=numpy_helper.from_array(np.array([values[n]], np.float32)),
+        )
+        for n in shapes
+    ]
+    nodes += [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ir3",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])]
+        + [helper.make_tensor_value_info(i.name, TensorProto.INT64, list(i.dims)) for i in inits],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    model.ir_version = 3
+    path = tmp_path / "ir3.onnx"
+    onnx.save(model, str(path))
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    x.tofile(tmp_path / "x.raw")
+    inp = [parse_input_tensor(["x", "1,3,8,8", str(tmp_path / "x.raw")])]
+    res = run_inference_engine(path, input_tensors=inp, working_dir=tmp_path / "w")
+    y = TensorFolder(res.results[0]).load("y")
+    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )[0]
+    assert np.abs(y - expected).max() < 0.05 * np.abs(expected).max()
+    log = (res.run_dir / "log.txt").read_text()
+    assert "5 initializers the graph also listed as inputs kept as constants" in log

@@ -49,6 +49,23 @@ def fix_shapes(
     return om.infer_shapes(model)
 
 
+def initializers_not_inputs(model: onnx.ModelProto, steps: list[str]) -> onnx.ModelProto:
+    """Initializers the graph also lists as inputs (the IR < 4 way) stay constants only.
+
+    As inputs they may be fed: once constant folding has used them up (their consumers
+    folded), they would be left as inputs nobody feeds, which calibration then asks for."""
+    inits = {i.name for i in model.graph.initializer}
+    listed = [i for i in model.graph.input if i.name in inits]
+    if not listed:
+        return model
+    keep = [i for i in model.graph.input if i.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    model.ir_version = max(model.ir_version, 4)  # IR 4 lets initializers be no inputs
+    steps.append(f"{len(listed)} initializers the graph also listed as inputs kept as constants")
+    return model
+
+
 MIN_OPSET = 13  # per-axis (per-channel) QuantizeLinear/DequantizeLinear need opset 13
 
 
@@ -71,6 +88,7 @@ def prepare_float_model(
 ) -> tuple[Path, list[str]]:
     """Shape-fix, fold and pre-process a float model for QNN; returns its path and the steps."""
     steps: list[str] = []
+    model = initializers_not_inputs(model, steps)
     model = fix_shapes(model, shapes, steps)
     model = upgrade_opset(model, steps)
     fixed = work_dir / "model.fixed.onnx"

@@ -116,6 +116,7 @@ class _BeforeBackend:
             graph_inputs=feeds,
         )
         self.evidence = self.builder.build()
+        self.builder.float_weights.clear()  # read by the build only: a copy of every weight
         self.impact: _LazySensitivity | None = None
         self.reach: _RememberedReach | None = None
         if self.float_proto is not None and feeds:

@@ -39,7 +39,6 @@ from accdbg.errors import AccdbgError
 from accdbg.verifiers.channels import (
     by_channel,
     channel_axis,
-    channel_extent,
     channel_power,
     live,
 )
@@ -172,7 +171,8 @@ def _weighted_nsr(
 
     The means are summed exactly, with the bias: an offset the bias cancels in float (a channel
     carrying a large constant) adds nothing to the output's signal but multiplies the weights'
-    rounding (``dw``, the signed error; when it is not known, a rounding of ``step``: s^2/12):
+    rounding (``dw``, the signed error, squared in place; when it is not known, a rounding of
+    ``step``: s^2/12):
     signal_o = Σ_i W²[o,i] Var_i + (Σ_i W[o,i] μ_i + b_o)²,
     noise_o = Σ_i ΔW²[o,i] Var_i + (Σ_i ΔW[o,i] μ_i)².
     Returns the NSR and the share of the noise (all output channels) the means' term makes."""
@@ -180,34 +180,39 @@ def _weighted_nsr(
     order = (axis_out % w.ndim, axis_in % w.ndim, *rest)
 
     def per_pair(x: np.ndarray) -> np.ndarray:  # [out, in], summed over the kernel
-        return np.transpose(x, order).reshape(w.shape[order[0]], w.shape[order[1]], -1).sum(axis=2)
+        t = np.transpose(x, order)  # a view; a 2-D weight has no kernel to sum (no copy)
+        return t if t.ndim == 2 else t.reshape(t.shape[0], t.shape[1], -1).sum(axis=2)
 
-    err2 = dw**2 if dw is not None else np.asarray(step, np.float64) ** 2 / 12.0
-    sig, err = per_pair(w**2), per_pair(np.broadcast_to(err2, w.shape))
-    n_out, per_group = sig.shape
-    stats = None
+    n_out, per_group = w.shape[order[0]], w.shape[order[1]]
+    power = mean = None  # each input channel's (a grouped layer's: per output channel's inputs)
     if stats_in is not None:
         size = stats_in.shape[1]
         if groups > 1 and size == per_group * groups:
             idx = (np.arange(n_out) // max(1, n_out // groups))[:, None] * per_group + np.arange(
                 per_group
             )
-            stats = stats_in[:, idx]
+            power, mean = stats_in[:, idx]
         elif size == per_group:
-            stats = np.broadcast_to(stats_in[:, None, :], (2, n_out, per_group))
+            power, mean = stats_in
+    # the means' term first: then the signed error is squared in place (a big layer's weights
+    # are held a few times over at most)
+    dc_noise = None if power is None or dw is None else _rowdot(per_pair(dw), mean) ** 2
+    err2 = np.square(dw, out=dw) if dw is not None else np.asarray(step, np.float64) ** 2 / 12.0
+    err = per_pair(np.broadcast_to(err2, w.shape))
+    sig = per_pair(np.square(w))
     dc_share = 0.0
-    if stats is None:
+    if power is None:
         signal, noise = sig.sum(axis=1), err.sum(axis=1)
     else:
-        power, mean = stats
         var = np.maximum(power - mean**2, 0.0)
-        dc = (per_pair(w) * mean).sum(axis=1) + (0.0 if bias is None else bias)
-        signal = (sig * var).sum(axis=1) + dc**2
-        if dw is None:  # the rounding is not known: its mean error is no better than its power
-            noise = (err * power).sum(axis=1)
+        dc = _rowdot(per_pair(w), mean) + (0.0 if bias is None else bias)
+        signal = _rowdot(sig, var) + dc**2
+        if (
+            dc_noise is None
+        ):  # the rounding is not known: its mean error is no better than its power
+            noise = _rowdot(err, power)
         else:
-            dc_noise = (per_pair(dw) * mean).sum(axis=1) ** 2
-            noise = (err * var).sum(axis=1) + dc_noise
+            noise = _rowdot(err, var) + dc_noise
             total = float(noise.sum())
             dc_share = float(dc_noise.sum()) / total if total > 0 else 0.0
     alive = live(signal)
@@ -215,6 +220,14 @@ def _weighted_nsr(
         nsr = np.where(signal > 0, noise / signal, np.nan)
     vals = nsr[alive]
     return (float(np.median(vals)) if vals.size else math.nan), dc_share
+
+
+def _rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(a * b).sum(axis=1)`` for ``b`` of a's shape or one row of it, without the product
+    (a 2-D weight's [out, in] is as large as the weight)."""
+    if b.ndim == 1:
+        return np.einsum("ij,j->i", a, b)
+    return np.einsum("ij,ij->i", a, b)
 
 
 def _offset_channel(stats_in: np.ndarray | None) -> tuple[int, float] | None:
@@ -229,53 +242,64 @@ def _offset_channel(stats_in: np.ndarray | None) -> tuple[int, float] | None:
 
 
 def _outlier_notes(
-    ref: np.ndarray, out_ranges: np.ndarray, in_ranges: np.ndarray, p99: float
+    ref: np.ndarray,
+    out_ranges: np.ndarray,
+    in_ranges: np.ndarray,
+    p99: float,
+    absw: np.ndarray | None = None,
 ) -> tuple[str, str, float]:
     """The outlier behind a blown weight range - one weight, one output or input channel (their
     ranges given; ``p99``: :func:`weight_p99`) - as (what, note, how many times the rest);
     ("", "", nan) when none is four times the rest."""
-    single = float(np.abs(ref).max()) / p99 if p99 and p99 > 0 else math.nan
+    absw = np.abs(ref) if absw is None else absw  # ``absw``: |ref|, when already made
+    single = float(absw.max()) / p99 if p99 and p99 > 0 else math.nan
     best = (0.0, "", "")
     for ranges, what in ((out_ranges, "output channel"), (in_ranges, "input channel")):
         note, ratio = _ratio_note(ranges, ranges > 0, what)
         if note and ratio > best[0]:
             best = (ratio, what, note)
     if not math.isnan(single) and single >= OUTLIER_RATIO and single > best[0]:
-        return "weight", _largest_note(ref, single), single
+        return "weight", _largest_note(absw, single), single
     return (
         (best[1], best[2], best[0]) if best[2] and best[0] >= OUTLIER_RATIO else ("", "", math.nan)
     )
 
 
-def weight_p99(ref: np.ndarray) -> float:
-    """The 99th percentile of a weight tensor's magnitudes, the scale its outliers are measured
-    against; NaN under 100 weights (no percentile to trust)."""
-    return float(np.percentile(np.abs(ref), 99)) if ref.size >= 100 else math.nan
+def weight_p99(ref: np.ndarray, magnitudes: bool = False) -> float:
+    """The 99th percentile of a weight tensor's magnitudes (``magnitudes``: ``ref`` holds them
+    already), the scale its outliers are measured against; NaN under 100 weights (no
+    percentile to trust)."""
+    if ref.size < 100:
+        return math.nan
+    return float(np.percentile(ref if magnitudes else np.abs(ref), 99))
 
 
-def _largest_note(ref: np.ndarray, ratio: float) -> str:
-    pos = list(map(int, np.unravel_index(int(np.argmax(np.abs(ref))), ref.shape)))
+def _largest_note(absw: np.ndarray, ratio: float) -> str:
+    """Where the largest weight is (``absw``: the magnitudes)."""
+    pos = list(map(int, np.unravel_index(int(np.argmax(absw)), absw.shape)))
     return f"weight {pos} is {ratio:.3g}x the tensor's 99th percentile"
 
 
-def few_outliers(ref: np.ndarray, p99: float | None = None) -> tuple[int, float, float, str]:
+def few_outliers(
+    ref: np.ndarray, p99: float | None = None, absw: np.ndarray | None = None
+) -> tuple[int, float, float, str]:
     """The weights beyond ``OUTLIER_RATIO`` x the tensor's 99th percentile (``p99``, computed
     when not given), when they are at most one in a thousand (a channel scaled as a whole is
     not "a few weights"): (how many, the largest magnitude of the rest, the largest's ratio to
     the percentile, a note); (0, nan, nan, "") when there are none or too many."""
-    p99 = weight_p99(ref) if p99 is None else p99
+    absw = np.abs(ref) if absw is None else absw  # ``absw``: |ref|, when already made
+    p99 = weight_p99(absw, magnitudes=True) if p99 is None else p99
     if not p99 > 0:  # NaN too: under 100 weights
         return 0, math.nan, math.nan, ""
-    absw = np.abs(ref).ravel()
     over = absw > OUTLIER_RATIO * p99
     count = int(over.sum())
     if not 0 < count <= max(1, absw.size // 1000):
         return 0, math.nan, math.nan, ""
     ratio = float(absw.max()) / p99
-    note = _largest_note(ref, ratio)
+    note = _largest_note(absw, ratio)
     if count > 1:
         note += f" ({count} weights beyond {OUTLIER_RATIO:g}x)"
-    return count, float(absw[~over].max()), ratio, note
+    return count, float(np.max(absw, where=~over, initial=0.0)), ratio, note
 
 
 def _widest(ranges: np.ndarray, alive: np.ndarray | None = None) -> tuple[int, float]:
@@ -422,7 +446,7 @@ class EvidenceBuilder:
         w = self.float_weights.get(dq.input[0].removesuffix("_quantized"))
         ref = w.astype(np.float64) if w is not None and w.shape == deq.shape else deq
         # no float weights (a given QDQ model): the rounding is not known, only its step
-        dw = None if ref is deq else deq - ref
+        dw = None if ref is deq else np.subtract(deq, ref, out=deq)  # deq is not used again
         stats_in = self._input_stats(node, axis_in, ref.shape[axis_in])
         groups = next((a.i for a in node.attribute if a.name == "group"), 1)
         bias = self._bias(node, ref.shape[axis_out])
@@ -431,10 +455,18 @@ class EvidenceBuilder:
         )
         ev.weight_per_channel = scale.size > 1
         notes = [f"{'per-channel' if scale.size > 1 else 'per-tensor'} {8 * wq.dtype.itemsize}-bit"]
-        ranges = {axis: channel_extent(ref, axis) for axis in (axis_out, axis_in)}
-        p99 = weight_p99(ref)  # once: both kinds of outlier are measured against it
-        ev.weight_outlier, note, blown = _outlier_notes(ref, ranges[axis_out], ranges[axis_in], p99)
-        ev.few_outliers, ev.rest_max, ev.few_ratio, ev.few_note = few_outliers(ref, p99)
+        del dw  # the largest arrays of a big layer, one at a time
+        absw = np.abs(ref)  # once: the ranges and both kinds of outlier are measured on it
+        ranges = {
+            axis: absw.max(axis=tuple(a for a in range(absw.ndim) if a != axis))
+            for axis in (axis_out, axis_in)
+        }
+        p99 = weight_p99(absw, magnitudes=True)
+        ev.weight_outlier, note, blown = _outlier_notes(
+            ref, ranges[axis_out], ranges[axis_in], p99, absw
+        )
+        ev.few_outliers, ev.rest_max, ev.few_ratio, ev.few_note = few_outliers(ref, p99, absw)
+        del absw
         ev.loud_weights, ev.loud_weights_ratio = _widest(ranges[axis_out])
         depthwise = groups > 1 and ref.shape[axis_in] == 1
         ev.quiet_input, ev.quiet_ratio = _quietest(ranges[axis_out if depthwise else axis_in])
@@ -600,7 +632,12 @@ def dequantized_weight(
         shape = [1] * wq.ndim
         shape[next((a.i for a in dq.attribute if a.name == "axis"), 1)] = scale.size
         scale, zp = scale.reshape(shape), zp.reshape(shape)
-    return wq, scale, (wq.astype(np.int64) - zp) * scale
+    deq = wq.astype(
+        np.float64
+    )  # integers to 32 bits are exact; worked in place (weights are large)
+    deq -= zp
+    deq *= scale
+    return wq, scale, deq
 
 
 def float_weights_of(model: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -106,6 +106,8 @@ MODEL = A.CalibrationArgs(
     model_help="the float ONNX model",
     input_tensor_help='"name" dims path [dtype]: input dims (and the only input when no -l)',
     input_list_help="input list: every line is measured and calibrates",
+    framework_help="onnx (the search measures ONNX models; another framework's model: give -m "
+    "the ONNX model oneshot converted it to, or run oneshot with --suggest_fixes)",
 )
 BASELINE = BaselineArgs()
 SEARCH = SearchArgs()
@@ -132,6 +134,12 @@ def run(args: argparse.Namespace) -> int:
     from accdbg.algorithms.fixes import run_fix_search
 
     model = MODEL.parse(args)
+    if model.framework != "onnx":
+        raise AccdbgError(
+            f"--fix_search measures ONNX models; -f {model.framework}: give -m the ONNX model "
+            "oneshot converted it to (<working_dir>/conversion/<run>/), or run oneshot with "
+            "--suggest_fixes, which does"
+        )
     if not model.input_list and not model.input_tensors:
         raise AccdbgError("--fix_search needs -l/--input_list or -i/--input_tensor")
     run_fix_search(

@@ -258,6 +258,25 @@ def test_bad_diagnosis_and_options_are_one_line_errors(tmp_path, capsys):
     assert not (tmp_path / "w").exists()
 
 
+def test_a_one_value_output_beside_outputs_of_many_is_not_what_a_candidate_is_scored_on():
+    """hand_landmark_lite: a presence logit (one value per input) beside 63 landmarks. The
+    logit's error is a signed number: a candidate is scored on the landmarks, and on every
+    output only when none has a few values more."""
+    from accdbg.algorithms.fixes.measure import output_scores
+
+    rng = np.random.default_rng(0)
+    marks = [rng.standard_normal(63) for _ in range(2)]
+    refs = [[m, np.array([0.1])] for m in marks]
+    outs = [[m + 0.01 * rng.standard_normal(63), np.array([-0.2])] for m in marks]
+    noise = np.mean(
+        [np.sum((r[0] - o[0]) ** 2) / np.sum(r[0] ** 2) for r, o in zip(refs, outs, strict=True)]
+    )
+    got = output_scores(refs, outs)
+    assert got["SQNR mean"] == pytest.approx(-10 * np.log10(noise), abs=1e-9)
+    only_few = output_scores([[r[1]] for r in refs], [[o[1]] for o in outs])
+    assert only_few["SQNR mean"] == pytest.approx(-10 * np.log10(9.0), abs=1e-9)  # (0.3/0.1)^2
+
+
 # ---------------------------------------------------------------- on QNN HTP
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from accdbg.algorithms.fixes.candidates import ENCODING_OF
-from accdbg.algorithms.sensitivity import dequantized
+from accdbg.algorithms.sensitivity import FEW_VALUES, dequantized
 from accdbg.core import onnx_model as om
 from accdbg.engines.base import EngineOptions
 from accdbg.engines.options import QuantOptions
@@ -76,14 +76,27 @@ def is_classifier(ref: np.ndarray) -> bool:
     return len(shape) == 1 and shape[0] > 1
 
 
+def judged_outputs(refs: list[list[np.ndarray]]) -> list[int]:
+    """The outputs a candidate is scored on: those of ``FEW_VALUES`` values or more over the
+    inputs, when there are any. One of a few values (a presence or handedness logit, one per
+    input) is a few signed numbers, not a signal with noise: its SQNR swings with any rounding,
+    and a search judged on the worst output would chase it (the ranking and the fault zoo's
+    harm gate leave it aside likewise)."""
+    sizes = np.sum([[np.asarray(r).size for r in ref_i] for ref_i in refs], axis=0)
+    many = [j for j, n in enumerate(np.atleast_1d(sizes)) if n >= FEW_VALUES]
+    return many or list(range(len(refs[0]) if refs else 0))
+
+
 def output_scores(refs: list[list[np.ndarray]], outs: list[list[np.ndarray]]) -> dict[str, Any]:
-    """SQNR and cosine over every input (mean and worst), classifier top-1 agreement, and the
-    noise-to-signal power (the quantity 'gap closed' is measured on)."""
+    """SQNR and cosine over every input (mean and worst) of the outputs judged
+    (:func:`judged_outputs`), classifier top-1 agreement, and the noise-to-signal power (the
+    quantity 'gap closed' is measured on)."""
     sq, cos, nsr, top = [], [], [], []
+    judged = judged_outputs(refs)
     for ref_i, out_i in zip(refs, outs, strict=True):
-        # one number per input: the worst output of that input
-        s_in = [sqnr_db(r, o) for r, o in zip(ref_i, out_i, strict=True)]
-        c_in = [cosine(r, o) for r, o in zip(ref_i, out_i, strict=True)]
+        # one number per input: the worst judged output of that input
+        s_in = [sqnr_db(ref_i[j], out_i[j]) for j in judged]
+        c_in = [cosine(ref_i[j], out_i[j]) for j in judged]
         sq.append(min(s_in))
         cos.append(min(c_in))
         nsr.append(max(10 ** (-s / 10) if math.isfinite(s) else 0.0 for s in s_in))

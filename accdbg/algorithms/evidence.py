@@ -207,9 +207,8 @@ def _weighted_nsr(
         var = np.maximum(power - mean**2, 0.0)
         dc = _rowdot(per_pair(w), mean) + (0.0 if bias is None else bias)
         signal = _rowdot(sig, var) + dc**2
-        if (
-            dc_noise is None
-        ):  # the rounding is not known: its mean error is no better than its power
+        if dc_noise is None:
+            # the rounding is not known: its mean error is no better than its power
             noise = _rowdot(err, power)
         else:
             noise = _rowdot(err, var) + dc_noise
@@ -632,9 +631,8 @@ def dequantized_weight(
         shape = [1] * wq.ndim
         shape[next((a.i for a in dq.attribute if a.name == "axis"), 1)] = scale.size
         scale, zp = scale.reshape(shape), zp.reshape(shape)
-    deq = wq.astype(
-        np.float64
-    )  # integers to 32 bits are exact; worked in place (weights are large)
+    # integers to 32 bits are exact in float64; worked in place (weights are large)
+    deq = wq.astype(np.float64)
     deq -= zp
     deq *= scale
     return wq, scale, deq

@@ -62,6 +62,26 @@ def test_planted_layer_is_first_crossing_and_largest_drop(tmp_path):
     assert cos_before > 0.99 > cos_planted
 
 
+@pytest.mark.slow  # a whole oneshot run
+def test_a_cpu_simulation_run_names_no_backend_and_no_kernels(tmp_path):
+    """``--engine simulation`` runs onnxruntime's CPU fake-quant of the QDQ model: the backend
+    comparison would compare it with itself. The ranking names the planted layer for its
+    weights, and no finding speaks of QNN's kernels or names a layer as the backend's."""
+    from accdbg.engines.options import EngineConfig
+
+    built = models.planted_chain(tmp_path, layers=6, bad=3)
+    res = run_oneshot(
+        "onnx",
+        built.path,
+        [parse_input_tensor(["x", "1,3,16,16", str(built.input_path)])],
+        engine_kwargs=EngineConfig.from_keywords(engine="simulation"),
+        working_dir=tmp_path / "w",
+    )
+    ranked = res.summary.dropna(subset=["culprit_rank"])
+    assert list(ranked["Name"]) == [built.expected["planted"]]
+    assert not any("kernels" in f or "backend" in f for f in res.findings), res.findings
+
+
 @pytest.fixture(scope="module")
 def ppocr_planted(tmp_path_factory, ppocr_det, ppocr_input):
     """PP-OCRv4 det with a dead, 1000x-weighted channel planted in a layer halfway through."""

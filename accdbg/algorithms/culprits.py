@@ -244,6 +244,7 @@ def find_culprits(
     target: Path | None = None,
     more_feeds: Iterable[Mapping[str, np.ndarray]] = (),
     prefetch: Prefetch | None = None,
+    simulated: bool = False,
 ) -> Ranking:
     """Evidence for every layer, output sensitivity for the standouts, one verdict.
 
@@ -253,7 +254,9 @@ def find_culprits(
     layer fed QNN's own inputs to find backend culprits. ``more_feeds``: the other inputs debugged with this
     one - the output sensitivity pools its error over all of them (the evidence and the
     backend comparison stay on ``feeds``, whose golden and target are given); read only if
-    some layer stands out. ``prefetch``: the same run's work done while the backend ran."""
+    some layer stands out. ``prefetch``: the same run's work done while the backend ran.
+    ``simulated``: the target is onnxruntime's CPU fake-quant itself (``--engine simulation``),
+    so there is no backend to find culprits of or to compare with it."""
     t = time.perf_counter()
     before = prefetch.take() if prefetch is not None else None
     beside = "" if before is None else f" ({prefetch.seconds:.1f} s more beside the backend run)"
@@ -267,7 +270,7 @@ def find_culprits(
     quantized = any(n.op_type == "QuantizeLinear" for n in qdq.graph.node)  # else fp16 on QNN
     div = at_outputs = kernels = None
     judged = outputs  # the outputs' backend error is judged where their error is: the logits
-    if target is not None and feeds:
+    if target is not None and feeds and not simulated:
         folder = TensorFolder(target)
         if float_proto is not None:  # when the backend's logits were compared
             rows = set(table[name_col].astype(str))
@@ -296,7 +299,7 @@ def find_culprits(
         reach=before.reach,
         # a full run's whole-tensor error, where no CPU comparison finds the backend's layers
         run_nsr=None
-        if local_observed or div is not None
+        if local_observed or div is not None or simulated
         else observed_nsr(table, name_col, verifiers, per_channel=False),
     )
     log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)

@@ -90,6 +90,7 @@ class EngineResult:
     report: JobReport
     preprocessing: list[str]
     seconds: float
+    simulated: bool = False  # a CPU simulation ran it, not a backend
 
 
 def check_engine_options(config: EngineConfig | None = None, **keywords: object) -> Engine:
@@ -346,6 +347,7 @@ def run_inference_engine(
         report=report,
         preprocessing=steps,
         seconds=time.perf_counter() - start,
+        simulated=eng.simulation,
     )
 
 

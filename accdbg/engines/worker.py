@@ -73,7 +73,8 @@ class JobReport:
 
 # the whole model does not compile: which layer does not is what layerwise snooping tells
 COMPILES_ALONE = (
-    "--debugging_algorithm layerwise runs each layer alone and names those the backend cannot take"
+    "--debugging_algorithm layerwise runs each layer alone and names those the backend cannot "
+    "take; --engine simulation debugs the quantization on onnxruntime's CPU fake-quant (not QNN)"
 )
 
 

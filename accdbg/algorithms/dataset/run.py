@@ -46,6 +46,7 @@ from accdbg.core.executors import ExecutorConfig, WorkerSpec, get_executor
 from accdbg.core.inputs import InputTensor, parse_input_list
 from accdbg.core.run_dir import check_run_folder, options_dict, write_json_atomic
 from accdbg.engines import artifacts
+from accdbg.engines.base import get_engine
 from accdbg.engines.options import EngineConfig
 from accdbg.engines.pipeline import Calibration, PreparedModel, prepare_model, select_layers
 from accdbg.engines.source import build_feeds, load_feed
@@ -545,6 +546,7 @@ def _finish(
             float_model=prepared.float_model,
             golden_name=mapping,
             target=root / TARGET_DIR / ranking_input,
+            simulated=get_engine(req.config.backend.engine).simulation,
         )
         findings.extend(ranking.findings)
         culprits = list(ranking.culprits)

@@ -155,11 +155,15 @@ class Backend:
         logs: Path,
         executor: ExecutorConfig | None = None,
         workers: int | None = None,
+        shown_logs: Path | None = None,
     ):
+        """``shown_logs``: where ``logs`` will be when the run has finished (its run folder
+        renamed) - the folder a failed part's error names."""
         self.engine = get_engine(engine)
         self.engine_name = engine
         self.options = options
         self.scratch, self.logs = scratch, logs
+        self.shown_logs = shown_logs
         self.sessions = 0
         self.peak_rss_mb: float | None = None  # the largest backend worker's own peak
         self._n = 0
@@ -255,6 +259,8 @@ class Backend:
         shutil.rmtree(work, ignore_errors=True)
         if report.ok:
             Path(job.native_log).unlink(missing_ok=True)  # kept only to explain failures
+        elif self.shown_logs is not None:  # the backend log it names, where the user finds it
+            report.error = report.error.replace(str(self.logs), str(self.shown_logs))
         return report, values
 
     def run(

@@ -39,7 +39,7 @@ from accdbg.algorithms.fragments import QDQ_OPS, Part, QdqModel
 from accdbg.algorithms.golden import Golden, GoldenError
 from accdbg.algorithms.mixed import FloatModel, op_list, partly_quantized
 from accdbg.algorithms.ranking import SHARE
-from accdbg.algorithms.sensitivity import dequantized, judged_at
+from accdbg.algorithms.sensitivity import exposing, judged_at
 from accdbg.algorithms.snooping import OPTION_KEYS, SnoopArgs, check_request, set_up
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
@@ -204,11 +204,7 @@ class _Search:
                 quantized = set(self.ops[sg.first : sg.last])
                 model, notes = partly_quantized(self.qdq, quantized, self.weights)
                 # a judged tensor is read after its Q/DQ pair where its producer is quantized
-                names = [
-                    o if o in self.outputs else (dequantized(model, o) or o) for o in self.judged
-                ]
-                if not set(names) <= set(self.outputs):
-                    model = om.with_outputs(model, names, keep_existing=True)
+                model, names = exposing(model, self.judged)
                 part = Part(model, {x: x for x in self.qdq.graph_inputs}, {}, names)
                 label = f"subgraph_{sg.first:05d}_{sg.last:05d}"
                 yield PartRun((sg, notes, names), part, self._feeds(), names, label)
@@ -452,6 +448,7 @@ def run_binary(
             options_fp16,
             scratch,
             run.path / "backend_logs",
+            shown_logs=run.final_path / "backend_logs",
             executor=executor,
             workers=workers,
         )
@@ -475,8 +472,6 @@ def run_binary(
             search.run()
         finally:  # the worker processes stop with the search, however it ended
             backend.close()
-        for sg in search.subgraphs:  # a refused model's backend log, where it will be
-            sg.notes = [run.as_final(n) for n in sg.notes]
         result = _write(search, run.path, req, label, golden_root, qdq_path, prepared.is_file())
         journal.append({"kind": "done", "sessions": backend.sessions})
         if model_explorer:

@@ -438,7 +438,7 @@ class _Annotator:
                 float_model=prepared_model(engine.qdq_model),
                 golden_name=mapping,
                 target=target,
-                simulated=getattr(engine, "simulated", False),
+                simulated=engine.simulated,
                 more_feeds=(  # loaded only if a layer stands out
                     _feeds_of(t, self.engine_inputs)
                     for k, (_, t) in ver.folders.items()

@@ -129,6 +129,18 @@ def dequantized(qdq_model: onnx.ModelProto, name: str) -> str | None:
     return name
 
 
+def exposing(
+    qdq_model: onnx.ModelProto, judged: Sequence[str]
+) -> tuple[onnx.ModelProto, list[str]]:
+    """The QDQ model with the float tensors ``judged`` among its outputs, each read after its
+    own Q/DQ pair where it has one (:func:`dequantized`), and their names there; the model
+    itself when they are outputs already (a Softmax output's logits are not)."""
+    names = [dequantized(qdq_model, n) or n for n in judged]
+    if set(names) <= {o.name for o in qdq_model.graph.output}:
+        return qdq_model, names
+    return om.with_outputs(qdq_model, names, keep_existing=True), names
+
+
 @dataclass(frozen=True)
 class Share:
     """A layer's (or a group's) part of the outputs' error: ``alone`` with only its encodings

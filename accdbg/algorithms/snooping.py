@@ -437,7 +437,6 @@ class Context:
     source: set[str] = field(default_factory=set)  # the tensors of the model as given
     _html_at: float = field(default_factory=time.perf_counter)
     ranking: Ranking | None = None
-    as_final: Callable[[str], str] | None = None  # RunDir.as_final: the paths a report shows
 
     @property
     def judge(self) -> Judge:
@@ -458,7 +457,7 @@ class Context:
         html = final or time.perf_counter() - self._html_at >= HTML_EVERY
         if html:
             self._html_at = time.perf_counter()
-        rows = [self._as_final(r) for r in {**self.skip_rows(), **self.rows}.values()]
+        rows = list({**self.skip_rows(), **self.rows}.values())
         title = f"{'Cumulative-layerwise' if self.req.cumulative else 'Layerwise'} snooping: {self.req.model_path.name}"
         if final:
             self.ranking = self.rank(report.frame(rows, self.judge.labels, self.req.cumulative))
@@ -477,14 +476,6 @@ class Context:
             html=html,
             ranking=self.ranking if final else None,
         )
-
-    def _as_final(self, row: dict[str, Any]) -> dict[str, Any]:
-        """A row whose ``Info`` names a backend log of the staging folder names it where it
-        will be: in the run's final folder."""
-        info = row.get("Info")
-        if self.as_final is None or not isinstance(info, str):
-            return row
-        return {**row, "Info": self.as_final(info)}
 
     def rank(self, df: pd.DataFrame) -> Ranking | None:
         """The culprit ranking over the finished table (layerwise scores are local: golden
@@ -570,6 +561,7 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
             req.options,
             scratch,
             run.path / "backend_logs",
+            shown_logs=run.final_path / "backend_logs",
             executor=args.executor,
             workers=args.workers,
         )
@@ -592,7 +584,6 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
             meta=f"{backend.engine.label} -r {req.options.runtime}; QDQ model {qdq_path.name}; "
             f"golden {golden_root}",
             qdq_path=qdq_path,
-            as_final=run.as_final,
         )
         for rec in journal.records:  # what a killed run finished
             for r in rec.get("rows", []):

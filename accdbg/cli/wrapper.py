@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 
 from accdbg.cli import args as A
 from accdbg.cli.deep_analyzer import ANALYZERS as DEEP_ANALYZERS
@@ -333,16 +334,14 @@ def run(args: argparse.Namespace) -> int:
             log.info("report: %s", result.html)
         if args.suggest_fixes:
             diagnosis = result.summary if oneshot else result.report
-            # another framework's model: the search measures the ONNX model QNN ran
-            converted = getattr(result, "converted_model", None)
-            fix_model, fix_inputs = (
-                (converted, result.converted_inputs)
-                if converted is not None
-                else (model.model_path, model.input_tensors)
-            )
-            _suggest_fixes(
-                args, fix_model, fix_inputs, model, config, place, explorer, diagnosis, executor
-            )
+            if oneshot and result.converted_model is not None:
+                # another framework's model: the search measures the ONNX model QNN ran
+                model = replace(
+                    model,
+                    model_path=str(result.converted_model),
+                    input_tensors=result.converted_inputs,
+                )
+            _suggest_fixes(args, model, config, place, explorer, diagnosis, executor)
     return 0
 
 
@@ -389,21 +388,13 @@ def _check_suggest_fixes(args: argparse.Namespace, framework: str, config, place
 
 
 def _suggest_fixes(
-    args: argparse.Namespace,
-    fix_model,
-    fix_inputs,
-    model,
-    config,
-    place,
-    explorer,
-    diagnosis,
-    executor=None,
+    args: argparse.Namespace, model, config, place, explorer, diagnosis, executor=None
 ) -> None:
     from accdbg.algorithms.fixes import run_fix_search
 
     run_fix_search(
-        fix_model,
-        fix_inputs,
+        model.model_path,
+        model.input_tensors,
         input_list=args.input_list,
         diagnosis=diagnosis,
         engine_kwargs=config,

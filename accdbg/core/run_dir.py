@@ -295,15 +295,6 @@ class RunDir:
             if lock is not None:
                 lock.release(self.path)
 
-    def as_final(self, text: str) -> str:
-        """``text`` (a report cell) naming files of the staging folder - a backend log - where
-        they will be once the run has finished: in the final folder."""
-        return (
-            text.replace(str(self.path), str(self.final_path))
-            if self.path != self.final_path
-            else text
-        )
-
     def _follow_the_rename(self, exc: BaseException) -> None:
         """An error naming a file of the staging folder (a backend log) names it where the
         user will find it: in ``NAME.failed``."""

@@ -11,7 +11,6 @@ Stages (``--stage``), mapped onto ONNX artefacts:
 
 from __future__ import annotations
 
-import difflib
 import logging
 import shutil
 import time
@@ -33,7 +32,7 @@ from accdbg.core.run_dir import RunDir, check_run_folder, options_dict, write_js
 from accdbg.core.tensor_store import TensorFolder, TensorRecord, records_table, update_manifest
 from accdbg.engines import artifacts, exposure, partitioning
 from accdbg.engines.base import Engine
-from accdbg.engines.options import OUTPUT_DATA_TYPES, STAGES, EngineConfig, LayerFilter
+from accdbg.engines.options import OUTPUT_DATA_TYPES, STAGES, EngineConfig
 from accdbg.engines.pipeline import Calibration, prepare_model, select_layers
 from accdbg.engines.source import build_feeds
 from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
@@ -165,7 +164,8 @@ def check_inference_engine(
         fw_names = None
     elif fw_path == model_path:  # the source model, already loaded
         fw_names = set(om.all_tensor_names(model))
-        _check_named_layers(config.layers, fw_names)
+        om.check_tensor_names(model, config.layers.add_layer_outputs, "--add_layer_outputs")
+        om.check_tensor_names(model, config.layers.skip_layer_outputs, "--skip_layer_outputs")
     else:
         fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
     return EngineRequest(eng, config, model_path, model, feeds, dims, dtypes, fw_names)
@@ -440,19 +440,6 @@ class _Workers:
         for child in (self.plain, self.debug_graph):
             if child is not None:
                 child.kill()
-
-
-def _check_named_layers(layers: LayerFilter, names: set[str]) -> None:
-    """Every tensor ``--add_layer_outputs``/``--skip_layer_outputs`` names is one of the model's."""
-    for flag, given in (
-        ("--add_layer_outputs", layers.add_layer_outputs),
-        ("--skip_layer_outputs", layers.skip_layer_outputs),
-    ):
-        for name in given:
-            if name not in names:
-                close = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.5)
-                hint = f"; near matches: {', '.join(close)}" if close else ""
-                raise AccdbgError(f"{flag} {name!r} is not a tensor of the model{hint}")
 
 
 def _execute(eng, job: Job, workers: _Workers) -> tuple[JobReport, JobReport, list[dict]]:

@@ -78,7 +78,7 @@ COMPILES_ALONE = (
 )
 
 
-def _explain_failure(exc: Exception, log_path: Path, what: str) -> AccdbgError:
+def _explain_failure(exc: Exception, log_path: Path, what: str, hint: str = "") -> AccdbgError:
     native = read_log(log_path)
     detail = native.first_qnn_error()
     refused = list(native.refusals().values())
@@ -93,11 +93,16 @@ def _explain_failure(exc: Exception, log_path: Path, what: str) -> AccdbgError:
         )
     if detail and detail not in msg:
         msg = f"{msg} - QNN: {detail}"
-    return AccdbgError(f"{what} failed: {msg} (full backend log: {log_path})")
+    return AccdbgError(
+        f"{what} failed: {msg} (full backend log: {log_path})" + (f"; {hint}" if hint else "")
+    )
 
 
-def checked_session(job: Job, model, options: EngineOptions, what: str, report: JobReport):
-    """A session whose placement was checked: a native engine must really hold nodes."""
+def checked_session(
+    job: Job, model, options: EngineOptions, what: str, report: JobReport, hint: str = ""
+):
+    """A session whose placement was checked: a native engine must really hold nodes.
+    ``hint``: what to try when the backend cannot create it, added to that error."""
     engine = get_engine(job.engine)
     log_path = Path(job.native_log)
     with capture_fd2(log_path):
@@ -107,7 +112,7 @@ def checked_session(job: Job, model, options: EngineOptions, what: str, report: 
         except AccdbgError:
             raise
         except Exception as exc:
-            raise _explain_failure(exc, log_path, f"{engine.label} {what}") from None
+            raise _explain_failure(exc, log_path, f"{engine.label} {what}", hint) from None
         report.session_seconds += time.perf_counter() - t
         report.sessions += 1
     native = read_log(log_path)
@@ -164,12 +169,9 @@ def plain_job(job: Job, write_outputs: bool) -> JobReport:
     report = JobReport()
     model = onnx.load(job.model_path, load_external_data=False)
     outputs = [o.name for o in model.graph.output]
-    try:
-        sess = checked_session(job, job.model_path, job.options, "session creation", report)
-    except AccdbgError as exc:
-        if "session creation failed" not in str(exc):
-            raise
-        raise AccdbgError(f"{exc}; {COMPILES_ALONE}") from None
+    sess = checked_session(
+        job, job.model_path, job.options, "session creation", report, COMPILES_ALONE
+    )
     scratch = Path(job.output_root) / ".scratch"
     for i, feed in enumerate(job.feeds):
         values = checked_run(sess, outputs, feed, job, report)

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from accdbg.algorithms.fixes.candidates import ENCODING_OF
-from accdbg.algorithms.sensitivity import FEW_VALUES, dequantized
+from accdbg.algorithms.sensitivity import FEW_VALUES, exposing
 from accdbg.core import onnx_model as om
 from accdbg.engines.base import EngineOptions
 from accdbg.engines.options import QuantOptions
@@ -202,11 +202,11 @@ def judged_model(qdq: onnx.ModelProto, qdq_path: Path, judged: list[str]) -> tup
     """The candidate's QDQ model with the float tensors ``judged`` exposed, dequantized (a
     Softmax/Sigmoid output's logits, as the ranking judges them: a saturated score hides what
     a fix does), and their names there; the model itself when they are outputs."""
-    names = [dequantized(qdq, n) or n for n in judged]
-    if set(names) <= {o.name for o in qdq.graph.output}:
+    model, names = exposing(qdq, judged)
+    if model is qdq:
         return qdq_path, names
     path = qdq_path.with_name(f"{qdq_path.stem}.judged.onnx")
-    onnx.save(om.with_outputs(qdq, names, keep_existing=True), str(path))
+    onnx.save(model, str(path))
     return path, names
 
 

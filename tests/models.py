@@ -214,13 +214,20 @@ def offset_chain(
 
 
 def dense_chain(
-    tmp: Path, layers: int = 8, at: int = 3, outlier: float = 0.0, tokens: int = 12, width: int = 16
+    tmp: Path,
+    layers: int = 8,
+    at: int = 3,
+    outlier: float = 0.0,
+    tokens: int = 12,
+    width: int = 16,
+    bias: bool = True,
 ) -> Built:
     """A transformer's feed-forward stack: x[1, tokens, width] through ``layers`` MatMul + Add
     (+ Relu) layers. onnxruntime's QNN pre-processing turns each into Reshape, Gemm, Reshape,
     and only the last reshape's tensor (the Add's or the Relu's name) has a golden value. With
     ``outlier`` > 0, one weight of layer ``at`` (row 5, column 9) is ``outlier`` times its
     tensor's largest: per-tensor 8-bit weights spend their range on it.
+    Without ``bias`` each layer is a MatMul (+ Relu), kept as it is.
     Expected: ``planted`` (the row standing for layer ``at``) and ``position`` (the weight)."""
     rng = np.random.default_rng(3)
     nodes, inits, x = [], [], "x"
@@ -230,12 +237,15 @@ def dense_chain(
         if outlier and i == at:
             w[5, 9] = outlier * float(np.abs(w).max())
         b = (0.1 * rng.normal(size=width)).astype(np.float32)
-        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        inits += [numpy_helper.from_array(w, f"w{i}")]
+        inits += [numpy_helper.from_array(b, f"b{i}")] if bias else []
         last = i == layers - 1
         nodes += [
-            helper.make_node("MatMul", [x, f"w{i}"], [f"mm{i}"]),
-            helper.make_node("Add", [f"mm{i}", f"b{i}"], ["y" if last else f"dense{i}"]),
-        ]
+            helper.make_node("MatMul", [x, f"w{i}"], [f"mm{i}" if bias else f"dense{i}"]),
+            helper.make_node("Add", [f"mm{i}", f"b{i}"], [f"dense{i}"]),
+        ][: 2 if bias else 1]
+        if last:
+            nodes[-1].output[0] = "y"
         if not last:
             nodes.append(helper.make_node("Relu", [f"dense{i}"], [f"act{i}"]))
         x = f"act{i}"
@@ -247,7 +257,7 @@ def dense_chain(
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, width])],
         inits,
     )
-    path = save(graph, tmp / f"dense_{outlier:g}.onnx")
+    path = save(graph, tmp / f"dense_{outlier:g}{'' if bias else '_nobias'}.onnx")
     x_path = tmp / "dense_x.raw"
     rng.normal(size=(1, tokens, width)).astype(np.float32).tofile(x_path)
     return Built(
@@ -383,3 +393,83 @@ def lstm_after_matmul(tmp: Path, steps: int = 2, features: int = 4, hidden: int 
     path, x_path = save(graph, tmp / "lstm.onnx"), tmp / "lstm_x.raw"
     rng.normal(size=(steps, 1, features)).astype(np.float32).tofile(x_path)
     return Built(path, x_path, "x", (steps, 1, features), {"matmul": "mm", "lstm": "y"})
+
+
+def branchy(tmp: Path, n: int = 12, outside: int = 0) -> Built:
+    """x[1,n] -> ``outside`` Mul+Relu pairs -> If(sum > 0): Relu(x)*2, else Reshape(x, [5,-1])
+    and back: the branch never taken cannot take n = 12 (onnxruntime refuses the model with that
+    dim fixed; with n left dynamic it loads), the way silero-vad's 8 kHz branch refuses a 16 kHz
+    frame. ``expected["y"]`` is the taken branch's output for the input written."""
+    const = lambda v, name: numpy_helper.from_array(np.asarray(v), name)  # noqa: E731
+    then = helper.make_graph(
+        [helper.make_node("Relu", ["h"], ["r"]), helper.make_node("Mul", ["r", "two"], ["yt"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("yt", TensorProto.FLOAT, None)],
+        [const(np.float32(2), "two")],
+    )
+    other = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["h", "s5"], ["q"]),
+            helper.make_node("Reshape", ["q", "s1"], ["ye"]),
+        ],
+        "else",
+        [],
+        [helper.make_tensor_value_info("ye", TensorProto.FLOAT, None)],
+        [const(np.array([5, -1], np.int64), "s5"), const(np.array([1, -1], np.int64), "s1")],
+    )
+    nodes, h = [], "x"
+    for i in range(outside):
+        nodes += [
+            helper.make_node("Mul", [h, "half"], [f"m{i}"]),
+            helper.make_node("Relu", [f"m{i}"], [f"h{i}"]),
+        ]
+        h = f"h{i}"
+    nodes.append(helper.make_node("Identity", [h], ["h"]))
+    nodes += [
+        helper.make_node("ReduceSum", ["h"], ["total"], keepdims=1),
+        helper.make_node("Greater", ["total", "zero"], ["cond"]),
+        helper.make_node(
+            "If", ["cond"], ["y"], then_branch=then, else_branch=other, name="branchy"
+        ),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "branchy",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "n"])],
+        [const(np.float32(0.5), "half"), const(np.float32(0), "zero")],
+    )
+    path, x_path = save(graph, tmp / "branchy.onnx"), tmp / "branchy_x.raw"
+    x = np.abs(np.random.default_rng(0).normal(size=(1, n))).astype(np.float32) + 0.1
+    x.tofile(x_path)
+    return Built(path, x_path, "x", (1, n), {"y": 2 * x * 0.5**outside})
+
+
+def one_hot_dense(tmp: Path, tokens: int = 16, vocab: int = 20, width: int = 8) -> Built:
+    """ids[1, tokens] int32 -> one-hot (Equal with a range, Cast) -> MatMul -> Relu -> MatMul, as
+    magika reads bytes: the Equal's bool and the ids' int tensors are dumped unquantized."""
+    rng = np.random.default_rng(5)
+    inits = [
+        numpy_helper.from_array(np.arange(vocab, dtype=np.int32), "vocab"),
+        numpy_helper.from_array(np.array([1, tokens, 1], np.int64), "column"),
+        numpy_helper.from_array(rng.normal(size=(vocab, width)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(size=(width, 4)).astype(np.float32), "w2"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["ids", "column"], ["ids3"]),
+            helper.make_node("Equal", ["ids3", "vocab"], ["hot"]),
+            helper.make_node("Cast", ["hot"], ["onehot"], to=TensorProto.FLOAT),
+            helper.make_node("MatMul", ["onehot", "w1"], ["embed"]),
+            helper.make_node("Relu", ["embed"], ["act"]),
+            helper.make_node("MatMul", ["act", "w2"], ["y"]),
+        ],
+        "one_hot",
+        [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, tokens])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, 4])],
+        inits,
+    )
+    path, x_path = save(graph, tmp / "one_hot.onnx"), tmp / "ids.raw"
+    rng.integers(0, vocab, size=(1, tokens)).astype(np.int32).tofile(x_path)
+    return Built(path, x_path, "ids", (1, tokens), {})

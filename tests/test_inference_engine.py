@@ -16,6 +16,7 @@ from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.isolate import Isolated, run_isolated
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines import run_inference_engine
+from accdbg.engines.prepare import check_control_flow
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from tests import crashers, models
@@ -625,3 +626,44 @@ def test_initializers_listed_as_inputs_stay_constants(tmp_path):
     assert np.abs(y - expected).max() < 0.05 * np.abs(expected).max()
     log = (res.run_dir / "log.txt").read_text()
     assert "5 initializers the graph also listed as inputs kept as constants" in log
+
+
+def test_model_computing_inside_control_flow_is_refused_in_one_line(tmp_path, capsys):
+    """silero-vad as shipped: its whole network is inside an If on the sample rate. QNN runs no
+    If, the quantizer leaves its branches float: a run would report a model nothing of which is
+    quantized. The branch not taken cannot take the fixed dims (onnxruntime refuses the model
+    with them): the float run still works (it keeps the model's own dims), the engine refuses."""
+    built = models.branchy(tmp_path)  # 4 ops outside (Identity, ReduceSum, Greater, If), 4 in
+    code, out, err = run_cli(capsys, *built.flags(), "-w", tmp_path / "w")
+    assert code != 0
+    assert one_line_error(err).endswith(
+        "error: the model computes inside control flow: 4 of its 8 ops are in the branches or "
+        "bodies of branchy (If); QNN HTP runs no If/Loop/Scan and neither onnxruntime's "
+        "quantizer nor its tensor dumps reach inside them - export the model without control "
+        "flow (an If on an input your inputs fix, e.g. a sample rate, can be exported for that "
+        "value)"
+    )
+    inp = [parse_input_tensor(["x", "1,12", str(built.input_path)])]
+    golden = run_framework_diagnosis("onnx", built.path, inp, working_dir=tmp_path / "f")
+    y = TensorFolder(golden.results[0]).load("y")
+    np.testing.assert_allclose(y, built.expected["y"], rtol=1e-6)
+
+
+def test_few_ops_inside_control_flow_are_a_recorded_step(tmp_path):
+    """An If holding a few of the model's ops: pre-processing goes on and records they stay
+    float; most of the model inside one is refused."""
+    few = onnx.load(str(models.branchy(tmp_path, n=10, outside=4).path))  # 12 outside, 4 in
+    steps: list[str] = []
+    check_control_flow(few, steps)
+    assert steps == [
+        "4 ops inside branchy (If) stay float on the CPU, not debugged (no If/Loop/Scan on QNN; "
+        "onnxruntime dumps no tensor of a subgraph)"
+    ]
+    most = onnx.load(str(models.branchy(tmp_path, n=10, outside=0).path))  # 4 outside, 4 in
+    check_control_flow(most, steps)  # as many in as out: still a note
+    with pytest.raises(AccdbgError, match="4 of its 8 ops are in the branches"):
+        check_control_flow(most, steps, failed=True)
+    del most.graph.node[0]  # the Identity: 3 ops outside, 4 in
+    most.graph.node[0].input[0] = "x"
+    with pytest.raises(AccdbgError, match="4 of its 7 ops are in the branches"):
+        check_control_flow(most, steps)

@@ -621,3 +621,18 @@ def test_real_rec_model_with_metadata_runs_as_shipped(ppocr_rec_oneshot, ppocr_r
     first = TensorFolder(results[0])
     assert set(res.summary["Name"]) <= set(first.names()) & set(golden.names())
     assert len(res.summary) > 300 and res.summary["CosineSimilarity"].notna().all()
+
+
+def test_int_and_bool_tensors_feed_the_backend_comparison_as_they_are(tmp_path, caplog):
+    """magika reads bytes as a one-hot (int ids, an Equal's bool, a Cast): those tensors are
+    dumped unquantized and fed to the CPU fake-quant of each layer as the graph holds them, not
+    as float (which onnxruntime refused: the whole backend comparison was lost)."""
+    built = models.one_hot_dense(tmp_path)
+    inp = [parse_input_tensor(["ids", "1,16", str(built.input_path), "int32"])]
+    with caplog.at_level("INFO"):
+        res = run_oneshot("onnx", built.path, inp, working_dir=tmp_path / "w")
+    assert "CPU fake-quant failed" not in caplog.text
+    kernels = [f for f in res.findings if f.startswith("QNN's kernels add")]
+    assert kernels and "in onnxruntime's CPU fake-quant of the same QDQ model" in kernels[0]
+    s = res.summary.set_index("Name")
+    assert s.loc["hot", "CosineSimilarity"] == pytest.approx(1.0)  # the flags are exact

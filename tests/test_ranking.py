@@ -1532,16 +1532,21 @@ def test_taking_out_a_layer_whose_relu_the_quantizer_folded_keeps_the_relu(tmp_p
 
 
 @pytest.mark.slow
-def test_weights_of_a_gemm_the_qnn_preprocessing_hides_between_reshapes_are_judged(tmp_path):
+@pytest.mark.parametrize("bias", [True, False])
+def test_weights_of_a_gemm_the_qnn_preprocessing_hides_between_reshapes_are_judged(tmp_path, bias):
     """A MatMul with a bias on a 3-D input becomes Reshape, Gemm, Reshape in QNN's model; the
     Gemm's output has no golden value, the last Reshape's does. The Gemm's weights are that
-    row's: a weight 40x its tensor's largest is seen there, and named."""
-    built = models.dense_chain(tmp_path, outlier=40.0)
+    row's: a weight 40x its tensor's largest is seen there, and named. A MatMul without a
+    bias stays one (its 2-D weight's input axis is 0: magika's dense layer had no evidence)."""
+    built = models.dense_chain(tmp_path, outlier=40.0, bias=bias)
     inp = [parse_input_tensor(["x", "1,12,16", str(built.input_path)])]
     res = run_oneshot("onnx", built.path, inp, working_dir=tmp_path / "w")
     s = res.summary.set_index("Name")
     planted = built.expected["planted"]
-    assert s.loc[planted, "LayerType"] == "Reshape"  # the row is the reshape after the Gemm
+    if bias:
+        assert s.loc[planted, "LayerType"] == "Reshape"  # the row is the reshape after the Gemm
+    else:
+        assert s.loc[planted, "LayerType"] == "MatMul"  # its Relu fused into it
     assert s.loc[planted, "weight SQNR"] < 20, s["weight SQNR"]
     others = s.drop(index=planted)["weight SQNR"].dropna()
     assert len(others) >= 5 and (others > s.loc[planted, "weight SQNR"] + 10).all(), others

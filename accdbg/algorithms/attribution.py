@@ -95,7 +95,7 @@ def attribute(
                     worst = _worse(worst, v, hib)
             else:
                 worst = ideal if ideal is not None else math.nan
-            if not math.isnan(worst):
+            if math.isfinite(worst) or math.isfinite(s):  # inf - inf (exact both) is no drop
                 d = (worst - s) if hib else (s - worst)
                 drops[i] = d if math.isfinite(d) else np.nan
             e_in = max((verifier.linear_error(v) for v in fed_scores), default=0.0)

@@ -175,7 +175,8 @@ def held_parts(wanted: Sequence[Exposed], target: TensorFolder, held: int) -> li
     parts: list[list[Exposed]] = [[]]
     size = 0
     for e in wanted:
-        n = target.records[e.name].size * _backend_dtype(e).itemsize
+        rec = target.records[e.name]
+        n = rec.size * _backend_dtype(e, rec.native_dtype).itemsize
         if parts[-1] and size + n > held:
             parts.append([])
             size = 0
@@ -407,14 +408,14 @@ def _cut_plan(
     def shape_only(e: Exposed) -> np.ndarray:
         rec = target.check(e.name)
         specs[_cut_name(e)] = e
-        return np.broadcast_to(np.zeros((), _backend_dtype(e)), rec.shape)
+        return np.broadcast_to(np.zeros((), _backend_dtype(e, rec.native_dtype)), rec.shape)
 
     model, _ = _cut(qdq_model, exposed, shape_only)
     return model, specs
 
 
 def _reader(target: TensorFolder) -> Callable[[Exposed], np.ndarray]:
-    return lambda e: _backend_value(e, target.load(e.name))
+    return lambda e: _backend_value(e, target.load(e.name), target.records[e.name].native_dtype)
 
 
 def _holds_integers(e: Exposed) -> bool:
@@ -423,15 +424,20 @@ def _holds_integers(e: Exposed) -> bool:
     return e.quantized and not e.graph_is_dequantized
 
 
-def _backend_dtype(e: Exposed) -> np.dtype:
-    return np.dtype(e.native_dtype if _holds_integers(e) else "float32")
+def _backend_dtype(e: Exposed, dumped: str) -> np.dtype:
+    """How the QDQ graph holds a dump: a quantized activation's integers; an unquantized
+    tensor as float, or as the indices/flags it is (``dumped``: its dtype on the backend)."""
+    if _holds_integers(e):
+        return np.dtype(e.native_dtype)
+    kind = np.dtype(dumped)
+    return kind if kind.kind in "biu" else np.dtype("float32")
 
 
-def _backend_value(e: Exposed, values: np.ndarray) -> np.ndarray:
+def _backend_value(e: Exposed, values: np.ndarray, dumped: str) -> np.ndarray:
     """The dumped tensor as the QDQ graph holds it (integers re-quantized exactly from the
-    dequantized dump)."""
+    dequantized dump; an int or bool tensor, stored as float, as the graph's type)."""
     if not _holds_integers(e):
-        return np.asarray(values, np.float32)
+        return np.asarray(values).astype(_backend_dtype(e, dumped), copy=False)
     return e.quantize(values)
 
 

@@ -437,11 +437,11 @@ class EvidenceBuilder:
         dq, (wq, scale, deq) = weight
         if wq.ndim < 2:
             return
+        axis_out %= wq.ndim  # MatMul's -1: a 2-D weight's input axis is then 0
         axis_in = 1 - axis_out if wq.ndim == 2 else (0 if node.op_type == "ConvTranspose" else 1)
         if node.op_type == "Gemm":
             trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
             axis_out, axis_in = (0, 1) if trans_b else (1, 0)
-        axis_out %= wq.ndim
         w = self.float_weights.get(dq.input[0].removesuffix("_quantized"))
         ref = w.astype(np.float64) if w is not None and w.shape == deq.shape else deq
         # no float weights (a given QDQ model): the rounding is not known, only its step

@@ -114,6 +114,30 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
     del model.graph.value_info[:]
 
 
+def branch_nodes(model: onnx.ModelProto) -> dict[str, int]:
+    """The nodes inside each top-level node's subgraphs (If branches, Loop/Scan bodies), by the
+    holding node's name: onnxruntime exposes no tensor of a subgraph, and its quantizer leaves
+    those nodes in float, so they are neither dumped nor debugged."""
+
+    def count(g: onnx.GraphProto) -> int:
+        return sum(1 + sum(count(b) for b in _subgraphs(n)) for n in g.node)
+
+    held = {}
+    for i, n in enumerate(model.graph.node):
+        inner = sum(count(b) for b in _subgraphs(n))
+        if inner:
+            held[node_name(n, i)] = inner
+    return held
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [
+        g
+        for a in node.attribute
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))
+    ]
+
+
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx shape inference, tolerant of ops it does not know (custom domains)."""
     try:
@@ -230,10 +254,9 @@ def _referenced(node: onnx.NodeProto) -> list[str]:
     """The names a node reads, its subgraphs' outer-scope reads included (an If/Loop body
     reads the enclosing graph's tensors by name)."""
     names = [x for x in node.input if x]
-    for a in node.attribute:
-        for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-            for n in g.node:
-                names += _referenced(n)
+    for g in _subgraphs(node):
+        for n in g.node:
+            names += _referenced(n)
     return names
 
 

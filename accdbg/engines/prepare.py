@@ -83,6 +83,33 @@ def upgrade_opset(model: onnx.ModelProto, steps: list[str]) -> onnx.ModelProto:
     return upgraded
 
 
+def check_control_flow(model: onnx.ModelProto, steps: list[str], failed: bool = False) -> None:
+    """Refuse a model that computes inside If/Loop/Scan subgraphs; note a few ops there.
+
+    QNN HTP runs no control flow, onnxruntime's quantizer leaves a subgraph's ops in float and
+    no tensor of a subgraph can be dumped: such ops run on the CPU in float, undebugged. When
+    they are most of the model, a run would report "the outputs meet their thresholds" of a
+    model nothing of which was quantized. ``failed``: loading it with fixed dims failed."""
+    held = om.branch_nodes(model)
+    if not held:
+        return
+    inner, top = sum(held.values()), len(model.graph.node)
+    types = {om.node_name(n, i): n.op_type for i, n in enumerate(model.graph.node)}
+    named = ", ".join(f"{k} ({types[k]})" for k in list(held)[:3])
+    if failed or inner > top:
+        raise AccdbgError(
+            f"the model computes inside control flow: {inner} of its {inner + top} ops are in "
+            f"the branches or bodies of {named}; QNN HTP runs no If/Loop/Scan and "
+            "neither onnxruntime's quantizer nor its tensor dumps reach inside them - export "
+            "the model without control flow (an If on an input your inputs fix, e.g. a sample "
+            "rate, can be exported for that value)"
+        )
+    steps.append(
+        f"{inner} ops inside {named} stay float on the CPU, not debugged (no If/Loop/Scan on "
+        "QNN; onnxruntime dumps no tensor of a subgraph)"
+    )
+
+
 def prepare_float_model(
     model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], work_dir: Path
 ) -> tuple[Path, list[str]]:
@@ -102,10 +129,13 @@ def prepare_float_model(
     try:
         ort.InferenceSession(str(fixed), so, providers=["CPUExecutionProvider"])
     except Exception as exc:
+        check_control_flow(model, [], failed=True)  # fixed dims break a branch never taken
         raise AccdbgError(
             f"onnxruntime could not load the model for pre-processing: {str(exc).splitlines()[0]}"
         ) from None
-    after = _counts(onnx.load(str(folded), load_external_data=False))
+    folded_model = onnx.load(str(folded), load_external_data=False)
+    check_control_flow(folded_model, steps)  # after folding: an If on a constant is gone
+    after = _counts(folded_model)
     removed = {k: before[k] - after.get(k, 0) for k in before if before[k] > after.get(k, 0)}
     if removed:
         steps.append(

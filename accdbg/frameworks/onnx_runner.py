@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from accdbg.core import onnx_model as om
@@ -61,7 +62,13 @@ class OnnxRunner(FrameworkRunner):
                 f"{om.describe_inputs(model)}"
             )
         self._order = list(model_inputs)
-        om.fix_input_shapes(model, {n: t.dims for n, t in given.items()})
+        dims = {n: t.dims for n, t in given.items()}
+        if om.branch_nodes(model):
+            # fixed dims reach every If branch, also one this input never takes, whose shape
+            # inference may then fail (silero-vad's 8 kHz branch on a 16 kHz frame): checked only
+            om.fix_input_shapes(onnx.ModelProto.FromString(model.SerializeToString()), dims)
+        else:
+            om.fix_input_shapes(model, dims)
         self.model = om.infer_shapes(model)
         skip = () if self.options.include_constants else ("Constant",)
         self._tensors = om.tensor_infos(self.model, skip)

@@ -473,3 +473,32 @@ def one_hot_dense(tmp: Path, tokens: int = 16, vocab: int = 20, width: int = 8) 
     path, x_path = save(graph, tmp / "one_hot.onnx"), tmp / "ids.raw"
     rng.integers(0, vocab, size=(1, tokens)).astype(np.int32).tofile(x_path)
     return Built(path, x_path, "ids", (1, tokens), {})
+
+
+def log_spectrum(tmp: Path, decades: float = 6.0, frames: int = 64, bins: int = 32) -> Built:
+    """x[1, frames, bins] -> MatMul (a filter bank) -> Log -> Mul(10): a log spectrum, as an
+    audio front end computes it. The filter bank's outputs span ``decades`` powers of ten: an
+    8-bit linear encoding gives the small ones no step of their own, and the Log turns that
+    rounding into the model's error. With ``decades`` under one the encoding holds them."""
+    rng = np.random.default_rng(11)
+    bank = np.zeros((bins, 16), np.float32)  # each output sums two neighbouring bins
+    for j in range(16):
+        bank[(2 * j) % bins : (2 * j) % bins + 2, j] = rng.uniform(0.5, 1.0, size=2)
+    x = (10.0 ** rng.uniform(-decades, 0, size=(1, frames, bins))).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "bank"], ["power"]),
+            helper.make_node("Log", ["power"], ["logp"]),
+            helper.make_node("Mul", ["logp", "ten"], ["y"]),
+        ],
+        "log_spectrum",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, frames, bins])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, frames, 16])],
+        [
+            numpy_helper.from_array(bank, "bank"),
+            numpy_helper.from_array(np.array(10.0, np.float32), "ten"),
+        ],
+    )
+    path, x_path = save(graph, tmp / f"log_spectrum_{decades:g}.onnx"), tmp / "spectrum.raw"
+    x.tofile(x_path)
+    return Built(path, x_path, "x", (1, frames, bins), {"y": 10 * np.log(x[0] @ bank)})

@@ -1798,3 +1798,51 @@ def test_a_full_run_without_cpu_comparison_names_a_layer_whose_error_jumps():
     # with a CPU comparison (oneshot) the jump is not what finds the backend's layers
     r = rank(ev, names, _Impact({}), observed_nsr=run, run_nsr=run, divergence={})
     assert not [c for c in r.culprits if c.kind == "backend"]
+
+
+@pytest.mark.slow
+def test_a_log_amplifying_its_inputs_rounding_blames_that_inputs_encoding(tmp_path):
+    """A log spectrum: the filter bank's output looks fine by its power (its largest values
+    carry it) while its small values get no 8-bit step of their own; the Log turns that into
+    the outputs' error. The culprit is the Log's input encoding - measured: with only it
+    quantized the outputs lose as much - not the Log, whose own encodings are fine. The same
+    model with values spanning half a decade names nothing."""
+    wide = models.log_spectrum(tmp_path, decades=6.0)
+    inp = [parse_input_tensor(["x", "1,64,32", str(wide.input_path)])]
+    res = run_oneshot("onnx", wide.path, inp, working_dir=tmp_path / "wide")
+    s = res.summary.set_index("Name")
+    assert s.loc["power", "SQNR"] > 30 and s.loc["logp", "SQNR"] < 15  # the jump is the Log's
+    ranked = res.summary.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
+    assert list(ranked["Name"]) == ["power"], (ranked[["Name", "cause"]], res.findings)
+    assert s.loc["power", "cause"].startswith("activation range: Log logp amplifies"), s.loc[
+        "power", "cause"
+    ]
+    # numpy, the mechanism: with the encoding QNN used, a third of the filter bank's values are
+    # under half a step (they round to the zero point: the Log of them is lost)
+    import onnx
+    from onnx import numpy_helper
+
+    qdq = onnx.load(str(next(res.engine_run.glob("*.qdq.onnx"))))
+    q = next(n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "power")
+    scale = next(
+        float(numpy_helper.to_array(i)) for i in qdq.graph.initializer if i.name == q.input[1]
+    )
+    bank = next(
+        numpy_helper.to_array(i)
+        for i in onnx.load(str(wide.path)).graph.initializer
+        if i.name == "bank"
+    )
+    power = np.fromfile(wide.input_path, np.float32).reshape(64, 32) @ bank
+    assert np.mean(power < scale / 2) > 0.25
+    # layerwise, the Log run alone on QNN fed golden values: the same input blamed, not the
+    # Log's kernel (run alone, its error is far beyond what the encodings' noise explains)
+    from accdbg.algorithms.layerwise import run_layerwise
+
+    alone = run_layerwise(wide.path, inp, working_dir=tmp_path / "layerwise")
+    assert alone.findings[0].startswith("culprit #1: power (MatMul) - activation range: Log"), (
+        alone.findings
+    )
+    narrow = models.log_spectrum(tmp_path, decades=0.5)
+    inp = [parse_input_tensor(["x", "1,64,32", str(narrow.input_path)])]
+    res = run_oneshot("onnx", narrow.path, inp, working_dir=tmp_path / "narrow")
+    assert res.summary["culprit_rank"].isna().all(), res.findings

@@ -297,10 +297,10 @@ def find_culprits(
         kernels_added=KernelsAdded.worst(at_outputs.errors, quantized) if at_outputs else None,
         quantized=quantized,
         reach=before.reach,
-        # a full run's whole-tensor error, where no CPU comparison finds the backend's layers
-        run_nsr=None
-        if local_observed or div is not None or simulated
-        else observed_nsr(table, name_col, verifiers, per_channel=False),
+        # a full run's whole-tensor error: where the error jumps (an amplified rounding; with
+        # no CPU comparison, the nearest sign of a backend's layer)
+        run_nsr=None if local_observed else observed_nsr(table, name_col, verifiers, False),
+        backend_jumps=div is None and not simulated,
     )
     log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)
     return ranking

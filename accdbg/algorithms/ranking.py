@@ -333,6 +333,7 @@ def rank(
     kernel_share: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
     reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None = None,
     run_nsr: Mapping[str, float] | None = None,
+    backend_jumps: bool = True,
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -362,9 +363,12 @@ def rank(
     that channel blows (:class:`~accdbg.algorithms.reach.OutlierReach`): those layers are its
     carriers, and it is measured with them when alone it does not matter.
     ``run_nsr``: a full run's error per layer over the whole tensor (not per channel: a few
-    wrong channels show there). Without a ``divergence`` (cumulative-layerwise has no CPU
-    comparison), a layer whose error jumps far beyond what its inputs bring and its own
-    encodings explain is named as the backend's (:func:`_jumped`).
+    wrong channels show there). A layer whose error there jumps far beyond what its inputs
+    bring and its own encodings explain either amplifies its input's rounding (a Log, a
+    reciprocal: its input's encoding, measured, costs the outputs ``SHARE``; that input is
+    named, :func:`_amplifying`) or computes something else: with ``backend_jumps`` and no
+    ``divergence`` (cumulative-layerwise has no CPU comparison) it is then named as the
+    backend's (:func:`_jumped`).
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -380,6 +384,7 @@ def rank(
     root_of: dict[str, str] = {}
     clipping: set[str] = set()  # standouts whose encoding clips
     severity: dict[str, float] = {}  # an offset's maker -> the NSR its offset causes downstream
+    grouped: dict[str, tuple[list[str], Share, float]] = {}  # named only with its partners
 
     def stands(n: str) -> tuple[bool, bool]:
         """(its local SQNR stands out, its encoding clips)"""
@@ -430,7 +435,19 @@ def rank(
     # problem of its own, whose cost is its own - or a compensated pair's producer
     roots = [n for n in standouts if n not in root_of]
     partners = {n: _Partners.of(n, evidence, carried, reaches, exclude=set(roots)) for n in roots}
-    _consider(impact, [*standouts, *(x for p in partners.values() for x in p.names)], roots)
+    jumps = (
+        _jumps(evidence, observed, _local_expected(evidence, observed))
+        if local_observed
+        else _jumps(evidence, run_nsr, _brought(evidence, run_nsr))
+        if run_nsr
+        else {}
+    )
+    amplifiers = [x for n in jumps for x in jumps[n][2] if x not in standouts]
+    _consider(
+        impact,
+        [*standouts, *(x for p in partners.values() for x in p.names), *amplifiers],
+        [*roots, *amplifiers],
+    )
     for n in standouts:
         if n in root_of:
             continue
@@ -472,6 +489,8 @@ def rank(
         else:
             cause += f"; it costs the outputs {_pct(share.best)} of the whole model's error ({_both(share)})"
         costs[n] = share.best if group_share is None else max(share.best, group_share.best)
+        if group_share is not None and share.best < SHARE:  # it matters only with them
+            grouped[n] = (partners[n].names, share, group_share.best)
         if costs[n] < SHARE and db >= DESTROYED_DB:  # named by the lone standout's bar
             cause += "; the model's only standout: every other layer sits at its noise floor"
         candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
@@ -483,13 +502,35 @@ def rank(
         candidates.append((local.get(n, 0.0), n, cause))
     backend: list[tuple[float, str, str]] = []
     inherited: Mapping[str, str] = {}
+    # a range an upstream outlier blows LOUD times or more: that outlier is its cause
+    blown = {x for r in (reaches or {}).values() for x, v in r.layers.items() if v >= LOUD}
+    amplified, explained = _amplifying(
+        evidence, jumps, {c[1] for c in candidates} | blown, divergence, quantized, impact
+    )
+    explained_by = {x for _, x, _ in amplified}
+    for share, x, cause in amplified:
+        costs[x] = share
+        candidates.append((local.get(x, 0.0), x, cause))
+        columns.setdefault(x, {})[SHARE_COL] = share if math.isfinite(share) else None
+    for n, (names, share, together) in grouped.items():
+        # a partner whose own rounding alone costs what the group does: the group's cost is
+        # that partner's, not this layer's outlier
+        partner = max((x for x in names if x in explained_by), key=costs.get, default=None)
+        if partner is not None and costs[partner] >= together - 0.1:
+            candidates = [c for c in candidates if c[1] != n]
+            costs.pop(n)
+            columns[n][CAUSE] = (
+                f"stands out locally ({_cause(evidence[n])}) but costs the outputs only "
+                f"{_pct(share.best)} of the whole model's error ({_both(share)}); with "
+                f"{partner} {_pct(together)}, what {partner} costs alone"
+            )
     if local_observed:
-        backend = _backend(evidence, observed, {c[1] for c in candidates})
+        backend = _backend(evidence, observed, {c[1] for c in candidates} | explained)
         candidates += backend
     else:
         inherited = _inherited(order, evidence, observed, local, columns)
-        if divergence is None and run_nsr:
-            backend = _jumped(evidence, run_nsr, {c[1] for c in candidates})
+        if divergence is None and run_nsr and backend_jumps:
+            backend = _jumped(evidence, run_nsr, {c[1] for c in candidates} | explained)
             candidates += backend
     named = {c[1] for c in candidates}
     standing = _diverging(divergence or {}, quantized)
@@ -564,7 +605,15 @@ def rank(
     for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):
         columns.setdefault(n, {})[RANK] = r
         columns[n][CAUSE] = cause
-        kind = "backend" if n in by_backend else FEW if n in few else _kind(evidence[n])
+        kind = (
+            "backend"
+            if n in by_backend
+            else FEW
+            if n in few
+            else ACTIVATION
+            if cause.startswith(ACTIVATION)
+            else _kind(evidence[n])
+        )
         culprits.append(Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan), kind))
     unnamed = [  # standouts measured and not named: what the most of them costs the outputs
         (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
@@ -992,12 +1041,7 @@ def _backend(
 ) -> list[tuple[float, str, str]]:
     """Layers run alone on the backend (golden inputs) whose error their encodings and their
     inputs' encodings do not explain: the kernel, not the quantization."""
-    expected: dict[str, float] = {}
-    for n in observed:
-        ev = evidence.get(n)
-        if ev is not None:
-            parts = [evidence[x].output_nsr for x in ev.inputs if x in evidence]
-            expected[n] = _own_nsr(ev) + sum(v for v in parts if not math.isnan(v))
+    expected = {n: e for n, (e, _) in _local_expected(evidence, observed).items()}
     return _beyond(
         observed,
         expected,
@@ -1007,18 +1051,116 @@ def _backend(
     )
 
 
+def _brought(
+    evidence: Mapping[str, Evidence], run_nsr: Mapping[str, float]
+) -> dict[str, tuple[float, list[str]]]:
+    """In a full run, each layer's expected error - what its nearest compared inputs bring (the
+    worst) and its own encodings - and those inputs, the worst first."""
+    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(run_nsr))
+    out: dict[str, tuple[float, list[str]]] = {}
+    for n in run_nsr:
+        ins = sorted(
+            (x for x in inputs.get(n, []) if math.isfinite(run_nsr[x])), key=lambda x: -run_nsr[x]
+        )
+        if n in evidence and ins:
+            out[n] = (_own_nsr(evidence[n]) + run_nsr[ins[0]], ins)
+    return out
+
+
+def _local_expected(
+    evidence: Mapping[str, Evidence], observed: Mapping[str, float]
+) -> dict[str, tuple[float, list[str]]]:
+    """Run alone on golden inputs (layerwise), each layer's expected error - its own encodings
+    and its inputs' - and those inputs, the noisiest encoding first."""
+    out: dict[str, tuple[float, list[str]]] = {}
+    for n in observed:
+        ev = evidence.get(n)
+        if ev is not None:
+            ins = [x for x in ev.inputs if x in evidence]
+            parts = [evidence[x].output_nsr for x in ins]
+            ranked = sorted(ins, key=lambda x: -np.nan_to_num(evidence[x].output_nsr, nan=-1.0))
+            out[n] = (_own_nsr(ev) + sum(v for v in parts if not math.isnan(v)), ranked)
+    return out
+
+
+def _jumps(
+    evidence: Mapping[str, Evidence],
+    observed: Mapping[str, float],
+    expected: Mapping[str, tuple[float, list[str]]],
+) -> dict[str, tuple[float, float, list[str]]]:
+    """The layers whose observed error stands out above what is ``expected`` of them
+    (:func:`_standing_jumps`): layer -> (its error, the error expected, its inputs)."""
+    jumps = {
+        n: (10 * math.log10(observed[n] / e), observed[n])
+        for n, (e, _) in expected.items()
+        if e > 0 and math.isfinite(observed[n]) and observed[n] > 0
+    }
+    return {n: (observed[n], *expected[n]) for n in _standing_jumps(jumps)}
+
+
+def _amplifying(
+    evidence: Mapping[str, Evidence],
+    jumps: Mapping[str, tuple[float, float, list[str]]],
+    taken: set[str],
+    divergence: Mapping[str, float] | None,
+    quantized: bool,
+    impact: Impact | None,
+) -> tuple[list[tuple[float, str, str]], set[str]]:
+    """Inputs whose rounding a layer amplifies: a Log of a power spectrum turns the few levels
+    an 8-bit encoding leaves its small values into an error of many dB, while the input itself
+    (judged by its power) looks fine. A jumping layer QNN computes as the CPU fake-quant does
+    (or with no CPU comparison), whose inputs pass the pass mark (``ABS_DB``: an error carried
+    in is its maker's), is asked about its inputs' encodings, the worst first: one costing the
+    outputs ``SHARE`` of their error alone is the culprit. Returns those
+    ``(share, input, cause)`` and the jumping layers they explain."""
+    if impact is None:
+        return [], set()
+    diverging = _diverging(divergence or {}, quantized)
+    found: list[tuple[float, str, str]] = []
+    explained: set[str] = set()
+    for n, (got, expected, ins) in jumps.items():
+        if n in diverging:  # QNN's kernel parts from the fake-quant there: the backend's
+            continue
+        if nsr_db(expected) < ABS_DB:  # its inputs fail already: an error carried in, not made
+            continue
+        for x in ins:
+            if x in taken or x not in evidence:
+                continue
+            share = impact(x, SHARE)
+            if math.isnan(share.best) or share.best < SHARE:
+                continue
+            op = evidence[n].op_type
+            same = " (computed as onnxruntime's CPU fake-quant does)" if divergence else ""
+            cost = (
+                f"this encoding alone costs the outputs {_pct(share.best)} of the whole "
+                f"model's error ({_both(share)})"
+                if math.isfinite(share.best)
+                else "this encoding alone (the rest in float) makes the outputs non-finite: "
+                "values round to 0"
+            )
+            found.append(
+                (
+                    share.best,
+                    x,
+                    f"{ACTIVATION}: {op} {n} amplifies the rounding of this tensor's encoding - "
+                    f"its error jumps there to {nsr_db(got):.1f} dB from {nsr_db(expected):.1f} "
+                    f"dB{same}; {cost}: keep this tensor and the {op} in float, or 16-bit if its "
+                    "smallest values then get steps of their own",
+                )
+            )
+            taken = taken | {x}
+            explained.add(n)
+            break
+    return found, explained
+
+
 def _jumped(
     evidence: Mapping[str, Evidence], run_nsr: Mapping[str, float], taken: set[str]
 ) -> list[tuple[float, str, str]]:
     """Layers of a full run on the backend whose error jumps beyond what explains it: the
     error its nearest compared inputs bring in the same run plus its own encodings' - with no
     CPU comparison, the nearest sign of a kernel computing something else."""
-    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(run_nsr))
-    expected: dict[str, float] = {}
-    for n in run_nsr:
-        brought = [run_nsr[x] for x in inputs.get(n, []) if math.isfinite(run_nsr[x])]
-        if n in evidence and brought:
-            expected[n] = _own_nsr(evidence[n]) + max(brought)
+    expected = {n: e for n, (e, _) in _brought(evidence, run_nsr).items()}
     return _beyond(
         run_nsr,
         expected,

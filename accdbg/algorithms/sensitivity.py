@@ -517,6 +517,8 @@ def folded_activations(
         if n.op_type == "Relu":
             out[n.output[0]] = (0.0, None)
             continue
+        if any(name and name not in consts for name in n.input[1:3]):
+            continue  # bounds computed at run time (a spectrogram's max - 80 dB): not folded
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
         bounds = [attrs.get("min"), attrs.get("max")]  # opset < 11
         for i, name in enumerate(n.input[1:3]):

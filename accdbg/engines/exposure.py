@@ -74,7 +74,9 @@ class Exposed:
         encoding's grid)."""
         info = np.iinfo(self.native_dtype)
         q = np.rint(np.asarray(values, np.float64) / self.scale) + self.zero_point
-        return np.clip(q, info.min, info.max).astype(self.native_dtype)
+        # an array also for a 0-d tensor (numpy's ufuncs make those scalars; onnxruntime
+        # refuses a scalar feed)
+        return np.asarray(np.clip(q, info.min, info.max), dtype=self.native_dtype)
 
     def encoding(self) -> dict:
         if not self.quantized:

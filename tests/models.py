@@ -502,3 +502,28 @@ def log_spectrum(tmp: Path, decades: float = 6.0, frames: int = 64, bins: int = 
     path, x_path = save(graph, tmp / f"log_spectrum_{decades:g}.onnx"), tmp / "spectrum.raw"
     x.tofile(x_path)
     return Built(path, x_path, "x", (1, frames, bins), {"y": 10 * np.log(x[0] @ bank)})
+
+
+def floor_clip(tmp: Path, frames: int = 16, bins: int = 8) -> Built:
+    """x -> MatMul -> Clip(min = max over all values - 3): a floor computed at run time, as an
+    audio front end clips its dB spectrum 80 dB under its peak. The peak is a 0-d tensor (a
+    ReduceMax without keepdims), quantized and dumped like any other."""
+    rng = np.random.default_rng(2)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["db"]),
+            helper.make_node("ReduceMax", ["db"], ["peak"], keepdims=0),
+            helper.make_node("Sub", ["peak", "range"], ["floor"]),
+            helper.make_node("Clip", ["db", "floor"], ["y"]),
+        ],
+        "floor_clip",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, frames, bins])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, frames, bins])],
+        [
+            numpy_helper.from_array(rng.normal(size=(bins, bins)).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array(3.0, np.float32), "range"),
+        ],
+    )
+    path, x_path = save(graph, tmp / "floor_clip.onnx"), tmp / "floor_x.raw"
+    rng.normal(size=(1, frames, bins)).astype(np.float32).tofile(x_path)
+    return Built(path, x_path, "x", (1, frames, bins), {})

@@ -636,3 +636,33 @@ def test_int_and_bool_tensors_feed_the_backend_comparison_as_they_are(tmp_path, 
     assert kernels and "in onnxruntime's CPU fake-quant of the same QDQ model" in kernels[0]
     s = res.summary.set_index("Name")
     assert s.loc["hot", "CosineSimilarity"] == pytest.approx(1.0)  # the flags are exact
+
+
+def test_a_scalar_tensor_and_a_clip_with_computed_bounds_keep_the_cpu_comparisons(tmp_path, caplog):
+    """openWakeWord's mel front end: its peak is a 0-d tensor (numpy made the re-quantized dump
+    a scalar, which onnxruntime refused as a feed: no backend comparison) and its Clip's floor is
+    computed (the sensitivity read it as a constant: no output sensitivity)."""
+    built = models.floor_clip(tmp_path)
+    inp = [parse_input_tensor(["x", "1,16,8", str(built.input_path)])]
+    with caplog.at_level("INFO"):
+        res = run_oneshot("onnx", built.path, inp, working_dir=tmp_path / "w")
+    assert "CPU fake-quant failed" not in caplog.text
+    assert "CPU simulation failed" not in caplog.text
+    assert any(f.startswith("QNN's kernels add") for f in res.findings), res.findings
+    assert "peak" in set(res.summary["Name"])  # the scalar was compared
+
+
+def test_a_clip_with_computed_bounds_is_no_folded_activation(tmp_path):
+    """The sensitivity keeps a Relu/Clip the quantizer folded into an encoding; a Clip whose
+    floor is computed is never folded (it read the floor as a constant: KeyError, and the model
+    lost its output sensitivity)."""
+    from onnx import helper
+
+    from accdbg.algorithms.sensitivity import folded_activations
+
+    model = onnx.load(str(models.floor_clip(tmp_path).path))
+    made_by_dq = {"y": helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])}
+    assert folded_activations(model, made_by_dq) == {}
+    relu = helper.make_node("Relu", ["db"], ["r"])
+    model.graph.node.append(relu)
+    assert folded_activations(model, {"r": made_by_dq["y"]}) == {"r": (0.0, None)}

@@ -95,6 +95,9 @@ MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs
 FEW = "outlier weights"  # a culprit's kind when a few of its weights are the cause
 ONE_BY_ONE = 8  # layers with outlier weights asked one by one, at most (the farthest first)
 BACKEND_DB = 10.0
+# ops whose slope grows without bound near part of their input range: there a rounding step of
+# their input becomes many steps of their output (a Log near 0, a reciprocal of a variance)
+AMPLIFYING = ("Log", "Reciprocal", "Div", "Sqrt", "Pow", "Exp")
 MAX_CULPRITS = 5
 CAUSE_DB = 6.0
 OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it counts as new
@@ -1106,9 +1109,9 @@ def _amplifying(
     quantized: bool,
     impact: Impact | None,
 ) -> tuple[list[tuple[float, str, str]], set[str]]:
-    """Inputs whose rounding a layer amplifies: a Log of a power spectrum turns the few levels
-    an 8-bit encoding leaves its small values into an error of many dB, while the input itself
-    (judged by its power) looks fine. A jumping layer QNN computes as the CPU fake-quant does
+    """Inputs whose rounding an ``AMPLIFYING`` op amplifies: a Log of a power spectrum turns
+    the few levels an 8-bit encoding leaves its small values into an error of many dB, while the
+    input itself (judged by its power) looks fine. A jumping layer QNN computes as the CPU fake-quant does
     (or with no CPU comparison), whose inputs pass the pass mark (``ABS_DB``: an error carried
     in is its maker's), is asked about its inputs' encodings, the worst first: one costing the
     outputs ``SHARE`` of their error alone is the culprit. Returns those
@@ -1119,6 +1122,8 @@ def _amplifying(
     found: list[tuple[float, str, str]] = []
     explained: set[str] = set()
     for n, (got, expected, ins) in jumps.items():
+        if evidence[n].op_type not in AMPLIFYING:  # a linear layer's is its weights' doing
+            continue
         if n in diverging:  # QNN's kernel parts from the fake-quant there: the backend's
             continue
         if nsr_db(expected) < ABS_DB:  # its inputs fail already: an error carried in, not made

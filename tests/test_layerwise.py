@@ -655,3 +655,33 @@ def test_a_layer_qnn_preprocessing_splits_into_reshape_gemm_reshape_runs_alone_a
     qnn = np.asarray(TensorFolder(res.run_dir / "output" / "batch_0001").load(planted))
     apart = np.abs(qnn - want) / step
     assert apart.max() <= 1.01 and (apart > 0.5).mean() < 0.1, (apart.max(), (apart > 0.5).mean())
+
+
+def test_layers_not_measured_name_the_ops_their_fragments_ran():
+    """silero-vad's LSTM output has no golden value: the rows QNN could not finalize are the
+    Unsqueeze after it, whose fragment runs the LSTM. The verdict names the ops the failing
+    fragments ran besides the layers' own, where the refused op may be."""
+    from accdbg.algorithms.snooping import not_measured
+
+    rows = [
+        {
+            "_position": 2,
+            "Status": "err_cntx",
+            "O/P Name": "u2",
+            "Layer Type": "Unsqueeze",
+            "_ops": ["Gather", "LSTM", "Squeeze", "Unsqueeze"],
+        },
+        {
+            "_position": 1,
+            "Status": "err_cntx",
+            "O/P Name": "u1",
+            "Layer Type": "Unsqueeze",
+            "_ops": ["LSTM", "Squeeze", "Unsqueeze"],
+        },
+        {"_position": 0, "Status": "", "O/P Name": "conv", "Layer Type": "Conv"},
+    ]
+    assert not_measured(rows, "QNN") == (
+        "2 layer(s) not measured on QNN: err_cntx, QNN could not finalize the graph: u1, u2 "
+        "(Unsqueeze; their fragments run LSTM, Squeeze, Gather) - their error is unknown; each "
+        "row's Info says why and where the backend log is"
+    )

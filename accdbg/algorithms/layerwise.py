@@ -27,6 +27,7 @@ from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.batching import plan_batches
 from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor
+from accdbg.engines.exposure import QDQ_OPS
 from accdbg.engines.options import EngineConfig
 
 log = logging.getLogger("accdbg.snooping")
@@ -69,6 +70,12 @@ def _golden_cut(ctx: Context, inputs: Sequence[str]) -> list[str]:
         else:
             todo += ctx.qdq.activation_inputs(ctx.qdq.nodes[made])
     return cut
+
+
+def _ops_of(fragment: Fragment) -> list[str]:
+    """The op types a fragment runs besides Q/DQ, in order (each once)."""
+    ops = [n.op_type for n in fragment.part.model.graph.node if n.op_type not in QDQ_OPS]
+    return list(dict.fromkeys(ops))
 
 
 def _fragments(ctx: Context, layers: list[Layer]) -> tuple[list[Fragment], list[dict]]:
@@ -165,6 +172,8 @@ def _loop(ctx: Context) -> None:
                     error_row(layer, status, report.error, ctx.qdq.shape(layer.exposed.qdq_tensor))
                     for layer in batch[0].layers
                 ]
+                for row in rows:  # the op the backend refused may be inside (an LSTM's Squeeze)
+                    row["_ops"] = _ops_of(batch[0])
                 ctx.record("rows", rows, sessions, batch=1)
                 log.warning("layerwise: %s: %s: %s", batch[0].layers[0].name, status, report.error)
             else:  # find the failing fragment(s): halves go first in the queue

@@ -305,3 +305,18 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, expected):
     assert code == 2
     assert expected in one_line_error(err)
     assert not (tmp_path / "w").exists()
+
+
+def test_an_fp16_overflow_of_the_float_part_is_told_apart():
+    """magika: a quantized LayerNorm variance rounded to 0 makes the fp16 float part's Rsqrt
+    overflow (its outputs at fp16's 65504): that score is fp16's, and the cause says so."""
+    from accdbg.algorithms.binary import _times, fp16_overflowed
+
+    golden = [np.array([1.0, -3.0, 2.5])]
+    assert fp16_overflowed(golden, [np.array([1.0, 65504.0, 2.5])])
+    assert fp16_overflowed(golden, [np.array([1.0, np.inf, 2.5])])
+    assert fp16_overflowed(golden, [np.array([np.nan, -3.0, 2.5])])
+    assert not fp16_overflowed(golden, [np.array([1.5, -2.0, 3.0])])  # an error, no overflow
+    big = [np.array([60000.0, 1.0])]  # float itself near the limit: no telling
+    assert not fp16_overflowed(big, [np.array([65504.0, 1.0])])
+    assert _times(0.57) == "57%" and _times(1.2776e12) == "1.28e+12 times"

@@ -133,6 +133,26 @@ def check_binary_options(verifier: str, weight: float, min_size: int) -> str:
     return VERIFIERS[key]
 
 
+FP16_MAX = 65504.0
+FP16_OVERFLOW = (
+    "the float part overflowed fp16 (outputs at its limit, 65504, or not finite, where float "
+    "stays far under it): this score is fp16's as much as these ops' quantization"
+)
+
+
+def fp16_overflowed(golden: Sequence[np.ndarray], target: Sequence[np.ndarray]) -> bool:
+    """Outputs at fp16's limit (or not finite) where the float outputs stay under half of it:
+    the fp16 float part overflowed - a quantized variance rounded to 0 makes an Rsqrt's output
+    exceed fp16 there while the quantized model's own encoding would clamp it."""
+    for g, t in zip(golden, target, strict=True):
+        big = np.abs(np.asarray(t, np.float64))
+        if np.abs(np.asarray(g, np.float64)).max(initial=0.0) < FP16_MAX / 2 and (
+            not np.isfinite(big).all() or big.max(initial=0.0) >= FP16_MAX
+        ):
+            return True
+    return False
+
+
 def output_error(golden: Sequence[np.ndarray], target: Sequence[np.ndarray]) -> tuple[float, float]:
     """(MSE, noise-to-signal power) over all outputs together."""
     noise = power = 0.0
@@ -220,8 +240,11 @@ class _Search:
                     "cpu_ops": sorted({f"{op}:{name}" for op, name in report.cpu_nodes}),
                 }
                 if report.ok:
-                    mse, nsr = output_error(self._golden_out, [values[o] for o in names])
+                    got = [values[o] for o in names]
+                    mse, nsr = output_error(self._golden_out, got)
                     rec.update(mse=mse, nsr=nsr, status="")
+                    if fp16_overflowed(self._golden_out, got):
+                        rec["notes"] = [*notes, FP16_OVERFLOW]
                 else:
                     rec.update(
                         mse="nan",
@@ -367,6 +390,11 @@ def _judged_text(search: _Search) -> str:
         if o != j
     ]
     return f", {', '.join(at)}" if at else ""
+
+
+def _times(share: float) -> str:
+    """A share of the whole model's error; past ten times it, a percentage says nothing more."""
+    return f"{share:.0%}" if not share >= 10 else f"{share:.3g} times"
 
 
 def _score_text(label: str, sg: Subgraph) -> str:
@@ -546,7 +574,8 @@ def _write(
         share = shares[sg.id]
         causes[sg.id] = (
             f"quantizing only these {sg.size} op(s) gives {_score_text(label, sg)} at the outputs, "
-            f"{share:.0%} of the whole model's error ({_score_text(label, whole)})"
+            f"{_times(share)} of the whole model's error ({_score_text(label, whole)})"
+            + (f"; {FP16_OVERFLOW}" if FP16_OVERFLOW in sg.notes else "")
         )
     from accdbg.algorithms.culprits import prepared_model
     from accdbg.algorithms.local import local_nsr

@@ -98,6 +98,7 @@ BACKEND_DB = 10.0
 # ops whose slope grows without bound near part of their input range: there a rounding step of
 # their input becomes many steps of their output (a Log near 0, a reciprocal of a variance)
 AMPLIFYING = ("Log", "Reciprocal", "Div", "Sqrt", "Pow", "Exp")
+READ_TWICE = ("Div", "Pow")  # ...only when both their inputs are activations
 MAX_CULPRITS = 5
 CAUSE_DB = 6.0
 OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it counts as new
@@ -1122,7 +1123,10 @@ def _amplifying(
     found: list[tuple[float, str, str]] = []
     explained: set[str] = set()
     for n, (got, expected, ins) in jumps.items():
-        if evidence[n].op_type not in AMPLIFYING:  # a linear layer's is its weights' doing
+        ev = evidence[n]
+        if ev.op_type not in AMPLIFYING:  # a linear layer's is its weights' doing
+            continue
+        if ev.op_type in READ_TWICE and len(ev.inputs) < 2:  # a Div by a constant is linear
             continue
         if n in diverging:  # QNN's kernel parts from the fake-quant there: the backend's
             continue

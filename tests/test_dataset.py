@@ -456,3 +456,18 @@ def test_the_band_is_one_polygon_per_run_of_known_layers():
         ([3.0, 4.0, 4.0, 3.0], [5.0, 5.0, 5.0, 3.0]),
     ]
     assert band_polygons(pd.Series([np.nan]), pd.Series([np.nan])) == []
+
+
+def test_the_stability_line_counts_where_an_amplified_culprits_error_shows():
+    """An input's top contributor is the layer where its error appears: for a rounding a Log
+    amplifies, the Log, not the culprit (its input). Those inputs agree with the ranking."""
+    from accdbg.algorithms.dataset.tables import stability_line
+
+    top = {"in0": "log", "in1": "log", "in2": "conv", "in3": None}
+    assert stability_line("power", top, ("log",)) == (
+        "culprit #1 power (its error showing at log) is the top contributor on 2 of 3 inputs (67 %)"
+    )
+    assert stability_line("power", top) == (
+        "culprit #1 power is the top contributor on 0 of 3 inputs (0 %); most often it is log "
+        "(2 of 3)"
+    )

@@ -198,6 +198,7 @@ class Culprit:
     cause: str
     local_db: float
     kind: str = ""  # what its own encodings lose most (a PATTERN_FIX key), or "backend"
+    shows_at: tuple[str, ...] = ()  # where its error appears when not at it (an amplifying op)
 
 
 @dataclass
@@ -511,7 +512,7 @@ def rank(
     amplified, explained = _amplifying(
         evidence, jumps, {c[1] for c in candidates} | blown, divergence, quantized, impact
     )
-    explained_by = {x for _, x, _ in amplified}
+    explained_by = set(explained.values())  # the inputs named, by the layer they explain
     for share, x, cause in amplified:
         costs[x] = share
         candidates.append((local.get(x, 0.0), x, cause))
@@ -529,12 +530,12 @@ def rank(
                 f"{partner} {_pct(together)}, what {partner} costs alone"
             )
     if local_observed:
-        backend = _backend(evidence, observed, {c[1] for c in candidates} | explained)
+        backend = _backend(evidence, observed, {c[1] for c in candidates} | set(explained))
         candidates += backend
     else:
         inherited = _inherited(order, evidence, observed, local, columns)
         if divergence is None and run_nsr and backend_jumps:
-            backend = _jumped(evidence, run_nsr, {c[1] for c in candidates} | explained)
+            backend = _jumped(evidence, run_nsr, {c[1] for c in candidates} | set(explained))
             candidates += backend
     named = {c[1] for c in candidates}
     standing = _diverging(divergence or {}, quantized)
@@ -618,7 +619,10 @@ def rank(
             if cause.startswith(ACTIVATION)
             else _kind(evidence[n])
         )
-        culprits.append(Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan), kind))
+        shows = tuple(j for j, x in explained.items() if x == n)
+        culprits.append(
+            Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan), kind, shows)
+        )
     unnamed = [  # standouts measured and not named: what the most of them costs the outputs
         (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
         for n, c in columns.items()
@@ -1109,19 +1113,19 @@ def _amplifying(
     divergence: Mapping[str, float] | None,
     quantized: bool,
     impact: Impact | None,
-) -> tuple[list[tuple[float, str, str]], set[str]]:
+) -> tuple[list[tuple[float, str, str]], dict[str, str]]:
     """Inputs whose rounding an ``AMPLIFYING`` op amplifies: a Log of a power spectrum turns
     the few levels an 8-bit encoding leaves its small values into an error of many dB, while the
     input itself (judged by its power) looks fine. A jumping layer QNN computes as the CPU fake-quant does
     (or with no CPU comparison), whose inputs pass the pass mark (``ABS_DB``: an error carried
     in is its maker's), is asked about its inputs' encodings, the worst first: one costing the
     outputs ``SHARE`` of their error alone is the culprit. Returns those
-    ``(share, input, cause)`` and the jumping layers they explain."""
+    ``(share, input, cause)`` and, for each jumping layer they explain, its input named."""
     if impact is None:
-        return [], set()
+        return [], {}
     diverging = _diverging(divergence or {}, quantized)
     found: list[tuple[float, str, str]] = []
-    explained: set[str] = set()
+    explained: dict[str, str] = {}
     for n, (got, expected, ins) in jumps.items():
         ev = evidence[n]
         if ev.op_type not in AMPLIFYING:  # a linear layer's is its weights' doing
@@ -1158,7 +1162,7 @@ def _amplifying(
                 )
             )
             taken = taken | {x}
-            explained.add(n)
+            explained[n] = x
             break
     return found, explained
 

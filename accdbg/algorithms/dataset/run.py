@@ -555,7 +555,9 @@ def _finish(
             findings.append(tables.worst_line(inputs, ranking_input, labels[0], column))
     elif state.done:
         findings.append("no culprit ranking: no input's tensors were kept (--keep_worst 0)")
-    stable = tables.stability_line(culprits[0].name if culprits else None, top)
+    stable = tables.stability_line(
+        culprits[0].name if culprits else None, top, culprits[0].shows_at if culprits else ()
+    )
     if stable:
         findings.append(stable)
     n_done = len(state.done)

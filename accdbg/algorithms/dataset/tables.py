@@ -121,9 +121,12 @@ def worst_line(inputs: pd.DataFrame, worst: str, label: str, column: str) -> str
     )
 
 
-def stability_line(culprit: str | None, top: Mapping[str, str | None]) -> str | None:
-    """How many inputs agree with the ranking: share whose top contributor is culprit #1,
-    and the most frequent top contributor when it is another layer."""
+def stability_line(
+    culprit: str | None, top: Mapping[str, str | None], shows_at: Sequence[str] = ()
+) -> str | None:
+    """How many inputs agree with the ranking: share whose top contributor is culprit #1 (or
+    ``shows_at``, where its error appears: the Log amplifying its rounding), and the most
+    frequent top contributor when it is another layer."""
     scored = [v for v in top.values() if v is not None]
     if not scored:
         return None
@@ -135,11 +138,12 @@ def stability_line(culprit: str | None, top: Mapping[str, str | None]) -> str | 
             f"no culprit ranked; the most frequent top contributor is {leader} "
             f"({lead_n} of {n} inputs, {100 * lead_n / n:.0f} %)"
         )
-    agree = int(counts.get(culprit, 0))
+    agree = sum(int(counts.get(x, 0)) for x in (culprit, *shows_at))
+    where = f" (its error showing at {', '.join(shows_at)})" if shows_at else ""
     text = (
-        f"culprit #1 {culprit} is the top contributor on {agree} of {n} inputs "
+        f"culprit #1 {culprit}{where} is the top contributor on {agree} of {n} inputs "
         f"({100 * agree / n:.0f} %)"
     )
-    if leader != culprit:
+    if leader not in (culprit, *shows_at):
         text += f"; most often it is {leader} ({lead_n} of {n})"
     return text

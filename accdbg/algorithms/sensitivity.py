@@ -269,10 +269,15 @@ class Sensitivity:
         with np.errstate(divide="ignore", invalid="ignore"):
             ok[few] = ~(total[few] > ADDS_UP * self.whole_noise[few])
         if not ok.all():
+            ratio = total / np.maximum(self.whole_noise, 1e-30)
             log.info(
-                "outputs whose shares do not add up (standouts alone: %s of their error): %s",
-                np.round(total / np.maximum(self.whole_noise, 1e-30), 2),
-                [o for o, k in zip(self.outputs, ok, strict=True) if not k],
+                "outputs of few values whose shares do not add up, not judged on (the standouts "
+                "alone cost them more than their error): %s",
+                ", ".join(
+                    f"{o} ({r:.3g}x)"
+                    for o, r, k in zip(self.outputs, ratio, ok, strict=True)
+                    if not k
+                ),
             )
         return ok
 

@@ -359,6 +359,21 @@ def test_a_full_run_names_where_qnn_parts_from_its_own_inputs_only_when_that_cos
     apart.steps = {"l30": 101.0}
     r = ranked_under_half(apart)
     assert asked == [["l30"]] and [(c.name, c.kind) for c in r.culprits] == [("l30", "backend")]
+    # QNN no worse than the CPU overall (magika): the kernels line says the culprit's difference
+    # was measured alone
+    r = rank(
+        ev,
+        names,
+        divergence=apart,
+        kernel_share=kernel(0.8),
+        kernels_added=KernelsAdded("out", 0.5, 1.0),
+    )
+    assert [c.name for c in r.culprits] == ["l30"]
+    line = next(f for f in r.findings if f.startswith("QNN's kernels add nothing measurable"))
+    assert line.endswith(
+        "(each backend culprit's difference is measured alone; with every layer's, QNN ends no "
+        "worse than the CPU fake-quant)"
+    )
     apart.steps = {"l30": 1.0}  # a rounding step: not measured, as above
     r = ranked_under_half(apart)
     assert r.culprits == [] and asked == []

@@ -667,3 +667,19 @@ def test_few_ops_inside_control_flow_are_a_recorded_step(tmp_path):
     most.graph.node[0].input[0] = "x"
     with pytest.raises(AccdbgError, match="4 of its 7 ops are in the branches"):
         check_control_flow(most, steps)
+
+
+@pytest.mark.parametrize("component", [(), ("--inference_engine", "-r", "htp")])
+def test_an_input_read_as_another_type_than_the_models_is_a_one_line_error(
+    tmp_path, capsys, component
+):
+    """magika's input is int32 bytes; -i without a dtype reads float32, which reached
+    onnxruntime as `internal error: ... Unexpected input data type`."""
+    built = models.one_hot_dense(tmp_path)
+    flags = built.flags(framework=not component)
+    code, _, err = run_cli(capsys, *component, *flags, "-w", tmp_path / "w")
+    assert code != 0
+    assert one_line_error(err).endswith(
+        "error: --input_tensor 'ids' is read as float32, the model's input is int32: give its "
+        f"type (ids 1,16 {built.input_path} int32)"
+    )

@@ -252,13 +252,8 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
     get_engine(config.backend.engine).check_host(config.engine_options())
     model_path = Path(args.model_path).expanduser().absolute()
     model = om.load_model(model_path)
-    names = [vi.name for vi in om.real_inputs(model)]
+    om.check_given_inputs(model, args.input_tensors)
     for t in args.input_tensors:
-        if t.name not in names:
-            raise AccdbgError(
-                f"--input_tensor {t.name!r} is not an input of the model; its inputs are: "
-                f"{om.describe_inputs(model)}"
-            )
         t.check(args.allow_nonfinite_inputs)  # size, NaN/Inf: now, not in the middle of the run
     if not args.input_tensors and args.golden_dir is None:
         raise AccdbgError(

@@ -11,12 +11,16 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from accdbg.errors import AccdbgError
+
+if TYPE_CHECKING:
+    from accdbg.core.inputs import InputTensor
 
 TWO_GIB = 2**31 - 1024
 
@@ -85,6 +89,24 @@ def elem_dtype(vi: onnx.ValueInfoProto) -> np.dtype | None:
     if not et:
         return None
     return np.dtype(helper.tensor_dtype_to_np_dtype(et))
+
+
+def check_given_inputs(model: onnx.ModelProto, given: Iterable[InputTensor]) -> None:
+    """Each ``-i`` names an input of the model and reads it as the model's element type (a
+    file read as float32 for an int32 input would reach onnxruntime as a type error)."""
+    inputs = {vi.name: vi for vi in real_inputs(model)}
+    for t in given:
+        if t.name not in inputs:
+            raise AccdbgError(
+                f"--input_tensor {t.name!r} is not an input of the model; its inputs are: "
+                f"{describe_inputs(model)}"
+            )
+        want = elem_dtype(inputs[t.name])
+        if want is not None and want != t.dtype:
+            raise AccdbgError(
+                f"--input_tensor {t.name!r} is read as {t.dtype.name}, the model's input is "
+                f"{want.name}: give its type ({' '.join(t.record()[:3])} {want.name})"
+            )
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -44,11 +44,7 @@ def build_feeds(
     inputs = om.real_inputs(model)
     names = [vi.name for vi in inputs]
     given = {t.name: t for t in input_tensors}
-    for name in given:
-        if name not in names:
-            raise AccdbgError(
-                f"--input_tensor {name!r} is not an input of the model; its inputs are: {om.describe_inputs(model)}"
-            )
+    om.check_given_inputs(model, input_tensors)
     dims: dict[str, tuple[int, ...]] = {}
     dtypes: dict[str, np.dtype] = {}
     for vi in inputs:

@@ -49,12 +49,7 @@ class OnnxRunner(FrameworkRunner):
         model = om.load_model(self.model_path)
         given = {t.name: t for t in self.inputs}
         model_inputs = {vi.name: vi for vi in om.real_inputs(model)}
-        for name in given:
-            if name not in model_inputs:
-                raise AccdbgError(
-                    f"--input_tensor {name!r} is not an input of the model; its inputs are: "
-                    f"{om.describe_inputs(model)}"
-                )
+        om.check_given_inputs(model, self.inputs)
         missing = [n for n in model_inputs if n not in given]
         if missing:
             raise AccdbgError(

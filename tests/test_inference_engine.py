@@ -683,3 +683,40 @@ def test_an_input_read_as_another_type_than_the_models_is_a_one_line_error(
         "error: --input_tensor 'ids' is read as float32, the model's input is int32: give its "
         f"type (ids 1,16 {built.input_path} int32)"
     )
+
+
+def test_a_max_with_minus_infinity_is_an_identity_not_an_infinite_encoding(tmp_path):
+    """magika (JAX) starts a max reduction at a constant -inf: onnxruntime's quantizer gave
+    that constant an infinite scale, and the fix search's encodings export stopped on it."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(8, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["mm"]),
+            helper.make_node("Max", ["start", "mm"], ["peak"], name="reduce_start"),
+            helper.make_node("Relu", ["peak"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array(-np.inf, np.float32), "start"),
+        ],
+    )
+    path = models.save(graph, tmp_path / "max_start.onnx")
+    x = rng.normal(size=(1, 8)).astype(np.float32)
+    x.tofile(tmp_path / "x.raw")
+    res = run_inference_engine(
+        path,
+        input_tensors=[parse_input_tensor(["x", "1,8", str(tmp_path / "x.raw")])],
+        working_dir=tmp_path / "w",
+    )
+    log = (res.run_dir / "log.txt").read_text()
+    assert "1 Max/Min with an infinite constant made an Identity" in log and "reduce_start" in log
+    qdq = onnx.load(str(next(res.run_dir.glob("*.qdq.onnx"))))
+    scales = [numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name.endswith("_scale")]
+    assert scales and all(np.isfinite(s).all() for s in scales)
+    y = TensorFolder(res.results[0]).load("y")
+    expected = np.maximum(x @ w, 0)
+    assert np.abs(y - expected).max() < 0.05 * np.abs(expected).max()

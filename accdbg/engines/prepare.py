@@ -13,8 +13,10 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import numpy_helper
 
 from accdbg.core import onnx_model as om
 from accdbg.engines.quantize import quiet_root_warnings
@@ -110,6 +112,38 @@ def check_control_flow(model: onnx.ModelProto, steps: list[str], failed: bool = 
     )
 
 
+def identity_extremes(model: onnx.ModelProto, steps: list[str]) -> onnx.ModelProto:
+    """A Max with a constant -inf (a Min with +inf) is its other input: a reduction's start
+    value, as JAX exports it. Quantized, that constant gets an infinite scale (onnxruntime
+    divides its range by the levels): the node becomes an Identity of the other input."""
+    consts = om.constants(model)
+    bound = {"Max": -np.inf, "Min": np.inf}
+    done = []
+    for n in model.graph.node:
+        if n.op_type not in bound or len(n.input) != 2:
+            continue
+        ends = [
+            i
+            for i, x in enumerate(n.input)
+            if x in consts
+            and np.prod(consts[x].dims, dtype=np.int64) == 1  # no broadcast up: the other's shape
+            and np.all(numpy_helper.to_array(consts[x]) == bound[n.op_type])
+        ]
+        if len(ends) != 1:
+            continue
+        other = n.input[1 - ends[0]]
+        del n.input[:]
+        n.input.append(other)
+        n.op_type = "Identity"
+        done.append(n.name or n.output[0])
+    if done:
+        steps.append(
+            f"{len(done)} Max/Min with an infinite constant made an Identity (an infinite "
+            f"constant has no encoding): {', '.join(done[:3])}"
+        )
+    return model
+
+
 def prepare_float_model(
     model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], work_dir: Path
 ) -> tuple[Path, list[str]]:
@@ -118,6 +152,7 @@ def prepare_float_model(
     model = initializers_not_inputs(model, steps)
     model = fix_shapes(model, shapes, steps)
     model = upgrade_opset(model, steps)
+    model = identity_extremes(model, steps)
     fixed = work_dir / "model.fixed.onnx"
     onnx.save(model, str(fixed))
     before = _counts(model)

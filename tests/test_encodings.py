@@ -758,3 +758,50 @@ def test_folder_inputs_and_float_tensors(tmp_path):
     }  # float tensors are not encodings
     with pytest.raises(AccdbgError, match="folder without model_net.json"):
         compare_encodings(tmp_path / "w", tmp_path / "a.json", working_dir=tmp_path / "w")
+
+
+def test_an_infinite_encoding_is_left_out_of_an_export_with_a_warning(tmp_path):
+    """A -inf constant (a mask, a reduction's start) gets an infinite scale from onnxruntime's
+    quantizer: no AIMET file holds it. The export leaves it out and says so; the rest is
+    written (it stopped with `internal error: non-finite encoding value inf`)."""
+    from accdbg.encodings import export_qdq_encodings
+
+    u8 = lambda v, n: numpy_helper.from_array(np.array(v, np.uint8), n)  # noqa: E731
+    f32 = lambda v, n: numpy_helper.from_array(np.array(v, np.float32), n)  # noqa: E731
+    graph = helper.make_graph(
+        [
+            helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["xq"]),
+            helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xd"]),
+            helper.make_node("DequantizeLinear", ["c_quantized", "c_scale", "c_zp"], ["c"]),
+            helper.make_node("Max", ["xd", "c"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [
+            f32(0.1, "x_scale"),
+            u8(128, "x_zp"),
+            u8([0], "c_quantized"),
+            f32(np.inf, "c_scale"),
+            u8(255, "c_zp"),
+        ],
+    )
+    path = tmp_path / "inf.qdq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    out = tmp_path / "enc.json"
+    import logging
+
+    seen: list[logging.LogRecord] = []
+    catch = logging.Handler(logging.WARNING)
+    catch.emit = seen.append  # type: ignore[method-assign]
+    logging.getLogger("accdbg.encodings").addHandler(catch)
+    try:
+        export_qdq_encodings(path, out)
+    finally:
+        logging.getLogger("accdbg.encodings").removeHandler(catch)
+    assert [r.getMessage() for r in seen] == [
+        "1 encoding(s) not exported, not finite (a constant -inf or +inf): c"
+    ]
+    doc = json.loads(out.read_text())
+    assert set(doc["activation_encodings"]) == {"x"} and doc["param_encodings"] == {}
+    assert doc["activation_encodings"]["x"][0]["scale"] == pytest.approx(0.1)

@@ -181,6 +181,21 @@ def export_qdq_encodings(
     if not out.parent.is_dir():
         raise AccdbgError(f"output folder {str(out.parent)!r} does not exist")
     encs = qdq_encodings(model_path)
+    # a non-finite constant (a -inf mask) gets an infinite scale from onnxruntime's quantizer:
+    # no AIMET file can hold it, and QNN computes that tensor from its own encoding anyway
+    infinite = [
+        n
+        for n, e in encs.items()
+        if not e.is_float
+        and not np.isfinite(np.concatenate([e.scale, e.min, e.max]).astype(np.float64)).all()
+    ]
+    if infinite:
+        log.warning(
+            "%d encoding(s) not exported, not finite (a constant -inf or +inf): %s",
+            len(infinite),
+            ", ".join(infinite[:5]),
+        )
+        encs = {n: e for n, e in encs.items() if n not in infinite}
     doc = aimet_dict(encs.values(), version)
     write_json_atomic(out, doc)
     n_par = sum(e.kind == PARAM for e in encs.values())

@@ -394,7 +394,7 @@ def _judged_text(search: _Search) -> str:
 
 def _times(share: float) -> str:
     """A share of the whole model's error; past ten times it, a percentage says nothing more."""
-    return f"{share:.0%}" if not share >= 10 else f"{share:.3g} times"
+    return f"{share:.0%} of" if not share >= 10 else f"{share:.3g} times"
 
 
 def _score_text(label: str, sg: Subgraph) -> str:
@@ -574,7 +574,7 @@ def _write(
         share = shares[sg.id]
         causes[sg.id] = (
             f"quantizing only these {sg.size} op(s) gives {_score_text(label, sg)} at the outputs, "
-            f"{_times(share)} of the whole model's error ({_score_text(label, whole)})"
+            f"{_times(share)} the whole model's error ({_score_text(label, whole)})"
             + (f"; {FP16_OVERFLOW}" if FP16_OVERFLOW in sg.notes else "")
         )
     from accdbg.algorithms.culprits import prepared_model

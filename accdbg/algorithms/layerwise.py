@@ -172,8 +172,9 @@ def _loop(ctx: Context) -> None:
                     error_row(layer, status, report.error, ctx.qdq.shape(layer.exposed.qdq_tensor))
                     for layer in batch[0].layers
                 ]
-                for row in rows:  # the op the backend refused may be inside (an LSTM's Squeeze)
-                    row["_ops"] = _ops_of(batch[0])
+                ops = _ops_of(batch[0])  # the op the backend refused may be inside (an LSTM)
+                for row in rows:
+                    row["_ops"] = ops
                 ctx.record("rows", rows, sessions, batch=1)
                 log.warning("layerwise: %s: %s: %s", batch[0].layers[0].name, status, report.error)
             else:  # find the failing fragment(s): halves go first in the queue

@@ -373,7 +373,7 @@ def rank(
     reciprocal: its input's encoding, measured, costs the outputs ``SHARE``; that input is
     named, :func:`_amplifying`) or computes something else: with ``backend_jumps`` and no
     ``divergence`` (cumulative-layerwise has no CPU comparison) it is then named as the
-    backend's (:func:`_jumped`).
+    backend's (``RUN_JUMP``).
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -441,9 +441,9 @@ def rank(
     roots = [n for n in standouts if n not in root_of]
     partners = {n: _Partners.of(n, evidence, carried, reaches, exclude=set(roots)) for n in roots}
     jumps = (
-        _jumps(evidence, observed, _local_expected(evidence, observed))
+        _jumps(observed, _local_expected(evidence, observed))
         if local_observed
-        else _jumps(evidence, run_nsr, _brought(evidence, run_nsr))
+        else _jumps(run_nsr, _brought(evidence, run_nsr))
         if run_nsr
         else {}
     )
@@ -530,12 +530,12 @@ def rank(
                 f"{partner} {_pct(together)}, what {partner} costs alone"
             )
     if local_observed:
-        backend = _backend(evidence, observed, {c[1] for c in candidates} | set(explained))
+        backend = _as_backend(jumps, {c[1] for c in candidates} | set(explained), ALONE_JUMP)
         candidates += backend
     else:
         inherited = _inherited(order, evidence, observed, local, columns)
         if divergence is None and run_nsr and backend_jumps:
-            backend = _jumped(evidence, run_nsr, {c[1] for c in candidates} | set(explained))
+            backend = _as_backend(jumps, {c[1] for c in candidates} | set(explained), RUN_JUMP)
             candidates += backend
     named = {c[1] for c in candidates}
     standing = _diverging(divergence or {}, quantized)
@@ -616,7 +616,7 @@ def rank(
             else FEW
             if n in few
             else ACTIVATION
-            if cause.startswith(ACTIVATION)
+            if n in explained_by
             else _kind(evidence[n])
         )
         shows = tuple(j for j, x in explained.items() if x == n)
@@ -1051,19 +1051,19 @@ def _standing_jumps(jumps: Mapping[str, tuple[float, float]]) -> list[str]:
     ]
 
 
-def _backend(
-    evidence: Mapping[str, Evidence], observed: Mapping[str, float], taken: set[str]
-) -> list[tuple[float, str, str]]:
-    """Layers run alone on the backend (golden inputs) whose error their encodings and their
-    inputs' encodings do not explain: the kernel, not the quantization."""
-    expected = {n: e for n, (e, _) in _local_expected(evidence, observed).items()}
-    return _beyond(
-        observed,
-        expected,
-        taken,
-        "backend: run alone on the backend it keeps {got:.1f} dB where its quantization "
-        "explains {explained:.1f} dB ({jump:.1f} dB worse)",
-    )
+# a layer run alone on the backend (golden inputs) whose error its encodings and its inputs'
+# encodings do not explain: the kernel, not the quantization
+ALONE_JUMP = (
+    "backend: run alone on the backend it keeps {got:.1f} dB where its quantization "
+    "explains {explained:.1f} dB ({jump:.1f} dB worse)"
+)
+# a full run's layer whose error jumps beyond what its nearest compared inputs bring plus its
+# own encodings': with no CPU comparison, the nearest sign of a kernel computing something else
+RUN_JUMP = (
+    "backend: on the backend its error jumps to {got:.1f} dB where its inputs bring and "
+    "its encodings explain {explained:.1f} dB ({jump:.1f} dB worse; no CPU comparison in "
+    "this run)"
+)
 
 
 def _brought(
@@ -1099,9 +1099,7 @@ def _local_expected(
 
 
 def _jumps(
-    evidence: Mapping[str, Evidence],
-    observed: Mapping[str, float],
-    expected: Mapping[str, tuple[float, list[str]]],
+    observed: Mapping[str, float], expected: Mapping[str, tuple[float, list[str]]]
 ) -> dict[str, tuple[float, float, list[str]]]:
     """The layers whose observed error stands out above what is ``expected`` of them
     (:func:`_standing_jumps`): layer -> (its error, the error expected, its inputs)."""
@@ -1149,7 +1147,7 @@ def _amplifying(
             share = impact(x, SHARE)
             if math.isnan(share.best) or share.best < SHARE:
                 continue
-            op = evidence[n].op_type
+            op = ev.op_type
             same = " (computed as onnxruntime's CPU fake-quant does)" if divergence else ""
             cost = (
                 f"this encoding alone costs the outputs {_pct(share.best)} of the whole "
@@ -1174,41 +1172,20 @@ def _amplifying(
     return found, explained
 
 
-def _jumped(
-    evidence: Mapping[str, Evidence], run_nsr: Mapping[str, float], taken: set[str]
+def _as_backend(
+    jumps: Mapping[str, tuple[float, float, list[str]]], taken: set[str], cause: str
 ) -> list[tuple[float, str, str]]:
-    """Layers of a full run on the backend whose error jumps beyond what explains it: the
-    error its nearest compared inputs bring in the same run plus its own encodings' - with no
-    CPU comparison, the nearest sign of a kernel computing something else."""
-    expected = {n: e for n, (e, _) in _brought(evidence, run_nsr).items()}
-    return _beyond(
-        run_nsr,
-        expected,
-        taken,
-        "backend: on the backend its error jumps to {got:.1f} dB where its inputs bring and "
-        "its encodings explain {explained:.1f} dB ({jump:.1f} dB worse; no CPU comparison in "
-        "this run)",
-    )
-
-
-def _beyond(
-    observed: Mapping[str, float], expected: Mapping[str, float], taken: set[str], cause: str
-) -> list[tuple[float, str, str]]:
-    """Backend candidates ``(nsr, name, cause)``: the layers whose observed error stands out
-    (:func:`_standing_jumps`) above what is ``expected`` of them; ``cause`` is formatted with
-    ``got``, ``explained`` (dB) and ``jump``."""
-    jumps = {
-        n: (10 * math.log10(observed[n] / e), observed[n])
-        for n, e in expected.items()
-        if e > 0 and math.isfinite(observed[n]) and observed[n] > 0
-    }
+    """Backend candidates ``(nsr, name, cause)`` of the standing ``jumps`` not ``taken``;
+    ``cause`` is formatted with ``got``, ``explained`` (dB) and ``jump``."""
     return [
         (
-            observed[n],
+            got,
             n,
-            cause.format(got=nsr_db(observed[n]), explained=nsr_db(expected[n]), jump=jumps[n][0]),
+            cause.format(
+                got=nsr_db(got), explained=nsr_db(expected), jump=10 * math.log10(got / expected)
+            ),
         )
-        for n in _standing_jumps(jumps)
+        for n, (got, expected, _) in jumps.items()
         if n not in taken
     ]
 

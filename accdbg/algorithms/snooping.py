@@ -662,9 +662,10 @@ def not_measured(rows: Sequence[dict[str, Any]], engine: str, most: int = 5) -> 
     for status, failed in by_status.items():
         names = ", ".join(str(r["O/P Name"]) for r in failed[:most])
         more = f" and {len(failed) - most} more" if len(failed) > most else ""
-        types = "/".join(sorted({str(r.get("Layer Type", "")) for r in failed} - {""}))
+        own = {str(r.get("Layer Type", "")) for r in failed} - {""}
+        types = "/".join(sorted(own))
         # the ops the failing fragments ran besides the layers' own: one may be the op refused
-        inside = [o for r in failed for o in r.get("_ops", ()) if o not in types.split("/")]
+        inside = [o for r in failed for o in r.get("_ops", ()) if o not in own]
         types += f"; their fragments run {', '.join(dict.fromkeys(inside))}" if inside else ""
         parts.append(
             f"{status}, {MEANING[status]}: {names}{more}" + (f" ({types})" if types else "")

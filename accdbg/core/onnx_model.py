@@ -109,15 +109,11 @@ def check_given_inputs(model: onnx.ModelProto, given: Iterable[InputTensor]) -> 
             )
 
 
-def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
-    """Set the given inputs' dims (dynamic or not), checking rank and static dims agree.
-
-    Stale ``value_info`` is dropped so shape inference recomputes it from the fixed dims.
-    """
+def check_input_dims(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
+    """The given inputs' dims agree with the model's rank and static dims."""
     by_name = {vi.name: vi for vi in real_inputs(model)}
     for name, dims in shapes.items():
-        vi = by_name[name]
-        old = dims_of(vi)
+        old = dims_of(by_name[name])
         if old and len(old) != len(dims):
             raise AccdbgError(
                 f"--input_tensor {name!r}: dims {','.join(map(str, dims))} have rank {len(dims)}, "
@@ -129,7 +125,17 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]])
                     f"--input_tensor {name!r}: dim {i} is {n}, the model fixes it to {o} "
                     f"(model input [{','.join('?' if d is None else str(d) for d in old)}])"
                 )
-        shape = vi.type.tensor_type.shape
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Set the given inputs' dims (dynamic or not), checked first (:func:`check_input_dims`).
+
+    Stale ``value_info`` is dropped so shape inference recomputes it from the fixed dims.
+    """
+    check_input_dims(model, shapes)
+    by_name = {vi.name: vi for vi in real_inputs(model)}
+    for name, dims in shapes.items():
+        shape = by_name[name].type.tensor_type.shape
         del shape.dim[:]
         for d in dims:
             shape.dim.add().dim_value = int(d)

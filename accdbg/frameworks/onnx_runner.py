@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from accdbg.core import onnx_model as om
@@ -61,7 +60,7 @@ class OnnxRunner(FrameworkRunner):
         if om.branch_nodes(model):
             # fixed dims reach every If branch, also one this input never takes, whose shape
             # inference may then fail (silero-vad's 8 kHz branch on a 16 kHz frame): checked only
-            om.fix_input_shapes(onnx.ModelProto.FromString(model.SerializeToString()), dims)
+            om.check_input_dims(model, dims)
         else:
             om.fix_input_shapes(model, dims)
         self.model = om.infer_shapes(model)

@@ -202,7 +202,8 @@ def test_real_ppocr_det_layerwise_is_complete_and_uses_the_models_encodings(ppoc
     layers = exposure.select(onnx.load(str(engine.qdq_model)), set(TensorFolder(golden).names()))
     assert list(df["O/P Name"]) == [e.name for e in layers] and len(df) > 250
     assert (df["Status"] == "").all() and df["CosineSimilarity"].notna().all()
-    assert layerwise.sessions <= 2  # every layer of the model in one session per core
+    # a few sessions of at most BATCH_NODES nodes (with the layers' contexts), not one per layer
+    assert 2 <= layerwise.sessions <= 10
     oneshot = oneshot_cosines(golden, engine.results[0])
     first = df["O/P Name"].iloc[0]  # the first layer's input is golden in oneshot too
     assert df["CosineSimilarity"].iloc[0] == pytest.approx(oneshot[first], abs=1e-6)

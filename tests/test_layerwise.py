@@ -39,6 +39,8 @@ REPORT_COLUMNS = [
     "CosineSimilarity",
     "Info",
 ]
+# layerwise's own: each layer that is no kernel run after its producers, and its worst input there
+LAYERWISE_COLUMNS = [*REPORT_COLUMNS[:-1], "in-context SQNR", "in-context input SQNR", "Info"]
 A, B = "ra", "b"  # the two faulty layers' outputs (ConvA+Relu, ConvB)
 
 
@@ -170,7 +172,7 @@ def test_oneshot_blames_everything_after_a_layerwise_only_a_and_b(two_fault):
     assert order[0] == A and order[-1] == B and len(order) == 5
     assert all(c < 0.99 for c in oneshot.values()), oneshot  # oneshot: every layer from A on fails
     df = m.layerwise.report
-    assert list(df.columns) == REPORT_COLUMNS + list(RANKING_COLUMNS)
+    assert list(df.columns) == LAYERWISE_COLUMNS + list(RANKING_COLUMNS)
     assert list(df["O/P Name"]) == order  # execution order
     # the ranking names both faults, each with its own cause, and nothing else
     ranked = df.dropna(subset=["culprit_rank"]).set_index("O/P Name")
@@ -206,11 +208,76 @@ def test_scores_and_activations_follow_from_the_dumped_outputs(two_fault):
     q = outputs["s"] / rec.extra["scale"] + rec.extra["zero_point"]
     np.testing.assert_allclose(q, np.rint(q), atol=1e-3)
     csv = pd.read_csv(m.layerwise.csv, keep_default_na=False)
-    assert list(csv.columns) == REPORT_COLUMNS + list(RANKING_COLUMNS) and len(csv) == len(df)
+    assert list(csv.columns) == LAYERWISE_COLUMNS + list(RANKING_COLUMNS) and len(csv) == len(df)
     np.testing.assert_allclose(csv["CosineSimilarity"].astype(float), df["CosineSimilarity"])
     html = m.layerwise.html.read_text(encoding="utf-8")
     assert not re.search(r"<script[^>]+src=", html) and "Plotly" in html  # offline: plotly embedded
     assert all(f">{name}<" in html for name in df["O/P Name"])
+
+
+def sqnr_db(golden: np.ndarray, x: np.ndarray) -> float:
+    g, x = np.asarray(golden, np.float64).ravel(), np.asarray(x, np.float64).ravel()
+    return float(10 * np.log10((g @ g) / ((x - g) @ (x - g))))
+
+
+@pytest.mark.slow
+def test_a_layer_that_is_no_kernel_also_runs_after_its_producers(two_fault):
+    """The Add and the MaxPool also run in context: after their producers back to the nearest
+    convolutions, which here reach the graph input - so the context is the full model up to
+    them, and their in-context SQNR is what the inference engine's full QNN run gives there;
+    their worst input's is the full run's at the worse of their inputs. A convolution runs
+    alone only."""
+    m = two_fault
+    golden, full = TensorFolder(m.golden), TensorFolder(m.engine.results[0])
+    db = {n: sqnr_db(golden.load(n), full.load(n)) for n in ("ra", "rm", "s", "p")}
+    df = m.layerwise.report.set_index("O/P Name")
+    assert df.loc["s", "in-context SQNR"] == pytest.approx(db["s"], abs=0.01)
+    assert df.loc["s", "in-context input SQNR"] == pytest.approx(min(db["ra"], db["rm"]), abs=0.01)
+    assert df.loc["p", "in-context SQNR"] == pytest.approx(db["p"], abs=0.01)
+    assert df.loc["p", "in-context input SQNR"] == pytest.approx(db["s"], abs=0.01)
+    assert df.loc[[A, "rm", B], ["in-context SQNR", "in-context input SQNR"]].isna().all().all()
+    # run in context the Add is fault A's error carried in, not its own: not named for it
+    assert pd.isna(df.loc["s", "culprit_rank"]) and pd.isna(df.loc["p", "culprit_rank"])
+
+
+@pytest.mark.slow
+def test_a_pad_htp_gets_wrong_only_after_a_convolution_is_named_from_its_context(tmp_path):
+    """The zoo's backend divergence: a channel Pad after Conv -> Tanh, whose new channels
+    HTP fills with the integer 0 (the encoding's minimum) after a convolution, and right on a
+    graph input. Alone, fed golden values, the Pad is right; run after the convolution it
+    reads the minimum - at most the SQNR those wrong channels alone leave (numpy, from its
+    golden value and its encoding) - and it is named first as the backend's."""
+    from benchmarks.zoo import plant as zoo_plant
+    from benchmarks.zoo.probe import FloatProbe
+    from tests.test_zoo_planting import _signed_net
+
+    model, feeds = _signed_net(tmp_path)
+    p = zoo_plant.plant("net", model, "backend_divergence", "mid", FloatProbe(model, feeds), feeds)
+    path = tmp_path / "padded.onnx"
+    onnx.save(p.model, str(path))
+    lines = []
+    for i, f in enumerate(feeds):
+        f["x"].tofile(tmp_path / f"x{i}.raw")
+        lines.append(f"x:={tmp_path / f'x{i}.raw'}")
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    dims = ",".join(str(d) for d in feeds[0]["x"].shape)
+    inputs = [parse_input_tensor(["x", dims, str(tmp_path / "x0.raw")])]
+    res = run_layerwise(path, inputs, input_list=tmp_path / "list.txt", working_dir=tmp_path / "w")
+    df = res.report.set_index("O/P Name")
+    (padded,) = p.fault.culprits
+    qdq = onnx.load(str(next((tmp_path / "w").rglob("*.qdq.onnx"))))
+    inits = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    q = next(n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == padded)
+    scale, zp = float(inits[q.input[1]]), int(inits[q.input[2]])
+    g = TensorFolder(tmp_path / "w" / "framework_diagnosis" / "latest").load(padded)
+    new = g[:, 8:]  # 0 in float; HTP's integer 0 reads -zp * scale
+    bound = 10 * np.log10(float((g.astype(np.float64) ** 2).sum()) / (new.size * (zp * scale) ** 2))
+    assert df.loc[padded, "CosineSimilarity"] > 0.999  # alone: right
+    assert df.loc[padded, "in-context SQNR"] <= bound + 0.1
+    assert df.loc[padded, "in-context input SQNR"] > bound + 10
+    assert df.loc[padded, "culprit_rank"] == 1
+    assert df.loc[padded, "cause"].startswith("backend: run after its producers")
+    assert df["culprit_rank"].notna().sum() == 1
 
 
 def _qnn_encodings(path: Path) -> dict[str, tuple[float, int]]:
@@ -344,14 +411,42 @@ def crash_on_pool(job):
     return run_part(job)
 
 
-@pytest.mark.slow
-def test_a_crashing_layer_is_isolated_and_the_rest_judged(two_fault, tmp_path, monkeypatch):
-    m = two_fault
-    monkeypatch.setattr(backend_module.Backend, "job_fn", staticmethod(crash_on_pool))
+def _run_again(m, tmp_path):
+    """Layerwise on the two-fault model again (the backend patched by the test): the result,
+    its table and the fixture's table, by layer."""
     res = run_layerwise(
         m.path, m.inputs, golden_dir=m.golden, qdq_model=m.engine.qdq_model, working_dir=tmp_path
     )
-    df = res.report.set_index("O/P Name")
+    return res, res.report.set_index("O/P Name"), m.layerwise.report.set_index("O/P Name")
+
+
+def crash_on_pool_after_add(job):
+    """A backend that dies with SIGSEGV on any model running a MaxPool and an Add: the
+    context the Pool shares with the Add, not either alone."""
+    ops = {n.op_type for n in onnx.load(job.model_path, load_external_data=False).graph.node}
+    if {"MaxPool", "Add"} <= ops:
+        Path(job.stage_file).write_text("run")
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return run_part(job)
+
+
+@pytest.mark.slow
+def test_a_layer_whose_context_crashes_is_still_measured_alone(two_fault, tmp_path, monkeypatch):
+    monkeypatch.setattr(backend_module.Backend, "job_fn", staticmethod(crash_on_pool_after_add))
+    _, df, ref = _run_again(two_fault, tmp_path)
+    assert (df["Status"] == "").all()
+    np.testing.assert_allclose(df["CosineSimilarity"], ref["CosineSimilarity"])
+    # the Add and the Pool share their context (both start at the graph input): it crashed
+    for name in ("s", "p"):
+        assert pd.isna(df.loc[name, "in-context SQNR"])
+        assert df.loc[name, "Info"].startswith("not run in context: err_exec")
+    assert not df.drop(index=["s", "p"])["Info"].str.contains("context").any()
+
+
+@pytest.mark.slow
+def test_a_crashing_layer_is_isolated_and_the_rest_judged(two_fault, tmp_path, monkeypatch):
+    monkeypatch.setattr(backend_module.Backend, "job_fn", staticmethod(crash_on_pool))
+    res, df, ref = _run_again(two_fault, tmp_path)
     assert df.loc["p", "Status"] == "err_exec" and "SIGSEGV" in df.loc["p", "Info"]
     # the verdict says which layer was not measured, and the Info's backend log is where it
     # says (the run's final folder, not the staging folder it was written in)
@@ -362,7 +457,7 @@ def test_a_crashing_layer_is_isolated_and_the_rest_judged(two_fault, tmp_path, m
     assert shown.is_file() and shown.parent.parent == res.run_dir
     others = df.drop(index="p")
     assert (others["Status"] == "").all()
-    ref = m.layerwise.report.set_index("O/P Name").drop(index="p")
+    ref = ref.drop(index="p")
     np.testing.assert_allclose(others["CosineSimilarity"], ref["CosineSimilarity"])
     assert res.sessions > 1  # the batch was bisected
 
@@ -685,3 +780,37 @@ def test_layers_not_measured_name_the_ops_their_fragments_ran():
         "(Unsqueeze; their fragments run LSTM, Squeeze, Gather) - their error is unknown; each "
         "row's Info says why and where the backend log is"
     )
+
+
+def test_a_layer_runs_in_context_after_its_nearest_producers_back_to_a_kernel():
+    """The context of a layer that is no kernel: its producers back to the nearest kernel
+    (included), the nearest CONTEXT_OPS at most - golden values enter where the walk stops.
+    A kernel, or a layer reading only graph inputs, runs alone only."""
+    from accdbg.algorithms.fragments import QdqModel
+    from accdbg.algorithms.layerwise import CONTEXT_OPS, _context_cut
+
+    n = CONTEXT_OPS + 3
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv")]
+    nodes.append(helper.make_node("Relu", ["x"], ["r"], name="relu"))  # reads the graph input
+    prev = "c"
+    for i in range(1, n + 1):
+        nodes.append(helper.make_node("Add", [prev, "one"], [f"a{i}"], name=f"add{i}"))
+        prev = f"a{i}"
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in (prev, "r")],
+        [
+            numpy_helper.from_array(np.ones((2, 2, 1, 1), np.float32), "w"),
+            numpy_helper.from_array(np.ones(1, np.float32), "one"),
+        ],
+    )
+    qdq = QdqModel(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    ctx = SimpleNamespace(qdq=qdq)
+    layer = {x.exposed.qdq_tensor: x for x in qdq.layers}
+    assert _context_cut(ctx, layer["c"]) is None and _context_cut(ctx, layer["r"]) is None
+    assert _context_cut(ctx, layer["a1"]) == ["x"]  # after the convolution
+    assert _context_cut(ctx, layer[f"a{CONTEXT_OPS}"]) == ["x"]  # the conv is the 6th back
+    # farther: the nearest CONTEXT_OPS Adds, golden entering at the one before them
+    assert _context_cut(ctx, layer[f"a{n}"]) == [f"a{n - CONTEXT_OPS - 1}"]

@@ -1815,6 +1815,49 @@ def test_a_full_run_without_cpu_comparison_names_a_layer_whose_error_jumps():
     assert not [c for c in r.culprits if c.kind == "backend"]
 
 
+def test_layerwise_names_a_layer_right_alone_whose_error_jumps_in_context():
+    """Layerwise also runs each layer that is no kernel after its producers. A layer right
+    alone (golden inputs: its error at the floor) whose error there jumps 10 dB or more beyond
+    what its inputs there bring plus its own encodings' is the backend's; not a layer whose
+    error there is its inputs', nor a Log (its error grows with its input's beyond any sum),
+    nor one that jumps alone already (named once, for that), nor one whose context holds a
+    standout (the convolution before it reads one: it reads that range as computed), nor one
+    that turns its inputs' error into as much more there as it does alone (its gain)."""
+    names, ev = _chain(3)
+    alone = {n: ev[n].local_nsr for n in names}
+    for n in ("l12", "l20", "l30"):
+        ev[n] = Evidence(n, "Pad", [names[names.index(n) - 1]], output_nsr=10 ** (-38 / 10))
+        alone[n] = ev[n].output_nsr
+    ev["l30"].op_type = "Log"
+    context = {n: (10 ** (-33 / 10), 10 ** (-33.5 / 10)) for n in names[1::3]}  # their inputs'
+    context["l12"] = (10 ** (1.5 / 10), 10 ** (-34 / 10))  # the jump: -1.5 dB from 34 dB
+    context["l20"] = (10 ** (-18 / 10), 10 ** (-18.5 / 10))  # inherited: its input is as bad
+    context["l30"] = (10 ** (1.5 / 10), 10 ** (-34 / 10))
+    alone["l5"] = 10 ** (5 / 10)  # jumps alone
+    context["l5"] = (10 ** (5 / 10), 10 ** (-34 / 10))
+    ev["l24"] = _ev("l24", 10.0, inputs=["l23"])  # a standout: its weights keep 10 dB
+    alone["l24"] = ev["l24"].weight_nsr
+    ev["l25"] = Evidence("l25", "Add", ["l24"], output_nsr=10 ** (-38 / 10))
+    context["l25"] = (10 ** (1.5 / 10), 10 ** (-34 / 10))  # reads the standout's output
+    ev["l36"] = _ev("l36", 10.0, inputs=["l35"])  # another standout, a kernel's input
+    alone["l36"] = ev["l36"].weight_nsr
+    ev["l38"] = Evidence("l38", "Sigmoid", ["l37"], output_nsr=10 ** (-38 / 10))
+    context["l38"] = (10 ** (1.5 / 10), 10 ** (-34 / 10))  # its context, l37, reads l36
+    # a hard sigmoid bringing values near 0: alone it turns its 43 dB of rounding into 31 dB
+    # (a gain of 12 dB), so its inputs' 34 dB there explain 21.5 dB: at 17 dB, 4.5 dB more
+    # (16.5 dB more than its inputs' error with no gain)
+    ev["l33"] = Evidence("l33", "HardSigmoid", ["l32"], output_nsr=10 ** (-43 / 10))
+    alone["l33"] = 10 ** (-31 / 10)
+    context["l33"] = (10 ** (-17 / 10), 10 ** (-34 / 10))
+    r = rank(ev, names, _Impact({}), observed_nsr=alone, local_observed=True, context_nsr=context)
+    backend = [c for c in r.culprits if c.kind == "backend"]
+    assert [c.name for c in backend] == ["l5", "l12"], [(c.name, c.cause) for c in r.culprits]
+    explained = -10 * math.log10(10 ** (-34 / 10) + 10 ** (-38 / 10))  # numpy: inputs + own
+    assert backend[1].cause.startswith("backend: run after its producers")
+    assert f"explain {explained:.1f} dB" in backend[1].cause and "keeps -1.5 dB" in backend[1].cause
+    assert backend[0].cause.startswith("backend: run alone")
+
+
 @pytest.mark.slow
 def test_a_log_amplifying_its_inputs_rounding_blames_that_inputs_encoding(tmp_path):
     """A log spectrum: the filter bank's output looks fine by its power (its largest values

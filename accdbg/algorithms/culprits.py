@@ -30,6 +30,7 @@ from accdbg.algorithms.divergence import (
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.ranking import KernelsAdded, Ranking, rank
 from accdbg.algorithms.reach import OutlierReach, Reach
+from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.sensitivity import Sensitivity, Share, scores
 from accdbg.core.cpu_session import cpu_threads
 from accdbg.core.tensor_store import TensorFolder
@@ -68,6 +69,20 @@ def observed_nsr(
                 out[str(row[name_col])] = v.noise_to_signal(float(x))
                 break
     return out
+
+
+def context_nsr(df: pd.DataFrame, name_col: str) -> dict[str, tuple[float, float]]:
+    """Layerwise: each layer run in context (:mod:`accdbg.algorithms.layerwise`) -> its error
+    there and its worst input's, as noise-to-signal power."""
+    if CONTEXT not in df.columns or CONTEXT_IN not in df.columns:
+        return {}
+    got = pd.to_numeric(df[CONTEXT], errors="coerce")
+    ins = pd.to_numeric(df[CONTEXT_IN], errors="coerce")
+    return {
+        str(n): (10 ** (-g / 10), 10 ** (-i / 10))
+        for n, g, i in zip(df[name_col], got, ins, strict=True)
+        if not (pd.isna(g) or pd.isna(i))
+    }
 
 
 def output_verdicts(
@@ -301,6 +316,7 @@ def find_culprits(
         # no CPU comparison, the nearest sign of a backend's layer)
         run_nsr=None if local_observed else observed_nsr(table, name_col, verifiers, False),
         backend_jumps=div is None and not simulated,
+        context_nsr=context_nsr(table, name_col) if local_observed else None,
     )
     log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)
     return ranking

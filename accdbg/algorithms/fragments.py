@@ -31,6 +31,11 @@ from accdbg.engines import exposure
 from accdbg.engines.exposure import Exposed
 
 QDQ_OPS = exposure.QDQ_OPS
+# ops HTP runs as kernels of their own, which the elementwise and layout ops after them may be
+# fused into (layerwise runs the others also after their producers back to these)
+KERNELS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum")
+# at most this many producers run before a layer in its context, the nearest first
+CONTEXT_OPS = 6
 
 
 class SurgeryError(Exception):

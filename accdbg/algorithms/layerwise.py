@@ -6,22 +6,39 @@ model per layer; here many single-layer fragments share one model and one sessio
 its own golden inputs), so the whole model is judged in a few sessions. Batches are bounded
 by a memory budget, run on both cores, and a failing batch is bisected until the failing
 layer is alone (see :mod:`accdbg.algorithms.snooping` for the statuses).
+
+Alone on a graph input, a layer is not always the kernel it is in the graph: HTP fuses the
+elementwise and layout ops after a convolution or a matmul into it, or runs them in place on
+its output buffer. So a layer that is no such kernel also runs *in context* - after its
+producers back to the nearest ones, fed golden values there - beside its alone fragment, and
+its error there and its inputs' go in the table (``in-context SQNR``); the ranking names one
+whose error there jumps far beyond what its inputs bring (a backend divergence that only its
+neighbours trigger, as HTP's channel Pad after a convolution).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from accdbg.algorithms.backend import PartRun, failure_status
-from accdbg.algorithms.fragments import Layer, Part, SurgeryError, merge
+from accdbg.algorithms.fragments import (
+    CONTEXT_OPS,
+    KERNELS,
+    Layer,
+    Part,
+    SurgeryError,
+    merge,
+)
 from accdbg.algorithms.golden import GoldenError
 from accdbg.algorithms.judging import error_row, judge_layer
+from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, has_golden, snoop
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.batching import plan_batches
@@ -35,6 +52,10 @@ log = logging.getLogger("accdbg.snooping")
 DEFAULT_MEMORY_BUDGET_MB = 1024
 # below this much tensor data a second process costs more than it saves
 SPLIT_MIN_BYTES = 16 * 2**20
+# nodes (Q/DQ included) of one session: QNN HTP's graph finalize grows with their square
+# (PP-OCRv4 rec's fragments: 610 nodes 0.7 s, 1246 2.9 s, 4036 31 s), so many small sessions
+# finalize faster than a few big ones
+BATCH_NODES = 600
 
 
 @dataclass
@@ -45,6 +66,13 @@ class Fragment:
     part: Part
     feeds: dict[str, tuple[str, tuple[int, ...], str]]
     nbytes: int
+    # with a context merged in: the node's fragment without it, run instead if the two fail
+    alone: list[Fragment] | None = None
+    context_failed: str = ""  # why its context did not run (said in its row's Info)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.part.model.graph.node)
 
 
 def _prefix(node_index: int) -> str:
@@ -72,6 +100,89 @@ def _golden_cut(ctx: Context, inputs: Sequence[str]) -> list[str]:
     return cut
 
 
+def _context_prefix(node_index: int) -> str:
+    return f"c{node_index}/"
+
+
+def _context_owner(output: str) -> int | None:
+    """The node whose context fragment made ``output`` (None: an alone fragment's)."""
+    head = output.split("/", 1)[0]
+    return int(head[1:]) if head[:1] == "c" and head[1:].isdigit() else None
+
+
+def _context_cut(ctx: Context, layer: Layer) -> list[str] | None:
+    """Where a layer's context starts: the inputs of its producers back through ops that are
+    no kernel (``KERNELS``) to the nearest kernels, those included, at most the nearest
+    ``CONTEXT_OPS`` (golden values enter where the walk stops). None when that is the layer
+    alone (a kernel itself, or reading graph inputs)."""
+    if layer.op_type in KERNELS:
+        return None
+    inside: list[int] = []
+    todo = list(layer.inputs)
+    while todo:
+        made = ctx.qdq.producer.get(todo.pop(0))
+        if made is None or made in inside or len(inside) == CONTEXT_OPS:
+            continue  # a graph input, or farther than the nearest CONTEXT_OPS: golden enters
+        inside.append(made)
+        if ctx.qdq.nodes[made].op_type not in KERNELS:
+            todo += ctx.qdq.activation_inputs(ctx.qdq.nodes[made])
+    if not inside:
+        return None
+    reads = [
+        *layer.inputs,
+        *(x for i in inside for x in ctx.qdq.activation_inputs(ctx.qdq.nodes[i])),
+    ]
+    return list(dict.fromkeys(x for x in reads if ctx.qdq.producer.get(x) not in inside))
+
+
+def _context_part(ctx: Context, cut: list[str], members: list[Layer]) -> Part | None:
+    """The layers sharing the context that starts at ``cut`` (:func:`_context_cut`), run
+    together after their producers, each exposed with its inputs; None when it cannot be cut
+    out (they then run alone only)."""
+    by_tensor = {x.exposed.qdq_tensor: x for x in ctx.qdq.layers}
+    shown: dict[str, Layer] = {}
+    for layer in members:
+        for t in layer.inputs:
+            if t in by_tensor and t in ctx.qdq.producer:
+                shown.setdefault(by_tensor[t].name, by_tensor[t])
+        shown[layer.name] = layer
+    try:
+        prefix = _context_prefix(members[0].node_index)
+        return ctx.qdq.between(_golden_cut(ctx, cut), list(shown.values()), prefix)
+    except SurgeryError:
+        return None
+
+
+def _in_context(
+    layer: Layer, values: dict[str, tuple[Layer, np.ndarray]], golden
+) -> dict[str, float]:
+    """The layer's SQNR in its context run and its worst input's there (dB), for its row."""
+    db: dict[str, float] = {}
+    mine = {
+        layer.name,
+        *(x.name for x, _ in values.values() if x.exposed.qdq_tensor in layer.inputs),
+    }
+    for name, (x, v) in values.items():
+        if name not in mine:
+            continue
+        try:
+            g = np.asarray(golden.load(x.exposed.qdq_tensor, None, x.name), np.float64).ravel()
+        except GoldenError:
+            continue
+        got = x.dequantize(v).astype(np.float64).ravel()
+        power = float(g @ g)
+        if got.size != g.size or power <= 0:
+            continue
+        noise = float((got - g) @ (got - g))
+        db[name] = 10 * np.log10(power / noise) if noise > 0 else math.inf
+    if layer.name not in db:
+        return {}
+    row = {CONTEXT: db.pop(layer.name)}
+    if db:
+        row[CONTEXT_IN] = min(db.values())
+    return row
+
+
 def _ops_of(fragment: Fragment) -> list[str]:
     """The op types a fragment runs besides Q/DQ, in order (each once)."""
     ops = [n.op_type for n in fragment.part.model.graph.node if n.op_type not in QDQ_OPS]
@@ -79,33 +190,78 @@ def _ops_of(fragment: Fragment) -> list[str]:
 
 
 def _fragments(ctx: Context, layers: list[Layer]) -> tuple[list[Fragment], list[dict]]:
-    """Fragments for the layers' nodes; layers that cannot be cut out get ``err_part`` rows."""
+    """Fragments for the layers' nodes; layers that cannot be cut out get ``err_part`` rows.
+    The layers whose contexts start at the same cut share one fragment: their alone parts
+    and one context part running them all (a convolution's hardswish once, not per op)."""
     by_node: dict[int, list[Layer]] = {}
     for layer in layers:
         by_node.setdefault(layer.node_index, []).append(layer)
-    frags, errors = [], []
+    units: list[tuple[list[Layer], Part]] = []
+    errors: list[dict] = []
     for node_index, group in by_node.items():
-        prefix = _prefix(node_index)
         try:
-            part = ctx.qdq.between(_golden_cut(ctx, group[0].inputs), group, prefix)
-            feeds, nbytes = {}, 0
-            for name, tensor in part.inputs.items():
-                shape = ctx.qdq.shape(tensor)
-                feeds[name] = ctx.golden.feed(
-                    tensor, shape, ctx.qdq.dtype(tensor), *ctx.qdq.aliases(tensor)
+            units.append(
+                (
+                    group,
+                    ctx.qdq.between(_golden_cut(ctx, group[0].inputs), group, _prefix(node_index)),
                 )
-                nbytes += int(np.prod(feeds[name][1])) * np.dtype(feeds[name][2]).itemsize
-            for layer in group:
-                shape = ctx.qdq.shape(layer.output)
-                nbytes += int(np.prod(shape)) * 4 if shape else 0
+            )
         except (SurgeryError, GoldenError) as exc:
-            errors += [
-                error_row(layer, ERR_PART, str(exc), ctx.qdq.shape(layer.exposed.qdq_tensor))
-                for layer in group
-            ]
+            errors += [_part_error(ctx, layer, exc) for layer in group]
+    shared: dict[tuple[str, ...], list[int]] = {}  # a context's cut -> the units sharing it
+    for i, (group, _) in enumerate(units):
+        cut = _context_cut(ctx, group[0]) if len(group) == 1 else None
+        if cut is not None:
+            shared.setdefault(tuple(cut), []).append(i)
+    context_of = {ids[0]: (list(cut), ids) for cut, ids in shared.items()}
+    joined = {i for ids in shared.values() for i in ids[1:]}
+    frags: list[Fragment] = []
+    for i in range(len(units)):
+        if i in joined:
             continue
-        frags.append(Fragment(group, part, feeds, nbytes))
+        ids = context_of[i][1] if i in context_of else [i]
+        alone = []
+        for j in ids:
+            try:
+                alone.append(_fragment(ctx, *units[j]))
+            except GoldenError as exc:
+                errors += [_part_error(ctx, layer, exc) for layer in units[j][0]]
+        members = [x for f in alone for x in f.layers]
+        context = (
+            _context_part(ctx, context_of[i][0], members) if i in context_of and members else None
+        )
+        if context is not None:
+            try:
+                full = merge([*(f.part for f in alone), context], ctx.qdq.model)
+                frags.append(_fragment(ctx, members, full, alone))
+                continue
+            except GoldenError:  # the context's golden is missing: they run alone only
+                pass
+        frags += alone
     return frags, errors
+
+
+def _part_error(ctx: Context, layer: Layer, exc: Exception) -> dict:
+    """The row of a layer that could not be cut out (``err_part``)."""
+    return error_row(layer, ERR_PART, str(exc), ctx.qdq.shape(layer.exposed.qdq_tensor))
+
+
+def _fragment(
+    ctx: Context, layers: list[Layer], part: Part, alone: list[Fragment] | None = None
+) -> Fragment:
+    """A fragment with its golden feeds and its size in memory; ``alone``: the fragments of
+    its layers without their context."""
+    feeds, nbytes = {}, 0
+    for name, tensor in part.inputs.items():
+        shape = ctx.qdq.shape(tensor)
+        feeds[name] = ctx.golden.feed(
+            tensor, shape, ctx.qdq.dtype(tensor), *ctx.qdq.aliases(tensor)
+        )
+        nbytes += int(np.prod(feeds[name][1])) * np.dtype(feeds[name][2]).itemsize
+    for layer in part.outputs.values():
+        shape = ctx.qdq.shape(layer.output)
+        nbytes += int(np.prod(shape)) * 4 if shape else 0
+    return Fragment(layers, part, feeds, nbytes, alone)
 
 
 def _split(frags: list[Fragment], n: int) -> list[list[Fragment]]:
@@ -128,6 +284,7 @@ def _loop(ctx: Context) -> None:
     total = sum(f.nbytes for f in frags)
     if len(batches) < ctx.workers and len(frags) >= 2 * ctx.workers and total >= SPLIT_MIN_BYTES:
         batches = _split(frags, ctx.workers)  # one batch per core
+    batches = [b for batch in batches for b in plan_batches(batch, lambda f: f.nodes, BATCH_NODES)]
     log.info(
         "layerwise: %d fragments in %d batch(es), %d at a time",
         len(frags),
@@ -154,10 +311,24 @@ def _loop(ctx: Context) -> None:
             if report.ok:
                 cpu = {name for _, name in report.cpu_nodes}
                 rows, dumped = [], []
+                context: dict[int, dict[str, tuple[Layer, np.ndarray]]] = {}
                 for out, layer in merged.outputs.items():
+                    owner = _context_owner(out)
+                    if owner is not None:
+                        context.setdefault(owner, {})[layer.name] = (layer, values[out])
+                        continue
                     on_cpu = _prefix(layer.node_index) + layer.exposed.node in cpu
                     rows.append(judge_layer(layer, values[out], ctx.golden, ctx.judge, cpu=on_cpu))
                     dumped.append((layer, values[out]))
+                owner_of = {x.node_index: f.layers[0].node_index for f in batch for x in f.layers}
+                failed = {x.node_index: f.context_failed for f in batch for x in f.layers}
+                for row, (layer, _) in zip(rows, dumped, strict=True):
+                    if owner_of[layer.node_index] in context:
+                        there = context[owner_of[layer.node_index]]
+                        row.update(_in_context(layer, there, ctx.golden))
+                    if failed.get(layer.node_index):
+                        why = f"not run in context: {failed[layer.node_index]}"
+                        row["Info"] = "; ".join(x for x in (row["Info"], why) if x)
                 ctx.write_outputs(f"batch_{len(ctx.journal.records):04d}", dumped)
                 ctx.record("rows", rows, sessions, batch=len(batch))
                 log.info(
@@ -166,6 +337,17 @@ def _loop(ctx: Context) -> None:
                     len([p for p in ctx.rows if p not in ctx.skipped]),
                     len(ctx.span),
                 )
+            elif len(batch) == 1 and batch[0].alone is not None:
+                # its context may be what fails (a fusion HTP cannot compile): run them alone
+                frag = batch[0]
+                why = f"{failure_status(report)}, {report.error.splitlines()[0] if report.error else ''}"
+                log.info(
+                    "layerwise: %s failed in context (%s); running alone",
+                    frag.layers[0].name,
+                    why,
+                )
+                ctx.journal.append({"kind": "note", "sessions": sessions, "failed_context": 1})
+                queue.appendleft([replace(f, context_failed=why) for f in frag.alone])
             elif len(batch) == 1:
                 status = failure_status(report)
                 rows = [

@@ -74,6 +74,7 @@ import numpy as np
 import pandas as pd
 
 from accdbg.algorithms.evidence import BLOWN_RATIO, OUTLIER_RATIO, Evidence, nsr_db
+from accdbg.algorithms.fragments import CONTEXT_OPS, KERNELS
 from accdbg.algorithms.reach import LOUD, Reach
 from accdbg.algorithms.sensitivity import ADDS_UP, Share
 
@@ -339,6 +340,7 @@ def rank(
     reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None = None,
     run_nsr: Mapping[str, float] | None = None,
     backend_jumps: bool = True,
+    context_nsr: Mapping[str, tuple[float, float]] | None = None,
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -529,13 +531,20 @@ def rank(
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}); with "
                 f"{partner} {_pct(together)}, what {partner} costs alone"
             )
+    # a jump where an upstream outlier blows the range is that outlier's doing, not a kernel's
+    taken = {c[1] for c in candidates} | set(explained) | blown
     if local_observed:
-        backend = _as_backend(jumps, {c[1] for c in candidates} | set(explained), ALONE_JUMP)
+        backend = _as_backend(jumps, taken, ALONE_JUMP)
+        # in context a layer reads its producer's error and range as computed: one reading a
+        # standout's output, or a range an outlier blows, jumps by that layer's doing
+        suspects = set(standouts) | blown
+        ctx_jumps = _in_context(evidence, context_nsr or {}, observed, suspects)
+        backend += _as_backend(ctx_jumps, taken | set(jumps), CONTEXT_JUMP)
         candidates += backend
     else:
         inherited = _inherited(order, evidence, observed, local, columns)
         if divergence is None and run_nsr and backend_jumps:
-            backend = _as_backend(jumps, {c[1] for c in candidates} | set(explained), RUN_JUMP)
+            backend = _as_backend(jumps, taken, RUN_JUMP)
             candidates += backend
     named = {c[1] for c in candidates}
     standing = _diverging(divergence or {}, quantized)
@@ -1064,6 +1073,63 @@ RUN_JUMP = (
     "its encodings explain {explained:.1f} dB ({jump:.1f} dB worse; no CPU comparison in "
     "this run)"
 )
+
+
+# a layer right alone whose error jumps once it runs after its producers: the backend
+# computes it differently beside them (a fused or in-place kernel)
+CONTEXT_JUMP = (
+    "backend: run after its producers as the backend runs them together, it keeps {got:.1f} "
+    "dB where its inputs' error there, passed on as it passes it alone, and its quantization "
+    "explain {explained:.1f} dB ({jump:.1f} dB worse); run alone it computes what its "
+    "encodings explain - a kernel fused with its producer or run in place on its buffer "
+    "computes something else"
+)
+
+
+def _in_context(
+    evidence: Mapping[str, Evidence],
+    context_nsr: Mapping[str, tuple[float, float]],
+    observed: Mapping[str, float],
+    suspects: Collection[str] = (),
+) -> dict[str, tuple[float, float, list[str]]]:
+    """Layerwise's layers run in context whose error there stands out (:func:`_jumps`) above
+    their own encodings' plus their inputs' error there times the gain measured alone: a
+    layer that alone turns its inputs' rounding into more error than it is (an affine map
+    bringing values near 0, as a hard sigmoid does) turns their larger error in context into
+    as much more. Left out: an ``AMPLIFYING`` op (its gain grows with its input's error) and
+    one whose context holds one of the ``suspects`` (a standout, a range an outlier blows):
+    run there it reads that range as computed, and its jump is that layer's doing."""
+    alone = _local_expected(evidence, observed)
+    expected = {}
+    for n, (_, ins) in context_nsr.items():
+        ev = evidence.get(n)
+        if ev is None or ev.op_type in AMPLIFYING or _context_rows(n, evidence) & set(suspects):
+            continue
+        gain = 1.0
+        if n in alone and alone[n][0] > 0 and math.isfinite(observed.get(n, math.nan)):
+            gain = max(1.0, observed[n] / alone[n][0])
+        expected[n] = (gain * (_own_nsr(ev) + ins), [])
+    return _jumps({n: context_nsr[n][0] for n in expected}, expected)
+
+
+def _context_rows(n: str, evidence: Mapping[str, Evidence]) -> set[str]:
+    """The layer, the layers layerwise runs before it in its context (back to the nearest
+    kernels, the nearest ``CONTEXT_OPS``) and the tensors golden values enter there through
+    their encodings, as rows."""
+    rows, todo, ran = {n}, list(evidence[n].inputs), 0
+    while todo:
+        x = todo.pop(0)
+        if x in rows:
+            continue
+        rows.add(x)
+        if x not in evidence or ran == CONTEXT_OPS:
+            continue
+        ran += 1
+        if evidence[x].op_type in KERNELS:
+            rows.update(evidence[x].inputs)
+        else:
+            todo += evidence[x].inputs
+    return rows
 
 
 def _brought(

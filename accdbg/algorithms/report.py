@@ -25,19 +25,27 @@ from accdbg.reports.summary import write_csv
 LEADING = ["O/P Name", "Status", "Layer Type", "Shape", "Activations"]
 ORIG = "Orig Outputs"
 INFO = "Info"
+# layerwise: the layer run after its producers back to the nearest kernels (as HTP may fuse
+# them), and the worst of its inputs in that same run
+CONTEXT = "in-context SQNR"
+CONTEXT_IN = "in-context input SQNR"
 
 
 def columns(labels: Sequence[str], cumulative: bool) -> list[str]:
-    return [*LEADING, *labels, *([ORIG] if cumulative else []), INFO]
+    extra = [ORIG] if cumulative else [CONTEXT, CONTEXT_IN]
+    return [*LEADING, *labels, *extra, INFO]
 
 
 def frame(rows: Sequence[dict[str, Any]], labels: Sequence[str], cumulative: bool) -> pd.DataFrame:
     """The report table, rows in execution order (private ``_`` fields dropped)."""
     ordered = sorted(rows, key=lambda r: r["_position"])
     cols = columns(labels, cumulative)
-    data = [{c: r.get(c, math.nan if c in labels else "") for c in cols} for r in ordered]
+    data = [
+        {c: r.get(c, math.nan if c in [*labels, CONTEXT, CONTEXT_IN] else "") for c in cols}
+        for r in ordered
+    ]
     df = pd.DataFrame(data, columns=cols)
-    for label in labels:
+    for label in [*labels, *([] if cumulative else [CONTEXT, CONTEXT_IN])]:
         df[label] = pd.to_numeric(df[label], errors="coerce")
     return df
 

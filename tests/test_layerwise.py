@@ -786,8 +786,8 @@ def test_a_layer_runs_in_context_after_its_nearest_producers_back_to_a_kernel():
     """The context of a layer that is no kernel: its producers back to the nearest kernel
     (included), the nearest CONTEXT_OPS at most - golden values enter where the walk stops.
     A kernel, or a layer reading only graph inputs, runs alone only."""
-    from accdbg.algorithms.fragments import QdqModel
-    from accdbg.algorithms.layerwise import CONTEXT_OPS, _context_cut
+    from accdbg.algorithms.fragments import CONTEXT_OPS, QdqModel
+    from accdbg.algorithms.layerwise import _context_cut
 
     n = CONTEXT_OPS + 3
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv")]

@@ -17,7 +17,7 @@ computes exactly what the full model computes, given the same inputs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,26 @@ QDQ_OPS = exposure.QDQ_OPS
 KERNELS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum")
 # at most this many producers run before a layer in its context, the nearest first
 CONTEXT_OPS = 6
+
+
+def context_walk(
+    start: Iterable[Hashable],
+    producers: Callable[[Hashable], Iterable[Hashable]],
+    is_kernel: Callable[[Hashable], bool],
+) -> list[Hashable]:
+    """What runs before a layer in its context (nodes for layerwise, rows for the ranking):
+    from its producers ``start``, back through those that are no kernel to the nearest
+    kernels (included), breadth first, the nearest ``CONTEXT_OPS`` at most."""
+    inside: list[Hashable] = []
+    todo = list(start)
+    while todo:
+        x = todo.pop(0)
+        if x in inside or len(inside) == CONTEXT_OPS:
+            continue
+        inside.append(x)
+        if not is_kernel(x):
+            todo += producers(x)
+    return inside
 
 
 class SurgeryError(Exception):
@@ -115,7 +135,8 @@ class QdqModel:
             self.layers.append(
                 Layer(len(self.layers), e, self.activation_inputs(self.nodes[e.index]))
             )
-        self._dump_names = {layer.exposed.qdq_tensor: layer.name for layer in self.layers}
+        # each layer by the float tensor it outputs in the QDQ model
+        self.layer_at = {layer.exposed.qdq_tensor: layer for layer in self.layers}
         self._extractor = onnx.utils.Extractor(self.model)
 
     @classmethod
@@ -157,8 +178,8 @@ class QdqModel:
     def aliases(self, tensor: str) -> list[str]:
         """Other names a float tensor has in dumps: the float model's name of its layer output
         (a model output is ``out`` there, ``out_QuantizeLinear_Input`` in the QDQ model)."""
-        name = self._dump_names.get(tensor)
-        return [name] if name and name != tensor else []
+        layer = self.layer_at.get(tensor)
+        return [layer.name] if layer is not None and layer.name != tensor else []
 
     def shape(self, tensor: str) -> tuple[int, ...] | None:
         vi = self.values.get(tensor)

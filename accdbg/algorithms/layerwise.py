@@ -19,7 +19,6 @@ neighbours trigger, as HTP's channel Pad after a convolution).
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections import deque
 from collections.abc import Sequence
@@ -28,14 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from accdbg.algorithms.backend import PartRun, failure_status
-from accdbg.algorithms.fragments import (
-    CONTEXT_OPS,
-    KERNELS,
-    Layer,
-    Part,
-    SurgeryError,
-    merge,
-)
+from accdbg.algorithms.fragments import KERNELS, Layer, Part, SurgeryError, context_walk, merge
 from accdbg.algorithms.golden import GoldenError
 from accdbg.algorithms.judging import error_row, judge_layer
 from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
@@ -46,6 +38,7 @@ from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor
 from accdbg.engines.exposure import QDQ_OPS
 from accdbg.engines.options import EngineConfig
+from accdbg.verifiers import get_verifier
 
 log = logging.getLogger("accdbg.snooping")
 
@@ -56,6 +49,7 @@ SPLIT_MIN_BYTES = 16 * 2**20
 # (PP-OCRv4 rec's fragments: 610 nodes 0.7 s, 1246 2.9 s, 4036 31 s), so many small sessions
 # finalize faster than a few big ones
 BATCH_NODES = 600
+SQNR = get_verifier("SQNR")  # a layer's error in its context run
 
 
 @dataclass
@@ -73,6 +67,13 @@ class Fragment:
     @property
     def nodes(self) -> int:
         return len(self.part.model.graph.node)
+
+    @property
+    def judged(self) -> dict[str, Layer]:
+        """Its alone fragments' outputs (the rest of its outputs are its context's)."""
+        if self.alone is None:
+            return self.part.outputs
+        return {o: x for f in self.alone for o, x in f.part.outputs.items()}
 
 
 def _prefix(node_index: int) -> str:
@@ -104,12 +105,6 @@ def _context_prefix(node_index: int) -> str:
     return f"c{node_index}/"
 
 
-def _context_owner(output: str) -> int | None:
-    """The node whose context fragment made ``output`` (None: an alone fragment's)."""
-    head = output.split("/", 1)[0]
-    return int(head[1:]) if head[:1] == "c" and head[1:].isdigit() else None
-
-
 def _context_cut(ctx: Context, layer: Layer) -> list[str] | None:
     """Where a layer's context starts: the inputs of its producers back through ops that are
     no kernel (``KERNELS``) to the nearest kernels, those included, at most the nearest
@@ -117,34 +112,29 @@ def _context_cut(ctx: Context, layer: Layer) -> list[str] | None:
     alone (a kernel itself, or reading graph inputs)."""
     if layer.op_type in KERNELS:
         return None
-    inside: list[int] = []
-    todo = list(layer.inputs)
-    while todo:
-        made = ctx.qdq.producer.get(todo.pop(0))
-        if made is None or made in inside or len(inside) == CONTEXT_OPS:
-            continue  # a graph input, or farther than the nearest CONTEXT_OPS: golden enters
-        inside.append(made)
-        if ctx.qdq.nodes[made].op_type not in KERNELS:
-            todo += ctx.qdq.activation_inputs(ctx.qdq.nodes[made])
+    qdq = ctx.qdq
+
+    def producers(i: int) -> list[int]:
+        made = (qdq.producer.get(t) for t in qdq.activation_inputs(qdq.nodes[i]))
+        return [m for m in made if m is not None]
+
+    start = [qdq.producer[t] for t in layer.inputs if t in qdq.producer]
+    inside = context_walk(start, producers, lambda i: qdq.nodes[i].op_type in KERNELS)
     if not inside:
         return None
-    reads = [
-        *layer.inputs,
-        *(x for i in inside for x in ctx.qdq.activation_inputs(ctx.qdq.nodes[i])),
-    ]
-    return list(dict.fromkeys(x for x in reads if ctx.qdq.producer.get(x) not in inside))
+    reads = [*layer.inputs, *(x for i in inside for x in qdq.activation_inputs(qdq.nodes[i]))]
+    return list(dict.fromkeys(x for x in reads if qdq.producer.get(x) not in inside))
 
 
 def _context_part(ctx: Context, cut: list[str], members: list[Layer]) -> Part | None:
     """The layers sharing the context that starts at ``cut`` (:func:`_context_cut`), run
     together after their producers, each exposed with its inputs; None when it cannot be cut
     out (they then run alone only)."""
-    by_tensor = {x.exposed.qdq_tensor: x for x in ctx.qdq.layers}
     shown: dict[str, Layer] = {}
     for layer in members:
         for t in layer.inputs:
-            if t in by_tensor and t in ctx.qdq.producer:
-                shown.setdefault(by_tensor[t].name, by_tensor[t])
+            if t in ctx.qdq.layer_at and t in ctx.qdq.producer:
+                shown.setdefault(ctx.qdq.layer_at[t].name, ctx.qdq.layer_at[t])
         shown[layer.name] = layer
     try:
         prefix = _context_prefix(members[0].node_index)
@@ -166,15 +156,12 @@ def _in_context(
         if name not in mine:
             continue
         try:
-            g = np.asarray(golden.load(x.exposed.qdq_tensor, None, x.name), np.float64).ravel()
+            g = golden.load(x.exposed.qdq_tensor, None, x.name)
         except GoldenError:
             continue
-        got = x.dequantize(v).astype(np.float64).ravel()
-        power = float(g @ g)
-        if got.size != g.size or power <= 0:
-            continue
-        noise = float((got - g) @ (got - g))
-        db[name] = 10 * np.log10(power / noise) if noise > 0 else math.inf
+        r = SQNR(g, x.dequantize(v))
+        if r.details.get("signal_power_sum", 0.0) > 0:  # a silent tensor has no SQNR to judge
+            db[name] = r.value
     if layer.name not in db:
         return {}
     row = {CONTEXT: db.pop(layer.name)}
@@ -251,11 +238,11 @@ def _fragment(
 ) -> Fragment:
     """A fragment with its golden feeds and its size in memory; ``alone``: the fragments of
     its layers without their context."""
+    known = {k: v for f in alone or () for k, v in f.feeds.items()}  # fed already, alone
     feeds, nbytes = {}, 0
     for name, tensor in part.inputs.items():
-        shape = ctx.qdq.shape(tensor)
-        feeds[name] = ctx.golden.feed(
-            tensor, shape, ctx.qdq.dtype(tensor), *ctx.qdq.aliases(tensor)
+        feeds[name] = known.get(name) or ctx.golden.feed(
+            tensor, ctx.qdq.shape(tensor), ctx.qdq.dtype(tensor), *ctx.qdq.aliases(tensor)
         )
         nbytes += int(np.prod(feeds[name][1])) * np.dtype(feeds[name][2]).itemsize
     for layer in part.outputs.values():
@@ -303,32 +290,31 @@ def _loop(ctx: Context) -> None:
             label = f"batch_{started:04d}"
             started += 1
             json_dir = ctx.run_path / "qnn_json" / label if ctx.dump_qnn_json else None
-            yield PartRun((batch, merged), merged, feeds, list(merged.outputs), label, json_dir)
+            yield PartRun(batch, merged, feeds, list(merged.outputs), label, json_dir)
 
     while queue:
-        for (batch, merged), report, values in ctx.backend.run_many(runs()):
+        for batch, report, values in ctx.backend.run_many(runs()):
             sessions = report.sessions
             if report.ok:
                 cpu = {name for _, name in report.cpu_nodes}
                 rows, dumped = [], []
-                context: dict[int, dict[str, tuple[Layer, np.ndarray]]] = {}
-                for out, layer in merged.outputs.items():
-                    owner = _context_owner(out)
-                    if owner is not None:
-                        context.setdefault(owner, {})[layer.name] = (layer, values[out])
-                        continue
-                    on_cpu = _prefix(layer.node_index) + layer.exposed.node in cpu
-                    rows.append(judge_layer(layer, values[out], ctx.golden, ctx.judge, cpu=on_cpu))
-                    dumped.append((layer, values[out]))
-                owner_of = {x.node_index: f.layers[0].node_index for f in batch for x in f.layers}
-                failed = {x.node_index: f.context_failed for f in batch for x in f.layers}
-                for row, (layer, _) in zip(rows, dumped, strict=True):
-                    if owner_of[layer.node_index] in context:
-                        there = context[owner_of[layer.node_index]]
-                        row.update(_in_context(layer, there, ctx.golden))
-                    if failed.get(layer.node_index):
-                        why = f"not run in context: {failed[layer.node_index]}"
-                        row["Info"] = "; ".join(x for x in (row["Info"], why) if x)
+                for frag in batch:
+                    judged = frag.judged
+                    there = {  # its context run's layers
+                        x.name: (x, values[o])
+                        for o, x in frag.part.outputs.items()
+                        if o not in judged
+                    }
+                    for out, layer in judged.items():
+                        on_cpu = _prefix(layer.node_index) + layer.exposed.node in cpu
+                        row = judge_layer(layer, values[out], ctx.golden, ctx.judge, cpu=on_cpu)
+                        if there:
+                            row.update(_in_context(layer, there, ctx.golden))
+                        if frag.context_failed:
+                            why = f"not run in context: {frag.context_failed}"
+                            row["Info"] = "; ".join(x for x in (row["Info"], why) if x)
+                        rows.append(row)
+                        dumped.append((layer, values[out]))
                 ctx.write_outputs(f"batch_{len(ctx.journal.records):04d}", dumped)
                 ctx.record("rows", rows, sessions, batch=len(batch))
                 log.info(

@@ -74,7 +74,7 @@ import numpy as np
 import pandas as pd
 
 from accdbg.algorithms.evidence import BLOWN_RATIO, OUTLIER_RATIO, Evidence, nsr_db
-from accdbg.algorithms.fragments import CONTEXT_OPS, KERNELS
+from accdbg.algorithms.fragments import KERNELS, context_walk
 from accdbg.algorithms.reach import LOUD, Reach
 from accdbg.algorithms.sensitivity import ADDS_UP, Share
 
@@ -1100,10 +1100,11 @@ def _in_context(
     one whose context holds one of the ``suspects`` (a standout, a range an outlier blows):
     run there it reads that range as computed, and its jump is that layer's doing."""
     alone = _local_expected(evidence, observed)
+    suspects = set(suspects)
     expected = {}
     for n, (_, ins) in context_nsr.items():
         ev = evidence.get(n)
-        if ev is None or ev.op_type in AMPLIFYING or _context_rows(n, evidence) & set(suspects):
+        if ev is None or ev.op_type in AMPLIFYING or _context_rows(n, evidence) & suspects:
             continue
         gain = 1.0
         if n in alone and alone[n][0] > 0 and math.isfinite(observed.get(n, math.nan)):
@@ -1116,20 +1117,12 @@ def _context_rows(n: str, evidence: Mapping[str, Evidence]) -> set[str]:
     """The layer, the layers layerwise runs before it in its context (back to the nearest
     kernels, the nearest ``CONTEXT_OPS``) and the tensors golden values enter there through
     their encodings, as rows."""
-    rows, todo, ran = {n}, list(evidence[n].inputs), 0
-    while todo:
-        x = todo.pop(0)
-        if x in rows:
-            continue
-        rows.add(x)
-        if x not in evidence or ran == CONTEXT_OPS:
-            continue
-        ran += 1
-        if evidence[x].op_type in KERNELS:
-            rows.update(evidence[x].inputs)
-        else:
-            todo += evidence[x].inputs
-    return rows
+
+    def producers(x: str) -> list[str]:
+        return [y for y in evidence[x].inputs if y in evidence]
+
+    inside = context_walk(producers(n), producers, lambda x: evidence[x].op_type in KERNELS)
+    return {n, *evidence[n].inputs, *inside, *(y for x in inside for y in evidence[x].inputs)}
 
 
 def _brought(

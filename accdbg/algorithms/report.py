@@ -40,13 +40,11 @@ def frame(rows: Sequence[dict[str, Any]], labels: Sequence[str], cumulative: boo
     """The report table, rows in execution order (private ``_`` fields dropped)."""
     ordered = sorted(rows, key=lambda r: r["_position"])
     cols = columns(labels, cumulative)
-    data = [
-        {c: r.get(c, math.nan if c in [*labels, CONTEXT, CONTEXT_IN] else "") for c in cols}
-        for r in ordered
-    ]
+    numeric = [c for c in cols if c in labels or c in (CONTEXT, CONTEXT_IN)]
+    data = [{c: r.get(c, math.nan if c in numeric else "") for c in cols} for r in ordered]
     df = pd.DataFrame(data, columns=cols)
-    for label in [*labels, *([] if cumulative else [CONTEXT, CONTEXT_IN])]:
-        df[label] = pd.to_numeric(df[label], errors="coerce")
+    for c in numeric:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
     return df
 
 

@@ -122,6 +122,46 @@ def test_a_bias_added_by_a_reshaped_constant_is_part_of_the_layer():
     assert not g.const_derived(residual.input[1]) and g.const_derived("b4")
 
 
+def test_a_channel_after_an_identity_is_scaled_and_offset_exactly():
+    """A converted model may keep an ``Identity`` between a Conv's bias Add and the tensor a
+    planting changes (one held-out zoo model does): it passes the channels as they are, so
+    the scale and the offset land on the Conv and its bias, and the float model is unchanged
+    once the consumer undoes them (numpy on onnxruntime's results)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from benchmarks.zoo import edits
+    from benchmarks.zoo.graph import Graph
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 1, 1)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal((1, 4, 1, 1)).astype(np.float32), "b"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["conv"], name="conv"),
+            helper.make_node("Add", ["conv", "b"], ["conv_b"], name="bias"),
+            helper.make_node("Identity", ["conv_b"], ["t"], name="identity"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 4, 4, 4])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feed = {"x": rng.standard_normal((1, 3, 4, 4)).astype(np.float32)}
+    (before,) = run(model, [feed], ["t"])[0].values()
+    f, delta = np.array([1.0, 8.0, 1.0, 0.5]), np.array([0.0, 0.0, 5.0, 0.0])
+    g = Graph(model)
+    src = edits.find_source(g, "t", 4, 1, 4)
+    assert [n.op_type for n in src.ops] == ["Add", "Identity"]
+    edits.scale_channels(g, src, f)
+    edits.offset_channels(g, src, delta)
+    (after,) = run(g.model, [feed], ["t"])[0].values()
+    expected = before * f.reshape(1, 4, 1, 1) + delta.reshape(1, 4, 1, 1)
+    np.testing.assert_allclose(after, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_model_that_cannot_be_prepared_is_left_out_with_its_reason(tmp_path, monkeypatch):
     """A zoo model whose package is missing (or whose file the converter refuses) leaves its
     cases out with the first line of the reason, instead of stopping the whole zoo."""

@@ -162,6 +162,8 @@ def _affine(g: Graph, src: Source) -> tuple[np.ndarray, np.ndarray, list[tuple[s
             for i in range(len(slots) - 1):
                 slots[i] = (slots[i][0], slots[i][1] * s)
             continue
+        if n.op_type == "Identity":  # passes y as it is
+            continue
         _, name = _const_operand(g, n)
         k = per_channel(g.const(name), src.rank, src.axis, c)
         if n.op_type == "Mul":

@@ -27,6 +27,7 @@ from accdbg.core import onnx_model as om
 from accdbg.engines.base import EngineOptions
 from accdbg.engines.options import QuantOptions
 from accdbg.errors import AccdbgError
+from accdbg.verifiers import channels
 
 # QNN data type codes' class byte: 0x04 ufixed, 0x03 sfixed (low byte: bits in hex digits)
 FIXED_CLASSES = (3, 4)
@@ -50,16 +51,10 @@ class Spec:
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
-    """10 log10 of signal power over error power (inf when exact)."""
+    """The whole output's SQNR in dB (the verifiers' convention: inf when exact)."""
     ref = ref.astype(np.float64).ravel()
     err = out.astype(np.float64).ravel() - ref
-    noise = float(np.sum(err * err))
-    signal = float(np.sum(ref * ref))
-    if noise == 0:
-        return math.inf
-    if signal == 0:
-        return -math.inf
-    return 10 * math.log10(signal / noise)
+    return float(channels.sqnr_db(np.dot(ref, ref), np.dot(err, err)))
 
 
 def cosine(ref: np.ndarray, out: np.ndarray) -> float:

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from accdbg.algorithms.quant_checker.grid import Grid
-from accdbg.verifiers.channels import live
+from accdbg.verifiers.channels import live, sqnr_db
 
 OUTLIER_SIGMAS = 6.0  # a value further than this many standard deviations from the mean
 
@@ -209,7 +209,7 @@ class ErrorSums:
         return np.where(alive, out, np.nan)
 
     def summary(self) -> dict[str, float]:
-        sqnr = sqnr_db(self.signal, self.noise)
+        sqnr = float(sqnr_db(self.signal, self.noise))
         ch = self.channel_sqnr()
         vals = ch[~np.isnan(ch)] if ch is not None else np.zeros(0)
         med = float(np.median(vals)) if vals.size else math.nan
@@ -225,12 +225,3 @@ class ErrorSums:
             "max_abs_diff_steps": self.max_steps,
             "clipped_%": 100.0 * self.clipped / self.n if self.n else math.nan,
         }
-
-
-def sqnr_db(signal: float, noise: float) -> float:
-    """10·log10(signal/noise): +inf without noise, -inf without signal."""
-    if noise <= 0:
-        return math.inf
-    if signal <= 0:
-        return -math.inf
-    return 10.0 * math.log10(signal / noise)

@@ -1245,6 +1245,12 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     only_1 = qdq_np(x.astype(np.float64) @ w_np("w1"), "a") @ w2.astype(np.float64)
     assert shared.alone_noise([layer])[0] == pytest.approx(noise(only_1), rel=1e-3)
     assert shared.alone_noise([layer])[0] == pytest.approx(s.alone_noise([layer])[0], rel=1e-6)
+    # a group naming a layer twice (a row and the layer whose weights it stands for, also a
+    # partner) is that layer once - in a model of its own too (one switch input each)
+    assert s.share([layer, layer]) == s.share(layer)
+    twice = Sensitivity(model, q, {"x": x})
+    assert twice.removed_noise([layer, layer])[0] == pytest.approx(noise(without_1), rel=1e-3)
+    assert twice.alone_noise([layer, layer])[0] == pytest.approx(noise(only_1), rel=1e-3)
     # a layer the float model does not have: the shared models are built without switches,
     # the golden still comes, and only that layer's question fails (the others are answered)
     from dataclasses import replace

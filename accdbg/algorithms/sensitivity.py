@@ -202,9 +202,7 @@ class Sensitivity:
         for i, n in enumerate(qdq_model.graph.node):
             for x in n.input:
                 self._readers.setdefault(x, []).append(i)
-        self._alone, self._removed, self.golden = self._prepare(
-            list({e.index: e for e in layers}.values())
-        )
+        self._alone, self._removed, self.golden = self._prepare(_distinct(layers))
         self.golden_power = sum(
             np.asarray([dot(x, x) for x in (np.asarray(g, np.float64).ravel() for g in run)])
             for run in self.golden
@@ -356,11 +354,13 @@ class Sensitivity:
     def removed_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
         """Each output's error power with every encoding applied but these layers' own: their
         weights float again, their output QuantizeLinear/DequantizeLinear a pass-through."""
+        layers = _distinct(layers)
         return self._qdq_noise(self._switched(self._removed, self._removed_model, layers), layers)
 
     def alone_noise(self, layers: Sequence[Exposed]) -> np.ndarray:
         """Each output's error power with only these layers' weights, biases and output
         encodings applied (each group measured once)."""
+        layers = _distinct(layers)
         key = tuple(sorted(e.index for e in layers))
         if key not in self._alone_known:
             alone = self._switched(self._alone, self._alone_model, layers)
@@ -547,6 +547,12 @@ def _activation(
             g.initializer.append(numpy_helper.from_array(np.array(bound, np.float32), names[-1]))
     g.node.append(helper.make_node("Clip", [t, *names], [f"{t}__sens_act"]))
     return f"{t}__sens_act"
+
+
+def _distinct(layers: Sequence[Exposed]) -> list[Exposed]:
+    """Each layer once: a group may name one layer twice (a row and the layer whose weights it
+    stands for, which is also a partner), and its switch is one graph input."""
+    return list({e.index: e for e in layers}.values())
 
 
 def _flag(layer: Exposed) -> str:

@@ -93,6 +93,13 @@ MOST = 0.8  # ...and when none was measured to cause this much, the rest is the 
 # rest of the error is spread over layers each costing a small part of it
 LONE_SHARE = 0.25
 MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
+# a layer costing much alone whose quantizers, taken out of the whole QDQ model, remove nothing:
+# the other layers' error hides its own, so fixing it alone does not show at the outputs
+MASKED = (
+    "; taken out of the quantized model it removes nothing measurable: the other layers' "
+    "errors mask its own, so a fix of this layer alone will not show at the outputs until "
+    "theirs are fixed too"
+)
 FEW = "outlier weights"  # a culprit's kind when a few of its weights are the cause
 ONE_BY_ONE = 8  # layers with outlier weights asked one by one, at most (the farthest first)
 BACKEND_DB = 10.0
@@ -494,7 +501,12 @@ def rank(
                 "neighbours' encodings"
             )
         else:
+            if math.isnan(share.removed) and impact is not None:  # named alone: would its fix show?
+                share = impact(n)
+                columns[n][REMOVED_COL] = _nan_none(share.removed)
             cause += f"; it costs the outputs {_pct(share.best)} of the whole model's error ({_both(share)})"
+            if share.removed < MIN_SHARE:
+                cause += MASKED
         costs[n] = share.best if group_share is None else max(share.best, group_share.best)
         if group_share is not None and share.best < SHARE:  # it matters only with them
             grouped[n] = (partners[n].names, share, group_share.best)

@@ -125,6 +125,9 @@ def main(argv=None) -> int:
     )
     for name, why in dropped:
         print(f"  left out {name}: {why}")
+    if not cases:
+        print("no case left to run")
+        return 1
     workers = runner.default_workers(a.jobs)
     cum_depths = (
         set(zoo_plant.DEPTHS)

@@ -76,15 +76,16 @@ class Case:
 
 
 def case_names(models: list[str], kinds: list[str], every_case: bool = False) -> list[str]:
-    """model/kind/depth names. PP-OCRv4 rec takes 3x the time of the others per run, so by
-    default it gets every kind at mid depth only, plus its pointwise (early) and dense (late)
-    weight outliers; ``every_case`` adds its other early and late cases."""
+    """model/kind/depth names. PP-OCR rec (v4, and v3 held out) takes 3x the time of the
+    others per run, so by default it gets every kind at mid depth only, plus its pointwise
+    (early) and dense (late) weight outliers; ``every_case`` adds its other early and late
+    cases."""
     out = []
     for m in models:
         for k in kinds:
             for d in ["-"] if k == "clean" else list(zoo_plant.DEPTHS):
                 if (
-                    m == "rec"
+                    m in ("rec", "rec3")
                     and not every_case
                     and d in ("early", "late")
                     and k != "weight_outlier"

@@ -143,31 +143,31 @@ def _context_part(ctx: Context, cut: list[str], members: list[Layer]) -> Part | 
         return None
 
 
-def _in_context(
-    layer: Layer, values: dict[str, tuple[Layer, np.ndarray]], golden
-) -> dict[str, float]:
-    """The layer's SQNR in its context run and its worst input's there (dB), for its row."""
+def _context_db(values: dict[str, tuple[Layer, np.ndarray]], golden) -> dict[str, float]:
+    """Each layer of a context run (its members and their inputs) -> its SQNR there (dB), each
+    golden loaded once for all the members sharing the run; a silent tensor has none."""
     db: dict[str, float] = {}
-    mine = {
-        layer.name,
-        *(x.name for x, _ in values.values() if x.exposed.qdq_tensor in layer.inputs),
-    }
     for name, (x, v) in values.items():
-        if name not in mine:
-            continue
         try:
             g = golden.load(x.exposed.qdq_tensor, None, x.name)
         except GoldenError:
             continue
         r = SQNR(g, x.dequantize(v))
-        if r.details.get("signal_power_sum", 0.0) > 0:  # a silent tensor has no SQNR to judge
+        if r.details.get("signal_power_sum", 0.0) > 0:
             db[name] = r.value
+    return db
+
+
+def _in_context(
+    layer: Layer, values: dict[str, tuple[Layer, np.ndarray]], db: dict[str, float]
+) -> dict[str, float]:
+    """The layer's SQNR in its context run and its worst input's there (dB), for its row."""
     if layer.name not in db:
         return {}
-    row = {CONTEXT: db.pop(layer.name)}
-    if db:
-        row[CONTEXT_IN] = min(db.values())
-    return row
+    ins = [
+        db[n] for n, (x, _) in values.items() if x.exposed.qdq_tensor in layer.inputs and n in db
+    ]
+    return {CONTEXT: db[layer.name], **({CONTEXT_IN: min(ins)} if ins else {})}
 
 
 def _ops_of(fragment: Fragment) -> list[str]:
@@ -195,18 +195,14 @@ def _fragments(ctx: Context, layers: list[Layer]) -> tuple[list[Fragment], list[
             )
         except (SurgeryError, GoldenError) as exc:
             errors += [_part_error(ctx, layer, exc) for layer in group]
-    shared: dict[tuple[str, ...], list[int]] = {}  # a context's cut -> the units sharing it
+    # a context's cut (a unit without one: its index) -> the units run with it, in the order
+    # of their first unit
+    runs: dict[tuple[str, ...] | int, list[int]] = {}
     for i, (group, _) in enumerate(units):
         cut = _context_cut(ctx, group[0]) if len(group) == 1 else None
-        if cut is not None:
-            shared.setdefault(tuple(cut), []).append(i)
-    context_of = {ids[0]: (list(cut), ids) for cut, ids in shared.items()}
-    joined = {i for ids in shared.values() for i in ids[1:]}
+        runs.setdefault(i if cut is None else tuple(cut), []).append(i)
     frags: list[Fragment] = []
-    for i in range(len(units)):
-        if i in joined:
-            continue
-        ids = context_of[i][1] if i in context_of else [i]
+    for key, ids in runs.items():
         alone = []
         for j in ids:
             try:
@@ -215,7 +211,7 @@ def _fragments(ctx: Context, layers: list[Layer]) -> tuple[list[Fragment], list[
                 errors += [_part_error(ctx, layer, exc) for layer in units[j][0]]
         members = [x for f in alone for x in f.layers]
         context = (
-            _context_part(ctx, context_of[i][0], members) if i in context_of and members else None
+            _context_part(ctx, list(key), members) if isinstance(key, tuple) and members else None
         )
         if context is not None:
             try:
@@ -305,11 +301,12 @@ def _loop(ctx: Context) -> None:
                         for o, x in frag.part.outputs.items()
                         if o not in judged
                     }
+                    there_db = _context_db(there, ctx.golden) if there else {}
                     for out, layer in judged.items():
                         on_cpu = _prefix(layer.node_index) + layer.exposed.node in cpu
                         row = judge_layer(layer, values[out], ctx.golden, ctx.judge, cpu=on_cpu)
                         if there:
-                            row.update(_in_context(layer, there, ctx.golden))
+                            row.update(_in_context(layer, there, there_db))
                         if frag.context_failed:
                             why = f"not run in context: {frag.context_failed}"
                             row["Info"] = "; ".join(x for x in (row["Info"], why) if x)

@@ -85,6 +85,9 @@ class ModelSpec:
     layout: str
     renderer: str  # benchmarks.zoo.inputs.RENDERERS key
     note: str = ""
+    # a run takes about 3x the others': by default every kind at mid depth only, plus the
+    # pointwise (early) and dense (late) weight outliers
+    slow: bool = False
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -107,6 +110,7 @@ MODELS: dict[str, ModelSpec] = {
         "NCHW",
         "text_line",
         "PP-OCRv4 rec as shipped (its metadata, the character list, included)",
+        slow=True,
     ),
     "cls": ModelSpec(
         "cls",
@@ -293,6 +297,7 @@ HELD_OUT: dict[str, ModelSpec] = {
         "NCHW",
         "text_line",
         "PP-OCRv3 rec (SVTR-LCNet, rapidocr 1.2.3) (held out)",
+        slow=True,
     ),
 }
 EVERY_MODEL = MODELS | HELD_OUT

@@ -76,16 +76,15 @@ class Case:
 
 
 def case_names(models: list[str], kinds: list[str], every_case: bool = False) -> list[str]:
-    """model/kind/depth names. PP-OCR rec (v4, and v3 held out) takes 3x the time of the
-    others per run, so by default it gets every kind at mid depth only, plus its pointwise
-    (early) and dense (late) weight outliers; ``every_case`` adds its other early and late
-    cases."""
+    """model/kind/depth names. A ``slow`` model (PP-OCR rec: 3x the time of the others per
+    run) gets every kind at mid depth only by default, plus its pointwise (early) and dense
+    (late) weight outliers; ``every_case`` adds its other early and late cases."""
     out = []
     for m in models:
         for k in kinds:
             for d in ["-"] if k == "clean" else list(zoo_plant.DEPTHS):
                 if (
-                    m in ("rec", "rec3")
+                    zoo_models.EVERY_MODEL[m].slow
                     and not every_case
                     and d in ("early", "late")
                     and k != "weight_outlier"

@@ -202,12 +202,13 @@ def test_a_standout_that_hurts_only_with_the_other_encodings_is_named():
     assert asked == [("l10", 0.5), ("l20", 0.5)]  # the bar each measure is held to
 
 
-def test_a_culprit_whose_fix_would_not_show_says_the_other_errors_mask_it():
+def test_a_layer_whose_fix_would_not_show_is_not_named_and_the_verdict_says_why():
     """Quantized alone a layer costs 90 % of the outputs' error, yet taking its quantizers out
-    of the whole QDQ model removes nothing (another layer destroys the same information - seen
-    on PP-OCRv3 rec as shipped, where per-channel weights for that layer alone gain nothing on
-    QNN): it is still named for what it costs, its cause says a fix of it alone will not show,
-    and the second measure, skipped when the first settled the verdict, is asked for that."""
+    of the whole QDQ model removes nothing (the rest of the model destroys the same
+    information - seen on PP-OCRv3 rec as shipped, where per-channel weights for that layer
+    alone gain nothing on QNN): fixing it would not show, so it is not named; its cause and
+    the findings say what it costs each way. The second measure, skipped when the first
+    settled the verdict, is asked for that; a layer whose removal shows stays named."""
     names, ev = _chain(7)
     ev["l10"] = _ev("l10", 12.0, inputs=["l9"])
     ev["l20"] = _ev("l20", 12.5, inputs=["l19"])
@@ -218,13 +219,54 @@ def test_a_culprit_whose_fix_would_not_show_says_the_other_errors_mask_it():
         return measured[n] if math.isinf(enough) else Share(measured[n].alone)
 
     r = rank(ev, names, impact=impact)
-    assert [c.name for c in r.culprits] == ["l10", "l20"]
-    masked, unmasked = (c.cause for c in r.culprits)
-    assert "(alone 90%, taken out of the quantized model -8%)" in masked
-    assert "the other layers' errors mask its own" in masked
-    assert "(alone 80%, taken out of the quantized model 60%)" in unmasked
-    assert "mask" not in unmasked
+    assert [c.name for c in r.culprits] == ["l20"]
+    assert "mask" not in r.culprits[0].cause
+    cause = r.columns["l10"]["cause"]
+    assert "costs the outputs 90% of the whole model's error alone" in cause
+    assert "the other layers' errors mask its own" in cause
+    assert "(alone 90%, taken out of the quantized model -8%)" in cause
     assert r.columns["l10"]["output error removed"] == pytest.approx(-0.08)
+    assert "culprit_rank" not in r.columns["l10"]
+    assert any(f.startswith("l10 costs the outputs 90% of their error alone") for f in r.findings)
+    # alone it is masked: no culprit, and the verdict does not call the error diffuse
+    measured.pop("l20")
+    ev.pop("l20")
+    r = rank(ev, [n for n in names if n != "l20"], impact=impact)
+    assert r.culprits == []
+    assert r.findings[0].startswith("no single layer stands out: no one layer's fix would show")
+    # a layer whose encoding destroys its information (4 dB: its median channel mostly noise)
+    # is named whatever masks it - PP-OCRv3 rec with an output clipped to a quarter of its range
+    ev["l10"] = _ev("l10", 4.0, inputs=["l9"])
+    r = rank(ev, [n for n in names if n != "l20"], impact=impact)
+    assert [c.name for c in r.culprits] == ["l10"]
+    assert (
+        "mask its own" in r.culprits[0].cause
+        and "until theirs are fixed too" in r.culprits[0].cause
+    )
+
+
+def test_layers_that_mask_each_other_are_one_problem_measured_together():
+    """Three layers each cost the whole model's error alone and none removes anything taken
+    out (each one's error masks the others' - PP-OCRv3-like per-tensor weight channels in
+    several layers): none is named; the findings name the three, what taking them out
+    together removes (one more measure), and the one change that treats their common loss."""
+    names, ev = _chain(7)
+    for n in ("l10", "l20", "l30"):
+        ev[n] = _ev(n, 12.0, inputs=[f"l{int(n[1:]) - 1}"])
+    asked = []
+
+    def impact(n, enough=math.inf):
+        asked.append(tuple(n) if isinstance(n, list) else n)
+        return Share(0.7, 0.85) if isinstance(n, list) else Share(1.1, 0.01)
+
+    r = rank(ev, names, impact=impact)
+    assert r.culprits == []
+    assert ("l10", "l20", "l30") in asked
+    line = next(f for f in r.findings if f.startswith("3 layers each cost"))
+    assert "(l10 110%, l20 110%, l30 110%)" in line
+    assert "taken out together they remove 85%" in line
+    # the stubs lose their weights' range: per-channel weights is the change for all three
+    assert "(per-channel weight encodings for them, or a global change, is the question)" in line
 
 
 def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
@@ -1935,3 +1977,21 @@ def test_a_log_amplifying_its_inputs_rounding_blames_that_inputs_encoding(tmp_pa
     inp = [parse_input_tensor(["x", "1,64,32", str(narrow.input_path)])]
     res = run_oneshot("onnx", narrow.path, inp, working_dir=tmp_path / "narrow")
     assert res.summary["culprit_rank"].isna().all(), res.findings
+
+
+def test_culprits_after_the_first_five_say_so_in_their_cause_and_the_findings():
+    """Seven layers each cost the outputs 60-90 % of their error taken out: the five costing
+    the most are ranked; the other two keep their cause (what they cost), which says they are
+    culprits after the named, and a finding names them - none is left with an empty cause."""
+    names, ev = _chain(8)
+    costs = {f"l{5 * i}": 0.6 + 0.05 * i for i in range(1, 8)}  # l5: 65 % ... l35: 95 %
+    for n in costs:
+        ev[n] = _ev(n, 12.0, inputs=[f"l{int(n[1:]) - 1}"])
+    r = rank(ev, names, impact=_Impact({n: Share(c, c) for n, c in costs.items()}))
+    assert [c.name for c in r.culprits] == ["l35", "l30", "l25", "l20", "l15"]
+    for n in ("l10", "l5"):
+        assert "culprit_rank" not in r.columns[n]
+        cause = r.columns[n]["cause"]
+        assert f"it costs the outputs {round(100 * costs[n])}% of the whole model's error" in cause
+        assert cause.endswith("after the 5 named: not ranked (fix those first, then debug again)")
+    assert any(f.startswith("2 more layers (l10, l5) are culprits") for f in r.findings)

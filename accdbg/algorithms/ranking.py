@@ -20,7 +20,10 @@ layers do - or whose backend result is far worse than its quantization explains:
   ``SHARE`` of the error of quantizing everything, or the layer destroys its information (local
   SQNR under ``DESTROYED_DB``: its median channel is mostly noise) and still causes
   ``MIN_SHARE``. A layer that is bad locally but drowned by the error around it is reported in
-  its ``cause`` and not named. Faults that hurt only together are measured together: a layer
+  its ``cause`` and not named; so is one costing much alone whose quantizers, taken out of the
+  whole QDQ model, remove under ``MIN_SHARE`` (the other layers' errors mask its own: its fix
+  alone would not show - a finding names such layers, measured taken out together), unless it
+  destroys its information: that must be fixed whatever masks it (its cause says both). Faults that hurt only together are measured together: a layer
   with the layers whose range the outlier channel it makes blows (measured on the float model:
   :mod:`accdbg.algorithms.reach`) and with the weights that scale that channel back; a
   compensated pair (weights whose range one input channel blows) with the producer that shrank
@@ -94,12 +97,14 @@ MOST = 0.8  # ...and when none was measured to cause this much, the rest is the 
 LONE_SHARE = 0.25
 MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
 # a layer costing much alone whose quantizers, taken out of the whole QDQ model, remove nothing:
-# the other layers' error hides its own, so fixing it alone does not show at the outputs
+# the other layers' error hides its own, so fixing it alone does not show at the outputs - it
+# is not named (its fix is not the answer; the findings say what they remove together) unless
+# its encoding destroys its information (under DESTROYED_DB), which must go whatever masks it
 MASKED = (
-    "; taken out of the quantized model it removes nothing measurable: the other layers' "
-    "errors mask its own, so a fix of this layer alone will not show at the outputs until "
-    "theirs are fixed too"
+    "taken out of the quantized model it removes nothing measurable: the other layers' "
+    "errors mask its own, so a fix of this layer alone will not show at the outputs"
 )
+SHOWN = 5  # layers a finding lists by name (the others: their cause says it)
 FEW = "outlier weights"  # a culprit's kind when a few of its weights are the cause
 ONE_BY_ONE = 8  # layers with outlier weights asked one by one, at most (the farthest first)
 BACKEND_DB = 10.0
@@ -108,6 +113,7 @@ BACKEND_DB = 10.0
 AMPLIFYING = ("Log", "Reciprocal", "Div", "Sqrt", "Pow", "Exp")
 READ_TWICE = ("Div", "Pow")  # ...only when both their inputs are activations
 MAX_CULPRITS = 5
+AFTER_NAMED = f"after the {MAX_CULPRITS} named: not ranked (fix those first, then debug again)"
 CAUSE_DB = 6.0
 OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it counts as new
 # layers where QNN and the CPU fake-quant differ at all, needed for their floor (many layers
@@ -399,6 +405,7 @@ def rank(
     clipping: set[str] = set()  # standouts whose encoding clips
     severity: dict[str, float] = {}  # an offset's maker -> the NSR its offset causes downstream
     grouped: dict[str, tuple[list[str], Share, float]] = {}  # named only with its partners
+    masked: dict[str, Share] = {}  # costing much alone, removing nothing taken out: not named
 
     def stands(n: str) -> tuple[bool, bool]:
         """(its local SQNR stands out, its encoding clips)"""
@@ -504,9 +511,17 @@ def rank(
             if math.isnan(share.removed) and impact is not None:  # named alone: would its fix show?
                 share = impact(n)
                 columns[n][REMOVED_COL] = _nan_none(share.removed)
+            if share.removed < MIN_SHARE and db >= DESTROYED_DB:
+                masked[n] = share
+                columns[n][CAUSE] = (
+                    f"stands out locally ({_cause(ev)}) and costs the outputs "
+                    f"{_pct(share.alone)} of the whole model's error alone, but {MASKED} "
+                    f"({_both(share)})"
+                )
+                continue
             cause += f"; it costs the outputs {_pct(share.best)} of the whole model's error ({_both(share)})"
-            if share.removed < MIN_SHARE:
-                cause += MASKED
+            if share.removed < MIN_SHARE:  # destroyed: to be fixed whatever masks it
+                cause += f"; {MASKED} until theirs are fixed too"
         costs[n] = share.best if group_share is None else max(share.best, group_share.best)
         if group_share is not None and share.best < SHARE:  # it matters only with them
             grouped[n] = (partners[n].names, share, group_share.best)
@@ -644,10 +659,15 @@ def rank(
         culprits.append(
             Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan), kind, shows)
         )
+    beyond = [n for _, n, _ in candidates[MAX_CULPRITS:]]
+    for _, n, cause in candidates[MAX_CULPRITS:]:  # culprits too: their cause says so
+        columns.setdefault(n, {})[CAUSE] = f"{cause}; {AFTER_NAMED}"
     unnamed = [  # standouts measured and not named: what the most of them costs the outputs
         (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
         for n, c in columns.items()
-        if RANK not in c and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
+        if RANK not in c
+        and n not in masked
+        and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
     ]
     findings = _findings(
         culprits,
@@ -659,6 +679,7 @@ def rank(
         _most(costs.get(c.name, math.nan) for c in culprits),
         "a quarter" if len(roots) == 1 else "half",
         added if not local_observed else math.nan,
+        _masked_line(masked, impact, evidence) if masked else "",
     )
     if divergence and kernels_added is not None:
         line = kernels_added.line()
@@ -671,7 +692,44 @@ def rank(
         findings.insert(-1, line)
     if few_together:
         findings.insert(-1, few_together)
+    if beyond:
+        shown = ", ".join(beyond[:SHOWN]) + (" and more" if len(beyond) > SHOWN else "")
+        findings.insert(
+            -1,
+            f"{len(beyond)} more layers ({shown}) are culprits by the same measures, {AFTER_NAMED}",
+        )
     return Ranking(culprits, floor, spread, findings, columns)
+
+
+def _masked_line(
+    masked: Mapping[str, Share], impact: Impact | None, evidence: Mapping[str, Evidence]
+) -> str:
+    """What the layers that cost much alone and remove nothing taken out are: one problem of
+    the model (their errors mask each other's, or the rest of the model's masks theirs), with
+    what taking them out together removes (one more run of the QDQ model when several)."""
+    if len(masked) == 1:
+        ((n, share),) = masked.items()
+        return (
+            f"{n} costs the outputs {_pct(share.alone)} of their error alone, but taken out of "
+            f"the quantized model it removes nothing measurable ({_pct(share.removed)}): the "
+            "rest of the model's error masks its own, so it is not named - its fix alone will "
+            "not show"
+        )
+    shown = list(masked.items())[:SHOWN]
+    each = ", ".join(f"{n} {_pct(s.alone)}" for n, s in shown)
+    if len(masked) > SHOWN:
+        each += f" and {len(masked) - SHOWN} more: see their cause"
+    line = (
+        f"{len(masked)} layers each cost the outputs much of their error alone ({each}), but "
+        "taken out one at a time none removes anything measurable: their errors mask each "
+        "other's, so none is named - a fix of one alone will not show"
+    )
+    together = impact(list(masked)) if impact is not None else Share(math.nan)
+    if not math.isnan(together.removed):
+        line += f"; taken out together they remove {_pct(together.removed)}"
+    kinds = {_kind(evidence[n]) for n in masked}
+    fix = PATTERN_FIX.get(kinds.pop()) if len(kinds) == 1 else None
+    return line + (f" ({fix}, or a global change, is the question)" if fix else "")
 
 
 def _outlier_weights(
@@ -1356,13 +1414,15 @@ def _findings(
     named_share: float = math.nan,
     bar: str = "half",
     kernels: float = math.nan,
+    masked: str = "",
 ) -> list[str]:
     """``nearest``: the share and name of the standout measured closest to being named;
     ``changes``: the global changes left to try (:func:`_global_changes`); ``named_share``:
     the most a named culprit was measured to cost the outputs (under ``MOST`` the rest of the
     error is the model's own, and the global changes are its question too); ``bar``: the share
     a standout needed; ``kernels``: the part of the outputs' error QNN's kernels add (at
-    ``SHARE`` or more, no encoding change is the question)."""
+    ``SHARE`` or more, no encoding change is the question); ``masked``: what the layers not
+    named because taken out they remove nothing are (:func:`_masked_line`)."""
     lines = []
     verdicts = [o for o in outputs if o[3] is not None]
     if verdicts and all(o[3] for o in verdicts):
@@ -1386,19 +1446,27 @@ def _findings(
         )
     elif not culprits:
         near = (
-            f" (the layers that stand out locally cost the outputs less than {bar} of their "
+            f" (the {'other ' if masked else ''}layers that stand out locally cost the outputs "
+            f"less than {bar} of their "
             f"error - "
             f"the most, {nearest[1]}, {_pct(nearest[0])}: see its cause)"
             if nearest is not None and math.isfinite(nearest[0])
             else ""
         )
+        why = (
+            "no one layer's fix would show at the outputs"
+            if masked
+            else "the error is diffuse at the noise floor's level"
+        )
         lines.append(
-            f"no single layer stands out: the error is diffuse at the noise floor's level{near} - "
-            f"a global change ({changes}) is the question, not a layer"
+            f"no single layer stands out: {why}{near} - a global change ({changes}) is the "
+            "question, not a layer"
         )
     for c in culprits:
         lines.append(f"culprit #{c.rank}: {c.name} ({c.op_type}) - {c.cause}")
     lines += _patterns(culprits)
+    if masked:
+        lines.append(masked)
     if culprits and named_share < MOST:
         lines.append(
             f"the culprits named cost the outputs at most {_pct(named_share)} of their error; "

@@ -659,9 +659,12 @@ def rank(
         culprits.append(
             Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan), kind, shows)
         )
-    beyond = [n for _, n, _ in candidates[MAX_CULPRITS:]]
-    for _, n, cause in candidates[MAX_CULPRITS:]:  # culprits too: their cause says so
+    beyond = []  # culprits too, past the named: their cause says so
+    for _, n, cause in candidates[MAX_CULPRITS:]:
         columns.setdefault(n, {})[CAUSE] = f"{cause}; {AFTER_NAMED}"
+        beyond.append(n)
+    # several layers masking each other: what taking them out together removes (one more run)
+    together = impact(list(masked)) if len(masked) > 1 and impact is not None else None
     unnamed = [  # standouts measured and not named: what the most of them costs the outputs
         (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
         for n, c in columns.items()
@@ -679,7 +682,7 @@ def rank(
         _most(costs.get(c.name, math.nan) for c in culprits),
         "a quarter" if len(roots) == 1 else "half",
         added if not local_observed else math.nan,
-        _masked_line(masked, impact, evidence) if masked else "",
+        _masked_line(masked, together, evidence) if masked else "",
     )
     if divergence and kernels_added is not None:
         line = kernels_added.line()
@@ -702,11 +705,11 @@ def rank(
 
 
 def _masked_line(
-    masked: Mapping[str, Share], impact: Impact | None, evidence: Mapping[str, Evidence]
+    masked: Mapping[str, Share], together: Share | None, evidence: Mapping[str, Evidence]
 ) -> str:
     """What the layers that cost much alone and remove nothing taken out are: one problem of
     the model (their errors mask each other's, or the rest of the model's masks theirs), with
-    what taking them out together removes (one more run of the QDQ model when several)."""
+    what taking them out ``together`` removes (measured when several)."""
     if len(masked) == 1:
         ((n, share),) = masked.items()
         return (
@@ -724,8 +727,7 @@ def _masked_line(
         "taken out one at a time none removes anything measurable: their errors mask each "
         "other's, so none is named - a fix of one alone will not show"
     )
-    together = impact(list(masked)) if impact is not None else Share(math.nan)
-    if not math.isnan(together.removed):
+    if together is not None and not math.isnan(together.removed):
         line += f"; taken out together they remove {_pct(together.removed)}"
     kinds = {_kind(evidence[n]) for n in masked}
     fix = PATTERN_FIX.get(kinds.pop()) if len(kinds) == 1 else None

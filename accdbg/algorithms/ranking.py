@@ -42,6 +42,10 @@ layers do - or whose backend result is far worse than its quantization explains:
 * **backend** - the target's error at a layer (per channel) exceeds what the layer's own
   quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
   same way among the model's layers: the kernel, not the encodings (golden inputs: layerwise).
+  Such a layer is run alone in onnxruntime's CPU fake-quant too, fed the same golden inputs: a
+  layer can multiply its inputs' rounding beyond their encodings' noise (a loud output channel
+  weighing it), and then the CPU loses as much - it is named only when QNN is ``BACKEND_DB``
+  worse than the CPU.
   In a full run, each layer's QNN result is compared with onnxruntime's CPU fake-quant of that
   layer fed QNN's own inputs (:func:`~accdbg.algorithms.divergence.local_divergence`); a layer
   where they part far more than at the model's other layers (with fewer than
@@ -354,6 +358,7 @@ def rank(
     run_nsr: Mapping[str, float] | None = None,
     backend_jumps: bool = True,
     context_nsr: Mapping[str, tuple[float, float]] | None = None,
+    alone_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -389,6 +394,14 @@ def rank(
     named, :func:`_amplifying`) or computes something else: with ``backend_jumps`` and no
     ``divergence`` (cumulative-layerwise has no CPU comparison) it is then named as the
     backend's (``RUN_JUMP``).
+    ``alone_cpu(names)`` (layerwise): each layer's error in onnxruntime's CPU fake-quant of it
+    alone on the golden inputs the backend was fed, measured as ``observed_nsr``: a layer
+    whose error jumps beyond what its encodings and its inputs' explain is the backend's only
+    when QNN is ``BACKEND_DB`` worse than that (``ALONE_CPU_JUMP``); when the CPU computes as
+    much error, the layer multiplies its inputs' rounding (``CPU_TOO``, in its cause). Its
+    ``kernel_share(names)``, when it has one: what each such layer's difference from the CPU
+    costs the outputs (added to the CPU fake-quant of the whole model, over the outputs'
+    error there); under ``SHARE`` the layer is a note in its cause, not named.
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -463,6 +476,11 @@ def rank(
         if run_nsr
         else {}
     )
+    # layerwise: a jump the CPU fake-quant of the layer alone reproduces is the quantization's
+    # (the layer multiplies its inputs' rounding); one it does not, the kernel's
+    on_cpu = dict(alone_cpu(list(jumps))) if local_observed and jumps and alone_cpu else {}
+    kernel = {n: (j[0], on_cpu[n], j[2]) for n, j in jumps.items() if _beyond(j[0], on_cpu.get(n))}
+    jumps = {n: j for n, j in jumps.items() if n not in kernel}
     amplifiers = [x for n in jumps for x in jumps[n][2] if x not in standouts]
     _consider(
         impact,
@@ -561,12 +579,34 @@ def rank(
     # a jump where an upstream outlier blows the range is that outlier's doing, not a kernel's
     taken = {c[1] for c in candidates} | set(explained) | blown
     if local_observed:
-        backend = _as_backend(jumps, taken, ALONE_JUMP)
+        composed = {n: j for n, j in jumps.items() if n not in on_cpu}  # not run on the CPU
+        backend = _as_backend(composed, taken, ALONE_JUMP)
+        # what each measured difference costs the outputs: named from SHARE, as in a full run
+        measured = _as_backend(kernel, taken, ALONE_CPU_JUMP)
+        ask = getattr(alone_cpu, "kernel_share", None)
+        cost = ask([b[1] for b in measured]) if ask is not None and measured else {}
+        for nsr, n, cause in measured:
+            if n in cost:
+                cause += f"; {ALONE_COST.format(share=_pct(cost[n]))}"
+            if cost.get(n, SHARE) >= SHARE:
+                backend.append((nsr, n, cause))
+                if n in cost:
+                    costs[n] = cost[n]
+            else:
+                col = columns.setdefault(n, {})
+                col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
+        for n in jumps.keys() & on_cpu.keys() - taken:
+            got, expected, _ = jumps[n]
+            note = CPU_TOO.format(
+                got=nsr_db(got), explained=nsr_db(expected), cpu=nsr_db(on_cpu[n])
+            )
+            col = columns.setdefault(n, {})
+            col[CAUSE] = f"{col[CAUSE]}; {note}" if col.get(CAUSE) else note
         # in context a layer reads its producer's error and range as computed: one reading a
         # standout's output, or a range an outlier blows, jumps by that layer's doing
         suspects = set(standouts) | blown
         ctx_jumps = _in_context(evidence, context_nsr or {}, observed, suspects)
-        backend += _as_backend(ctx_jumps, taken | set(jumps), CONTEXT_JUMP)
+        backend += _as_backend(ctx_jumps, taken | set(jumps) | set(kernel), CONTEXT_JUMP)
         candidates += backend
     else:
         inherited = _inherited(order, evidence, observed, local, columns)
@@ -1138,6 +1178,34 @@ ALONE_JUMP = (
     "backend: run alone on the backend it keeps {got:.1f} dB where its quantization "
     "explains {explained:.1f} dB ({jump:.1f} dB worse)"
 )
+# ...and measured: the CPU fake-quant of the same layer alone, fed the same golden inputs
+ALONE_CPU_JUMP = (
+    "backend: run alone on golden inputs it keeps {got:.1f} dB on the backend where "
+    "onnxruntime's CPU fake-quant of the same QDQ layer keeps {explained:.1f} dB ({jump:.1f} "
+    "dB worse)"
+)
+# ...and what that difference costs the outputs (layerwise has no full run on the backend)
+ALONE_COST = (
+    "that difference alone, added to the CPU fake-quant of the whole model, costs the outputs "
+    "{share} of their error there"
+)
+# a jump the CPU fake-quant reproduces: the layer turns its inputs' rounding into more error
+CPU_TOO = (
+    "run alone on the backend it keeps {got:.1f} dB where its encodings and its inputs' "
+    "explain {explained:.1f} dB, but onnxruntime's CPU fake-quant of the same layer, fed the "
+    "same golden inputs, keeps {cpu:.1f} dB: not the kernel - the layer turns its inputs' "
+    "rounding into more error than their encodings' own"
+)
+
+
+def _beyond(got: float, cpu: float | None) -> bool:
+    """The backend's error ``BACKEND_DB`` or more above the CPU fake-quant's (noise-to-signal
+    powers; a CPU without error: any backend error is beyond it)."""
+    if cpu is None or not math.isfinite(got):
+        return False
+    return cpu <= 0 < got or (cpu > 0 and 10 * math.log10(got / cpu) >= BACKEND_DB)
+
+
 # a full run's layer whose error jumps beyond what its nearest compared inputs bring plus its
 # own encodings': with no CPU comparison, the nearest sign of a kernel computing something else
 RUN_JUMP = (

@@ -44,7 +44,7 @@ from accdbg.core.run_dir import (
     component_root,
     options_dict,
 )
-from accdbg.core.tensor_store import TensorWriter
+from accdbg.core.tensor_store import TensorFolder, TensorWriter
 from accdbg.engines.base import EngineOptions, get_engine
 from accdbg.engines.options import EngineConfig, LayerFilter
 from accdbg.engines.pipeline import Calibration, prepare_model
@@ -495,7 +495,17 @@ class Context:
             local_observed=not self.req.cumulative,
             full_run=False,
             more_feeds=pooled_feeds(self.req.feeds, self.req.inputs),
+            alone=None if self.req.cumulative else self.written,
         )
+
+    def written(self, name: str) -> np.ndarray | None:
+        """A judged layer's backend output as :meth:`write_outputs` wrote it (dequantized),
+        None when none was."""
+        for folder in sorted((self.run_path / "output").glob("*")):
+            found = TensorFolder(folder)
+            if name in found:
+                return found.load(name)
+        return None
 
     def record(self, kind: str, rows: list[dict[str, Any]], sessions: int, **extra: Any) -> None:
         """Journal finished rows (fsynced), then rewrite the reports."""

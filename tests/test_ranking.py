@@ -1230,44 +1230,61 @@ class _Quantized:
         return (i[dq.input[0]].astype(np.float64) - i[dq.input[2]]) * i[dq.input[1]]
 
 
+class _ThreeConvs:
+    """Three 1x1 Convs without bias (x -> a -> b -> y, 6 channels) quantized by onnxruntime,
+    and numpy's view of them: an activation's integers and values on its encoding, a Conv with
+    its dequantized weights."""
+
+    def __init__(self, tmp_path, seed: int):
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+
+        self.rng = rng = np.random.default_rng(seed)
+        ws = {f"w{i}": rng.normal(size=(6, 6, 1, 1)).astype(np.float32) for i in (1, 2, 3)}
+        g = helper.make_graph(
+            [
+                helper.make_node("Conv", ["x", "w1"], ["a"]),
+                helper.make_node("Conv", ["a", "w2"], ["b"]),
+                helper.make_node("Conv", ["b", "w3"], ["y"]),
+            ],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8])],
+            [numpy_helper.from_array(v, k) for k, v in ws.items()],
+        )
+        fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(fp))
+        self.x = x = rng.normal(size=(1, 6, 8, 8)).astype(np.float32)
+        self.quantized = _Quantized(fp, qp, x)
+
+    def ints(self, v: np.ndarray, name: str) -> np.ndarray:
+        s, z = (float(t) for t in self.quantized.enc[name])
+        return np.clip(np.rint(v / s) + z, 0, 255)
+
+    def deq(self, q: np.ndarray, name: str) -> np.ndarray:
+        s, z = (float(t) for t in self.quantized.enc[name])
+        return (q - z) * s
+
+    def conv(self, v: np.ndarray, w: str) -> np.ndarray:
+        return np.einsum("oc,nchw->nohw", self.quantized.weight(w)[:, :, 0, 0], v)
+
+
 def test_a_layer_alone_on_the_cpu_is_fed_the_golden_of_its_nearest_inputs(tmp_path):
     """Layerwise's CPU reference: three 1x1 Convs quantized by onnxruntime; a layer run alone
     in the CPU fake-quant reads the golden of its input (not what the model computes from
     its input), quantized with that input's encoding; with no golden for its input, it reads
     the nearest golden upstream and computes the layers between as quantized. Expected values
     in numpy from the QDQ model's encodings and dequantized weights."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     from accdbg.algorithms.divergence import golden_alone
     from accdbg.core.tensor_store import TensorFolder, TensorWriter
     from accdbg.engines.exposure import select
 
-    rng = np.random.default_rng(3)
-    ws = {f"w{i}": rng.normal(size=(6, 6, 1, 1)).astype(np.float32) for i in (1, 2, 3)}
-    g = helper.make_graph(
-        [
-            helper.make_node("Conv", ["x", "w1"], ["a"]),
-            helper.make_node("Conv", ["a", "w2"], ["b"]),
-            helper.make_node("Conv", ["b", "w3"], ["y"]),
-        ],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8])],
-        [numpy_helper.from_array(v, k) for k, v in ws.items()],
-    )
-    fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(fp))
-    x = rng.normal(size=(1, 6, 8, 8)).astype(np.float32)
-    quantized = _Quantized(fp, qp, x)
+    convs = _ThreeConvs(tmp_path, seed=3)
+    quantized, x, rng, conv = convs.quantized, convs.x, convs.rng, convs.conv
     enc = quantized.enc
 
     def qdq_of(v, name):
-        s, z = (float(t) for t in enc[name])
-        return (np.clip(np.rint(v / s) + z, 0, 255) - z) * s
-
-    def conv(v, w):  # a 1x1 Conv without bias
-        return np.einsum("oc,nchw->nohw", quantized.weight(w)[:, :, 0, 0], v)
+        return convs.deq(convs.ints(v, name), name)
 
     # golden values unrelated to what the model computes from x: only they can explain a match
     golden = {n: (3 * rng.normal(size=(1, 6, 8, 8))).astype(np.float32) for n in "ab"}
@@ -1298,41 +1315,11 @@ def test_a_kernel_difference_measured_alone_is_added_where_its_layer_computes(tm
     layer run alone (here +3 integer steps on channel 0 of the middle Conv) added to the CPU
     fake-quant of the whole model moves the output as numpy computes it from the QDQ model's
     encodings: the shifted integers, clipped to uint8, carried through the last Conv."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     from accdbg.algorithms.divergence import KernelRuns
     from accdbg.engines.exposure import select
 
-    rng = np.random.default_rng(5)
-    ws = {f"w{i}": rng.normal(size=(6, 6, 1, 1)).astype(np.float32) for i in (1, 2, 3)}
-    g = helper.make_graph(
-        [
-            helper.make_node("Conv", ["x", "w1"], ["a"]),
-            helper.make_node("Conv", ["a", "w2"], ["b"]),
-            helper.make_node("Conv", ["b", "w3"], ["y"]),
-        ],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8])],
-        [numpy_helper.from_array(v, k) for k, v in ws.items()],
-    )
-    fp, qp = tmp_path / "m.onnx", tmp_path / "q.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(fp))
-    x = rng.normal(size=(1, 6, 8, 8)).astype(np.float32)
-    quantized = _Quantized(fp, qp, x)
-    enc = quantized.enc
-
-    def ints(v, name):
-        s, z = (float(t) for t in enc[name])
-        return np.clip(np.rint(v / s) + z, 0, 255)
-
-    def deq(q, name):
-        s, z = (float(t) for t in enc[name])
-        return (q - z) * s
-
-    def conv(v, w):
-        return np.einsum("oc,nchw->nohw", quantized.weight(w)[:, :, 0, 0], v)
+    convs = _ThreeConvs(tmp_path, seed=5)
+    quantized, x, ints, deq, conv = convs.quantized, convs.x, convs.ints, convs.deq, convs.conv
 
     a = deq(ints(x, "x"), "x")
     b = ints(conv(deq(ints(conv(a, "w1"), "a"), "a"), "w2"), "b")

@@ -1310,6 +1310,34 @@ def test_a_layer_alone_on_the_cpu_is_fed_the_golden_of_its_nearest_inputs(tmp_pa
             assert np.mean(diff < step / 2) > 0.99, (kept, n)
 
 
+def test_a_layers_error_in_the_cpu_fake_quant_of_the_whole_model_matches_numpy(tmp_path):
+    """A full run's CPU reference: each asked layer's whole-tensor error against its golden in
+    onnxruntime's CPU fake-quant of the whole model, fed the model's input - numpy computes
+    the same chain from the QDQ model's encodings and dequantized weights."""
+    from accdbg.algorithms.culprits import _CpuReference
+    from accdbg.algorithms.evidence import EvidenceBuilder
+    from accdbg.core.tensor_store import TensorFolder, TensorWriter
+    from accdbg.verifiers import get_verifier
+
+    convs = _ThreeConvs(tmp_path, seed=9)
+    x, ints, deq, conv = convs.x, convs.ints, convs.deq, convs.conv
+    a = deq(ints(conv(deq(ints(x, "x"), "x"), "w1"), "a"), "a")
+    b = deq(ints(conv(a, "w2"), "b"), "b")
+    # golden near the quantized values: the error measured is theirs, not the golden's size
+    noise = {n: 0.05 * convs.rng.normal(size=(1, 6, 8, 8)) for n in "ab"}
+    golden = {n: (v + noise[n]).astype(np.float32) for n, v in (("a", a), ("b", b))}
+    w = TensorWriter(tmp_path / "golden")
+    for n, v in golden.items():
+        w.write(n, v)
+    w.save_manifest()
+    builder = EvidenceBuilder(convs.quantized.model, TensorFolder(tmp_path / "golden"), lambda n: n)
+    cpu = _CpuReference(convs.quantized.model, builder, {"x": x}, get_verifier("SQNR"), False)
+    got = cpu.in_run(["a", "b"])
+    for n, v in (("a", a), ("b", b)):
+        g = golden[n].astype(np.float64)
+        assert got[n] == pytest.approx(np.sum((v - g) ** 2) / np.sum(g**2), rel=1e-3)
+
+
 def test_a_kernel_difference_measured_alone_is_added_where_its_layer_computes(tmp_path):
     """Layerwise's kernel cost: a difference between the backend's and the CPU's result of a
     layer run alone (here +3 integer steps on channel 0 of the middle Conv) added to the CPU
@@ -1995,6 +2023,36 @@ def test_a_full_run_without_cpu_comparison_names_a_layer_whose_error_jumps():
     # with a CPU comparison (oneshot) the jump is not what finds the backend's layers
     r = rank(ev, names, _Impact({}), observed_nsr=run, run_nsr=run, divergence={})
     assert not [c for c in r.culprits if c.kind == "backend"]
+
+
+def test_a_full_runs_jump_that_the_cpu_fake_quant_makes_too_is_not_the_backends():
+    """With no CPU comparison beside the run (cumulative-layerwise), a jump is set against the
+    CPU fake-quant of the whole model: a layer whose error jumps there too (a sigmoid bringing
+    values near 0, a Clip cutting the loud channel that carried its input's power), from 35 dB
+    at its input to 5 dB, multiplies what its inputs bring by that factor, so the -1 dB it keeps
+    on the backend is explained (numpy below), not the kernel's; a layer the CPU computes with
+    no jump is still named."""
+    names, ev = _chain(7)
+    run = {n: 10 ** (-(40 - 0.2 * i) / 10) for i, n in enumerate(names)}  # error adds slowly
+    run["l25"] = run["l30"] = 10 ** (1.0 / 10)  # -1 dB: the jumps
+    cpu = {n: 10 ** (-35 / 10) for n in ("l24", "l29", "l30")}  # l30: no jump on the CPU
+    cpu["l25"] = 10 ** (-5 / 10)
+    asked = []
+
+    def run_cpu(wanted):
+        asked.append(sorted(wanted))
+        return {n: cpu[n] for n in wanted if n in cpu}
+
+    r = rank(ev, names, _Impact({}), observed_nsr=run, run_nsr=run, run_cpu=run_cpu)
+    assert asked == [["l24", "l25", "l29", "l30"]]  # the jumping layers and their inputs
+    assert [c.name for c in r.culprits if c.kind == "backend"] == ["l30"]
+    own = ev["l25"].weight_nsr
+    gain = cpu["l25"] / (own + cpu["l24"])  # what its input brings on the CPU, and its own
+    then = -10 * math.log10(gain * (run["l24"] + own))  # ...applied to what it brings on QNN
+    assert "culprit_rank" not in r.columns["l25"]
+    cause = r.columns["l25"]["cause"]
+    assert f"jumps there too, {10 * math.log10(gain):.1f} dB beyond what its inputs bring" in cause
+    assert f"its inputs' error here explains {then:.1f} dB - not the kernel" in cause
 
 
 def test_layerwise_names_a_layer_right_alone_whose_error_jumps_in_context():

@@ -34,7 +34,8 @@ from accdbg.algorithms.ranking import KernelsAdded, Ranking, rank
 from accdbg.algorithms.reach import OutlierReach, Reach
 from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.sensitivity import Sensitivity, Share, scores
-from accdbg.core.cpu_session import cpu_threads
+from accdbg.core import onnx_model as om
+from accdbg.core.cpu_session import cpu_threads, exact_session
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
 from accdbg.verifiers.channels import ChannelPair, channel_axis, live, summarize
@@ -308,11 +309,12 @@ def find_culprits(
             log.info("no backend comparison (CPU fake-quant failed: %s)", str(exc).splitlines()[0])
     label = noise_verifier(verifiers, table.columns)
     alone_cpu = None
-    if local_observed and label is not None:  # layerwise: its jumps set against the CPU's
+    if label is not None and not simulated:  # a jump on the backend set against the CPU's
         rows = set(table[name_col].astype(str))
         ends = [n for n in scores(float_proto, rows) if n in rows] if float_proto else []
-        per_channel = f"{label} ch_median" in table
-        alone_cpu = _AloneOnCpu(
+        # measured as the jumps are: per channel alone (layerwise), per tensor in a run
+        per_channel = local_observed and f"{label} ch_median" in table
+        alone_cpu = _CpuReference(
             qdq, builder, feeds or {}, verifiers[label], per_channel, ends or outputs, alone
         )
     ranking = rank(
@@ -332,20 +334,22 @@ def find_culprits(
         run_nsr=None if local_observed else observed_nsr(table, name_col, verifiers, False),
         backend_jumps=div is None and not simulated,
         context_nsr=context_nsr(table, name_col) if local_observed else None,
-        alone_cpu=alone_cpu,
+        alone_cpu=alone_cpu if local_observed else None,
+        run_cpu=alone_cpu.in_run if alone_cpu is not None and not local_observed else None,
     )
     log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)
     return ranking
 
 
-class _AloneOnCpu:
+class _CpuReference:
     """Layerwise: each asked layer's error in onnxruntime's CPU fake-quant of it alone, fed the
     golden inputs the backend was fed (:func:`~accdbg.algorithms.divergence.golden_alone`),
     measured as :func:`observed_nsr` measures the backend's row (the verifier ``label``, its
     median channel when ``per_channel``): what the quantization alone makes of the layer, to
     set against the backend's result before blaming its kernel. With the backend's own result
     of the layer alone (``backend(name)``, dequantized), :meth:`kernel_share` says what their
-    difference costs the outputs."""
+    difference costs the outputs; :meth:`in_run` gives the layers' error in the CPU fake-quant
+    of the whole model, for a full run's jumps."""
 
     def __init__(
         self,
@@ -378,6 +382,26 @@ class _AloneOnCpu:
                 nsr = self._nsr(g.reshape(t.shape), t, layout, self.by[n].op_type)
                 if nsr is not None and math.isfinite(nsr):
                     out[n] = nsr
+        return out
+
+    def in_run(self, names: Sequence[str]) -> dict[str, float]:
+        """Each asked layer's whole-tensor error (noise-to-signal against its golden) in
+        onnxruntime's CPU fake-quant of the whole model, fed the model's inputs: one run
+        exposing only them."""
+        asked = [self.by[n] for n in names if n in self.by]
+        tensors = list(dict.fromkeys(e.graph_tensor for e in asked))
+        try:
+            sess = exact_session(om.with_outputs(self.qdq, tensors))
+            values = dict(zip(tensors, sess.run(tensors, dict(self.feeds)), strict=True))
+        except Exception as exc:  # the CPU cannot run it: the jumps stand as measured
+            log.info("no CPU fake-quant run of the model: %s", str(exc).splitlines()[0])
+            return {}
+        out = {}
+        for e in asked:
+            t = np.asarray(e.dequantize(values[e.graph_tensor]), np.float64).ravel()
+            g, _ = self._golden(e.name)
+            if g is not None and g.size == t.size and (gg := float(g.ravel() @ g.ravel())) > 0:
+                out[e.name] = float((t - g.ravel()) @ (t - g.ravel())) / gg
         return out
 
     def kernel_share(self, names: Sequence[str]) -> dict[str, float]:

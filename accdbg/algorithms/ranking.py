@@ -359,6 +359,7 @@ def rank(
     backend_jumps: bool = True,
     context_nsr: Mapping[str, tuple[float, float]] | None = None,
     alone_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
+    run_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -393,7 +394,8 @@ def rank(
     reciprocal: its input's encoding, measured, costs the outputs ``SHARE``; that input is
     named, :func:`_amplifying`) or computes something else: with ``backend_jumps`` and no
     ``divergence`` (cumulative-layerwise has no CPU comparison) it is then named as the
-    backend's (``RUN_JUMP``).
+    backend's (``RUN_JUMP``) - unless ``run_cpu(names)`` (each layer's whole-tensor error in
+    onnxruntime's CPU fake-quant of the whole model) shows the same jump there (``RUN_GAIN``).
     ``alone_cpu(names)`` (layerwise): each layer's error in onnxruntime's CPU fake-quant of it
     alone on the golden inputs the backend was fed, measured as ``observed_nsr``: a layer
     whose error jumps beyond what its encodings and its inputs' explain is the backend's only
@@ -611,7 +613,12 @@ def rank(
     else:
         inherited = _inherited(order, evidence, observed, local, columns)
         if divergence is None and run_nsr and backend_jumps:
-            backend = _as_backend(jumps, taken, RUN_JUMP)
+            # a layer that alone turns its inputs' rounding into more error does so in the run
+            gained = _gained(jumps, evidence, run_cpu)
+            backend = _as_backend({n: jumps[n] for n in jumps.keys() - gained}, taken, RUN_JUMP)
+            for n in gained.keys() - taken:
+                col = columns.setdefault(n, {})
+                col[CAUSE] = f"{col[CAUSE]}; {gained[n]}" if col.get(CAUSE) else gained[n]
             candidates += backend
     named = {c[1] for c in candidates}
     standing = _diverging(divergence or {}, quantized)
@@ -1196,6 +1203,45 @@ CPU_TOO = (
     "same golden inputs, keeps {cpu:.1f} dB: not the kernel - the layer turns its inputs' "
     "rounding into more error than their encodings' own"
 )
+
+
+# a full run's jump that the CPU fake-quant of the whole model makes too
+RUN_GAIN = (
+    "on the backend its error jumps to {got:.1f} dB where its inputs bring and its encodings "
+    "explain {explained:.1f} dB, but in onnxruntime's CPU fake-quant of the whole model it "
+    "jumps there too, {gain:.1f} dB beyond what its inputs bring: so far beyond, its inputs' "
+    "error here explains {then:.1f} dB - not the kernel"
+)
+
+
+def _gained(
+    jumps: Mapping[str, tuple[float, float, list[str]]],
+    evidence: Mapping[str, Evidence],
+    run_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None,
+) -> dict[str, str]:
+    """A full run's jumping layers whose jump the CPU fake-quant of the whole model makes too
+    (``run_cpu``: whole-tensor errors there): a layer can turn the error brought to it into
+    far more - a sigmoid bringing values near 0, a Clip cutting the loud channel that carried
+    its input's power - and the factor by which it does so on the CPU, applied to what its
+    inputs bring in the run, must still fall ``BACKEND_DB`` short of its error there for the
+    kernel to be blamed. Layer -> why it is not."""
+    if run_cpu is None or not jumps:
+        return {}
+    on_cpu = dict(run_cpu(sorted({*jumps, *(x for j in jumps.values() for x in j[2])})))
+    brought = _brought(evidence, on_cpu)
+    out = {}
+    for n, (got, expected, _) in jumps.items():
+        if n not in on_cpu or n not in brought or not brought[n][0] > 0:
+            continue
+        gain = on_cpu[n] / brought[n][0]
+        if gain > 1 and not _beyond(got, gain * expected):
+            out[n] = RUN_GAIN.format(
+                got=nsr_db(got),
+                explained=nsr_db(expected),
+                gain=10 * math.log10(gain),
+                then=nsr_db(gain * expected),
+            )
+    return out
 
 
 def _beyond(got: float, cpu: float | None) -> bool:

@@ -309,7 +309,8 @@ def find_culprits(
             log.info("no backend comparison (CPU fake-quant failed: %s)", str(exc).splitlines()[0])
     label = noise_verifier(verifiers, table.columns)
     alone_cpu = None
-    if label is not None and not simulated:  # a jump on the backend set against the CPU's
+    # a jump on the backend set against the CPU's: layerwise's, and a run's with no comparison
+    if label is not None and not simulated and (local_observed or div is None):
         rows = set(table[name_col].astype(str))
         ends = [n for n in scores(float_proto, rows) if n in rows] if float_proto else []
         # measured as the jumps are: per channel alone (layerwise), per tensor in a run

@@ -343,7 +343,8 @@ def find_culprits(
 
 
 class _CpuReference:
-    """Layerwise: each asked layer's error in onnxruntime's CPU fake-quant of it alone, fed the
+    """What a backend's jump is set against. Layerwise (called with names): each asked layer's
+    error in onnxruntime's CPU fake-quant of it alone, fed the
     golden inputs the backend was fed (:func:`~accdbg.algorithms.divergence.golden_alone`),
     measured as :func:`observed_nsr` measures the backend's row (the verifier ``label``, its
     median channel when ``per_channel``): what the quantization alone makes of the layer, to

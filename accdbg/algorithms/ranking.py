@@ -595,15 +595,13 @@ def rank(
                 if n in cost:
                     costs[n] = cost[n]
             else:
-                col = columns.setdefault(n, {})
-                col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
+                _add_cause(columns, n, cause)
         for n in jumps.keys() & on_cpu.keys() - taken:
             got, expected, _ = jumps[n]
-            note = CPU_TOO.format(
-                got=nsr_db(got), explained=nsr_db(expected), cpu=nsr_db(on_cpu[n])
+            cpu = nsr_db(on_cpu[n])
+            _add_cause(
+                columns, n, CPU_TOO.format(got=nsr_db(got), explained=nsr_db(expected), cpu=cpu)
             )
-            col = columns.setdefault(n, {})
-            col[CAUSE] = f"{col[CAUSE]}; {note}" if col.get(CAUSE) else note
         # in context a layer reads its producer's error and range as computed: one reading a
         # standout's output, or a range an outlier blows, jumps by that layer's doing
         suspects = set(standouts) | blown
@@ -613,12 +611,11 @@ def rank(
     else:
         inherited = _inherited(order, evidence, observed, local, columns)
         if divergence is None and run_nsr and backend_jumps:
-            # a layer that alone turns its inputs' rounding into more error does so in the run
+            # a jump the CPU fake-quant of the whole model makes too is the layer's, not a kernel's
             gained = _gained(jumps, evidence, run_cpu)
             backend = _as_backend({n: jumps[n] for n in jumps.keys() - gained}, taken, RUN_JUMP)
             for n in gained.keys() - taken:
-                col = columns.setdefault(n, {})
-                col[CAUSE] = f"{col[CAUSE]}; {gained[n]}" if col.get(CAUSE) else gained[n]
+                _add_cause(columns, n, gained[n])
             candidates += backend
     named = {c[1] for c in candidates}
     standing = _diverging(divergence or {}, quantized)
@@ -658,9 +655,7 @@ def rank(
                 cause += scattered[n] + INTERACTING
             name_backend(n, cause, share)
         else:
-            col = columns.setdefault(n, {})
-            cause += scattered[n] + NO_ONE_CAUSE if n in scattered else ""
-            col[CAUSE] = f"{col[CAUSE]}; {cause}" if col.get(CAUSE) else cause
+            _add_cause(columns, n, cause + (scattered[n] + NO_ONE_CAUSE if n in scattered else ""))
     search = getattr(kernel_share, "search", None)
     if search is not None and not candidates and not local_observed and added >= SHARE:
         # the kernels carry most of the error and no layer stands out, for its encodings or
@@ -1242,6 +1237,12 @@ def _gained(
                 then=nsr_db(gain * expected),
             )
     return out
+
+
+def _add_cause(columns: dict[str, dict[str, object]], n: str, text: str) -> None:
+    """A layer's cause, with ``text`` after what it says already."""
+    col = columns.setdefault(n, {})
+    col[CAUSE] = f"{col[CAUSE]}; {text}" if col.get(CAUSE) else text
 
 
 def _beyond(got: float, cpu: float | None) -> bool:

@@ -23,6 +23,7 @@ from accdbg.algorithms.divergence import (
     HELD,
     KernelRuns,
     divergence,
+    error_against,
     golden_alone,
     held_as_graph,
     held_parts,
@@ -38,7 +39,8 @@ from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import cpu_threads, exact_session
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
-from accdbg.verifiers.channels import ChannelPair, channel_axis, live, summarize
+from accdbg.verifiers.configured import ConfiguredVerifier
+from accdbg.verifiers.scoring import score_pair
 
 log = logging.getLogger("accdbg.culprits")
 
@@ -291,12 +293,12 @@ def find_culprits(
     outputs = [o.name for o in qdq.graph.output]
     quantized = any(n.op_type == "QuantizeLinear" for n in qdq.graph.node)  # else fp16 on QNN
     div = at_outputs = kernels = None
-    judged = outputs  # the outputs' backend error is judged where their error is: the logits
+    # the outputs' backend error is judged where their error is: the logits, when compared
+    rows = set(table[name_col].astype(str))
+    logits = scores(float_proto, rows) if float_proto is not None else []
+    judged = [n for n in logits if n in rows] or outputs
     if target is not None and feeds and not simulated:
         folder = TensorFolder(target)
-        if float_proto is not None:  # when the backend's logits were compared
-            rows = set(table[name_col].astype(str))
-            judged = [n for n in scores(float_proto, rows) if n in rows] or outputs
         try:
             div = local_divergence(qdq, builder.layers, feeds, folder)
             ends = [e for e in builder.layers if e.name in judged]
@@ -311,12 +313,10 @@ def find_culprits(
     alone_cpu = None
     # a jump on the backend set against the CPU's: layerwise's, and a run's with no comparison
     if label is not None and not simulated and (local_observed or div is None):
-        rows = set(table[name_col].astype(str))
-        ends = [n for n in scores(float_proto, rows) if n in rows] if float_proto else []
         # measured as the jumps are: per channel alone (layerwise), per tensor in a run
         per_channel = local_observed and f"{label} ch_median" in table
         alone_cpu = _CpuReference(
-            qdq, builder, feeds or {}, verifiers[label], per_channel, ends or outputs, alone
+            qdq, builder, feeds or {}, verifiers[label], per_channel, judged, alone
         )
     ranking = rank(
         before.evidence,
@@ -379,9 +379,9 @@ class _CpuReference:
         out = {}
         for n, held in self.held.items():
             t = np.asarray(self.by[n].dequantize(held), np.float64)
-            g, layout = self._golden(n)
-            if g is not None and g.size == t.size:
-                nsr = self._nsr(g.reshape(t.shape), t, layout, self.by[n].op_type)
+            gold = b.golden_of(n)
+            if gold is not None and gold[0].size == t.size:
+                nsr = self._nsr(gold[0].reshape(t.shape), t, gold[1], self.by[n].op_type)
                 if nsr is not None and math.isfinite(nsr):
                     out[n] = nsr
         return out
@@ -398,13 +398,8 @@ class _CpuReference:
         except Exception as exc:  # the CPU cannot run it: the jumps stand as measured
             log.info("no CPU fake-quant run of the model: %s", str(exc).splitlines()[0])
             return {}
-        out = {}
-        for e in asked:
-            t = np.asarray(e.dequantize(values[e.graph_tensor]), np.float64).ravel()
-            g, _ = self._golden(e.name)
-            if g is not None and g.size == t.size and (gg := float(g.ravel() @ g.ravel())) > 0:
-                out[e.name] = float((t - g.ravel()) @ (t - g.ravel())) / gg
-        return out
+        errors = {e.name: self._error(e.name, e.dequantize(values[e.graph_tensor])) for e in asked}
+        return {n: v for n, v in errors.items() if not math.isnan(v)}
 
     def kernel_share(self, names: Sequence[str]) -> dict[str, float]:
         """Per layer (among those asked before), what the difference between the backend's
@@ -422,15 +417,8 @@ class _CpuReference:
             )
             if not runs.names:
                 return {}
-            errors = {}
-            for end, base in zip(runs.ends, runs.base, strict=True):
-                g, _ = self._golden(end.name)
-                if (
-                    g is not None
-                    and g.size == base.size
-                    and (gg := float(g.ravel() @ g.ravel())) > 0
-                ):
-                    errors[end.name] = float((base - g.ravel()) @ (base - g.ravel())) / gg
+            ends = zip(runs.ends, runs.base, strict=True)
+            errors = {e.name: self._error(e.name, base) for e, base in ends}
             out = {}
             for n, effect in runs.each().items():
                 shares = [v / errors[x] for x, v in effect.items() if errors.get(x, 0) > 0]
@@ -441,24 +429,20 @@ class _CpuReference:
             log.info("no kernel effect measured: %s", str(exc).splitlines()[0])
             return {}
 
-    def _golden(self, n: str) -> tuple[np.ndarray | None, str | None]:
-        name = self.builder.golden_name(n)
-        if name is None or name not in self.builder.golden:
-            return None, None
-        rec = self.builder.golden.records[name]
-        return np.asarray(self.builder.golden.load(name), np.float64), rec.layout
+    def _error(self, n: str, values: np.ndarray) -> float:
+        """``values`` against the layer's golden (NaN when it has none that matches)."""
+        gold = self.builder.golden_of(n)
+        return error_against(values, gold[0]) if gold is not None else math.nan
 
     def _nsr(self, g: np.ndarray, t: np.ndarray, layout: str | None, op: str) -> float | None:
-        v = self.verifier
-        axis = channel_axis(g.shape, layout, op) if self.per_channel else None
-        if axis is not None:
-            pair = ChannelPair.of(g, t, axis)
-            per = v.per_channel(pair)
-            if per is not None:
-                median = summarize(per, live(pair.gg), v.higher_is_better)["ch_median"]
-                if not math.isnan(median):
-                    return v.noise_to_signal(median)
-        return v.noise_to_signal(v(g, t).value)
+        """As the table measures the backend's row (:func:`~accdbg.verifiers.scoring.
+        score_pair`): the verifier's value, or its median channel's with ``per_channel``."""
+        row: dict[str, object] = {"LayerType": op}
+        value = score_pair(row, g, t, None, layout, [ConfiguredVerifier(self.verifier, "v")])
+        median = row.get("v ch_median", math.nan)
+        return self.verifier.noise_to_signal(
+            median if self.per_channel and not math.isnan(median) else value["v"].value
+        )
 
 
 def _golden_of(builder: EvidenceBuilder):

@@ -162,11 +162,11 @@ def golden_alone(
     golden_name: Callable[[str], str | None],
 ) -> dict[str, np.ndarray]:
     """Each named layer's output in onnxruntime's CPU fake-quant of it alone, fed the golden
-    values of the nearest tensors the golden has, quantized with their encodings - what
-    layerwise feeds the backend - dequantized: what the layer's quantization alone makes of
-    it, its inputs' rounding and how the layer carries it included - as the QDQ graph holds
-    it (a quantized layer's integers). The golden is read only for the tensors the named
-    layers read."""
+    values of the nearest tensors the golden has, quantized with their encodings (what
+    layerwise feeds the backend): what the layer's quantization alone makes of it, its
+    inputs' rounding and how the layer carries it included, as the QDQ graph holds it (a
+    quantized layer's integers). The golden is read only for the tensors the named layers
+    read."""
     specs: dict[str, tuple[Exposed, str]] = {}
 
     def shape_only(e: Exposed) -> np.ndarray:
@@ -187,7 +187,7 @@ def golden_alone(
     for i in sub.graph.input:
         if i.name in specs:
             e, g = specs[i.name]
-            fed[i.name] = _backend_value(e, np.asarray(golden.load(g)), "float32")
+            fed[i.name] = held_as_graph(e, np.asarray(golden.load(g)))
         elif i.name in feeds:
             fed[i.name] = feeds[i.name]
     values = _run(sub, [e.graph_tensor for e in asked], fed)
@@ -420,11 +420,20 @@ def _against_float(
     """Both runs' error against the layer's float tensor, when it is known and matches."""
     if gold is None:
         return
+    q = error_against(qnn, gold)
+    if not math.isnan(q):
+        out.errors[e.name] = (q, error_against(cpu, gold))
+
+
+def error_against(values: np.ndarray, gold: np.ndarray) -> float:
+    """``Σ(x - golden)² / Σgolden²`` over the flattened tensors; NaN when their sizes differ
+    or the golden is silent."""
     g = np.asarray(gold, np.float64).ravel()
+    x = np.asarray(values, np.float64).ravel()
     gg = dot(g, g)
-    if g.size != qnn.size or not gg > 0:
-        return
-    out.errors[e.name] = (dot(qnn - g, qnn - g) / gg, dot(cpu - g, cpu - g) / gg)
+    if g.size != x.size or not gg > 0:
+        return math.nan
+    return dot(x - g, x - g) / gg
 
 
 def _shifted(cpu: np.ndarray, backend: np.ndarray, local: np.ndarray) -> np.ndarray:

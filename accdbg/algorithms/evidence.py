@@ -365,7 +365,9 @@ class EvidenceBuilder:
                     )
 
     # ------------------------------------------------------------ tensors
-    def _golden(self, row: str) -> tuple[np.ndarray, str | None] | None:
+    def golden_of(self, row: str) -> tuple[np.ndarray, str | None] | None:
+        """A row's golden tensor (float64, its recorded shape) and layout; None when the golden
+        has none, or not finite."""
         g = self.golden_name(row)
         if g is None or g not in self.golden:
             return None
@@ -386,7 +388,7 @@ class EvidenceBuilder:
             node = self.nodes[e.index]
             try:
                 self._weights(node, ev)
-                gold = self._golden(e.name)
+                gold = self.golden_of(e.name)
                 kinds = self._read_as.get(e.name)
                 if gold is not None and kinds:  # its consumers weigh their weights by these
                     self._stats[e.name] = channel_powers(*gold, tuple(kinds))
@@ -520,7 +522,7 @@ class EvidenceBuilder:
         row = self.row_of.get(x)
         if row is not None and row in self._stats:  # measured when its producer was
             return self._stats[row].get((1 if node.op_type.startswith("Conv") else -1, n))
-        gold = self._golden(row) if row else None
+        gold = self.golden_of(row) if row else None
         if gold is None and x in self.graph_inputs:
             gold = (np.asarray(self.graph_inputs[x], np.float64), None)
         if gold is None:
@@ -532,7 +534,7 @@ class EvidenceBuilder:
         worst, note = math.nan, ""
         for x in e.inputs:
             row = self.row_of.get(x)
-            gold = self._golden(row) if row else None
+            gold = self.golden_of(row) if row else None
             if gold is None:
                 continue
             g = gold[0].ravel()

@@ -495,17 +495,8 @@ class Context:
             local_observed=not self.req.cumulative,
             full_run=False,
             more_feeds=pooled_feeds(self.req.feeds, self.req.inputs),
-            alone=None if self.req.cumulative else self.written,
+            alone=None if self.req.cumulative else _written(self.run_path / "output"),
         )
-
-    def written(self, name: str) -> np.ndarray | None:
-        """A judged layer's backend output as :meth:`write_outputs` wrote it (dequantized),
-        None when none was."""
-        for folder in sorted((self.run_path / "output").glob("*")):
-            found = TensorFolder(folder)
-            if name in found:
-                return found.load(name)
-        return None
 
     def record(self, kind: str, rows: list[dict[str, Any]], sessions: int, **extra: Any) -> None:
         """Journal finished rows (fsynced), then rewrite the reports."""
@@ -533,6 +524,21 @@ class Context:
                 **layer.exposed.encoding(),
             )
         w.save_manifest()
+
+
+def _written(root: Path) -> Callable[[str], np.ndarray | None]:
+    """A judged layer's backend output as :meth:`Context.write_outputs` wrote it under
+    ``root`` (dequantized; None when none was). The folders' manifests are read once, at the
+    first question: most rankings ask none."""
+    where: dict[str, TensorFolder] = {}
+
+    def read(name: str) -> np.ndarray | None:
+        if not where:
+            for folder in map(TensorFolder, sorted(root.glob("*"))):
+                where.update(dict.fromkeys(folder.names(), folder))
+        return where[name].load(name) if name in where else None
+
+    return read
 
 
 def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> SnoopingResult:

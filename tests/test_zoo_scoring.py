@@ -102,3 +102,38 @@ def test_a_clean_model_that_diverges_on_the_backend_may_have_its_backend_layer_n
     t = scoring.summary_table(scoring.with_defaults(rows), ["clean"]).set_index("fault kind")
     assert t.loc["clean", "false alarms"] == "3/4"
     assert list(scoring.real_backend(rows).index) == [0]
+
+
+def test_clean_fixes_sets_each_named_layer_against_its_own_fix_on_the_backend():
+    """benchmarks/clean_fixes.py: a named layer's best own candidate of round 1 over the
+    baseline, as the share of error power it removes (1 - 10^(-gain/10), by hand here)."""
+    from benchmarks.clean_fixes import rows
+
+    table = pd.DataFrame(
+        {
+            "Name": ["a", "b", "c"],
+            "culprit_rank": [2.0, None, 1.0],
+            "output error share": [0.4, None, 0.9],
+            "output error removed": [0.3, None, None],
+        }
+    )
+    fixes = pd.DataFrame(
+        {
+            "round": [0, 1, 1, 1, 1, 2],
+            "change": ["baseline", "pc a", "a16 a", "pc c", "global", "a16 c"],
+            "scope": [None, "local", "local", "local", "global", "local"],
+            "layer": [None, "a", "a", "c", None, "c"],
+            "status": ["ok", "ok", "ok", "ok", "ok", "ok"],
+            "SQNR mean": [10.0, 13.0, 11.0, 9.0, 12.0, 30.0],
+        }
+    )
+    got = rows("m", table, fixes)
+    assert [r["named"] for r in got] == ["#1 c", "#2 a"]  # by rank
+    c, a = got
+    assert a["own best fix"] == "pc a" and a["own gain dB"] == 3.0
+    assert a["own removes"] == f"{1 - 10 ** (-0.3):.0%}" == "50%"
+    assert a["alone"] == "40%" and a["taken out"] == "30%"
+    # round 2's candidate (30 dB) is not the layer's own fix from the baseline
+    assert c["own gain dB"] == -1.0 and c["taken out"] == "-"
+    assert c["best global gain dB"] == 2.0
+    assert rows("m", table.assign(culprit_rank=None), fixes) == [{"model": "m", "named": "-"}]

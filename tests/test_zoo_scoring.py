@@ -137,3 +137,8 @@ def test_clean_fixes_sets_each_named_layer_against_its_own_fix_on_the_backend():
     assert c["own gain dB"] == -1.0 and c["taken out"] == "-"
     assert c["best global gain dB"] == 2.0
     assert rows("m", table.assign(culprit_rank=None), fixes) == [{"model": "m", "named": "-"}]
+    # a zoo case: the planted culprit set is marked, and only it
+    marked = [r["named"] for r in rows("m/k/mid", table, fixes, planted=["a", "z"])]
+    assert marked == ["#1 c", "#2 a (planted)"]
+    # a case the fix search did not take (planted through -qo encodings): named, not measured
+    assert [r["own best fix"] for r in rows("m", table, pd.DataFrame())] == ["not searched"] * 2

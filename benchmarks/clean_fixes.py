@@ -13,8 +13,8 @@ Prints per named layer the share oneshot gives it, its best own candidate in rou
 the baseline, and the share of the outputs' error power that removes) and the best global knob.
 Each model's runs are kept in ``--out/<model>/`` and reused. With ``--zoo`` (a
 ``fault_zoo.py --out`` folder whose cases kept their tensors) the same is asked of planted
-cases, from their oneshot run and with their ``-qo`` encodings: would the backend back the
-planted layer's name too (``planted``)?
+cases, from their oneshot run: would the backend back the planted layer's name too
+(``planted``)? A case planted through ``-qo`` encodings (clipping) is listed, not searched.
 """
 
 from __future__ import annotations

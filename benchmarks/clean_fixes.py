@@ -34,6 +34,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks.fault_zoo import markdown  # noqa: E402
 from benchmarks.zoo import models as zoo_models  # noqa: E402
+from benchmarks.zoo.runner import TABLES  # noqa: E402
 
 ROUND_BUDGET = 240.0  # seconds: the fix search starts no round after this (round 1 always runs)
 
@@ -43,18 +44,41 @@ def removed(gain_db: float) -> float:
     return 1.0 - 10.0 ** (-gain_db / 10.0)
 
 
+def _summary(work: Path) -> Path:
+    """Oneshot's table in a working folder, as the zoo's runs write it."""
+    return work / TABLES["oneshot"]
+
+
+def _fixes(model: Path, inputs: list, input_list, work: Path, search: bool) -> pd.DataFrame:
+    """The fix search's candidates from the oneshot diagnosis in ``work``: searched once
+    (``search``, and only when the diagnosis names a layer), read from its ``fixes.csv`` after."""
+    from accdbg.algorithms.fixes import run_fix_search
+
+    summary, fixes = _summary(work), work / "fix_search" / "fix" / "fixes.csv"
+    named = pd.read_csv(summary)["culprit_rank"].notna().any()
+    if search and named and not fixes.is_file():
+        run_fix_search(
+            model,
+            inputs,
+            input_list=input_list,
+            diagnosis=summary,
+            time_budget=ROUND_BUDGET,
+            working_dir=work,
+            output_dirname="fix",
+            model_explorer=False,
+        )
+    return pd.read_csv(fixes) if fixes.is_file() else pd.DataFrame()
+
+
 def run_model(name: str, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Oneshot's summary and the fix search's candidates for one clean model (cached)."""
-    from accdbg.algorithms.fixes import run_fix_search
     from accdbg.algorithms.oneshot import run_oneshot
 
     spec = zoo_models.EVERY_MODEL[name]
     prep = zoo_models.prepare(spec, out)
     work = out / name / "w"
-    summary = work / "verification" / "oneshot" / "summary.csv"
-    fixes = work / "fix_search" / "fix" / "fixes.csv"
     inputs = [zoo_models.debugged_input(spec, prep.input_paths[0])]
-    if not summary.is_file():
+    if not _summary(work).is_file():
         run_oneshot(
             "onnx",
             prep.onnx_path,
@@ -64,49 +88,27 @@ def run_model(name: str, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             output_dirname="oneshot",
             model_explorer=False,
         )
-    table = pd.read_csv(summary)
-    if not fixes.is_file() and table["culprit_rank"].notna().any():
-        run_fix_search(
-            prep.onnx_path,
-            inputs,
-            input_list=prep.input_list,
-            diagnosis=summary,
-            time_budget=ROUND_BUDGET,
-            working_dir=work,
-            output_dirname="fix",
-            model_explorer=False,
-        )
-    return table, pd.read_csv(fixes) if fixes.is_file() else pd.DataFrame()
+    fixes = _fixes(prep.onnx_path, inputs, prep.input_list, work, search=True)
+    return pd.read_csv(_summary(work)), fixes
 
 
 def run_case(folder: Path) -> tuple[str, pd.DataFrame, pd.DataFrame, list[str]]:
     """A zoo case's oneshot summary, its fix search's candidates (cached) and culprit set."""
-    from accdbg.algorithms.fixes import run_fix_search
-
     fault = json.loads((folder / "fault.json").read_text())
     spec = zoo_models.EVERY_MODEL[fault["model"]]
+    first = Path(Path(fault["input_list"]).read_text().split()[0])
     work = folder / "w"
-    summary = work / "verification" / "oneshot" / "summary.csv"
-    fixes = work / "fix_search" / "fix" / "fixes.csv"
-    table = pd.read_csv(summary)
     # a case planted through -qo encodings (clipping) is not searched: the fix search starts
     # from quantizer flags, not from overrides
-    searched = not fault["overrides"]
-    if searched and not fixes.is_file() and table["culprit_rank"].notna().any():
-        first = Path(Path(fault["input_list"]).read_text().split()[0])
-        run_fix_search(
-            folder / "model.onnx",
-            [zoo_models.debugged_input(spec, first)],
-            input_list=fault["input_list"],
-            diagnosis=summary,
-            time_budget=ROUND_BUDGET,
-            working_dir=work,
-            output_dirname="fix",
-            model_explorer=False,
-        )
+    fixes = _fixes(
+        folder / "model.onnx",
+        [zoo_models.debugged_input(spec, first)],
+        fault["input_list"],
+        work,
+        search=not fault["overrides"],
+    )
     case = f"{fault['model']}/{fault['kind']}/{fault['depth']}"
-    found = pd.read_csv(fixes) if fixes.is_file() else pd.DataFrame()
-    return case, table, found, list(fault["culprits"])
+    return case, pd.read_csv(_summary(work)), fixes, list(fault["culprits"])
 
 
 def _pct(x) -> str:
@@ -166,7 +168,7 @@ def main(argv=None) -> int:
     found = []
     cases = sorted(out.glob("cases/*/*/fault.json")) if a.zoo else []
     for fault in cases:
-        if (fault.parent / "w" / "verification" / "oneshot" / "summary.csv").is_file():
+        if _summary(fault.parent / "w").is_file():
             t = time.perf_counter()
             case, table, fixes, planted = run_case(fault.parent)
             found.extend(rows(case, table, fixes, planted))

@@ -530,12 +530,15 @@ def _written(root: Path) -> Callable[[str], np.ndarray | None]:
     """A judged layer's backend output as :meth:`Context.write_outputs` wrote it under
     ``root`` (dequantized; None when none was). The folders' manifests are read once, at the
     first question: most rankings ask none."""
-    where: dict[str, TensorFolder] = {}
+    where: dict[str, TensorFolder] | None = None
 
     def read(name: str) -> np.ndarray | None:
-        if not where:
+        nonlocal where
+        if where is None:  # the first folder holding a name answers for it
+            where = {}
             for folder in map(TensorFolder, sorted(root.glob("*"))):
-                where.update(dict.fromkeys(folder.names(), folder))
+                for n in folder.names():
+                    where.setdefault(n, folder)
         return where[name].load(name) if name in where else None
 
     return read

@@ -1183,6 +1183,26 @@ def _matmul_chain(tmp_path, w1: np.ndarray, w2: np.ndarray, relu: bool = False):
     return model, fp, qp
 
 
+def _qdq_np(v, s, z):
+    """ONNX's QuantizeLinear then DequantizeLinear in uint8, in numpy."""
+    return (np.clip(np.round(v / s) + z, 0, 255) - z) * s
+
+
+def _matmul_layer(q, weight: str, out: str):
+    """The Exposed layer of the quantized chain's MatMul reading ``weight`` and making ``out``."""
+    from accdbg.core.onnx_model import topological_nodes
+    from accdbg.engines.exposure import Exposed
+
+    nodes = topological_nodes(q.graph)
+    made_by = {o: n for n in nodes for o in n.output}
+    index = next(
+        i
+        for i, n in enumerate(nodes)
+        if n.op_type == "MatMul" and made_by[n.input[1]].input[0] == f"{weight}_quantized"
+    )
+    return Exposed(out, out, nodes[index].name, "MatMul", index, out, native_dtype="uint8")
+
+
 class _Feeds:
     """onnxruntime's calibration reader over one input."""
 
@@ -1387,16 +1407,16 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     quantized = _Quantized(fp, qp, x)
     q, enc, w_np = quantized.model, quantized.enc, quantized.weight
 
-    def qdq_np(v, t):
+    def _qdq_np(v, t):
         s, z = enc[t]
         return (np.clip(np.round(v / s) + z, 0, 255) - z) * s
 
     def chain(x, keep_1: bool):
         """(golden, the QDQ chain, or with layer 1's quantizers taken out) in numpy."""
         x64 = x.astype(np.float64)
-        xq = qdq_np(x64, "x")
-        a = qdq_np(xq @ w_np("w1"), "a") if keep_1 else xq @ w1.astype(np.float64)
-        return x64 @ w1 @ w2, qdq_np(a @ w_np("w2"), "y")
+        xq = _qdq_np(x64, "x")
+        a = _qdq_np(xq @ w_np("w1"), "a") if keep_1 else xq @ w1.astype(np.float64)
+        return x64 @ w1 @ w2, _qdq_np(a @ w_np("w2"), "y")
 
     golden, whole = chain(x, True)
     _, without_1 = chain(x, False)
@@ -1446,7 +1466,7 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     assert np.array_equal(shared.golden[0][0], s.golden[0][0])
     assert shared.whole_noise[0] == pytest.approx(noise(whole), rel=1e-3)
     assert shared.removed_noise([layer])[0] == pytest.approx(noise(without_1), rel=1e-3)
-    only_1 = qdq_np(x.astype(np.float64) @ w_np("w1"), "a") @ w2.astype(np.float64)
+    only_1 = _qdq_np(x.astype(np.float64) @ w_np("w1"), "a") @ w2.astype(np.float64)
     assert shared.alone_noise([layer])[0] == pytest.approx(noise(only_1), rel=1e-3)
     assert shared.alone_noise([layer])[0] == pytest.approx(s.alone_noise([layer])[0], rel=1e-6)
     # a group naming a layer twice (a row and the layer whose weights it stands for, also a
@@ -1523,7 +1543,7 @@ def test_a_layers_encodings_applied_alone_include_its_bias(tmp_path):
     ]
     s = Sensitivity(model, q, {"x": x})
 
-    def qdq_np(v, t):
+    def _qdq_np(v, t):
         sc, z = enc[t]
         return (np.clip(np.round(v / sc) + z, 0, 255) - z) * sc
 
@@ -1542,8 +1562,8 @@ def test_a_layers_encodings_applied_alone_include_its_bias(tmp_path):
     golden = conv(conv(x64, w1, b1), w2, b2)
 
     def noise(b1_, b2_):
-        a = qdq_np(conv(x64, quantized.weight("w1"), b1_), "a")
-        return float(np.sum((golden - qdq_np(conv(a, quantized.weight("w2"), b2_), "y")) ** 2))
+        a = _qdq_np(conv(x64, quantized.weight("w1"), b1_), "a")
+        return float(np.sum((golden - _qdq_np(conv(a, quantized.weight("w2"), b2_), "y")) ** 2))
 
     both = noise(bias("b1"), bias("b2"))
     assert s.alone_noise(layers)[0] == pytest.approx(both, rel=1e-5)
@@ -1721,7 +1741,7 @@ def test_taking_out_a_layer_whose_relu_the_quantizer_folded_keeps_the_relu(tmp_p
         )
         return inits[qn.input[1]].astype(np.float64), inits[qn.input[2]].astype(np.float64)
 
-    def qdq_np(v, t):
+    def _qdq_np(v, t):
         s, z = enc(t)
         return (np.clip(np.round(v / s) + z, 0, 255) - z) * s
 
@@ -1735,7 +1755,7 @@ def test_taking_out_a_layer_whose_relu_the_quantizer_folded_keeps_the_relu(tmp_p
 
     x64 = x.astype(np.float64)
     golden = np.maximum(x64 @ w1, 0) @ w2
-    without_1 = qdq_np(np.maximum(qdq_np(x64, "x") @ w1, 0) @ w_np("w2"), "y")
+    without_1 = _qdq_np(np.maximum(_qdq_np(x64, "x") @ w1, 0) @ w_np("w2"), "y")
     nodes = topological_nodes(q.graph)
     index = next(i for i, n in enumerate(nodes) if n.op_type == "MatMul" and "r" in n.output)
     s, z = enc("r")
@@ -1953,8 +1973,6 @@ def test_the_model_without_its_outlier_weight_is_measured_as_numpy_computes_it(t
     range left), each model judged against its own float, most of the error power goes."""
 
     from accdbg.algorithms.sensitivity import Sensitivity
-    from accdbg.core.onnx_model import topological_nodes
-    from accdbg.engines.exposure import Exposed
 
     rng = np.random.default_rng(5)
     w1 = rng.normal(size=(6, 40)).astype(np.float32)
@@ -1965,35 +1983,126 @@ def test_the_model_without_its_outlier_weight_is_measured_as_numpy_computes_it(t
     quantized = _Quantized(fp, qp, x)
     q, enc, w_np = quantized.model, quantized.enc, quantized.weight
 
-    def qdq_np(v, s, z):
-        return (np.clip(np.round(v / s) + z, 0, 255) - z) * s
-
     def uint8_weights(w):  # ONNX QuantizeLinear's asymmetric per-tensor terms, zero included
         lo, hi = min(w.min(), 0.0), max(w.max(), 0.0)
         s = (hi - lo) / 255
-        return qdq_np(w, s, np.round(-lo / s))
+        return _qdq_np(w, s, np.round(-lo / s))
 
     def noise(w2_float, w2_quantized):
         x64 = x.astype(np.float64)
         golden = x64 @ w1.astype(np.float64) @ w2_float
-        a = qdq_np(qdq_np(x64, *enc["x"]) @ w_np("w1"), *enc["a"])
-        return float(np.sum((golden - qdq_np(a @ w2_quantized, *enc["y"])) ** 2))
+        a = _qdq_np(_qdq_np(x64, *enc["x"]) @ w_np("w1"), *enc["a"])
+        return float(np.sum((golden - _qdq_np(a @ w2_quantized, *enc["y"])) ** 2))
 
     level = float(np.sort(np.abs(w2).ravel())[-2])
     clamped = np.clip(w2.astype(np.float64), -level, level)
     expected = 1 - noise(clamped, uint8_weights(clamped)) / noise(w2.astype(np.float64), w_np("w2"))
 
-    nodes = topological_nodes(q.graph)
-    made_by = {o: n for n in nodes for o in n.output}
-    index = next(
-        i
-        for i, n in enumerate(nodes)
-        if n.op_type == "MatMul" and made_by[n.input[1]].input[0] == "w2_quantized"
-    )
-    layer = Exposed("y", "y", nodes[index].name, "MatMul", index, "y", native_dtype="uint8")
+    layer = _matmul_layer(q, "w2", "y")
     share = Sensitivity(model, q, {"x": x}).clamped_share([(layer, level)])
     assert share == pytest.approx(expected, abs=1e-3)
     assert share > 0.5
+
+
+def test_an_outlier_output_channel_is_named_by_what_the_model_loses_without_it():
+    """A layer at the noise floor whose weights have one output channel 12x the next widest:
+    brought to that channel's range the outputs lose 70 % of their noise-to-signal - it is a
+    culprit (kind "outlier weights"), asked together with the other such layers first. A
+    channel 3x the next (a wide spread of trained channels, which per-channel weights answer)
+    is not asked; when together they cost little, none is asked alone."""
+
+    class Channels(_Impact):
+        def __init__(self, answers):
+            super().__init__({})
+            self.answers, self.asked = answers, []
+
+        def channels(self, levels):
+            key = tuple(sorted(levels))
+            self.asked.append((key, dict(levels)))
+            return self.answers.get(key, 0.0)
+
+    ev = {f"c{i}": _ev(f"c{i}", 30 + (i % 3)) for i in range(12)}
+    for name, ratio, channel in (("c3", 12.0, 5), ("c8", 3.0, 1), ("c10", 4.5, 0)):
+        ev[name].lone_channel, ev[name].lone_ratio, ev[name].lone_level = channel, ratio, 0.5
+    impact = Channels({("c10", "c3"): 0.75, ("c3",): 0.7, ("c10",): 0.1})
+    r = rank(ev, list(ev), impact=impact)
+    assert [c.name for c in r.culprits] == ["c3"]
+    assert r.culprits[0].kind == ranking_mod.FEW
+    assert "outlier output channel: channel 5 of its weights spans 12x the next" in (
+        r.culprits[0].cause
+    )
+    assert "lose 70% of their noise-to-signal" in r.culprits[0].cause
+    # together first (c8's 3x is not asked), then the farthest first
+    assert impact.asked == [
+        (("c10", "c3"), {"c3": (5, 0.5), "c10": (0, 0.5)}),
+        (("c3",), {"c3": (5, 0.5)}),
+        (("c10",), {"c10": (0, 0.5)}),
+    ]
+    quiet = Channels({("c10", "c3"): 0.2})
+    assert rank(ev, list(ev), impact=quiet).culprits == [] and len(quiet.asked) == 1
+
+
+def test_the_model_without_its_outlier_channel_is_measured_as_numpy_computes_it(tmp_path):
+    """Sensitivity.channel_share against the same chain in numpy: output channel 7 of layer 1's
+    weights is 30x the rest, so its output ``a`` has one loud column whose range crushes the
+    others. With that channel brought to the next widest's range in float and in the QDQ model
+    (weights requantized, each activation encoding's ends moved by what its tensor's ends move),
+    each model judged against its own float, most of the noise-to-signal goes."""
+
+    from accdbg.algorithms.sensitivity import Sensitivity
+
+    rng = np.random.default_rng(3)
+    w1 = rng.normal(size=(6, 40)).astype(np.float32)
+    w1[:, 7] *= 30
+    w2 = rng.normal(scale=0.1, size=(40, 4)).astype(np.float32)
+    model, fp, qp = _matmul_chain(tmp_path, w1, w2)
+    x = rng.normal(size=(8, 6)).astype(np.float32)
+    quantized = _Quantized(fp, qp, x)
+    q, enc, w_np = quantized.model, quantized.enc, quantized.weight
+
+    def terms(lo, hi):  # ONNX's asymmetric uint8 terms over [lo, hi], zero included
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        s = (hi - lo) / 255
+        return s, np.round(-lo / s)
+
+    def moved(name, before, after):  # the encoding's ends, moved as the tensor's ends move
+        s, z = (float(v) for v in enc[name])
+        lo, hi = -z * s, (255 - z) * s
+        lo = lo * after.min() / before.min() if before.min() < 0 and after.min() < 0 else lo
+        hi = hi * after.max() / before.max() if before.max() > 0 and after.max() > 0 else hi
+        return terms(lo, hi)
+
+    x64 = x.astype(np.float64)
+    per = np.abs(w1).max(axis=0)
+    level = float(np.sort(per)[-2])
+    w1e = w1.astype(np.float64)
+    w1e[:, 7] *= level / per[7]
+    s1, z1 = terms(w1e.min(), w1e.max())
+    a, ae = x64 @ w1, x64 @ w1e
+    y, ye = a @ w2, ae @ w2
+
+    def nsr(golden, target):
+        return np.sum((golden - target) ** 2) / np.sum(golden**2)
+
+    base = _qdq_np(_qdq_np(_qdq_np(x64, *enc["x"]) @ w_np("w1"), *enc["a"]) @ w_np("w2"), *enc["y"])
+    ea = _qdq_np(_qdq_np(x64, *enc["x"]) @ _qdq_np(w1e, s1, z1), *moved("a", a, ae))
+    edited = _qdq_np(ea @ w_np("w2"), *moved("y", y, ye))
+    expected = 1 - nsr(ye, edited) / nsr(y, base)
+
+    layer = _matmul_layer(q, "w1", "a")
+    share = Sensitivity(model, q, {"x": x}).channel_share([(layer, 7, level)])
+    assert share == pytest.approx(expected, abs=1e-3)
+    assert share > 0.5
+
+
+def test_the_lone_output_channel_is_measured_against_the_next_widest():
+    """evidence.lone_channel: the widest channel over the next widest (not the median), dead
+    channels ignored."""
+    from accdbg.algorithms.evidence import lone_channel
+
+    assert lone_channel(np.array([1.0, 2.0, 0.0, 40.0, 3.0])) == (3, pytest.approx(40 / 3), 3.0)
+    channel, ratio, level = lone_channel(np.array([0.0, 5.0]))
+    assert channel == -1 and math.isnan(ratio) and math.isnan(level)
 
 
 def test_a_full_run_without_cpu_comparison_names_a_layer_whose_error_jumps():

@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from accdbg.algorithms.evidence import Evidence
+from accdbg.algorithms.ranges import range_outputs, with_ranges
 from accdbg.algorithms.ranking import rank
 from accdbg.algorithms.reach import (
     LOUD,
@@ -23,9 +24,7 @@ from accdbg.algorithms.reach import (
     OutlierReach,
     Reach,
     _flag,
-    _range_outputs,
     _scale,
-    _with_ranges,
     _with_switches,
 )
 from accdbg.algorithms.sensitivity import Share, scores
@@ -294,9 +293,9 @@ def test_each_range_is_taken_before_the_model_goes_two_layers_on(tmp_path):
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     tensors = [f"t{i}" for i in range(n)]
-    ranges = _range_outputs(tensors)
-    plain = _executed(_with_ranges(model, tensors), {"x": x}, ranges, tmp_path / "plain")
-    switched = _with_switches(_with_ranges(model, tensors), ["t3"])
+    ranges = range_outputs(tensors)
+    plain = _executed(with_ranges(model, tensors), {"x": x}, ranges, tmp_path / "plain")
+    switched = _with_switches(with_ranges(model, tensors), ["t3"])
     down = np.ones((1, 4, 1, 1), np.float32)
     on_feeds = {"x": x, _flag("t3"): np.array(True), _scale("t3"): down}
     on = _executed(switched, on_feeds, ranges, tmp_path / "on")

@@ -564,7 +564,7 @@ class _LazySensitivity:
         self.asked: list[str] = []
         self.singles: list[str] = []
         self.answers: dict[tuple[tuple[str, ...], float], Share] = {}  # each question once
-        self.clamps: dict[tuple[tuple[str, float], ...], float] = {}
+        self.clamps: dict[tuple, float] = {}  # the float model's questions, each once
 
     def consider(self, names: Sequence[str], singles: Sequence[str] = ()) -> None:
         """The layers that will be asked about: the models are built once for all of them
@@ -602,19 +602,31 @@ class _LazySensitivity:
         """What these layers' few outlier weights cost the outputs
         (:meth:`~accdbg.algorithms.sensitivity.Sensitivity.clamped_share`); NaN when the CPU
         cannot tell."""
-        key = tuple(sorted(levels.items()))
+        return self._edited(
+            "clamped_share",
+            [(self.layers[self.weights_of.get(n, n)], v) for n, v in levels.items()],
+            ("few",) + tuple(sorted(levels.items())),
+        )
+
+    def channels(self, levels: Mapping[str, tuple[int, float]]) -> float:
+        """What these layers' outlier output channels cost the outputs
+        (:meth:`~accdbg.algorithms.sensitivity.Sensitivity.channel_share`; ``levels``: layer ->
+        (channel, the level it is brought to)); NaN when the CPU cannot tell."""
+        return self._edited(
+            "channel_share",
+            [(self.layers[self.weights_of.get(n, n)], *v) for n, v in levels.items()],
+            ("channel",) + tuple(sorted(levels.items())),
+        )
+
+    def _edited(self, question: str, args: list, key: tuple) -> float:
+        """A question of the float model edited (each asked once); NaN when the CPU cannot
+        tell."""
         if key not in self.clamps:
             sens = self._ready()
             try:
-                self.clamps[key] = (
-                    math.nan
-                    if sens is None
-                    else sens.clamped_share(
-                        [(self.layers[self.weights_of.get(n, n)], v) for n, v in levels.items()]
-                    )
-                )
+                self.clamps[key] = math.nan if sens is None else getattr(sens, question)(args)
             except Exception as exc:  # onnxruntime refusing the edited model: not measured
-                log.info("no clamped measure for %s: %s", key[0][0], str(exc).splitlines()[0])
+                log.info("no %s measure for %s: %s", question, key[1][0], str(exc).splitlines()[0])
                 self.clamps[key] = math.nan
         return self.clamps[key]
 

@@ -38,7 +38,9 @@ layers do - or whose backend result is far worse than its quantization explains:
   (requantized), each judged against its own float. When the outputs then lose ``SHARE`` of
   their error or more, it is a culprit: such a weight multiplies the error its input channel
   brings from every encoding upstream, which no encoding of its own layer explains (alone and
-  taken out it may cost little).
+  taken out it may cost little). So is a layer whose widest output channel of weights spans
+  ``OUTLIER_RATIO`` times the next widest or more: that channel brought to the next one's range
+  in both models, the QDQ model's activation encodings refitted (noise-to-signal).
 * **backend** - the target's error at a layer (per channel) exceeds what the layer's own
   quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
   same way among the model's layers: the kernel, not the encodings (golden inputs: layerwise).
@@ -783,14 +785,22 @@ def _outlier_weights(
     named: Collection[str],
     columns: dict[str, dict[str, object]],
 ) -> tuple[dict[str, tuple[float, str]], str]:
-    """Layers whose few outlier weights (``BLOWN_RATIO`` times the tensor's 99th percentile
-    or more: 4 of the 8 bits) were measured to cost the outputs ``SHARE`` of their error or
-    more, brought to the rest's range in the float and the QDQ model: name -> (share, cause).
-    Such a weight need not stand out locally, nor cost much alone: it multiplies the error its
-    input channel brings from every encoding upstream. Asked together first (one run of each
-    model); one by one only when together they matter (``ONE_BY_ONE`` at most, the farthest
-    outliers first) - and when then none does alone, a finding says what they cost together
-    (the second item; "" otherwise)."""
+    """Layers whose outlier weights were measured to cost the outputs ``SHARE`` of their error
+    or more: name -> (share, cause); and a finding ("" if none). Two questions of the float
+    model, each asked of the layers that have such weights whether they stand out or not:
+
+    * a few weights ``BLOWN_RATIO`` times the tensor's 99th percentile or more (4 of the 8
+      bits), brought to the rest's range in the float and the QDQ model (error powers);
+    * one output channel ``OUTLIER_RATIO`` times every other channel or more, brought to the
+      next widest channel's range, the QDQ model's encodings refitted (noise-to-signal).
+
+    Such weights need not stand out locally, nor cost much alone: they multiply the error
+    their inputs bring from every encoding upstream. Each question is asked of its layers
+    together first (one run of each model), one by one only when together they matter
+    (``ONE_BY_ONE`` at most, the farthest outliers first) - and when then none does alone, a
+    finding says what they cost together."""
+    found: dict[str, tuple[float, str]] = {}
+    finding = ""
     clamped = getattr(impact, "clamped", None)
     few = {
         n: evidence[n].rest_max
@@ -800,36 +810,81 @@ def _outlier_weights(
         and evidence[n].few_outliers
         and evidence[n].few_ratio >= BLOWN_RATIO
     }
-    if clamped is None or not few:
-        return {}, ""
-    together = clamped(few)
+    if clamped is not None and few:
+        shares, together = _asked(few, clamped, lambda n: evidence[n].few_ratio)
+        for n, share in shares.items():
+            found[n] = (
+                share,
+                f"outlier weight: {evidence[n].few_note}; brought to the rest's range (in the "
+                f"float model too) the outputs lose {_pct(share)} of their error - it multiplies "
+                "the error its input brings from the encodings upstream, which no encoding of "
+                "this layer removes: clamp or retrain that weight, or keep its input path in 16 "
+                "bits" + _was(columns, n),
+            )
+        if together >= SHARE and not shares:
+            most = max(evidence[n].few_ratio for n in few)
+            finding = (
+                f"the outlier weights of {len(few)} layers ({', '.join(few)}; up to {most:.3g}x "
+                f"their tensor's 99th percentile) together cost the outputs {_pct(together)} of "
+                "their error, none of them alone half: clamping or retraining them is a question "
+                "for the model as a whole"
+            )
+    channels = getattr(impact, "channels", None)
+    lone = {
+        n: (evidence[n].lone_channel, evidence[n].lone_level)
+        for n in order
+        if n in evidence
+        and n not in named
+        and n not in found
+        and evidence[n].lone_ratio >= OUTLIER_RATIO
+    }
+    if channels is not None and lone:
+        shares, together = _asked(lone, channels, lambda n: evidence[n].lone_ratio)
+        for n, share in shares.items():
+            ev = evidence[n]
+            found[n] = (
+                share,
+                f"outlier output channel: channel {ev.lone_channel} of its weights spans "
+                f"{ev.lone_ratio:.3g}x the next widest channel; brought to that channel's range "
+                "(in the float model too, every encoding refitted) the outputs lose "
+                f"{_pct(share)} of their noise-to-signal - that channel carries the error its "
+                "inputs bring from the encodings upstream louder than any other and blows the "
+                "ranges after it, which per-channel weights do not remove: retrain or regularize "
+                "that channel, or keep its input path in 16 bits" + _was(columns, n),
+            )
+        if together >= SHARE and not shares and not finding:
+            most = max(evidence[n].lone_ratio for n in lone)
+            finding = (
+                f"the outlier output channels of {len(lone)} layers ({', '.join(lone)}; up to "
+                f"{most:.3g}x the next widest channel) together cost the outputs "
+                f"{_pct(together)} of their noise-to-signal, none of them alone half: "
+                "retraining them is a question for the model as a whole"
+            )
+    return found, finding
+
+
+def _asked(
+    levels: Mapping[str, object], ask: Callable[[Mapping[str, object]], float], ratio
+) -> tuple[dict[str, float], float]:
+    """(layer -> share, for those costing ``SHARE`` alone; their share together) of a
+    question asked of ``levels``' layers together, then one by one when together they cost
+    ``SHARE`` (``ONE_BY_ONE`` at most, the largest ``ratio`` first): a question is two CPU
+    sessions of the model."""
+    together = ask(levels)
     if not together >= SHARE:
-        return {}, ""
-    found = {}
-    # one by one, the farthest outliers first: a question is two CPU sessions of the model
-    farthest = sorted(few, key=lambda n: -evidence[n].few_ratio)[:ONE_BY_ONE]
-    for n in farthest:
-        share = clamped({n: few[n]})  # the question already asked when it is the only one
-        if not share >= SHARE:
-            continue
-        was = columns.get(n, {}).get(CAUSE)
-        found[n] = (
-            share,
-            f"outlier weight: {evidence[n].few_note}; brought to the rest's range (in the float "
-            f"model too) the outputs lose {_pct(share)} of their error - it multiplies the error "
-            "its input brings from the encodings upstream, which no encoding of this layer "
-            "removes: clamp or retrain that weight, or keep its input path in 16 bits"
-            + (f"; {was}" if was else ""),
-        )
-    if found:
-        return found, ""
-    most = max(evidence[n].few_ratio for n in few)
-    return found, (
-        f"the outlier weights of {len(few)} layers ({', '.join(few)}; up to {most:.3g}x their "
-        f"tensor's 99th percentile) together cost the outputs {_pct(together)} of their error, "
-        "none of them alone half: clamping or retraining them is a question for the model as a "
-        "whole"
-    )
+        return {}, together
+    shares = {}
+    for n in sorted(levels, key=lambda n: -ratio(n))[:ONE_BY_ONE]:
+        share = ask({n: levels[n]})  # the question already asked when it is the only one
+        if share >= SHARE:
+            shares[n] = share
+    return shares, together
+
+
+def _was(columns: Mapping[str, Mapping[str, object]], n: str) -> str:
+    """The cause a layer had before it was named, to be kept after the new one."""
+    was = columns.get(n, {}).get(CAUSE)
+    return f"; {was}" if was else ""
 
 
 def _most(shares: Iterable[float]) -> float:

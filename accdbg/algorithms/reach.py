@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from accdbg.algorithms.ranges import range_outputs, spans, with_ranges
 from accdbg.algorithms.sensitivity import Feeds, float_tensor
 from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import exact_session
@@ -76,13 +77,13 @@ class OutlierReach:
     def _measure(self, names: list[str]) -> dict[str, Reach]:
         tensors = list(self.tensor.values())
         wanted = [self.tensor[n] for n in names]
-        model = _with_switches(_with_ranges(self.model, tensors), wanted)
-        ranges = _range_outputs(tensors)
+        model = _with_switches(with_ranges(self.model, tensors), wanted)
+        ranges = range_outputs(tensors)
         sess = _session(model, [*ranges, *wanted])
         off = {**self.feeds, **{_flag(t): np.array(False) for t in wanted}}
         off.update({_scale(t): np.ones(1, np.float32) for t in wanted})
         out = sess.run(None, off)
-        base = _ranges(tensors, out[: len(ranges)])
+        base = spans(tensors, out[: len(ranges)])
         loud: dict[str, tuple[int, float, np.ndarray]] = {}
         for n, value in zip(names, out[len(ranges) :], strict=True):
             found = _loudest(np.asarray(value), self.op_type[n])
@@ -91,7 +92,7 @@ class OutlierReach:
         reaches = {}
         for n, (channel, ratio, scale) in loud.items():
             t = self.tensor[n]
-            cut = _ranges(
+            cut = spans(
                 tensors, sess.run(ranges, {**off, _flag(t): np.array(True), _scale(t): scale})
             )
             layers = {}
@@ -127,33 +128,6 @@ def _loudest(value: np.ndarray, op_type: str) -> tuple[int, float, np.ndarray] |
     return c, ratio, scale.reshape(shape)
 
 
-def _range_outputs(tensors) -> list[str]:
-    return [f"{t}__reach_{w}" for t in tensors for w in ("max", "min")]
-
-
-def _ranges(tensors, values: Sequence[np.ndarray]) -> dict[str, float]:
-    it = iter(values)
-    return {t: float(next(it)) - float(next(it)) for t in tensors}
-
-
-def _with_ranges(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelProto:
-    """A copy that also computes each tensor's largest and smallest value.
-
-    The reductions go last, the latest tensor's first: onnxruntime orders a graph by a
-    depth-first walk back from its last leaf, so each reduction then runs right after the
-    node that makes its tensor, and every tensor is freed as in the plain model. In file
-    order, every reduction ran at the end and held all the model's tensors at once (det at
-    320x320: 186 MB against 50)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    made = {o: i for i, n in enumerate(model.graph.node) for o in n.output}
-    for t in sorted(tensors, key=lambda t: made.get(t, -1), reverse=True):
-        for op, w in (("ReduceMax", "max"), ("ReduceMin", "min")):
-            r = f"{t}__reach_{w}"
-            m.graph.node.append(helper.make_node(op, [t], [r], name=r, keepdims=0))
-    return m
-
-
 def _flag(tensor: str) -> str:
     return f"__reach_on_{tensor}"
 
@@ -165,7 +139,7 @@ def _scale(tensor: str) -> str:
 def _with_switches(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelProto:
     """The model (edited in place) with each tensor's readers (not its range) reading it times
     a scale (an input) when its switch (a boolean input) is on. The switch goes right after
-    the node making the tensor, so the order ``_with_ranges`` chose is kept."""
+    the node making the tensor, so the order ``with_ranges`` chose is kept."""
     g = model.graph
     own = {f"{t}__reach_{w}" for t in tensors for w in ("max", "min")}
     sel = {t: f"{t}__reach_sel" for t in tensors}

@@ -42,7 +42,8 @@ from onnxruntime.quantization.quant_utils import (
     quantize_nparray,
 )
 
-from accdbg.algorithms.evidence import SAME_VALUES, dequantized_weight
+from accdbg.algorithms.evidence import SAME_VALUES, dequantized_weight, weight_axes
+from accdbg.algorithms.ranges import float_ranges
 from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import exact_session
 from accdbg.engines.exposure import Exposed
@@ -209,6 +210,7 @@ class Sensitivity:
         )
         self.whole_noise = self._qdq_noise(self._removed, ())
         self._alone_known: dict[tuple[int, ...], np.ndarray] = {}
+        self._plain_ranges: dict[str, tuple[float, float]] | None = None  # for refitted encodings
         self._adds = self._additive([list(g) for g in singles])
 
     def _prepare(self, layers: list[Exposed]):
@@ -319,31 +321,146 @@ class Sensitivity:
         useful = self._useful()
         if not useful.any():
             return math.nan
+        edits = [(layer, lambda w, v=level: np.clip(w, -v, v)) for layer, level in levels]
+        noise, _ = self._edited_noise(edits, refit=False)
+        # error powers, not noise-to-signal: the weight's own signal goes with it, and the
+        # outputs' error is what the user sees in the outputs' units
+        return float((1.0 - noise[useful] / self.whole_noise[useful]).max())
+
+    def channel_share(self, channels: Sequence[tuple[Exposed, int, float]]) -> float:
+        """The part of the outputs' noise-to-signal that goes when each layer's loud output
+        channel (its index given) has its weights brought to ``level`` (the next widest
+        channel's largest |w|) - in the float model and in the QDQ model, its weights
+        requantized and every activation encoding refitted to the range the change leaves
+        (:meth:`_refitted`) - each judged against its own float.
+
+        One output channel far beyond every other makes its output carry its inputs' error that
+        many times louder than the other channels do, and blows the range of every layer the
+        channel flows into; alone, taken out, or with the layers whose range it blows, the
+        layer can cost little - the error is its inputs' encodings', multiplied. Noise-to-signal
+        and not error powers: the channel's signal changes with it, and a model with an
+        output channel gone quiet could show less error by having less output."""
+        useful = self._useful()
+        if not useful.any():
+            return math.nan
+        edits = [
+            (layer, _channel_edit(self._qdq_nodes[layer.index], c, level))
+            for layer, c, level in channels
+        ]
+        noise, power = self._edited_noise(edits, refit=True)
+        before = self.whole_noise[useful] / self.golden_power[useful]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            after = noise[useful] / power[useful]
+        return float((1.0 - after / before).max())
+
+    def _edited_noise(self, edits, refit: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Each output's error power and golden power (summed over the inputs) of the QDQ
+        model against the float model, both with each layer's float weights edited
+        (``edits``: (layer, weights -> new weights)) and the QDQ model's requantized on their
+        encodings' own terms; ``refit``: its activation encodings too, to the ranges the
+        edited float model shows."""
         flt, qdq = onnx.ModelProto(), onnx.ModelProto()
         flt.CopyFrom(self.float_model)
         qdq.CopyFrom(self._qdq_out)
         f_inits = {i.name: i for i in flt.graph.initializer}
         q_inits = {i.name: i for i in qdq.graph.initializer}
-        for layer, level in levels:
+        for layer, edit in edits:
             for x in self._qdq_nodes[layer.index].input:
                 w = self._float_weight_of(x, self._float_inits)
                 if w is None:
                     continue
-                clamped = np.clip(numpy_helper.to_array(w).astype(np.float64), -level, level)
-                f_inits[w.name].CopyFrom(
-                    numpy_helper.from_array(clamped.astype(np.float32), w.name)
-                )
-                for t in requantized(self._producer[x], q_inits, clamped):
+                new = edit(numpy_helper.to_array(w).astype(np.float64))
+                f_inits[w.name].CopyFrom(numpy_helper.from_array(new.astype(np.float32), w.name))
+                for t in requantized(self._producer[x], q_inits, new):
                     q_inits[t.name].CopyFrom(t)
+        if refit:
+            self._refitted(qdq, q_inits, flt)
         golden = _runs(exact_session(flt), self.outputs, self.feeds)
         runs = _runs(exact_session(qdq), self._fetch_names, self.feeds)
         noise = np.sum(
             [output_noise(g, self._fetched(g, r)) for g, r in zip(golden, runs, strict=True)],
             axis=0,
         )
-        # error powers, not noise-to-signal: the weight's own signal goes with it, and the
-        # outputs' error is what the user sees in the outputs' units
-        return float((1.0 - noise[useful] / self.whole_noise[useful]).max())
+        power = sum(
+            np.asarray([dot(x, x) for x in (np.asarray(g, np.float64).ravel() for g in run)])
+            for run in golden
+        )
+        return noise, power
+
+    def _refitted(
+        self,
+        qdq: onnx.ModelProto,
+        q_inits: Mapping[str, onnx.TensorProto],
+        edited: onnx.ModelProto,
+    ) -> None:
+        """Refit ``qdq``'s activation encodings (in place) to an edited float model: each end
+        of an encoding's range moves by what that end of its tensor moves over the inputs,
+        the float model against the edited one - the calibration's own margins kept, as if
+        the engine had calibrated the edited model."""
+        produced = {o for n in edited.graph.node for o in n.output}
+
+        def source(t: str) -> str | None:  # a graph output's producer is renamed by the quantizer
+            t = t if t in produced else t.removesuffix("_QuantizeLinear_Input")
+            return t if t in produced else None
+
+        quants = [
+            n
+            for n in qdq.graph.node
+            if n.op_type == "QuantizeLinear"
+            and len(n.input) == 3
+            and n.input[0] not in q_inits
+            and source(n.input[0]) is not None
+            and q_inits.get(n.input[1]) is not None
+            and q_inits.get(n.input[2]) is not None
+            and math.prod(q_inits[n.input[1]].dims) == 1
+        ]
+        tensors = list(dict.fromkeys(source(n.input[0]) for n in quants))
+        if not tensors:
+            return
+        if self._plain_ranges is None:  # the same tensors for every question: measured once
+            self._plain_ranges = float_ranges(self.float_model, tensors, self.feeds)
+        before, after = self._plain_ranges, float_ranges(edited, tensors, self.feeds)
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for d in qdq.graph.node:
+            for x in d.input:
+                readers.setdefault(x, []).append(d)
+        done: set[str] = set()
+        for n in quants:
+            t, sc, zp_name = source(n.input[0]), n.input[1], n.input[2]
+            if sc in done:
+                continue
+            done.add(sc)
+            scale = float(numpy_helper.to_array(q_inits[sc]).ravel()[0])
+            zp = numpy_helper.to_array(q_inits[zp_name])
+            qmin, qmax = get_qmin_qmax_for_qType(helper.np_dtype_to_tensor_dtype(zp.dtype))
+            lo, hi = (qmin - float(zp.ravel()[0])) * scale, (qmax - float(zp.ravel()[0])) * scale
+            (b_lo, b_hi), (e_lo, e_hi) = before[t], after[t]
+            new_lo = lo * e_lo / b_lo if b_lo < 0 and e_lo < 0 else lo
+            new_hi = hi * e_hi / b_hi if b_hi > 0 and e_hi > 0 else hi
+            if (new_lo, new_hi) == (lo, hi):
+                continue
+            symmetric = qmin < 0 and not zp.any()
+            z, s = compute_scale_zp(
+                np.float32(new_lo), np.float32(new_hi), qmin, qmax, symmetric=symmetric
+            )
+            # the pair's DequantizeLinear too, when it keeps terms of its own
+            pairs = [(sc, zp_name)] + [
+                (d.input[1], d.input[2])
+                for d in readers.get(n.output[0], [])
+                if d.op_type == "DequantizeLinear"
+                and len(d.input) == 3
+                and d.input[1] in q_inits
+                and d.input[2] in q_inits
+            ]
+            for scale_name, zero_name in dict.fromkeys(pairs):
+                q_inits[scale_name].CopyFrom(
+                    numpy_helper.from_array(
+                        np.asarray(s, np.float32).reshape(q_inits[scale_name].dims), scale_name
+                    )
+                )
+                q_inits[zero_name].CopyFrom(
+                    numpy_helper.from_array(np.asarray(z, zp.dtype).reshape(zp.shape), zero_name)
+                )
 
     def _switched(self, made: _Switched, build, layers: Sequence[Exposed]) -> _Switched:
         """``made`` when it switches these layers, else a model of their own."""
@@ -443,6 +560,21 @@ class Sensitivity:
                     raise KeyError(f"{layer.qdq_tensor} is not a tensor of the float model")
                 _insert_qdq(g, layer, tensor, on)
         return _sorted(model)
+
+
+def _channel_edit(node: onnx.NodeProto, channel: int, level: float):
+    """Weights -> the same with output ``channel`` scaled until its largest |w| is ``level``."""
+
+    def edit(w: np.ndarray) -> np.ndarray:
+        sl = [slice(None)] * w.ndim
+        sl[weight_axes(node, w.ndim)[0]] = channel
+        out = np.array(w, copy=True)
+        peak = float(np.abs(out[tuple(sl)]).max())
+        if peak > 0:
+            out[tuple(sl)] *= level / peak
+        return out
+
+    return edit
 
 
 def requantized(

@@ -564,7 +564,7 @@ class _LazySensitivity:
         self.asked: list[str] = []
         self.singles: list[str] = []
         self.answers: dict[tuple[tuple[str, ...], float], Share] = {}  # each question once
-        self.clamps: dict[tuple, float] = {}  # the float model's questions, each once
+        self.float_answers: dict[tuple, float] = {}  # the float model's questions, each once
 
     def consider(self, names: Sequence[str], singles: Sequence[str] = ()) -> None:
         """The layers that will be asked about: the models are built once for all of them
@@ -621,14 +621,16 @@ class _LazySensitivity:
     def _edited(self, question: str, args: list, key: tuple) -> float:
         """A question of the float model edited (each asked once); NaN when the CPU cannot
         tell."""
-        if key not in self.clamps:
+        if key not in self.float_answers:
             sens = self._ready()
             try:
-                self.clamps[key] = math.nan if sens is None else getattr(sens, question)(args)
+                self.float_answers[key] = (
+                    math.nan if sens is None else getattr(sens, question)(args)
+                )
             except Exception as exc:  # onnxruntime refusing the edited model: not measured
                 log.info("no %s measure for %s: %s", question, key[1][0], str(exc).splitlines()[0])
-                self.clamps[key] = math.nan
-        return self.clamps[key]
+                self.float_answers[key] = math.nan
+        return self.float_answers[key]
 
     def _measure(self, group: list[str], enough: float) -> Share:
         sens = self._ready()

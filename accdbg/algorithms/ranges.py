@@ -44,19 +44,32 @@ def with_ranges(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelPro
     return m
 
 
-def float_ranges(
-    model: onnx.ModelProto, tensors: Sequence[str], feeds: Sequence[Mapping[str, np.ndarray]]
-) -> dict[str, tuple[float, float]]:
-    """Each tensor's (smallest, largest) value over the runs of ``feeds`` (CPU)."""
-    names = range_outputs(tensors)
-    proto = om.with_outputs(with_ranges(model, tensors), names)
+def session(model: onnx.ModelProto, outputs: Sequence[str]):
+    """A CPU session of ``model`` fetching ``outputs`` (value_info dropped: the reductions'
+    outputs are untyped, and a stale shape there would refuse them)."""
+    proto = om.with_outputs(model, outputs)
     proto.graph.ClearField("value_info")
-    sess = exact_session(proto)
+    return exact_session(proto)
+
+
+def run_with_ranges(
+    model: onnx.ModelProto,
+    tensors: Sequence[str],
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    outputs: Sequence[str] = (),
+) -> tuple[dict[str, tuple[float, float]], list[list[np.ndarray]]]:
+    """Each tensor's (smallest, largest) value over the runs of ``feeds`` (CPU), and each run's
+    ``outputs`` - one session for both."""
+    names = range_outputs(tensors)
+    sess = session(with_ranges(model, tensors), [*outputs, *names])
     lo = dict.fromkeys(tensors, np.inf)
     hi = dict.fromkeys(tensors, -np.inf)
+    fetched = []
     for feed in feeds:
-        it = iter(sess.run(names, dict(feed)))
+        values = sess.run([*outputs, *names], dict(feed))
+        fetched.append(values[: len(outputs)])
+        it = iter(values[len(outputs) :])
         for t in tensors:
             hi[t] = max(hi[t], float(next(it)))
             lo[t] = min(lo[t], float(next(it)))
-    return {t: (lo[t], hi[t]) for t in tensors}
+    return {t: (lo[t], hi[t]) for t in tensors}, fetched

@@ -26,10 +26,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from accdbg.algorithms.ranges import range_outputs, spans, with_ranges
+from accdbg.algorithms.ranges import range_outputs, session, spans, with_ranges
 from accdbg.algorithms.sensitivity import Feeds, float_tensor
-from accdbg.core import onnx_model as om
-from accdbg.core.cpu_session import exact_session
 from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.channels import channel_axis, channel_extent
 
@@ -79,7 +77,7 @@ class OutlierReach:
         wanted = [self.tensor[n] for n in names]
         model = _with_switches(with_ranges(self.model, tensors), wanted)
         ranges = range_outputs(tensors)
-        sess = _session(model, [*ranges, *wanted])
+        sess = session(model, [*ranges, *wanted])
         off = {**self.feeds, **{_flag(t): np.array(False) for t in wanted}}
         off.update({_scale(t): np.ones(1, np.float32) for t in wanted})
         out = sess.run(None, off)
@@ -141,7 +139,7 @@ def _with_switches(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.Model
     a scale (an input) when its switch (a boolean input) is on. The switch goes right after
     the node making the tensor, so the order ``with_ranges`` chose is kept."""
     g = model.graph
-    own = {f"{t}__reach_{w}" for t in tensors for w in ("max", "min")}
+    own = set(range_outputs(tensors))
     sel = {t: f"{t}__reach_sel" for t in tensors}
     nodes = []
     for node in g.node:
@@ -162,9 +160,3 @@ def _with_switches(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.Model
     del g.node[:]
     g.node.extend(copies)
     return model
-
-
-def _session(model: onnx.ModelProto, outputs: Sequence[str]):
-    proto = om.with_outputs(model, outputs)
-    proto.graph.ClearField("value_info")
-    return exact_session(proto)

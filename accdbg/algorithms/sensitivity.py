@@ -31,6 +31,7 @@ import logging
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import onnx
@@ -43,7 +44,7 @@ from onnxruntime.quantization.quant_utils import (
 )
 
 from accdbg.algorithms.evidence import SAME_VALUES, dequantized_weight, weight_axes
-from accdbg.algorithms.ranges import float_ranges
+from accdbg.algorithms.ranges import run_with_ranges
 from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import exact_session
 from accdbg.engines.exposure import Exposed
@@ -204,13 +205,9 @@ class Sensitivity:
             for x in n.input:
                 self._readers.setdefault(x, []).append(i)
         self._alone, self._removed, self.golden = self._prepare(_distinct(layers))
-        self.golden_power = sum(
-            np.asarray([dot(x, x) for x in (np.asarray(g, np.float64).ravel() for g in run)])
-            for run in self.golden
-        )
+        self.golden_power = _power(self.golden)
         self.whole_noise = self._qdq_noise(self._removed, ())
         self._alone_known: dict[tuple[int, ...], np.ndarray] = {}
-        self._plain_ranges: dict[str, tuple[float, float]] | None = None  # for refitted encodings
         self._adds = self._additive([list(g) for g in singles])
 
     def _prepare(self, layers: list[Exposed]):
@@ -358,7 +355,8 @@ class Sensitivity:
         model against the float model, both with each layer's float weights edited
         (``edits``: (layer, weights -> new weights)) and the QDQ model's requantized on their
         encodings' own terms; ``refit``: its activation encodings too, to the ranges the
-        edited float model shows."""
+        edited float model shows (:meth:`_refit`; those ranges come from the same session as
+        its golden outputs)."""
         flt, qdq = onnx.ModelProto(), onnx.ModelProto()
         flt.CopyFrom(self.float_model)
         qdq.CopyFrom(self._qdq_out)
@@ -373,68 +371,70 @@ class Sensitivity:
                 f_inits[w.name].CopyFrom(numpy_helper.from_array(new.astype(np.float32), w.name))
                 for t in requantized(self._producer[x], q_inits, new):
                     q_inits[t.name].CopyFrom(t)
-        if refit:
-            self._refitted(qdq, q_inits, flt)
-        golden = _runs(exact_session(flt), self.outputs, self.feeds)
+        if refit and self._encodings:
+            tensors = list(dict.fromkeys(e.tensor for e in self._encodings))
+            ranges, golden = run_with_ranges(flt, tensors, self.feeds, self.outputs)
+            self._refit(q_inits, ranges)
+        else:
+            golden = _runs(exact_session(flt), self.outputs, self.feeds)
         runs = _runs(exact_session(qdq), self._fetch_names, self.feeds)
         noise = np.sum(
             [output_noise(g, self._fetched(g, r)) for g, r in zip(golden, runs, strict=True)],
             axis=0,
         )
-        power = sum(
-            np.asarray([dot(x, x) for x in (np.asarray(g, np.float64).ravel() for g in run)])
-            for run in golden
-        )
-        return noise, power
+        return noise, _power(golden)
 
-    def _refitted(
-        self,
-        qdq: onnx.ModelProto,
-        q_inits: Mapping[str, onnx.TensorProto],
-        edited: onnx.ModelProto,
-    ) -> None:
-        """Refit ``qdq``'s activation encodings (in place) to an edited float model: each end
-        of an encoding's range moves by what that end of its tensor moves over the inputs,
-        the float model against the edited one - the calibration's own margins kept, as if
-        the engine had calibrated the edited model."""
-        produced = {o for n in edited.graph.node for o in n.output}
-
-        def source(t: str) -> str | None:  # a graph output's producer is renamed by the quantizer
-            t = t if t in produced else t.removesuffix("_QuantizeLinear_Input")
-            return t if t in produced else None
-
-        quants = [
-            n
-            for n in qdq.graph.node
-            if n.op_type == "QuantizeLinear"
-            and len(n.input) == 3
-            and n.input[0] not in q_inits
-            and source(n.input[0]) is not None
-            and q_inits.get(n.input[1]) is not None
-            and q_inits.get(n.input[2]) is not None
-            and math.prod(q_inits[n.input[1]].dims) == 1
-        ]
-        tensors = list(dict.fromkeys(source(n.input[0]) for n in quants))
-        if not tensors:
-            return
-        if self._plain_ranges is None:  # the same tensors for every question: measured once
-            self._plain_ranges = float_ranges(self.float_model, tensors, self.feeds)
-        before, after = self._plain_ranges, float_ranges(edited, tensors, self.feeds)
+    @cached_property
+    def _encodings(self) -> list[_Encoding]:
+        """The QDQ model's per-tensor activation encodings, each once, with the float tensor
+        it quantizes and every (scale, zero point) pair holding it (its QuantizeLinear's and
+        its DequantizeLinear's, when that keeps terms of its own)."""
+        produced = {o for n in self.float_model.graph.node for o in n.output}
+        inits = {i.name for i in self._qdq_out.graph.initializer}
         readers: dict[str, list[onnx.NodeProto]] = {}
-        for d in qdq.graph.node:
+        for d in self._qdq_out.graph.node:
             for x in d.input:
                 readers.setdefault(x, []).append(d)
-        done: set[str] = set()
-        for n in quants:
-            t, sc, zp_name = source(n.input[0]), n.input[1], n.input[2]
-            if sc in done:
+        found: dict[str, _Encoding] = {}
+        for n in self._qdq_out.graph.node:
+            if n.op_type != "QuantizeLinear" or len(n.input) != 3 or n.input[0] in inits:
                 continue
-            done.add(sc)
+            t = float_name(n.input[0], produced)
+            if t is None or not {n.input[1], n.input[2]} <= inits:
+                continue
+            if n.input[1] in found or math.prod(self._qdq_inits[n.input[1]].dims) != 1:
+                continue
+            pairs = [(n.input[1], n.input[2])] + [
+                (d.input[1], d.input[2])
+                for d in readers.get(n.output[0], [])
+                if d.op_type == "DequantizeLinear"
+                and len(d.input) == 3
+                and {d.input[1], d.input[2]} <= inits
+            ]
+            found[n.input[1]] = _Encoding(t, tuple(dict.fromkeys(pairs)))
+        return list(found.values())
+
+    @cached_property
+    def _plain_ranges(self) -> dict[str, tuple[float, float]]:
+        """The float model's range of each tensor :attr:`_encodings` quantizes, over the inputs."""
+        tensors = list(dict.fromkeys(e.tensor for e in self._encodings))
+        return run_with_ranges(self.float_model, tensors, self.feeds)[0]
+
+    def _refit(
+        self, q_inits: Mapping[str, onnx.TensorProto], after: Mapping[str, tuple[float, float]]
+    ) -> None:
+        """Refit the activation encodings held in ``q_inits`` (in place) to an edited float
+        model's ranges ``after``: each end of an encoding's range moves by what that end of its
+        tensor moves over the inputs, the float model against the edited one - the
+        calibration's own margins kept, as if the engine had calibrated the edited model."""
+        before = self._plain_ranges
+        for enc in self._encodings:
+            sc, zp_name = enc.terms[0]
             scale = float(numpy_helper.to_array(q_inits[sc]).ravel()[0])
             zp = numpy_helper.to_array(q_inits[zp_name])
             qmin, qmax = get_qmin_qmax_for_qType(helper.np_dtype_to_tensor_dtype(zp.dtype))
             lo, hi = (qmin - float(zp.ravel()[0])) * scale, (qmax - float(zp.ravel()[0])) * scale
-            (b_lo, b_hi), (e_lo, e_hi) = before[t], after[t]
+            (b_lo, b_hi), (e_lo, e_hi) = before[enc.tensor], after[enc.tensor]
             new_lo = lo * e_lo / b_lo if b_lo < 0 and e_lo < 0 else lo
             new_hi = hi * e_hi / b_hi if b_hi > 0 and e_hi > 0 else hi
             if (new_lo, new_hi) == (lo, hi):
@@ -443,16 +443,7 @@ class Sensitivity:
             z, s = compute_scale_zp(
                 np.float32(new_lo), np.float32(new_hi), qmin, qmax, symmetric=symmetric
             )
-            # the pair's DequantizeLinear too, when it keeps terms of its own
-            pairs = [(sc, zp_name)] + [
-                (d.input[1], d.input[2])
-                for d in readers.get(n.output[0], [])
-                if d.op_type == "DequantizeLinear"
-                and len(d.input) == 3
-                and d.input[1] in q_inits
-                and d.input[2] in q_inits
-            ]
-            for scale_name, zero_name in dict.fromkeys(pairs):
+            for scale_name, zero_name in enc.terms:
                 q_inits[scale_name].CopyFrom(
                     numpy_helper.from_array(
                         np.asarray(s, np.float32).reshape(q_inits[scale_name].dims), scale_name
@@ -562,6 +553,23 @@ class Sensitivity:
         return _sorted(model)
 
 
+@dataclass(frozen=True)
+class _Encoding:
+    """An activation encoding of the QDQ model: the float tensor it quantizes and the
+    (scale, zero point) initializer pairs that hold it."""
+
+    tensor: str
+    terms: tuple[tuple[str, str], ...]
+
+
+def _power(runs: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
+    """Each output's power, summed over the runs (per run, per output)."""
+    return sum(
+        np.asarray([dot(x, x) for x in (np.asarray(g, np.float64).ravel() for g in run)])
+        for run in runs
+    )
+
+
 def _channel_edit(node: onnx.NodeProto, channel: int, level: float):
     """Weights -> the same with output ``channel`` scaled until its largest |w| is ``level``."""
 
@@ -610,9 +618,16 @@ def requantized(
 
 def float_tensor(layer: Exposed, produced: Collection[str]) -> str | None:
     """The float model's tensor for a layer of the QDQ model (``produced``: the float model's
-    computed tensors); the quantizer may rename one (a graph output's producer gets
-    "_QuantizeLinear_Input")."""
-    names = (layer.qdq_tensor, layer.qdq_tensor.removesuffix("_QuantizeLinear_Input"), layer.name)
+    computed tensors): :func:`float_name`, else the layer's own name."""
+    found = float_name(layer.qdq_tensor, produced)
+    return found if found is not None or layer.name not in produced else layer.name
+
+
+def float_name(qdq_tensor: str, produced: Collection[str]) -> str | None:
+    """The float model's name of a QDQ model's activation (``produced``: the float model's
+    computed tensors); the quantizer renames a graph output's producer
+    "<output>_QuantizeLinear_Input"."""
+    names = (qdq_tensor, qdq_tensor.removesuffix("_QuantizeLinear_Input"))
     return next((t for t in names if t in produced), None)
 
 

@@ -15,7 +15,7 @@ import pytest
 from accdbg.algorithms import ranking as ranking_mod
 from accdbg.algorithms.evidence import Evidence, qdq
 from accdbg.algorithms.oneshot import run_oneshot
-from accdbg.algorithms.ranking import KernelsAdded, rank
+from accdbg.algorithms.ranking import ContextCheck, KernelsAdded, rank
 from accdbg.algorithms.sensitivity import Share
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.verifiers import get_verifier
@@ -2254,6 +2254,89 @@ def test_layerwise_names_a_jump_the_backend_only_where_the_cpu_fake_quant_does_n
     assert "culprit_rank" not in r.columns["l5"]
     assert f"keeps 4.0 dB where its encodings and its inputs' explain {explained:.1f} dB" in cause
     assert "fed the same golden inputs, keeps 4.5 dB: not the kernel" in cause
+
+
+def test_layerwise_checks_a_jump_in_context_against_the_cpu_and_the_whole_model():
+    """A layer whose error jumps only run after its producers is run again: the same cut in
+    onnxruntime's CPU fake-quant, and the model from its inputs on the backend. A jump the CPU
+    makes too is the quantization's, one the whole model does not make is the cut's (its
+    producers fed as graph inputs): said, not named. One QNN makes alone, in the deployed
+    graph too, is named with those figures and what the difference costs the outputs -
+    ordered by that cost, before a jump that could not be run again; costing under half of
+    the outputs' error, it is a note. A layer reading a standout's output is judged so once
+    run again (not run again, it is left out: its test above)."""
+    names, ev = _chain(3)
+    alone = {n: ev[n].local_nsr for n in names}
+    context = {n: (10 ** (-33 / 10), 10 ** (-33.5 / 10)) for n in names[1::3]}  # their inputs'
+    for n in ("l5", "l12", "l20", "l30", "l35"):
+        ev[n] = Evidence(n, "Pad", [names[names.index(n) - 1]], output_nsr=10 ** (-38 / 10))
+        alone[n] = ev[n].output_nsr
+        context[n] = (10 ** (1.5 / 10), 10 ** (-34 / 10))  # -1.5 dB there, from 34 dB
+    # l25 reads the output of a standout whose cost was not measured: judged once run again
+    ev["l24"] = _ev("l24", 10.0, inputs=["l23"])
+    alone["l24"] = ev["l24"].weight_nsr
+    ev["l25"] = Evidence("l25", "Add", ["l24"], output_nsr=10 ** (-38 / 10))
+    context["l25"] = (10 ** (1.5 / 10), 10 ** (-34 / 10))
+    # l5: not run again (its cut failed); l12: the CPU loses as much there; l20: QNN alone, in
+    # the whole model too, costing 80 %; l30: costing 10 %; l35: right in the whole model
+    jumps_too = {"l20": 10 ** (1.5 / 10), "l19": 10 ** (-30 / 10)}
+    ran = {
+        "l12": ContextCheck(10 ** (1.0 / 10)),
+        "l20": ContextCheck(10 ** (-33 / 10), 0.8, jumps_too),
+        "l30": ContextCheck(10 ** (-33 / 10), 0.1),
+        "l35": ContextCheck(10 ** (-33 / 10), 0.9, {"l35": 10 ** (-30 / 10), "l34": 10**-3}),
+        "l25": ContextCheck(10 ** (-33 / 10), 0.6, {"l25": 10 ** (1.5 / 10), "l24": 0.1}),
+    }
+    asked = []
+
+    class AloneCpu:
+        def __call__(self, wanted):
+            return {}
+
+        def in_context(self, wanted):
+            asked.append(sorted(wanted))
+            return {n: ran[n] for n in wanted if n in ran}
+
+    r = rank(
+        ev,
+        names,
+        _Impact({}),
+        observed_nsr=alone,
+        local_observed=True,
+        context_nsr=context,
+        alone_cpu=AloneCpu(),
+    )
+    assert asked == [["l12", "l20", "l25", "l30", "l35", "l5"]]  # every jump there, at once
+    backend = [c for c in r.culprits if c.kind == "backend"]
+    assert [c.name for c in backend] == ["l20", "l25", "l5"], [
+        (c.name, c.cause) for c in r.culprits
+    ]
+    # in the whole model: l19's 30 dB brought, the Pad's 38 dB output encoding (numpy)
+    explained = -10 * math.log10(10**-3 + 10 ** (-38 / 10))
+    assert backend[0].cause.endswith(
+        "onnxruntime's CPU fake-quant of the same cut, fed the same golden values, keeps 33.0 dB "
+        "there; in the whole model on the backend it keeps -1.5 dB where its inputs there bring "
+        f"and its encodings explain {explained:.1f} dB; that difference alone, added to the CPU "
+        "fake-quant of the whole model, costs the outputs 80% of their error there"
+    )
+    assert backend[2].cause.startswith("backend: run after its producers")
+    assert "same cut" not in backend[2].cause
+    assert "culprit_rank" not in r.columns["l12"]
+    assert r.columns["l12"]["cause"] == (
+        "run after its producers it keeps -1.5 dB on the backend, but onnxruntime's CPU "
+        "fake-quant of the same cut, fed the same golden values, keeps -1.0 dB: not the kernel - "
+        "the layer turns its producers' rounding into more error than their encodings' own"
+    )
+    assert "culprit_rank" not in r.columns["l30"]
+    assert r.columns["l30"]["cause"].endswith("costs the outputs 10% of their error there")
+    assert "culprit_rank" not in r.columns["l35"]
+    explained = -10 * math.log10(10**-3 + 10 ** (-38 / 10))
+    assert r.columns["l35"]["cause"] == (
+        "run after its producers it keeps -1.5 dB on the backend (onnxruntime's CPU fake-quant "
+        "of the same cut 33.0 dB), but in the whole model on the backend it keeps 30.0 dB where "
+        f"its inputs there bring and its encodings explain {explained:.1f} dB: the cut's doing - "
+        "its producers fed golden values as graph inputs - not the deployed graph's"
+    )
 
 
 @pytest.mark.slow

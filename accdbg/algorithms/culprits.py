@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -31,7 +32,7 @@ from accdbg.algorithms.divergence import (
     local_divergence,
 )
 from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
-from accdbg.algorithms.ranking import KernelsAdded, Ranking, rank
+from accdbg.algorithms.ranking import ContextCheck, KernelsAdded, Ranking, rank
 from accdbg.algorithms.reach import OutlierReach, Reach
 from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.sensitivity import Sensitivity, Share, scores
@@ -267,6 +268,7 @@ def find_culprits(
     prefetch: Prefetch | None = None,
     simulated: bool = False,
     alone: Callable[[str], np.ndarray | None] | None = None,
+    in_context: Rerun | None = None,
 ) -> Ranking:
     """Evidence for every layer, output sensitivity for the standouts, one verdict.
 
@@ -280,7 +282,8 @@ def find_culprits(
     ``simulated``: the target is onnxruntime's CPU fake-quant itself (``--engine simulation``),
     so there is no backend to find culprits of or to compare with it. ``alone(name)``
     (layerwise): the backend's result of that layer run alone on golden inputs (dequantized;
-    None when it has none)."""
+    None when it has none). ``in_context`` (layerwise): layers whose error jumps in context run
+    again (:class:`Rerun`)."""
     t = time.perf_counter()
     before = prefetch.take() if prefetch is not None else None
     beside = "" if before is None else f" ({prefetch.seconds:.1f} s more beside the backend run)"
@@ -316,7 +319,7 @@ def find_culprits(
         # measured as the jumps are: per channel alone (layerwise), per tensor in a run
         per_channel = local_observed and f"{label} ch_median" in table
         alone_cpu = _CpuReference(
-            qdq, builder, feeds or {}, verifiers[label], per_channel, judged, alone
+            qdq, builder, feeds or {}, verifiers[label], per_channel, judged, alone, in_context
         )
     ranking = rank(
         before.evidence,
@@ -342,6 +345,21 @@ def find_culprits(
     return ranking
 
 
+class Rerun(Protocol):
+    """Layers run again for the ranking where layerwise saw their error jump in context
+    (:class:`~accdbg.algorithms.layerwise.ContextRuns`)."""
+
+    def cut(self, names: Sequence[str]) -> Mapping[str, tuple[np.ndarray, np.ndarray]]:
+        """Each layer's context cut on the backend and in the CPU fake-quant: (backend's,
+        CPU's) values, dequantized."""
+        ...
+
+    def whole(self, names: Sequence[str]) -> Mapping[str, np.ndarray]:
+        """The layers' and their inputs' values in the model run from its inputs on the
+        backend, dequantized."""
+        ...
+
+
 class _CpuReference:
     """What a backend's jump is set against. Layerwise (called with names): each asked layer's
     error in onnxruntime's CPU fake-quant of it alone, fed the
@@ -362,10 +380,11 @@ class _CpuReference:
         per_channel: bool,
         judged: Sequence[str] = (),
         backend: Callable[[str], np.ndarray | None] | None = None,
+        context: Rerun | None = None,
     ):
         self.qdq, self.builder, self.feeds = qdq, builder, feeds
         self.verifier, self.per_channel = verifier, per_channel
-        self.judged, self.backend = list(judged), backend
+        self.judged, self.backend, self.context = list(judged), backend, context
         self.by = {e.name: e for e in builder.layers}
         self.held: dict[str, np.ndarray] = {}  # the CPU's result of each layer asked
 
@@ -411,6 +430,40 @@ class _CpuReference:
             if got is not None and got.size == self.held[n].size:
                 e = self.by[n]
                 pairs[n] = (held_as_graph(e, got.reshape(self.held[n].shape)), self.held[n])
+        return self._shares(pairs)
+
+    def in_context(self, names: Sequence[str]) -> dict[str, ContextCheck]:
+        """Layers whose error jumps in context, run again (``context``): the CPU fake-quant's
+        error in the same cut (whole tensor, as the table's in-context SQNR), what the
+        difference between the backend and it there costs the outputs (:meth:`kernel_share`),
+        and the layers' and their inputs' errors in the whole model on the backend."""
+        if self.context is None or not names:
+            return {}
+        try:
+            ran = self.context.cut(names)
+        except Exception as exc:  # the CPU cannot run the cut: the jumps stand as measured
+            log.info("layers not run again in context: %s", str(exc).splitlines()[0])
+            return {}
+        errors, pairs = {}, {}
+        for n, (got, cpu) in ran.items():
+            error = self._error(n, cpu)
+            if n in self.by and math.isfinite(error):
+                errors[n] = error
+                e = self.by[n]
+                pairs[n] = (held_as_graph(e, got), held_as_graph(e, cpu))
+        shares = self._shares(pairs)
+        try:
+            ran_whole = self.context.whole(list(errors))
+        except Exception as exc:  # the model cannot be cut there: no deployed figure
+            log.info("layers not run again in the whole model: %s", str(exc).splitlines()[0])
+            ran_whole = {}
+        whole = {n: self._error(n, v) for n, v in ran_whole.items()}
+        whole = {n: v for n, v in whole.items() if math.isfinite(v)}
+        return {n: ContextCheck(e, shares.get(n, math.nan), whole) for n, e in errors.items()}
+
+    def _shares(self, pairs: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
+        """Per layer, its (backend's, CPU's) values' difference added to the CPU fake-quant of
+        the whole model: the outputs' error it adds over their error there."""
         try:
             runs = KernelRuns.of_differences(
                 self.qdq, self.builder.layers, self.feeds, pairs, self.judged

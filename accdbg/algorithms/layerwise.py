@@ -34,10 +34,12 @@ from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, has_golden, snoop
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.batching import plan_batches
+from accdbg.core.cpu_session import exact_session
 from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor
 from accdbg.engines.exposure import QDQ_OPS
 from accdbg.engines.options import EngineConfig
+from accdbg.engines.source import load_feed
 from accdbg.verifiers import get_verifier
 
 log = logging.getLogger("accdbg.snooping")
@@ -168,6 +170,78 @@ def _in_context(
         db[n] for n, (x, _) in values.items() if x.exposed.qdq_tensor in layer.inputs and n in db
     ]
     return {CONTEXT: db[layer.name], **({CONTEXT_IN: min(ins)} if ins else {})}
+
+
+class ContextRuns:
+    """Layers run again for the ranking, where layerwise saw their error jump in context.
+
+    :meth:`cut`: the same cut, on the backend and in onnxruntime's CPU fake-quant, fed the same
+    golden values - a jump the CPU makes too is the quantization's, and what their difference
+    costs the outputs is measured from it. :meth:`whole`: the model from its inputs to those
+    layers on the backend, as deployed - a cut's producers are fed golden values as graph
+    inputs, which HTP may take differently from its own tensors, so a jump there that the
+    whole model does not show is the cut's. One session each for all the layers asked."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.by = {layer.name: layer for layer in ctx.span}
+
+    def cut(self, names: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Layer -> (the backend's result in its context, the CPU's), dequantized; a layer
+        without a context, or whose run fails, is left out."""
+        ctx, frags, asked = self.ctx, [], {}
+        for n in names:
+            layer = self.by.get(n)
+            cut = _context_cut(ctx, layer) if layer is not None else None
+            part = _context_part(ctx, cut, [layer]) if cut is not None else None
+            out = next((o for o, x in part.outputs.items() if x.name == n), None) if part else None
+            if out is None:
+                continue
+            try:
+                frags.append(_fragment(ctx, [layer], part))
+            except GoldenError:
+                continue
+            asked[n] = (layer, out)
+        if not asked:
+            return {}
+        merged = merge([f.part for f in frags], ctx.qdq.model, "in_context")
+        feeds = {k: v for f in frags for k, v in f.feeds.items()}
+        outs = [o for _, o in asked.values()]
+        values = self._run(merged, feeds, outs, "in_context")
+        if values is None:
+            return {}
+        cpu = exact_session(merged.model).run(outs, load_feed(feeds))
+        return {
+            n: (layer.dequantize(values[o]), layer.dequantize(c))
+            for (n, (layer, o)), c in zip(asked.items(), cpu, strict=True)
+        }
+
+    def whole(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The layers' and their inputs' results in the model run from its inputs on the
+        backend (dequantized, by layer); empty when it cannot be cut or run."""
+        ctx = self.ctx
+        layers = [self.by[n] for n in names if n in self.by]
+        at = ctx.qdq.layer_at
+        feeding = [at[t] for layer in layers for t in layer.inputs if t in at]
+        shown = list({x.name: x for x in [*layers, *feeding]}.values())
+        if not shown:
+            return {}
+        try:
+            part = ctx.qdq.between(list(ctx.qdq.graph_inputs), shown, "whole/")
+            frag = _fragment(ctx, shown, part)
+        except (SurgeryError, GoldenError):
+            return {}
+        values = self._run(part, frag.feeds, list(part.outputs), "whole")
+        if values is None:
+            return {}
+        return {x.name: x.dequantize(values[o]) for o, x in part.outputs.items()}
+
+    def _run(self, part: Part, feeds: dict, outputs: list[str], label: str) -> dict | None:
+        report, values = self.ctx.backend.run(part, feeds, outputs, label)
+        if not report.ok:
+            log.info("layers not run again (%s): %s", label, report.error.partition("\n")[0])
+            return None
+        return values
 
 
 def _ops_of(fragment: Fragment) -> list[str]:
@@ -389,4 +463,4 @@ def run_layerwise(
     ``workers`` local worker processes, two on a multi-core host).
     """
     # locals() here are exactly the arguments above
-    return snoop("layerwise", _loop, SnoopArgs(**locals()))
+    return snoop("layerwise", _loop, SnoopArgs(**locals()), ContextRuns)

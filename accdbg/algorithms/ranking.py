@@ -211,6 +211,16 @@ class KernelsAdded:
 
 
 @dataclass
+class ContextCheck:
+    """A layer whose error jumps in context, run again (layerwise)."""
+
+    cpu: float  # the CPU fake-quant's error in the same cut (noise-to-signal)
+    share: float = math.nan  # what the backend's difference there costs the outputs
+    # the layer's and its inputs' errors in the whole model on the backend (noise-to-signal)
+    whole: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class Culprit:
     rank: int
     name: str
@@ -405,7 +415,12 @@ def rank(
     much error, the layer multiplies its inputs' rounding (``CPU_TOO``, in its cause). Its
     ``kernel_share(names)``, when it has one: what each such layer's difference from the CPU
     costs the outputs (added to the CPU fake-quant of the whole model, over the outputs'
-    error there); under ``SHARE`` the layer is a note in its cause, not named.
+    error there); under ``SHARE`` the layer is a note in its cause, not named. Its
+    ``in_context(names)``, when it has one, asks the same of a layer whose error jumps only
+    run after its producers (``CONTEXT_JUMP``): that cut run again on the backend and in the
+    CPU fake-quant, and the model from its inputs on the backend (:class:`ContextCheck`); a
+    jump the CPU makes too is the quantization's (``CONTEXT_CPU_TOO``), one the whole model
+    does not make is the cut's (``CONTEXT_CUT``).
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -605,10 +620,18 @@ def rank(
                 columns, n, CPU_TOO.format(got=nsr_db(got), explained=nsr_db(expected), cpu=cpu)
             )
         # in context a layer reads its producer's error and range as computed: one reading a
-        # standout's output, or a range an outlier blows, jumps by that layer's doing
-        suspects = set(standouts) | blown
-        ctx_jumps = _in_context(evidence, context_nsr or {}, observed, suspects)
-        backend += _as_backend(ctx_jumps, taken | set(jumps) | set(kernel), CONTEXT_JUMP)
+        # culprit's output, or a range an outlier blows, jumps by that layer's doing; one
+        # reading another standout's stands only when the CPU fake-quant of the same cut,
+        # which reads that range alike, was run and does not jump
+        ctx_jumps = _in_context(
+            evidence, context_nsr or {}, observed, {c[1] for c in candidates} | blown
+        )
+        ctx_backend = _as_backend(ctx_jumps, taken | set(jumps) | set(kernel), CONTEXT_JUMP)
+        ask = getattr(alone_cpu, "in_context", None)
+        ran = ask([b[1] for b in ctx_backend]) if ask is not None and ctx_backend else {}
+        beside = {n for n in ctx_jumps if (_context_rows(n, evidence) - {n}) & set(standouts)}
+        ctx_backend = [b for b in ctx_backend if b[1] in ran or b[1] not in beside]
+        backend += _checked_in_context(ctx_backend, ctx_jumps, ran, evidence, columns, costs)
         candidates += backend
     else:
         inherited = _inherited(order, evidence, observed, local, columns)
@@ -1328,6 +1351,74 @@ CONTEXT_JUMP = (
 )
 
 
+# ...and measured: the CPU fake-quant of the same cut, fed the same golden values
+CONTEXT_CPU = (
+    "onnxruntime's CPU fake-quant of the same cut, fed the same golden values, keeps {cpu:.1f} "
+    "dB there"
+)
+# ...and the whole model from its inputs on the backend, as deployed
+CONTEXT_WHOLE = (
+    "in the whole model on the backend it keeps {whole:.1f} dB where its inputs there bring "
+    "and its encodings explain {explained:.1f} dB"
+)
+# a jump in context the whole model on the backend does not make: the cut's
+CONTEXT_CUT = (
+    "run after its producers it keeps {got:.1f} dB on the backend (onnxruntime's CPU "
+    "fake-quant of the same cut {cpu:.1f} dB), but {whole}: the cut's doing - its producers "
+    "fed golden values as graph inputs - not the deployed graph's"
+)
+# a jump in context the CPU fake-quant of the same cut makes too: the quantization's
+CONTEXT_CPU_TOO = (
+    "run after its producers it keeps {got:.1f} dB on the backend, but onnxruntime's CPU "
+    "fake-quant of the same cut, fed the same golden values, keeps {cpu:.1f} dB: not the "
+    "kernel - the layer turns its producers' rounding into more error than their encodings' own"
+)
+
+
+def _checked_in_context(
+    candidates: Sequence[tuple[float, str, str]],
+    jumps: Mapping[str, tuple[float, float, list[str]]],
+    ran: Mapping[str, ContextCheck],
+    evidence: Mapping[str, Evidence],
+    columns: dict[str, dict[str, object]],
+    costs: dict[str, float],
+) -> list[tuple[float, str, str]]:
+    """The backend ``candidates`` whose error jumps in context, as run again (``ran``): one
+    the CPU fake-quant of the same cut makes too is the quantization's, one the whole model on
+    the backend does not make is the cut's (its producers fed as graph inputs) - each said in
+    its cause, not named; one whose difference from the CPU costs the outputs under ``SHARE``
+    is a note. The others keep their figures, and their cost orders them (``costs``). A
+    candidate not run again stands as measured."""
+    out = []
+    for nsr, n, cause in candidates:
+        check = ran.get(n)
+        if check is None:
+            out.append((nsr, n, cause))
+            continue
+        got, cpu = nsr_db(jumps[n][0]), nsr_db(check.cpu)
+        if not _beyond(jumps[n][0], check.cpu):
+            _add_cause(columns, n, CONTEXT_CPU_TOO.format(got=got, cpu=cpu))
+            continue
+        deployed = _brought(evidence, check.whole).get(n) if n in check.whole else None
+        whole = (
+            CONTEXT_WHOLE.format(whole=nsr_db(check.whole[n]), explained=nsr_db(deployed[0]))
+            if deployed is not None
+            else ""
+        )
+        if deployed is not None and not _beyond(check.whole[n], deployed[0]):
+            _add_cause(columns, n, CONTEXT_CUT.format(got=got, cpu=cpu, whole=whole))
+            continue
+        cause += f"; {CONTEXT_CPU.format(cpu=cpu)}" + (f"; {whole}" if whole else "")
+        if math.isfinite(check.share):
+            cause += f"; {ALONE_COST.format(share=_pct(check.share))}"
+            if check.share < SHARE:
+                _add_cause(columns, n, cause)
+                continue
+            costs[n] = check.share
+        out.append((nsr, n, cause))
+    return out
+
+
 def _in_context(
     evidence: Mapping[str, Evidence],
     context_nsr: Mapping[str, tuple[float, float]],
@@ -1339,14 +1430,15 @@ def _in_context(
     layer that alone turns its inputs' rounding into more error than it is (an affine map
     bringing values near 0, as a hard sigmoid does) turns their larger error in context into
     as much more. Left out: an ``AMPLIFYING`` op (its gain grows with its input's error) and
-    one whose context holds one of the ``suspects`` (a standout, a range an outlier blows):
-    run there it reads that range as computed, and its jump is that layer's doing."""
+    one whose context holds one of the ``suspects`` before it (a standout, a range an outlier
+    blows): run there it reads that range as computed, and its jump is that layer's doing. Its
+    own encodings, a standout's too, are in what is expected of it."""
     alone = _local_expected(evidence, observed)
     suspects = set(suspects)
     expected = {}
     for n, (_, ins) in context_nsr.items():
         ev = evidence.get(n)
-        if ev is None or ev.op_type in AMPLIFYING or _context_rows(n, evidence) & suspects:
+        if ev is None or ev.op_type in AMPLIFYING or (_context_rows(n, evidence) - {n}) & suspects:
             continue
         gain = 1.0
         if n in alone and alone[n][0] > 0 and math.isfinite(observed.get(n, math.nan)):

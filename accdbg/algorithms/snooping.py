@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -50,6 +50,9 @@ from accdbg.engines.options import EngineConfig, LayerFilter
 from accdbg.engines.pipeline import Calibration, prepare_model
 from accdbg.engines.source import Feeds, build_feeds, load_feed
 from accdbg.errors import AccdbgError
+
+if TYPE_CHECKING:
+    from accdbg.algorithms.culprits import Rerun
 
 log = logging.getLogger("accdbg.snooping")
 
@@ -432,6 +435,7 @@ class Context:
     source: set[str] = field(default_factory=set)  # the tensors of the model as given
     _html_at: float = field(default_factory=time.perf_counter)
     ranking: Ranking | None = None
+    in_context: Rerun | None = None  # layers run again for the ranking (layerwise)
 
     @property
     def judge(self) -> Judge:
@@ -496,6 +500,7 @@ class Context:
             full_run=False,
             more_feeds=pooled_feeds(self.req.feeds, self.req.inputs),
             alone=None if self.req.cumulative else _written(self.run_path / "output"),
+            in_context=self.in_context,
         )
 
     def record(self, kind: str, rows: list[dict[str, Any]], sessions: int, **extra: Any) -> None:
@@ -544,9 +549,15 @@ def _written(root: Path) -> Callable[[str], np.ndarray | None]:
     return read
 
 
-def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> SnoopingResult:
+def snoop(
+    algorithm: str,
+    loop: Callable[[Context], None],
+    args: SnoopArgs,
+    in_context: Callable[[Context], Rerun] | None = None,
+) -> SnoopingResult:
     """Check the arguments, set up (golden, QDQ model, span), take back what a killed run of
-    the same name finished, run ``loop(ctx)`` on the rest and write the final reports."""
+    the same name finished, run ``loop(ctx)`` on the rest and write the final reports.
+    ``in_context(ctx)``: what the ranking asks to run layers again in their context with."""
     t0 = time.perf_counter()
     req = check_request(algorithm, args)
     start_layer, end_layer = args.start_layer, args.end_layer
@@ -622,7 +633,12 @@ def snoop(algorithm: str, loop: Callable[[Context], None], args: SnoopArgs) -> S
                 backend.close()
         if not journal.of_kind("done"):
             journal.append({"kind": "done", "sessions": backend.sessions})
-        df, csv_path, html_path = ctx.write(final=True)
+        if in_context is not None:
+            ctx.in_context = in_context(ctx)
+        try:
+            df, csv_path, html_path = ctx.write(final=True)
+        finally:  # the ranking may have run parts again
+            backend.close()
         if args.model_explorer:
             from accdbg.reports.model_explorer import overlay_run
 

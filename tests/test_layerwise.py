@@ -23,7 +23,7 @@ from accdbg.algorithms import run_layerwise
 from accdbg.algorithms.backend import PartReport, failure_status, run_part
 from accdbg.algorithms.ranking import COLUMNS as RANKING_COLUMNS  # noqa: E402
 from accdbg.core.inputs import parse_input_tensor
-from accdbg.core.tensor_store import TensorFolder
+from accdbg.core.tensor_store import TensorFolder, TensorWriter
 from accdbg.engines import run_inference_engine
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
@@ -347,6 +347,27 @@ def test_fragments_run_with_the_full_models_qnn_encodings(two_fault):
         assert frag[name] == full[name], name  # the same scale and offset everywhere
     ((b_scale, _),) = frag["b"]
     assert b_scale == pytest.approx(0.1 / 255, rel=1e-3)  # B's overridden range is what QNN got
+
+
+def test_a_golden_folder_whose_manifest_names_missing_files_is_refused_in_one_line(tmp_path):
+    """A tensor folder whose manifest lists a file that is gone was half deleted: every
+    fragment fed from it would fail in the backend process. It is refused up front, naming
+    the folder, how many files are missing and the first of them."""
+    from accdbg.algorithms.golden import Golden
+
+    w = TensorWriter(tmp_path / "golden")
+    for name in ("a", "b/c"):
+        w.write(name, np.ones((2, 3), np.float32))
+    w.save_manifest()
+    Golden(tmp_path / "golden", [], tmp_path / "scratch")  # complete: accepted
+    gone = TensorFolder(tmp_path / "golden").path("b/c")
+    gone.unlink()
+    with pytest.raises(AccdbgError) as err:
+        Golden(tmp_path / "golden", [], tmp_path / "scratch")
+    message = str(err.value)
+    assert "\n" not in message
+    assert "1 of the 2 tensor files its manifest lists are missing" in message
+    assert repr(str(gone)) in message and repr(str(tmp_path / "golden")) in message
 
 
 @pytest.mark.slow

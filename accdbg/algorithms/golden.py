@@ -15,6 +15,7 @@ import numpy as np
 
 from accdbg.core.inputs import InputTensor
 from accdbg.core.tensor_store import TensorFolder, safe_relpath
+from accdbg.errors import AccdbgError
 from accdbg.mapping.names import qnn_aliases
 
 
@@ -36,6 +37,14 @@ class Golden:
         self.inputs = {t.name: t for t in inputs}
         self.scratch = scratch
         self._aliases: dict[str, str] = {}
+        # a manifest naming files that are gone is a folder half deleted: say so, not the backend
+        missing = [n for n in self.folder.names() if not self.folder.path(n).is_file()]
+        if missing:
+            raise AccdbgError(
+                f"golden folder {str(self.root)!r}: {len(missing)} of the {len(self.folder)} tensor "
+                f"files its manifest lists are missing (first: {str(self.folder.path(missing[0]))!r}); "
+                "run framework diagnosis again, or give a folder of .raw files without tensors.json"
+            )
         for name in self.folder.names():
             for alias in (safe_relpath(name), *qnn_aliases(name)):
                 self._aliases.setdefault(alias, name)

@@ -47,7 +47,11 @@ layers do - or whose backend result is far worse than its quantization explains:
   Such a layer is run alone in onnxruntime's CPU fake-quant too, fed the same golden inputs: a
   layer can multiply its inputs' rounding beyond their encodings' noise (a loud output channel
   weighing it), and then the CPU loses as much - it is named only when QNN is ``BACKEND_DB``
-  worse than the CPU.
+  worse than the CPU. A layer right alone whose error jumps only run after its producers
+  (layerwise's context runs: HTP fuses it with them) is run again there in the CPU fake-quant,
+  and from the model's inputs on QNN: the backend's only when the CPU's cut does not jump and
+  the whole model does (a cut feeds its producers as graph inputs, which HTP may take
+  otherwise), named when their difference costs the outputs ``SHARE`` as above.
   In a full run, each layer's QNN result is compared with onnxruntime's CPU fake-quant of that
   layer fed QNN's own inputs (:func:`~accdbg.algorithms.divergence.local_divergence`); a layer
   where they part far more than at the model's other layers (with fewer than

@@ -132,17 +132,23 @@ def _context_part(ctx: Context, cut: list[str], members: list[Layer]) -> Part | 
     """The layers sharing the context that starts at ``cut`` (:func:`_context_cut`), run
     together after their producers, each exposed with its inputs; None when it cannot be cut
     out (they then run alone only)."""
+    try:
+        prefix = _context_prefix(members[0].node_index)
+        return ctx.qdq.between(_golden_cut(ctx, cut), _with_inputs(ctx, members), prefix)
+    except SurgeryError:
+        return None
+
+
+def _with_inputs(ctx: Context, layers: Sequence[Layer]) -> list[Layer]:
+    """The layers, each after the layers whose outputs it reads (each once): a run exposing
+    them all says what each was fed there."""
     shown: dict[str, Layer] = {}
-    for layer in members:
+    for layer in layers:
         for t in layer.inputs:
             if t in ctx.qdq.layer_at and t in ctx.qdq.producer:
                 shown.setdefault(ctx.qdq.layer_at[t].name, ctx.qdq.layer_at[t])
         shown[layer.name] = layer
-    try:
-        prefix = _context_prefix(members[0].node_index)
-        return ctx.qdq.between(_golden_cut(ctx, cut), list(shown.values()), prefix)
-    except SurgeryError:
-        return None
+    return list(shown.values())
 
 
 def _context_db(values: dict[str, tuple[Layer, np.ndarray]], golden) -> dict[str, float]:
@@ -220,10 +226,7 @@ class ContextRuns:
         """The layers' and their inputs' results in the model run from its inputs on the
         backend (dequantized, by layer); empty when it cannot be cut or run."""
         ctx = self.ctx
-        layers = [self.by[n] for n in names if n in self.by]
-        at = ctx.qdq.layer_at
-        feeding = [at[t] for layer in layers for t in layer.inputs if t in at]
-        shown = list({x.name: x for x in [*layers, *feeding]}.values())
+        shown = _with_inputs(ctx, [self.by[n] for n in names if n in self.by])
         if not shown:
             return {}
         try:

@@ -20,10 +20,19 @@ def range_outputs(tensors: Sequence[str]) -> list[str]:
     return [f"{t}__reach_{w}" for t in tensors for w in ("max", "min")]
 
 
+def ends(tensors: Sequence[str], values: Sequence[np.ndarray]) -> dict[str, tuple[float, float]]:
+    """Each tensor's (smallest, largest) value from the reductions' values (one run)."""
+    it = iter(values)
+    found = {}
+    for t in tensors:
+        hi = float(next(it))  # range_outputs: max, then min
+        found[t] = (float(next(it)), hi)
+    return found
+
+
 def spans(tensors: Sequence[str], values: Sequence[np.ndarray]) -> dict[str, float]:
     """Each tensor's range (max - min) from the reductions' values."""
-    it = iter(values)
-    return {t: float(next(it)) - float(next(it)) for t in tensors}
+    return {t: hi - lo for t, (lo, hi) in ends(tensors, values).items()}
 
 
 def with_ranges(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelProto:
@@ -68,8 +77,6 @@ def run_with_ranges(
     for feed in feeds:
         values = sess.run([*outputs, *names], dict(feed))
         fetched.append(values[: len(outputs)])
-        it = iter(values[len(outputs) :])
-        for t in tensors:
-            hi[t] = max(hi[t], float(next(it)))
-            lo[t] = min(lo[t], float(next(it)))
+        for t, (t_lo, t_hi) in ends(tensors, values[len(outputs) :]).items():
+            lo[t], hi[t] = min(lo[t], t_lo), max(hi[t], t_hi)
     return {t: (lo[t], hi[t]) for t in tensors}, fetched

@@ -633,7 +633,7 @@ def rank(
         ctx_backend = _as_backend(ctx_jumps, taken | set(jumps) | set(kernel), CONTEXT_JUMP)
         ask = getattr(alone_cpu, "in_context", None)
         ran = ask([b[1] for b in ctx_backend]) if ask is not None and ctx_backend else {}
-        beside = {n for n in ctx_jumps if (_context_rows(n, evidence) - {n}) & set(standouts)}
+        beside = {n for n in ctx_jumps if _before_in_context(n, evidence) & set(standouts)}
         ctx_backend = [b for b in ctx_backend if b[1] in ran or b[1] not in beside]
         backend += _checked_in_context(ctx_backend, ctx_jumps, ran, evidence, columns, costs)
         candidates += backend
@@ -1442,7 +1442,7 @@ def _in_context(
     expected = {}
     for n, (_, ins) in context_nsr.items():
         ev = evidence.get(n)
-        if ev is None or ev.op_type in AMPLIFYING or (_context_rows(n, evidence) - {n}) & suspects:
+        if ev is None or ev.op_type in AMPLIFYING or _before_in_context(n, evidence) & suspects:
             continue
         gain = 1.0
         if n in alone and alone[n][0] > 0 and math.isfinite(observed.get(n, math.nan)):
@@ -1451,16 +1451,16 @@ def _in_context(
     return _jumps({n: context_nsr[n][0] for n in expected}, expected)
 
 
-def _context_rows(n: str, evidence: Mapping[str, Evidence]) -> set[str]:
-    """The layer, the layers layerwise runs before it in its context (back to the nearest
-    kernels, the nearest ``CONTEXT_OPS``) and the tensors golden values enter there through
-    their encodings, as rows."""
+def _before_in_context(n: str, evidence: Mapping[str, Evidence]) -> set[str]:
+    """The layers layerwise runs before a layer in its context (back to the nearest kernels,
+    the nearest ``CONTEXT_OPS``) and the tensors golden values enter there through their
+    encodings, as rows - not the layer: its own encodings are in what is expected of it."""
 
     def producers(x: str) -> list[str]:
         return [y for y in evidence[x].inputs if y in evidence]
 
     inside = context_walk(producers(n), producers, lambda x: evidence[x].op_type in KERNELS)
-    return {n, *evidence[n].inputs, *inside, *(y for x in inside for y in evidence[x].inputs)}
+    return {*evidence[n].inputs, *inside, *(y for x in inside for y in evidence[x].inputs)} - {n}
 
 
 def _brought(

@@ -372,8 +372,7 @@ class Sensitivity:
                 for t in requantized(self._producer[x], q_inits, new):
                     q_inits[t.name].CopyFrom(t)
         if refit and self._encodings:
-            tensors = list(dict.fromkeys(e.tensor for e in self._encodings))
-            ranges, golden = run_with_ranges(flt, tensors, self.feeds, self.outputs)
+            ranges, golden = run_with_ranges(flt, self._encoded, self.feeds, self.outputs)
             self._refit(q_inits, ranges)
         else:
             golden = _runs(exact_session(flt), self.outputs, self.feeds)
@@ -415,10 +414,14 @@ class Sensitivity:
         return list(found.values())
 
     @cached_property
+    def _encoded(self) -> list[str]:
+        """The float tensors :attr:`_encodings` quantize, each once."""
+        return list(dict.fromkeys(e.tensor for e in self._encodings))
+
+    @cached_property
     def _plain_ranges(self) -> dict[str, tuple[float, float]]:
         """The float model's range of each tensor :attr:`_encodings` quantizes, over the inputs."""
-        tensors = list(dict.fromkeys(e.tensor for e in self._encodings))
-        return run_with_ranges(self.float_model, tensors, self.feeds)[0]
+        return run_with_ranges(self.float_model, self._encoded, self.feeds)[0]
 
     def _refit(
         self, q_inits: Mapping[str, onnx.TensorProto], after: Mapping[str, tuple[float, float]]

@@ -236,13 +236,51 @@ def test_a_layer_whose_fix_would_not_show_is_not_named_and_the_verdict_says_why(
     assert r.findings[0].startswith("no single layer stands out: no one layer's fix would show")
     # a layer whose encoding destroys its information (4 dB: its median channel mostly noise)
     # is named whatever masks it - PP-OCRv3 rec with an output clipped to a quarter of its range
-    ev["l10"] = _ev("l10", 4.0, inputs=["l9"])
+    ev["l10"] = _ev("l10", 4.0, inputs=["l9"], owner="output")
     r = rank(ev, [n for n in names if n != "l20"], impact=impact)
     assert [c.name for c in r.culprits] == ["l10"]
     assert (
         "mask its own" in r.culprits[0].cause
         and "until theirs are fixed too" in r.culprits[0].cause
     )
+
+
+def test_a_layer_losing_only_its_weights_rounding_is_named_by_what_its_fix_removes():
+    """A layer whose only loss is its weights' rounding (a wide output channel of its own
+    weights, per-tensor; its output keeps its range) costs 131 % of the outputs' error alone
+    and removes 20 % taken out of the whole QDQ model - MediaPipe's pose detector as shipped:
+    its error travels through no other layer's range, so taken out is what its fix removes,
+    and under a quarter that fix does not carry the outputs: not named, even when its weights
+    destroy their median channel (4 dB). The same figures on a layer whose output range is its
+    loss keep it named (an outlier it makes blows the ranges after it, which taking out its
+    own quantizers leaves in place), and so does the weights-only layer removing 30 %."""
+    names, ev = _chain(7)
+
+    def impact(n, enough=math.inf):
+        return Share(1.31, 0.20)
+
+    ev["l10"] = _ev("l10", 12.0, inputs=["l9"])
+    ev["l10"].weight_outlier = "output channel"
+    r = rank(ev, names, impact=impact)
+    assert r.culprits == []
+    cause = r.columns["l10"]["cause"]
+    assert "its weights' rounding is all it loses" in cause
+    assert "(alone 131%, taken out of the quantized model 20%)" in cause
+    assert any(f.startswith("l10 costs the outputs 131% of their error alone") for f in r.findings)
+    ev["l10"] = _ev("l10", 4.0, inputs=["l9"])  # destroyed: still its fix is what it removes
+    assert rank(ev, names, impact=impact).culprits == []
+    ev["l10"].weight_outlier, ev["l10"].few_outliers = "weight", 3  # a few weights blow it
+    assert rank(ev, names, impact=impact).culprits == []
+    # its output's range is what it loses: taken out leaves the ranges its outlier blew
+    ev["l10"] = _ev("l10", 12.0, inputs=["l9"], owner="output")
+    assert [c.name for c in rank(ev, names, impact=impact).culprits] == ["l10"]
+    # a pair's reader (an input channel its producer shrank) is measured with that producer
+    ev["l10"] = _ev("l10", 12.0, inputs=["l9"])
+    ev["l10"].weight_outlier = "input channel"
+    assert "l10" in [c.name for c in rank(ev, names, impact=impact).culprits]
+    ev["l10"].weight_outlier = "output channel"
+    r = rank(ev, names, impact=lambda n, enough=math.inf: Share(1.31, 0.30))
+    assert [c.name for c in r.culprits] == ["l10"]
 
 
 def test_layers_that_mask_each_other_are_one_problem_measured_together():

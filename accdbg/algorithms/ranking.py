@@ -23,7 +23,10 @@ layers do - or whose backend result is far worse than its quantization explains:
   its ``cause`` and not named; so is one costing much alone whose quantizers, taken out of the
   whole QDQ model, remove under ``MIN_SHARE`` (the other layers' errors mask its own: its fix
   alone would not show - a finding names such layers, measured taken out together), unless it
-  destroys its information: that must be fixed whatever masks it (its cause says both). Faults that hurt only together are measured together: a layer
+  destroys its information: that must be fixed whatever masks it (its cause says both). A
+  layer that loses only its weights' rounding (its output keeps its range, its weights' own
+  channel or outliers blow theirs) needs ``LONE_SHARE`` taken out, destroyed or not: its error
+  travels through no other layer's range, so taken out is exactly what its fix removes. Faults that hurt only together are measured together: a layer
   with the layers whose range the outlier channel it makes blows (measured on the float model:
   :mod:`accdbg.algorithms.reach`) and with the weights that scale that channel back; a
   compensated pair (weights whose range one input channel blows) with the producer that shrank
@@ -113,6 +116,17 @@ MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs
 MASKED = (
     "taken out of the quantized model it removes nothing measurable: the other layers' "
     "errors mask its own, so a fix of this layer alone will not show at the outputs"
+)
+# a layer that loses only its weights' rounding (its output keeps its range): taking its
+# quantizers out of the whole QDQ model is what its fix removes, and under a quarter of the
+# error that fix does not carry the model - what it costs alone is the other layers' errors
+# interacting with its own (alone it may cost more than all of them together), whatever its
+# weights destroy: it is one of the layers a model-wide change treats
+OWN_MASKED = (
+    "taken out of the quantized model it removes under a quarter of the error, and its "
+    "weights' rounding is all it loses (its output keeps its range), so that is what its fix "
+    "removes: the other layers' errors mask its own, a fix of this layer alone will not carry "
+    "the outputs"
 )
 SHOWN = 5  # layers a finding lists by name (the others: their cause says it)
 FEW = "outlier weights"  # a culprit's kind when a few of its weights are the cause
@@ -354,6 +368,26 @@ def _cause(ev: Evidence) -> str:
     return "; ".join(t for nsr, _, t in parts if nsr_db(nsr) < worst + CAUSE_DB)
 
 
+def _own_rounding(ev: Evidence) -> bool:
+    """The layer loses only its weights' rounding: every other part of its cause is
+    ``CAUSE_DB`` or more below its weights' (its output keeps its range and clips nothing),
+    and what blows its weights' range is their own (a wide output channel, a few outlier
+    weights) - not an input channel its producer shrank (a pair, measured with it) nor an
+    input offset they multiply (its maker's). Its error then travels through no range of
+    another layer: taken out of the whole QDQ model, its quantizers take its fix's part of the
+    error. (A few weights far beyond the rest are also asked what the float model would be
+    without them, when not named here.)"""
+    parts = _parts(ev)
+    if not parts or parts[0][1] != WEIGHT or _clips(ev):
+        return False
+    worst = nsr_db(parts[0][0])
+    return (
+        all(nsr_db(nsr) >= worst + CAUSE_DB for nsr, _, _ in parts[1:])
+        and ev.weight_outlier in ("", "output channel", "weight")
+        and not ev.offset_from
+    )
+
+
 def _kind(ev: Evidence) -> str:
     parts = _parts(ev)
     return parts[0][1] if parts else ""
@@ -552,12 +586,13 @@ def rank(
             if math.isnan(share.removed) and impact is not None:  # named alone: would its fix show?
                 share = impact(n)
                 columns[n][REMOVED_COL] = _nan_none(share.removed)
-            if share.removed < MIN_SHARE and db >= DESTROYED_DB:
+            own = _own_rounding(ev)
+            if share.removed < (LONE_SHARE if own else MIN_SHARE) and (own or db >= DESTROYED_DB):
                 masked[n] = share
                 columns[n][CAUSE] = (
                     f"stands out locally ({_cause(ev)}) and costs the outputs "
-                    f"{_pct(share.alone)} of the whole model's error alone, but {MASKED} "
-                    f"({_both(share)})"
+                    f"{_pct(share.alone)} of the whole model's error alone, but "
+                    f"{OWN_MASKED if own else MASKED} ({_both(share)})"
                 )
                 continue
             cause += f"; it costs the outputs {_pct(share.best)} of the whole model's error ({_both(share)})"
@@ -785,9 +820,8 @@ def _masked_line(
         ((n, share),) = masked.items()
         return (
             f"{n} costs the outputs {_pct(share.alone)} of their error alone, but taken out of "
-            f"the quantized model it removes nothing measurable ({_pct(share.removed)}): the "
-            "rest of the model's error masks its own, so it is not named - its fix alone will "
-            "not show"
+            f"the quantized model it removes only {_pct(share.removed)}: the rest of the "
+            "model's error masks its own, so it is not named - its fix alone will not show"
         )
     shown = list(masked.items())[:SHOWN]
     each = ", ".join(f"{n} {_pct(s.alone)}" for n, s in shown)
@@ -795,8 +829,9 @@ def _masked_line(
         each += f" and {len(masked) - SHOWN} more: see their cause"
     line = (
         f"{len(masked)} layers each cost the outputs much of their error alone ({each}), but "
-        "taken out one at a time none removes anything measurable: their errors mask each "
-        "other's, so none is named - a fix of one alone will not show"
+        f"taken out one at a time none removes more than "
+        f"{_pct(max(s.removed for s in masked.values()))}: their errors mask each other's, so "
+        "none is named - a fix of one alone will not show"
     )
     if together is not None and not math.isnan(together.removed):
         line += f"; taken out together they remove {_pct(together.removed)}"

@@ -25,8 +25,9 @@ layers do - or whose backend result is far worse than its quantization explains:
   alone would not show - a finding names such layers, measured taken out together), unless it
   destroys its information: that must be fixed whatever masks it (its cause says both). A
   layer that loses only its weights' rounding (its output keeps its range, its weights' own
-  channel or outliers blow theirs) needs ``LONE_SHARE`` taken out, destroyed or not: its error
-  travels through no other layer's range, so taken out is exactly what its fix removes. Faults that hurt only together are measured together: a layer
+  channel or outliers blow theirs) needs ``LONE_SHARE`` taken out (``MIN_SHARE`` when its
+  weights destroy their information, never less): its error travels through no other layer's
+  range, so taken out is exactly what its fix removes. Faults that hurt only together are measured together: a layer
   with the layers whose range the outlier channel it makes blows (measured on the float model:
   :mod:`accdbg.algorithms.reach`) and with the weights that scale that channel back; a
   compensated pair (weights whose range one input channel blows) with the producer that shrank
@@ -120,10 +121,11 @@ MASKED = (
 # a layer that loses only its weights' rounding (its output keeps its range): taking its
 # quantizers out of the whole QDQ model is what its fix removes, and under a quarter of the
 # error that fix does not carry the model - what it costs alone is the other layers' errors
-# interacting with its own (alone it may cost more than all of them together), whatever its
-# weights destroy: it is one of the layers a model-wide change treats
+# interacting with its own (alone it may cost more than all of them together): it is one of
+# the layers a model-wide change treats. Weights that destroy their information are named
+# from MIN_SHARE taken out (their fix shows), not below it
 OWN_MASKED = (
-    "taken out of the quantized model it removes under a quarter of the error, and its "
+    "taken out of the quantized model it removes too little of the error, and its "
     "weights' rounding is all it loses (its output keeps its range), so that is what its fix "
     "removes: the other layers' errors mask its own, a fix of this layer alone will not carry "
     "the outputs"
@@ -586,8 +588,9 @@ def rank(
             if math.isnan(share.removed) and impact is not None:  # named alone: would its fix show?
                 share = impact(n)
                 columns[n][REMOVED_COL] = _nan_none(share.removed)
-            own = _own_rounding(ev)
-            if share.removed < (LONE_SHARE if own else MIN_SHARE) and (own or db >= DESTROYED_DB):
+            own = _own_rounding(ev)  # destroyed, its fix must still show measurably
+            bar = LONE_SHARE if own and db >= DESTROYED_DB else MIN_SHARE
+            if share.removed < bar and (own or db >= DESTROYED_DB):
                 masked[n] = share
                 columns[n][CAUSE] = (
                     f"stands out locally ({_cause(ev)}) and costs the outputs "

@@ -210,8 +210,7 @@ class ContextRuns:
             asked[n] = (layer, out)
         if not asked:
             return {}
-        merged = merge([f.part for f in frags], ctx.qdq.model, "in_context")
-        feeds = {k: v for f in frags for k, v in f.feeds.items()}
+        merged, feeds = _merged(ctx, frags, "in_context")
         outs = [o for _, o in asked.values()]
         values = self._run(merged, feeds, outs, "in_context")
         if values is None:
@@ -335,6 +334,13 @@ def _split(frags: list[Fragment], n: int) -> list[list[Fragment]]:
     return [g for g in groups if g]
 
 
+def _merged(ctx: Context, frags: Sequence[Fragment], name: str) -> tuple[Part, dict]:
+    """The fragments as one model for one backend session, and their feeds together."""
+    return merge([f.part for f in frags], ctx.qdq.model, name), {
+        k: v for f in frags for k, v in f.feeds.items()
+    }
+
+
 def _loop(ctx: Context) -> None:
     todo = [layer for layer in ctx.span if layer.position not in ctx.rows]
     frags, errors = _fragments(ctx, todo)
@@ -358,8 +364,7 @@ def _loop(ctx: Context) -> None:
         nonlocal started
         while queue:
             batch = queue.popleft()
-            merged = merge([f.part for f in batch], ctx.qdq.model, f"layerwise_{len(batch)}")
-            feeds = {k: v for f in batch for k, v in f.feeds.items()}
+            merged, feeds = _merged(ctx, batch, f"layerwise_{len(batch)}")
             label = f"batch_{started:04d}"
             started += 1
             json_dir = ctx.run_path / "qnn_json" / label if ctx.dump_qnn_json else None

@@ -360,31 +360,31 @@ def _clips(ev: Evidence) -> bool:
     return not math.isnan(ev.clip_nsr) and ev.clip_nsr >= 0.5 * ev.output_nsr_tensor
 
 
-def _cause(ev: Evidence) -> str:
-    """What the layer's own encodings do, worst first; every part within ``CAUSE_DB`` of the
-    worst is named (a scaled channel blows both its weights' and its output's range)."""
+def _named_parts(ev: Evidence) -> list[tuple[float, str, str]]:
+    """The parts of :func:`_parts` within ``CAUSE_DB`` of the worst: those its cause names (a
+    scaled channel blows both its weights' and its output's range)."""
     parts = _parts(ev)
-    if not parts:
-        return ""
-    worst = nsr_db(parts[0][0])
-    return "; ".join(t for nsr, _, t in parts if nsr_db(nsr) < worst + CAUSE_DB)
+    worst = nsr_db(parts[0][0]) if parts else math.nan
+    return [p for p in parts if nsr_db(p[0]) < worst + CAUSE_DB]
+
+
+def _cause(ev: Evidence) -> str:
+    """What the layer's own encodings do, worst first (:func:`_named_parts`)."""
+    return "; ".join(t for _, _, t in _named_parts(ev))
 
 
 def _own_rounding(ev: Evidence) -> bool:
-    """The layer loses only its weights' rounding: every other part of its cause is
-    ``CAUSE_DB`` or more below its weights' (its output keeps its range and clips nothing),
+    """The layer loses only its weights' rounding: its weights' part is the only one its cause
+    names (:func:`_named_parts`: its output keeps its range) and it clips nothing,
     and what blows its weights' range is their own (a wide output channel, a few outlier
     weights) - not an input channel its producer shrank (a pair, measured with it) nor an
     input offset they multiply (its maker's). Its error then travels through no range of
     another layer: taken out of the whole QDQ model, its quantizers take its fix's part of the
     error. (A few weights far beyond the rest are also asked what the float model would be
     without them, when not named here.)"""
-    parts = _parts(ev)
-    if not parts or parts[0][1] != WEIGHT or _clips(ev):
-        return False
-    worst = nsr_db(parts[0][0])
     return (
-        all(nsr_db(nsr) >= worst + CAUSE_DB for nsr, _, _ in parts[1:])
+        [kind for _, kind, _ in _named_parts(ev)] == [WEIGHT]
+        and not _clips(ev)
         and ev.weight_outlier in ("", "output channel", "weight")
         and not ev.offset_from
     )

@@ -279,6 +279,28 @@ HELD_OUT: dict[str, ModelSpec] = {
         "MediaPipe holistic's hand_recrop (a hand's box from the pose), TFLite converted to ONNX "
         "by accdbg (held out)",
     ),
+    # never read while any rule was written (first run at the stop after the weights-only rule):
+    # the full-size siblings of hand and palm, whose families had no fault planted before
+    "hand_full": ModelSpec(
+        "hand_full",
+        lambda: mediapipe_model("hand_landmark/hand_landmark_full.tflite"),
+        "tflite",
+        "input_1",
+        (1, 224, 224, 3),
+        "NHWC",
+        "face",
+        "MediaPipe hand_landmark_full (21 points), TFLite converted to ONNX by accdbg (held out)",
+    ),
+    "palm_full": ModelSpec(
+        "palm_full",
+        lambda: mediapipe_model("palm_detection/palm_detection_full.tflite"),
+        "tflite",
+        "input_1",
+        (1, 192, 192, 3),
+        "NHWC",
+        "face",
+        "MediaPipe palm_detection_full, TFLite converted to ONNX by accdbg (held out)",
+    ),
     # never read while any rule was written (first run at the stop after the context runs)
     "det3": ModelSpec(
         "det3",

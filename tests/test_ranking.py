@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from accdbg.algorithms import ranking as ranking_mod
-from accdbg.algorithms.evidence import Evidence, qdq
+from accdbg.algorithms.evidence import BLOWN_RATIO, Evidence, qdq
 from accdbg.algorithms.oneshot import run_oneshot
 from accdbg.algorithms.ranking import ContextCheck, KernelsAdded, rank
 from accdbg.algorithms.sensitivity import Share
@@ -2004,7 +2004,7 @@ def test_an_outlier_weight_is_named_by_what_the_model_loses_without_it_not_its_o
     assert one_by_one == expected and [c.name for c in r.culprits] == ["c19"]
 
     mild = Clamping({}, {("c4",): 0.9})
-    ev = model(ranking_mod.BLOWN_RATIO * 0.9, 3)
+    ev = model(BLOWN_RATIO * 0.9, 3)
     assert rank(ev, list(ev), impact=mild).culprits == [] and mild.clamp_asked == []
 
 

@@ -1,0 +1,84 @@
+"""What a layer's own encodings lose (weights, a Concat's inputs, its output's range or
+clipping), worst first: the words of its ``cause`` and its kind."""
+
+from __future__ import annotations
+
+import math
+
+from accdbg.algorithms.evidence import Evidence, nsr_db
+
+CAUSE_DB = 6.0
+
+
+WEIGHT, CONCAT, ACTIVATION, CLIPPING = (
+    "weight range",
+    "unbalanced concatenation",
+    "activation range",
+    "clipping",
+)
+
+
+def _parts(ev: Evidence) -> list[tuple[float, str, str]]:
+    """(noise-to-signal, kind, text) of each encoding the layer owns, worst first."""
+    parts = []
+    for nsr, kind in (
+        (ev.weight_nsr, WEIGHT),
+        (ev.concat_nsr, CONCAT),
+        (ev.output_nsr, ACTIVATION),
+    ):
+        if math.isnan(nsr) or nsr <= 0:
+            continue
+        db = nsr_db(nsr)
+        if kind == WEIGHT:
+            what = f"{ev.weight_note} (median channel {db:.1f} dB)"
+        elif kind == CONCAT:
+            what = f"{ev.concat_note} ({db:.1f} dB)"
+        elif _clips(ev):
+            kind, what = (
+                CLIPPING,
+                f"{100 * ev.clipped:.3g}% of values outside the encoding ({db:.1f} dB)",
+            )
+        else:
+            what = f"{ev.output_note} (median channel {db:.1f} dB)"
+        parts.append((nsr, kind, f"{kind}: {what}"))
+    return sorted(parts, key=lambda p: -p[0])
+
+
+def _clips(ev: Evidence) -> bool:
+    """Clipping makes at least half of the output encoding's error."""
+    return not math.isnan(ev.clip_nsr) and ev.clip_nsr >= 0.5 * ev.output_nsr_tensor
+
+
+def _named_parts(ev: Evidence) -> list[tuple[float, str, str]]:
+    """The parts of :func:`_parts` within ``CAUSE_DB`` of the worst: those its cause names (a
+    scaled channel blows both its weights' and its output's range)."""
+    parts = _parts(ev)
+    worst = nsr_db(parts[0][0]) if parts else math.nan
+    return [p for p in parts if nsr_db(p[0]) < worst + CAUSE_DB]
+
+
+def _cause(ev: Evidence) -> str:
+    """What the layer's own encodings do, worst first (:func:`_named_parts`)."""
+    return "; ".join(t for _, _, t in _named_parts(ev))
+
+
+def _own_rounding(ev: Evidence) -> bool:
+    """The layer loses only its weights' rounding: its weights' part is the only one its cause
+    names (:func:`_named_parts`: its output keeps its range) and it clips nothing,
+    and what blows its weights' range is their own (a wide output channel, a few outlier
+    weights) - not an input channel its producer shrank (a pair, measured with it) nor an
+    input offset they multiply (its maker's). Its error then travels through no range of
+    another layer: taken out of the whole QDQ model, its quantizers take its fix's part of the
+    error. (A few weights far beyond the rest are also asked what the float model would be
+    without them, when not named here.)"""
+    return (
+        [kind for _, kind, _ in _named_parts(ev)] == [WEIGHT]
+        and not _clips(ev)
+        and ev.weight_outlier in ("", "output channel", "weight")
+        and not ev.offset_from
+    )
+
+
+def _kind(ev: Evidence) -> str:
+    parts = _parts(ev)
+    return parts[0][1] if parts else ""

@@ -1,0 +1,169 @@
+"""The finding lines: the verdict (culprits, or why none is named), the culprits' patterns,
+the layers masked, and the noise floor."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from accdbg.algorithms.evidence import Evidence
+from accdbg.algorithms.ranking.causes import ACTIVATION, CLIPPING, CONCAT, WEIGHT, _kind
+from accdbg.algorithms.ranking.measures import MOST, SHARE, _pct
+from accdbg.algorithms.sensitivity import Share
+
+SHOWN = 5  # layers a finding lists by name (the others: their cause says it)
+
+
+@dataclass
+class Culprit:
+    rank: int
+    name: str
+    op_type: str
+    cause: str
+    local_db: float
+    kind: str = ""  # what its own encodings lose most (a PATTERN_FIX key), or "backend"
+    shows_at: tuple[str, ...] = ()  # where its error appears when not at it (an amplifying op)
+
+
+def _masked_line(
+    masked: Mapping[str, Share], together: Share | None, evidence: Mapping[str, Evidence]
+) -> str:
+    """What the layers that cost much alone and remove nothing taken out are: one problem of
+    the model (their errors mask each other's, or the rest of the model's masks theirs), with
+    what taking them out ``together`` removes (measured when several)."""
+    if len(masked) == 1:
+        ((n, share),) = masked.items()
+        return (
+            f"{n} costs the outputs {_pct(share.alone)} of their error alone, but taken out of "
+            f"the quantized model it removes only {_pct(share.removed)}: the rest of the "
+            "model's error masks its own, so it is not named - its fix alone will not show"
+        )
+    shown = list(masked.items())[:SHOWN]
+    each = ", ".join(f"{n} {_pct(s.alone)}" for n, s in shown)
+    if len(masked) > SHOWN:
+        each += f" and {len(masked) - SHOWN} more: see their cause"
+    line = (
+        f"{len(masked)} layers each cost the outputs much of their error alone ({each}), but "
+        f"taken out one at a time none removes more than "
+        f"{_pct(max(s.removed for s in masked.values()))}: their errors mask each other's, so "
+        "none is named - a fix of one alone will not show"
+    )
+    if together is not None and not math.isnan(together.removed):
+        line += f"; taken out together they remove {_pct(together.removed)}"
+    kinds = {_kind(evidence[n]) for n in masked}
+    fix = PATTERN_FIX.get(kinds.pop()) if len(kinds) == 1 else None
+    return line + (f" ({fix}, or a global change, is the question)" if fix else "")
+
+
+def _findings(
+    culprits: Sequence[Culprit],
+    floor: float,
+    spread: float,
+    outputs: Sequence[tuple[str, str, float, bool | None]],
+    nearest: tuple[float, str] | None,
+    changes: str,
+    named_share: float = math.nan,
+    bar: str = "half",
+    kernels: float = math.nan,
+    masked: str = "",
+) -> list[str]:
+    """``nearest``: the share and name of the standout measured closest to being named;
+    ``changes``: the global changes left to try (:func:`_global_changes`); ``named_share``:
+    the most a named culprit was measured to cost the outputs (under ``MOST`` the rest of the
+    error is the model's own, and the global changes are its question too); ``bar``: the share
+    a standout needed; ``kernels``: the part of the outputs' error QNN's kernels add (at
+    ``SHARE`` or more, no encoding change is the question); ``masked``: what the layers not
+    named because taken out they remove nothing are (:func:`_masked_line`)."""
+    lines = []
+    verdicts = [o for o in outputs if o[3] is not None]
+    if verdicts and all(o[3] for o in verdicts):
+        shown = ", ".join(f"{lab} {val:.4g}" for _, lab, val, _ in verdicts[:4])
+        lines.append(f"the outputs meet their thresholds ({shown})")
+    elif verdicts:
+        bad = [o for o in verdicts if not o[3]]
+        shown = ", ".join(f"{n} {lab} {val:.4g}" for n, lab, val, _ in bad[:3])
+        lines.append(f"outputs failing their threshold: {shown}")
+    floor_txt = (
+        f"the model's noise floor: median local SQNR {floor:.1f} dB, spread {spread:.1f} dB"
+        if math.isfinite(floor)
+        else "no quantization evidence (no quantized layer with a golden value)"
+    )
+    if not culprits and kernels >= SHARE:
+        lines.append(
+            f"no single layer stands out: QNN's kernels add {_pct(kernels)} of the outputs' error "
+            "and no one layer's difference explains it (the layers where QNN parts from its own "
+            "inputs say how in their cause) - the backend's computation is the question, not "
+            "the encodings"
+        )
+    elif not culprits:
+        near = (
+            f" (the {'other ' if masked else ''}layers that stand out locally cost the outputs "
+            f"less than {bar} of their "
+            f"error - "
+            f"the most, {nearest[1]}, {_pct(nearest[0])}: see its cause)"
+            if nearest is not None and math.isfinite(nearest[0])
+            else ""
+        )
+        why = (
+            "no one layer's fix would show at the outputs"
+            if masked
+            else "the error is diffuse at the noise floor's level"
+        )
+        lines.append(
+            f"no single layer stands out: {why}{near} - a global change ({changes}) is the "
+            "question, not a layer"
+        )
+    for c in culprits:
+        lines.append(f"culprit #{c.rank}: {c.name} ({c.op_type}) - {c.cause}")
+    lines += _patterns(culprits)
+    if masked:
+        lines.append(masked)
+    if culprits and named_share < MOST:
+        lines.append(
+            f"the culprits named cost the outputs at most {_pct(named_share)} of their error; "
+            f"the rest is spread over the model: for it a global change ({changes}) is the "
+            "question"
+        )
+    lines.append(floor_txt)
+    return lines
+
+
+def _global_changes(evidence: Mapping[str, Evidence]) -> str:
+    """The model-wide changes not already made: per-channel weights unless every quantized
+    weight is per-channel, 16-bit activations unless every quantized output is 16-bit or
+    more (either listed when the evidence cannot tell), and calibration."""
+    weights = [
+        ev.weight_per_channel for ev in evidence.values() if ev.weight_per_channel is not None
+    ]
+    bits = [ev.output_bits for ev in evidence.values() if ev.output_bits]
+    changes = [] if weights and all(weights) else ["per-channel weights"]
+    if not (bits and min(bits) >= 16):
+        changes.append("16-bit activations")
+    return ", ".join([*changes, "calibration"])
+
+
+# what one change across several culprits that lose the same thing would be
+PATTERN_FIX = {
+    WEIGHT: "per-channel weight encodings for them",
+    ACTIVATION: "16-bit activations on their outputs",
+    CLIPPING: "a calibration that keeps their whole range",
+    CONCAT: "16-bit activations on these concatenations",
+}
+PATTERN_MIN = 3
+
+
+def _patterns(culprits: Sequence[Culprit]) -> list[str]:
+    """Several culprits losing the same thing (their weight range, their activation range...)
+    are one problem of the model as much as several layers: say so, with the change that would
+    treat them together."""
+    kinds: dict[str, list[str]] = {}
+    for c in culprits:
+        if c.kind in PATTERN_FIX:
+            kinds.setdefault(c.kind, []).append(c.name)
+    return [
+        f"{len(names)} culprits lose their {kind} alike ({', '.join(names)}): one change across "
+        f"them - {PATTERN_FIX[kind]} - may be the fix rather than one layer"
+        for kind, names in kinds.items()
+        if len(names) >= PATTERN_MIN
+    ]

@@ -1,0 +1,126 @@
+"""The ranking's measures: the noise floor a layer stands out from, the shares of the outputs'
+error that make it matter, the table's columns, and how figures are said."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from accdbg.algorithms.sensitivity import Share
+
+Z_MIN = 3.5
+GAP_DB = 10.0
+# a small model's spread is a weak estimate: 15 dB below the floor (30 times the median layer's
+# noise power) always stands out
+MAX_GAP_DB = 15.0
+ABS_DB = 20.0  # the SQNR verifier's pass mark: the layer's own encodings alone fail it
+CLIP_MIN = 0.01  # a layer clipping one value in a hundred goes to the sensitivity step...
+CLIP_RATIO = 10.0  # ...when that is ten times what the model's median layer clips
+DESTROYED_DB = 6.0  # below this the median channel keeps a quarter of noise: information is gone
+SHARE = 0.5  # a culprit alone causes at least this share of the whole model's output error...
+MOST = 0.8  # ...and when none was measured to cause this much, the rest is the model's own
+# the model's only standout (every other layer at the floor) is a culprit from this share: the
+# rest of the error is spread over layers each costing a small part of it
+LONE_SHARE = 0.25
+MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
+
+
+RANK = "culprit_rank"
+CAUSE = "cause"
+LOCAL = "local SQNR"
+SHARE_COL = "output error share"
+REMOVED_COL = "output error removed"
+COLUMNS = (
+    RANK,
+    CAUSE,
+    LOCAL,
+    "weight SQNR",
+    "output quant SQNR",
+    "clipped %",
+    SHARE_COL,
+    REMOVED_COL,
+)
+
+
+class Impact(Protocol):
+    """This layer's (or this group's) part of the outputs' error: with only its encodings
+    applied, and removed when only its quantizers are taken out (NaN when not measured)."""
+
+    def __call__(self, names: str | Sequence[str], enough: float = ...) -> Share:
+        """``enough``: a first measure at or above it settles the verdict (the second, which
+        costs a run of the QDQ model, may be skipped)."""
+
+
+def cpu_run(quantized: bool, layer: bool = False) -> str:
+    """What QNN is compared with: the CPU fake-quant of the model QNN runs, or, for a float
+    model QNN runs in fp16, the CPU's float run of it (of one ``layer``, or of the model)."""
+    run = "CPU fake-quant" if quantized else "CPU run"
+    of = "this layer" if layer else "the same QDQ model" if quantized else "the same float model"
+    return f"onnxruntime's {run} of {of}"
+
+
+def robust_floor(values_db: Sequence[float]) -> tuple[float, float]:
+    """Median and robust spread (1.4826 x MAD) of finite values, in dB."""
+    v = np.asarray([x for x in values_db if math.isfinite(x)], dtype=float)
+    if v.size == 0:
+        return math.nan, math.nan
+    med = float(np.median(v))
+    return med, float(1.4826 * np.median(np.abs(v - med)))
+
+
+def _clip_bar(clipped: Sequence[float]) -> float:
+    """The share of clipped values at which a layer's clipping stands out: ``CLIP_MIN``, or
+    ``CLIP_RATIO`` times the model's median layer when the calibration clips everywhere."""
+    v = [x for x in clipped if math.isfinite(x)]
+    return max(CLIP_MIN, CLIP_RATIO * float(np.median(v))) if v else math.inf
+
+
+def standout_gap(spread: float) -> float:
+    """How far from the floor a layer must be: 3.5 robust sigmas, at least 10 dB, at most 15."""
+    return min(max(Z_MIN * spread, GAP_DB), MAX_GAP_DB)
+
+
+def compared_inputs(
+    inputs_of: Mapping[str, Sequence[str]], compared: set[str]
+) -> dict[str, list[str]]:
+    """Each layer's nearest compared ancestors: an input that was not compared passes on its own
+    inputs, so its error is never taken for the consumer's own."""
+    out: dict[str, list[str]] = {}
+    for name, inputs in inputs_of.items():
+        found: list[str] = []
+        seen: set[str] = {name}
+        stack = list(inputs)[::-1]
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x in compared:
+                found.append(x)
+            else:
+                stack.extend(list(inputs_of.get(x, ()))[::-1])
+        out[name] = found
+    return out
+
+
+def _pct(x: float) -> str:
+    return "?%" if math.isnan(x) else f"{100 * x:.0f}%"
+
+
+def _both(share: Share) -> str:
+    """Both measures, or the one taken (the second is skipped when the first is enough)."""
+    parts = [("alone", share.alone), ("taken out of the quantized model", share.removed)]
+    return ", ".join(f"{k} {_pct(v)}" for k, v in parts if not math.isnan(v))
+
+
+def _nan_none(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def _add_cause(columns: dict[str, dict[str, object]], n: str, text: str) -> None:
+    """A layer's cause, with ``text`` after what it says already."""
+    col = columns.setdefault(n, {})
+    col[CAUSE] = f"{col[CAUSE]}; {text}" if col.get(CAUSE) else text

@@ -1,0 +1,692 @@
+"""The ranking itself: standouts measured against the outputs, culprits named and ordered."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from accdbg.algorithms.evidence import BLOWN_RATIO, OUTLIER_RATIO, Evidence, nsr_db
+from accdbg.algorithms.ranking.causes import ACTIVATION, _cause, _kind, _own_rounding
+from accdbg.algorithms.ranking.findings import (
+    SHOWN,
+    Culprit,
+    _findings,
+    _global_changes,
+    _masked_line,
+)
+from accdbg.algorithms.ranking.kernels import (
+    DIFFERENT_STEPS,
+    INTERACTING,
+    NO_ONE_CAUSE,
+    NOTICED,
+    KernelsAdded,
+    _alone_backend,
+    _amplifying,
+    _beyond,
+    _brought,
+    _diverging,
+    _in_order,
+    _jumps,
+    _kernel_cost,
+    _local_expected,
+    _not_adding_up,
+    _parted,
+    _run_backend,
+)
+from accdbg.algorithms.ranking.measures import (
+    ABS_DB,
+    CAUSE,
+    COLUMNS,
+    DESTROYED_DB,
+    LOCAL,
+    LONE_SHARE,
+    MIN_SHARE,
+    RANK,
+    REMOVED_COL,
+    SHARE,
+    SHARE_COL,
+    Impact,
+    _add_cause,
+    _both,
+    _clip_bar,
+    _nan_none,
+    _pct,
+    compared_inputs,
+    robust_floor,
+    standout_gap,
+)
+from accdbg.algorithms.ranking.partners import (
+    _carried_cause,
+    _outlier_source,
+    _Partners,
+    _upstream_first,
+)
+from accdbg.algorithms.reach import LOUD, Reach
+from accdbg.algorithms.sensitivity import Share
+
+# a layer costing much alone whose quantizers, taken out of the whole QDQ model, remove nothing:
+# the other layers' error hides its own, so fixing it alone does not show at the outputs - it
+# is not named (its fix is not the answer; the findings say what they remove together) unless
+# its encoding destroys its information (under DESTROYED_DB), which must go whatever masks it
+MASKED = (
+    "taken out of the quantized model it removes nothing measurable: the other layers' "
+    "errors mask its own, so a fix of this layer alone will not show at the outputs"
+)
+# a layer that loses only its weights' rounding (its output keeps its range): taking its
+# quantizers out of the whole QDQ model is what its fix removes, and under a quarter of the
+# error that fix does not carry the model - what it costs alone is the other layers' errors
+# interacting with its own (alone it may cost more than all of them together): it is one of
+# the layers a model-wide change treats. Weights that destroy their information are named
+# from MIN_SHARE taken out (their fix shows), not below it
+OWN_MASKED = (
+    "taken out of the quantized model it removes too little of the error, and its "
+    "weights' rounding is all it loses (its output keeps its range), so that is what its fix "
+    "removes: the other layers' errors mask its own, a fix of this layer alone will not carry "
+    "the outputs"
+)
+
+
+FEW = "outlier weights"  # a culprit's kind when a few of its weights are the cause
+ONE_BY_ONE = 8  # layers with outlier weights asked one by one, at most (the farthest first)
+
+
+MAX_CULPRITS = 5
+AFTER_NAMED = f"after the {MAX_CULPRITS} named: not ranked (fix those first, then debug again)"
+
+
+def _consider(impact: Impact | None, names: Sequence[str], singles: Sequence[str]) -> None:
+    """Tell an impact measure which layers it will be asked about (``singles``: those asked
+    alone), when it can use that (the sensitivity builds its models once for all of them)."""
+    consider = getattr(impact, "consider", None)
+    if consider is not None:
+        consider(names, singles)
+
+
+@dataclass
+class Ranking:
+    """The verdict of one run: culprits (maybe none), the noise floor, the lines to print."""
+
+    culprits: list[Culprit]
+    floor_db: float
+    spread_db: float
+    findings: list[str]
+    columns: dict[str, dict[str, object]] = field(default_factory=dict)  # name -> column values
+
+    def apply(self, df: pd.DataFrame, name_col: str) -> pd.DataFrame:
+        """The table with the ranking columns appended (the reference's columns keep their
+        places; the HTML report shows these first)."""
+        out = df.drop(columns=[c for c in COLUMNS if c in df.columns])
+        names = list(out[name_col])
+        for col in COLUMNS:
+            vals = [self.columns.get(n, {}).get(col) for n in names]
+            if col == RANK:
+                out[col] = pd.array([None if v is None else int(v) for v in vals], dtype="Int64")
+            elif col == CAUSE:
+                out[col] = [v or "" for v in vals]
+            else:
+                out[col] = [math.nan if v is None else v for v in vals]
+        return out
+
+
+def rank(
+    evidence: Mapping[str, Evidence],
+    order: Sequence[str],
+    impact: Impact | None = None,
+    observed_nsr: Mapping[str, float] | None = None,
+    local_observed: bool = False,
+    outputs: Sequence[tuple[str, str, float, bool | None]] = (),
+    divergence: Mapping[str, float] | None = None,
+    kernels_added: KernelsAdded | None = None,
+    quantized: bool = True,
+    kernel_share: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
+    reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None = None,
+    run_nsr: Mapping[str, float] | None = None,
+    backend_jumps: bool = True,
+    context_nsr: Mapping[str, tuple[float, float]] | None = None,
+    alone_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
+    run_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
+) -> Ranking:
+    """Rank the layers named in ``order`` (execution order).
+
+    ``impact(name)`` is the output error with only that layer quantized over the error of the
+    whole quantized model (:mod:`accdbg.algorithms.sensitivity`): a standout is a culprit when
+    it alone accounts for at least ``SHARE`` of it. When it also has ``clamped(levels)`` (layer
+    -> the level its few outlier weights are brought to; the share of the error that goes,
+    :meth:`~accdbg.algorithms.sensitivity.Sensitivity.clamped_share`), the layers with such
+    weights are asked it (:func:`_outlier_weights`).
+    ``observed_nsr`` is the target's error at each compared layer (per channel when known):
+    from a full run (oneshot: inputs carry upstream error; used to say what is inherited) or,
+    with ``local_observed``, from golden inputs (layerwise: also used to find backend errors).
+    ``outputs`` are the model outputs' verdicts ``(name, verifier label, value, passed)``.
+    ``divergence`` is, per layer, the QNN result against the CPU fake-quant of that layer fed
+    QNN's own inputs (noise-to-signal; :func:`~accdbg.algorithms.divergence.local_divergence`),
+    and ``kernels_added`` what QNN's kernels add to the outputs' error (stated in the findings);
+    ``quantized`` False for a float model QNN ran in fp16 (the CPU ran it in float).
+    ``kernel_share(names)`` is, for layers whose divergence stands out, what that layer's
+    kernel difference alone costs the outputs over their error on QNN: at ``SHARE`` or more it
+    is a backend culprit of a full run, else a note in its ``cause``. It is asked only when the
+    kernels add ``SHARE`` or more: when QNN is less than twice as far from float as the CPU
+    fake-quant, no one kernel's rounding is measured (a CPU run each) - but a layer QNN
+    computes differently (values ``DIFFERENT_STEPS`` or more apart) is, whatever they add. Its ``search(names, bar)``, when
+    it has one, is asked when the kernels add ``SHARE`` and nothing else is named: the layers
+    among ``names`` whose difference alone costs ``bar`` of the outputs' error.
+    ``reach(names)`` says, of the standouts whose output carries a loud channel, which layers
+    that channel blows (:class:`~accdbg.algorithms.reach.OutlierReach`): those layers are its
+    carriers, and it is measured with them when alone it does not matter.
+    ``run_nsr``: a full run's error per layer over the whole tensor (not per channel: a few
+    wrong channels show there). A layer whose error there jumps far beyond what its inputs
+    bring and its own encodings explain either amplifies its input's rounding (a Log, a
+    reciprocal: its input's encoding, measured, costs the outputs ``SHARE``; that input is
+    named, :func:`_amplifying`) or computes something else: with ``backend_jumps`` and no
+    ``divergence`` (cumulative-layerwise has no CPU comparison) it is then named as the
+    backend's (``RUN_JUMP``) - unless ``run_cpu(names)`` (each layer's whole-tensor error in
+    onnxruntime's CPU fake-quant of the whole model) shows the same jump there (``RUN_GAIN``).
+    ``alone_cpu(names)`` (layerwise): each layer's error in onnxruntime's CPU fake-quant of it
+    alone on the golden inputs the backend was fed, measured as ``observed_nsr``: a layer
+    whose error jumps beyond what its encodings and its inputs' explain is the backend's only
+    when QNN is ``BACKEND_DB`` worse than that (``ALONE_CPU_JUMP``); when the CPU computes as
+    much error, the layer multiplies its inputs' rounding (``CPU_TOO``, in its cause). Its
+    ``kernel_share(names)``, when it has one: what each such layer's difference from the CPU
+    costs the outputs (added to the CPU fake-quant of the whole model, over the outputs'
+    error there); under ``SHARE`` the layer is a note in its cause, not named. Its
+    ``in_context(names)``, when it has one, asks the same of a layer whose error jumps only
+    run after its producers (``CONTEXT_JUMP``): that cut run again on the backend and in the
+    CPU fake-quant, and the model from its inputs on the backend (:class:`ContextCheck`); a
+    jump the CPU makes too is the quantization's (``CONTEXT_CPU_TOO``), one the whole model
+    does not make is the cut's (``CONTEXT_CUT``).
+    """
+    observed = dict(observed_nsr or {})
+    local = {n: evidence[n].local_nsr for n in order if n in evidence}
+    local_db = {n: nsr_db(v) for n, v in local.items() if not math.isnan(v)}
+    floor, spread = robust_floor(list(local_db.values()))
+    cut = floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
+    clip_bar = _clip_bar([evidence[n].clipped for n in order if n in evidence])
+    columns: dict[str, dict[str, object]] = {}
+    candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
+    costs: dict[str, float] = {}  # a candidate -> the most it was measured to cost the outputs
+    standouts: list[str] = []
+    carried: dict[str, list[str]] = {}  # a standout -> the later standouts carrying its outlier
+    root_of: dict[str, str] = {}
+    clipping: set[str] = set()  # standouts whose encoding clips
+    severity: dict[str, float] = {}  # an offset's maker -> the NSR its offset causes downstream
+    grouped: dict[str, tuple[list[str], Share, float]] = {}  # named only with its partners
+    masked: dict[str, Share] = {}  # costing much alone, removing nothing taken out: not named
+
+    def stands(n: str) -> tuple[bool, bool]:
+        """(its local SQNR stands out, its encoding clips)"""
+        db = local_db.get(n, math.nan)
+        weak = math.isfinite(db) and db < cut and db < ABS_DB
+        return weak, math.isfinite(db) and evidence[n].clipped >= clip_bar
+
+    # the layers each standout's outlier channel blows (measured once for all of them)
+    reaches = reach([n for n in order if n in evidence and any(stands(n))]) if reach else None
+    for n in order:
+        ev = evidence.get(n)
+        if ev is None:
+            continue
+        columns[n] = {
+            LOCAL: local_db.get(n),
+            "weight SQNR": nsr_db(ev.weight_nsr),
+            "output quant SQNR": nsr_db(ev.output_nsr),
+            "clipped %": 100 * ev.clipped if not math.isnan(ev.clipped) else None,
+        }
+        weak, clips = stands(n)
+        if not (weak or clips):
+            continue
+        if not weak and math.isnan(ev.weight_nsr):
+            # a layer without weights (a resize, a pooling) keeps its input's range: its input
+            # clipped already
+            src = next((x for x in ev.inputs if x in clipping), None)
+            if src is not None:
+                standouts.append(n)
+                columns[n][CAUSE] = f"clipping carried in from {src} (the same range)"
+                root_of[n] = root_of.get(src, src)
+                continue
+        if clips:
+            clipping.add(n)
+        src = _outlier_source(n, evidence, standouts, reaches)
+        if src is not None and src not in standouts:
+            if src in local_db:  # an offset's maker, named for what its offset does here
+                standouts.append(src)
+                severity[src] = local[n]
+            else:
+                src = None
+        standouts.append(n)
+        if src is not None:  # the outlier came in with the input: its source is the culprit
+            columns[n][CAUSE] = _carried_cause(n, src, ev, reaches, evidence[src])
+            root_of[n] = root_of.get(src, src)
+            carried.setdefault(root_of[n], []).append(n)
+    # the layers a standout is measured with when alone it does not matter: those its outlier
+    # blows (measured, else the later standouts carrying it) - but not a standout with a
+    # problem of its own, whose cost is its own - or a compensated pair's producer
+    roots = [n for n in standouts if n not in root_of]
+    partners = {n: _Partners.of(n, evidence, carried, reaches, exclude=set(roots)) for n in roots}
+    jumps = (
+        _jumps(observed, _local_expected(evidence, observed))
+        if local_observed
+        else _jumps(run_nsr, _brought(evidence, run_nsr))
+        if run_nsr
+        else {}
+    )
+    # layerwise: a jump the CPU fake-quant of the layer alone reproduces is the quantization's
+    # (the layer multiplies its inputs' rounding); one it does not, the kernel's
+    on_cpu = dict(alone_cpu(list(jumps))) if local_observed and jumps and alone_cpu else {}
+    kernel = {n: (j[0], on_cpu[n], j[2]) for n, j in jumps.items() if _beyond(j[0], on_cpu.get(n))}
+    jumps = {n: j for n, j in jumps.items() if n not in kernel}
+    amplifiers = [x for n in jumps for x in jumps[n][2] if x not in standouts]
+    _consider(
+        impact,
+        [*standouts, *(x for p in partners.values() for x in p.names), *amplifiers],
+        [*roots, *amplifiers],
+    )
+    for n in standouts:
+        if n in root_of:
+            continue
+        ev, db = evidence[n], local_db[n]
+        lone = len(roots) == 1  # every other layer at the floor, or carrying its outlier
+        verdict = _matters(n, db, impact, partners[n].names, lone)
+        if verdict is None:  # impact unknown: only a layer that destroys its information
+            if db >= DESTROYED_DB:
+                columns[n][CAUSE] = (
+                    f"stands out locally ({_cause(ev)}); its effect on the outputs was not measured"
+                )
+                continue
+            candidates.append((local[n], n, _cause(ev)))
+            continue
+        share, group_share, matters = verdict
+        columns[n][SHARE_COL] = _nan_none(share.alone)
+        columns[n][REMOVED_COL] = _nan_none(share.removed)
+        if not matters:
+            with_them = (
+                f" (with {partners[n].short()} {_pct(group_share.best)})" if group_share else ""
+            )
+            columns[n][CAUSE] = (
+                f"stands out locally ({_cause(ev)}) but costs the outputs only "
+                f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
+            )
+            continue
+        cause = _cause(ev)
+        if group_share is not None:
+            cause += (
+                f"; {partners[n].long()}: with them it costs the outputs "
+                f"{_pct(group_share.best)} of the whole model's error ({_both(share)})"
+            )
+        elif share.removed > 2 * share.alone and share.removed >= SHARE:
+            cause += (
+                f"; with every other encoding applied it causes {_pct(share.removed)} of the "
+                f"outputs' error (alone {_pct(share.alone)}): it hurts together with its "
+                "neighbours' encodings"
+            )
+        else:
+            if math.isnan(share.removed) and impact is not None:  # named alone: would its fix show?
+                share = impact(n)
+                columns[n][REMOVED_COL] = _nan_none(share.removed)
+            own = _own_rounding(ev)  # destroyed, its fix must still show measurably
+            bar = LONE_SHARE if own and db >= DESTROYED_DB else MIN_SHARE
+            if share.removed < bar and (own or db >= DESTROYED_DB):
+                masked[n] = share
+                columns[n][CAUSE] = (
+                    f"stands out locally ({_cause(ev)}) and costs the outputs "
+                    f"{_pct(share.alone)} of the whole model's error alone, but "
+                    f"{OWN_MASKED if own else MASKED} ({_both(share)})"
+                )
+                continue
+            cause += f"; it costs the outputs {_pct(share.best)} of the whole model's error ({_both(share)})"
+            if share.removed < MIN_SHARE:  # destroyed: to be fixed whatever masks it
+                cause += f"; {MASKED} until theirs are fixed too"
+        costs[n] = share.best if group_share is None else max(share.best, group_share.best)
+        if group_share is not None and share.best < SHARE:  # it matters only with them
+            grouped[n] = (partners[n].names, share, group_share.best)
+        if costs[n] < SHARE and db >= DESTROYED_DB:  # named by the lone standout's bar
+            cause += "; the model's only standout: every other layer sits at its noise floor"
+        candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
+    few, few_together = _outlier_weights(
+        evidence, order, impact, {c[1] for c in candidates}, columns
+    )
+    for n, (share, cause) in few.items():
+        costs[n] = share
+        candidates.append((local.get(n, 0.0), n, cause))
+    backend: list[tuple[float, str, str]] = []
+    inherited: Mapping[str, str] = {}
+    # a range an upstream outlier blows LOUD times or more: that outlier is its cause
+    blown = {x for r in (reaches or {}).values() for x, v in r.layers.items() if v >= LOUD}
+    amplified, explained = _amplifying(
+        evidence, jumps, {c[1] for c in candidates} | blown, divergence, quantized, impact
+    )
+    explained_by = set(explained.values())  # the inputs named, by the layer they explain
+    for share, x, cause in amplified:
+        costs[x] = share
+        candidates.append((local.get(x, 0.0), x, cause))
+        columns.setdefault(x, {})[SHARE_COL] = share if math.isfinite(share) else None
+    for n, (names, share, together) in grouped.items():
+        # a partner whose own rounding alone costs what the group does: the group's cost is
+        # that partner's, not this layer's outlier
+        partner = max((x for x in names if x in explained_by), key=costs.get, default=None)
+        if partner is not None and costs[partner] >= together - 0.1:
+            candidates = [c for c in candidates if c[1] != n]
+            costs.pop(n)
+            columns[n][CAUSE] = (
+                f"stands out locally ({_cause(evidence[n])}) but costs the outputs only "
+                f"{_pct(share.best)} of the whole model's error ({_both(share)}); with "
+                f"{partner} {_pct(together)}, what {partner} costs alone"
+            )
+    # a jump where an upstream outlier blows the range is that outlier's doing, not a kernel's
+    taken = {c[1] for c in candidates} | set(explained) | blown
+    if local_observed:
+        backend = _alone_backend(
+            jumps,
+            on_cpu,
+            kernel,
+            taken,
+            alone_cpu,
+            evidence,
+            context_nsr or {},
+            observed,
+            {c[1] for c in candidates} | blown,
+            standouts,
+            columns,
+            costs,
+        )
+        candidates += backend
+    else:
+        inherited = _inherited(order, evidence, observed, local, columns)
+        if divergence is None and run_nsr and backend_jumps:
+            # a jump the CPU fake-quant of the whole model makes too is the layer's, not a kernel's
+            backend = _run_backend(jumps, evidence, run_cpu, taken, columns)
+            candidates += backend
+    named = {c[1] for c in candidates}
+    standing = _diverging(divergence or {}, quantized)
+    shares: Mapping[str, float] = {}
+    added = kernels_added.share if kernels_added is not None else math.nan
+    steps: Mapping[str, float] = getattr(divergence, "steps", {})
+    if standing and kernel_share is not None and not local_observed:
+        # not when the kernels together carry less: a rounding difference then is no one's;
+        # a layer computing something else (steps apart) is measured whatever they carry
+        asked = [n for n in standing if added >= SHARE or steps.get(n, 1.0) >= DIFFERENT_STEPS]
+        shares = kernel_share(asked) if asked else {}
+
+    def name_backend(n: str, cause: str, share: float) -> None:
+        # fed QNN's own inputs it parts from the fake-quant: its error is not its inputs'
+        col = columns.setdefault(n, {})
+        why = f"; {col[CAUSE]}" if col.get(CAUSE) and n not in inherited else ""
+        backend.append((divergence[n], n, f"{cause}{why}"))
+        candidates.append(backend[-1])
+        costs[n] = share
+
+    scattered = _not_adding_up(
+        [n for n in standing if shares.get(n, 0.0) >= SHARE and n not in named and n in evidence],
+        shares,
+        getattr(kernel_share, "together", None),
+    )
+    interacting: list[str] = []  # backend culprits whose differences do not add up
+    for n, cause in standing.items():
+        share = shares.get(n, math.nan)
+        if not math.isnan(share):
+            cause += f"; {_kernel_cost(share, quantized)}"
+        # a rounding (one step) that does not add up is no one layer's; a different
+        # computation is the kernel's whatever the others do (its cause says they interact)
+        rounding = n in scattered and steps.get(n, 1.0) < DIFFERENT_STEPS
+        if share >= SHARE and n not in named and n in evidence and not rounding:
+            if n in scattered:
+                interacting.append(n)
+                cause += scattered[n] + INTERACTING
+            name_backend(n, cause, share)
+        else:
+            _add_cause(columns, n, cause + (scattered[n] + NO_ONE_CAUSE if n in scattered else ""))
+    search = getattr(kernel_share, "search", None)
+    if search is not None and not candidates and not local_observed and added >= SHARE:
+        # the kernels carry most of the error and no layer stands out, for its encodings or
+        # its difference: a small difference that does not average out (a rounding bias
+        # before a pooling) may
+        found = search(
+            sorted(
+                (n for n, d in (divergence or {}).items() if d > 0), key=lambda n: -divergence[n]
+            ),
+            SHARE,
+        )
+        how: Mapping[str, str] = getattr(divergence, "how", {})
+        for n, share in found.items():
+            if n not in named and n in evidence:
+                cause = _parted(
+                    nsr_db(divergence[n]),
+                    how.get(n),
+                    quantized,
+                    ", no further than at other layers",
+                )
+                found_by = "(found by halving the layers where QNN differs)"
+                name_backend(n, f"{cause}; yet {_kernel_cost(share, quantized)} {found_by}", share)
+    candidates.sort(key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
+    candidates = _in_order(candidates, interacting, order)
+    # an upstream culprit that causes most of the error itself goes before those it blows
+    leading = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= SHARE}
+    candidates = _upstream_first(candidates, leading)
+    by_backend = {b[1] for b in backend}
+    culprits = []
+    for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):
+        columns.setdefault(n, {})[RANK] = r
+        columns[n][CAUSE] = cause
+        kind = (
+            "backend"
+            if n in by_backend
+            else FEW
+            if n in few
+            else ACTIVATION
+            if n in explained_by
+            else _kind(evidence[n])
+        )
+        shows = tuple(j for j, x in explained.items() if x == n)
+        culprits.append(
+            Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan), kind, shows)
+        )
+    beyond = []  # culprits too, past the named: their cause says so
+    for _, n, cause in candidates[MAX_CULPRITS:]:
+        columns.setdefault(n, {})[CAUSE] = f"{cause}; {AFTER_NAMED}"
+        beyond.append(n)
+    # several layers masking each other: what taking them out together removes (one more run)
+    together = impact(list(masked)) if len(masked) > 1 and impact is not None else None
+    unnamed = [  # standouts measured and not named: what the most of them costs the outputs
+        (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
+        for n, c in columns.items()
+        if RANK not in c
+        and n not in masked
+        and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
+    ]
+    findings = _findings(
+        culprits,
+        floor,
+        spread,
+        outputs,
+        max(unnamed, default=None),
+        _global_changes(evidence),
+        _most(costs.get(c.name, math.nan) for c in culprits),
+        "a quarter" if len(roots) == 1 else "half",
+        added if not local_observed else math.nan,
+        _masked_line(masked, together, evidence) if masked else "",
+    )
+    if divergence and kernels_added is not None:
+        line = kernels_added.line()
+        if kernels_added.share < NOTICED and by_backend & {c.name for c in culprits}:
+            # a named kernel's difference costs the outputs, yet QNN ends no worse overall
+            line += (
+                " (each backend culprit's difference is measured alone; with every layer's, "
+                "QNN ends no worse than the CPU fake-quant)"
+            )
+        findings.insert(-1, line)
+    if few_together:
+        findings.insert(-1, few_together)
+    if beyond:
+        shown = ", ".join(beyond[:SHOWN]) + (" and more" if len(beyond) > SHOWN else "")
+        findings.insert(
+            -1,
+            f"{len(beyond)} more layers ({shown}) are culprits by the same measures, {AFTER_NAMED}",
+        )
+    return Ranking(culprits, floor, spread, findings, columns)
+
+
+def _outlier_weights(
+    evidence: Mapping[str, Evidence],
+    order: Sequence[str],
+    impact: Impact | None,
+    named: Collection[str],
+    columns: dict[str, dict[str, object]],
+) -> tuple[dict[str, tuple[float, str]], str]:
+    """Layers whose outlier weights were measured to cost the outputs ``SHARE`` of their error
+    or more: name -> (share, cause); and a finding ("" if none). Two questions of the float
+    model, each asked of the layers that have such weights whether they stand out or not:
+
+    * a few weights ``BLOWN_RATIO`` times the tensor's 99th percentile or more (4 of the 8
+      bits), brought to the rest's range in the float and the QDQ model (error powers);
+    * one output channel ``OUTLIER_RATIO`` times every other channel or more, brought to the
+      next widest channel's range, the QDQ model's encodings refitted (noise-to-signal).
+
+    Such weights need not stand out locally, nor cost much alone: they multiply the error
+    their inputs bring from every encoding upstream. Each question is asked of its layers
+    together first (one run of each model), one by one only when together they matter
+    (``ONE_BY_ONE`` at most, the farthest outliers first) - and when then none does alone, a
+    finding says what they cost together."""
+    found: dict[str, tuple[float, str]] = {}
+    finding = ""
+    clamped = getattr(impact, "clamped", None)
+    few = {
+        n: evidence[n].rest_max
+        for n in order
+        if n in evidence
+        and n not in named
+        and evidence[n].few_outliers
+        and evidence[n].few_ratio >= BLOWN_RATIO
+    }
+    if clamped is not None and few:
+        shares, together = _asked(few, clamped, lambda n: evidence[n].few_ratio)
+        for n, share in shares.items():
+            found[n] = (
+                share,
+                f"outlier weight: {evidence[n].few_note}; brought to the rest's range (in the "
+                f"float model too) the outputs lose {_pct(share)} of their error - it multiplies "
+                "the error its input brings from the encodings upstream, which no encoding of "
+                "this layer removes: clamp or retrain that weight, or keep its input path in 16 "
+                "bits" + _was(columns, n),
+            )
+        if together >= SHARE and not shares:
+            most = max(evidence[n].few_ratio for n in few)
+            finding = (
+                f"the outlier weights of {len(few)} layers ({', '.join(few)}; up to {most:.3g}x "
+                f"their tensor's 99th percentile) together cost the outputs {_pct(together)} of "
+                "their error, none of them alone half: clamping or retraining them is a question "
+                "for the model as a whole"
+            )
+    channels = getattr(impact, "channels", None)
+    lone = {
+        n: (evidence[n].lone_channel, evidence[n].lone_level)
+        for n in order
+        if n in evidence
+        and n not in named
+        and n not in found
+        and evidence[n].lone_ratio >= OUTLIER_RATIO
+    }
+    if channels is not None and lone:
+        shares, together = _asked(lone, channels, lambda n: evidence[n].lone_ratio)
+        for n, share in shares.items():
+            ev = evidence[n]
+            found[n] = (
+                share,
+                f"outlier output channel: channel {ev.lone_channel} of its weights spans "
+                f"{ev.lone_ratio:.3g}x the next widest channel; brought to that channel's range "
+                "(in the float model too, every encoding refitted) the outputs lose "
+                f"{_pct(share)} of their noise-to-signal - that channel carries the error its "
+                "inputs bring from the encodings upstream louder than any other and blows the "
+                "ranges after it, which per-channel weights do not remove: retrain or regularize "
+                "that channel, or keep its input path in 16 bits" + _was(columns, n),
+            )
+        if together >= SHARE and not shares and not finding:
+            most = max(evidence[n].lone_ratio for n in lone)
+            finding = (
+                f"the outlier output channels of {len(lone)} layers ({', '.join(lone)}; up to "
+                f"{most:.3g}x the next widest channel) together cost the outputs "
+                f"{_pct(together)} of their noise-to-signal, none of them alone half: "
+                "retraining them is a question for the model as a whole"
+            )
+    return found, finding
+
+
+def _asked(
+    levels: Mapping[str, object], ask: Callable[[Mapping[str, object]], float], ratio
+) -> tuple[dict[str, float], float]:
+    """(layer -> share, for those costing ``SHARE`` alone; their share together) of a
+    question asked of ``levels``' layers together, then one by one when together they cost
+    ``SHARE`` (``ONE_BY_ONE`` at most, the largest ``ratio`` first): a question is two CPU
+    sessions of the model."""
+    together = ask(levels)
+    if not together >= SHARE:
+        return {}, together
+    shares = {}
+    for n in sorted(levels, key=lambda n: -ratio(n))[:ONE_BY_ONE]:
+        share = ask({n: levels[n]})  # the question already asked when it is the only one
+        if share >= SHARE:
+            shares[n] = share
+    return shares, together
+
+
+def _was(columns: Mapping[str, Mapping[str, object]], n: str) -> str:
+    """The cause a layer had before it was named, to be kept after the new one."""
+    was = columns.get(n, {}).get(CAUSE)
+    return f"; {was}" if was else ""
+
+
+def _most(shares: Iterable[float]) -> float:
+    """The largest share, NaN when any is unknown (or none is given)."""
+    known = list(shares)
+    return max(known) if known and not any(math.isnan(x) for x in known) else math.nan
+
+
+def _matters(
+    n: str, db: float, impact: Impact | None, later: Sequence[str], lone: bool = False
+) -> tuple[Share, Share | None, bool] | None:
+    """Whether a standout costs the outputs enough: (its share, its group's share when its
+    partners were needed, verdict); None when its impact could not be measured.
+
+    An outlier a layer makes travels: the layers after it that carry it lose their ranges too
+    and, one quantizer at a time, none of them explains the outputs' loss; a compensated pair
+    (:func:`_pair_of`) hurts only together. So when the layer alone does not matter, it is
+    measured again quantized together with its partners (carriers or pair) - and also when a
+    layer that destroys its information matters alone by the lower bar: what it costs with
+    them orders it among the culprits. The model's ``lone`` standout needs ``LONE_SHARE``: the
+    rest of the error is spread over layers at the floor, none of which comes near it."""
+    bar = MIN_SHARE if db < DESTROYED_DB else LONE_SHARE if lone else SHARE
+    share = impact(n, bar) if impact is not None else Share(math.nan)
+    if math.isnan(share.best):
+        return None
+    if not later or share.best >= SHARE:
+        return share, None, share.best >= bar
+    group = impact([n, *later], bar)
+    if math.isnan(group.best):
+        return share, None, share.best >= bar
+    return share, group, max(share.best, group.best) >= bar
+
+
+def _inherited(
+    order: Sequence[str],
+    evidence: Mapping[str, Evidence],
+    observed: Mapping[str, float],
+    local: Mapping[str, float],
+    columns: dict[str, dict[str, object]],
+) -> dict[str, str]:
+    """In a full run, say where a layer's error comes from when its inputs bring most of it:
+    the chain is followed (execution order) back to where it started. Returns each such layer's
+    root."""
+    inputs = compared_inputs({n: evidence[n].inputs for n in evidence}, set(observed))
+    root: dict[str, str] = {}
+    for n in order:
+        obs = observed.get(n, math.nan)
+        if not math.isfinite(obs):
+            continue
+        ins = [x for x in inputs.get(n, []) if math.isfinite(observed[x])]
+        if n not in columns or not ins or columns[n].get(CAUSE):
+            continue
+        worst = max(ins, key=lambda x: observed[x])
+        if observed[worst] >= 0.5 * obs and observed[worst] > local.get(n, 0.0):
+            root[n] = root.get(worst, worst)
+            columns[n][CAUSE] = f"inherited from {root[n]}"
+    return root

@@ -334,6 +334,13 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
         "only 5% of the whole model's error (alone 5%) "
         "(with the 2 layer(s) carrying its outlier 10%)" in (r.columns["l10"]["cause"])
     )
+    # the verdict gives the most a standout was measured to cost: here with its carriers
+    assert (
+        "the most, l10 with the 2 layer(s) carrying its outlier, 10%: see its cause"
+        in (r.findings[0])
+    )
+    r = rank(ev, names, impact=_Impact({"l10": 0.2, ("l10", "l11", "l12"): 0.1}))
+    assert "the most, l10, 20%: see its cause" in r.findings[0]  # alone it costs more
 
 
 def test_a_compensated_pair_is_measured_with_the_producer_whose_channel_it_amplifies():

@@ -214,6 +214,7 @@ def rank(
     severity: dict[str, float] = {}  # an offset's maker -> the NSR its offset causes downstream
     grouped: dict[str, tuple[list[str], Share, float]] = {}  # named only with its partners
     masked: dict[str, Share] = {}  # costing much alone, removing nothing taken out: not named
+    with_partners: dict[str, tuple[float, str]] = {}  # not named: its cost with its partners
 
     def stands(n: str) -> tuple[bool, bool]:
         """(its local SQNR stands out, its encoding clips)"""
@@ -303,6 +304,8 @@ def rank(
             with_them = (
                 f" (with {partners[n].short()} {_pct(group_share.best)})" if group_share else ""
             )
+            if group_share is not None and group_share.best > share.best:
+                with_partners[n] = (group_share.best, f"{n} with {partners[n].short()}")
             columns[n][CAUSE] = (
                 f"stands out locally ({_cause(ev)}) but costs the outputs only "
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
@@ -493,6 +496,10 @@ def rank(
         if RANK not in c
         and n not in masked
         and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
+    ]
+    # ...measured with its partners when they cost more together (an outlier and its carriers)
+    unnamed = [
+        with_partners[n] if with_partners.get(n, (-1.0,))[0] > v else (v, n) for v, n in unnamed
     ]
     findings = _findings(
         culprits,

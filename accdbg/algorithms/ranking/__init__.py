@@ -25,7 +25,8 @@ layers do - or whose backend result is far worse than its quantization explains:
   alone would not show - a finding names such layers, measured taken out together), unless it
   destroys its information: that must be fixed whatever masks it (its cause says both). A
   layer that loses only its weights' rounding (its output keeps its range, its weights' own
-  channel or outliers blow theirs) needs ``LONE_SHARE`` taken out (``MIN_SHARE`` when its
+  wide output channel blows theirs - not a few outlier weights, which also multiply the error
+  their input channels bring) needs ``LONE_SHARE`` taken out (``MIN_SHARE`` when its
   weights destroy their information, never less): its error travels through no other layer's
   range, so taken out is exactly what its fix removes. Faults that hurt only together are measured together: a layer
   with the layers whose range the outlier channel it makes blows (measured on the float model:

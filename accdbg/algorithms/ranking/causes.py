@@ -65,16 +65,17 @@ def _cause(ev: Evidence) -> str:
 def _own_rounding(ev: Evidence) -> bool:
     """The layer loses only its weights' rounding: its weights' part is the only one its cause
     names (:func:`_named_parts`: its output keeps its range) and it clips nothing,
-    and what blows its weights' range is their own (a wide output channel, a few outlier
-    weights) - not an input channel its producer shrank (a pair, measured with it) nor an
-    input offset they multiply (its maker's). Its error then travels through no range of
-    another layer: taken out of the whole QDQ model, its quantizers take its fix's part of the
-    error. (A few weights far beyond the rest are also asked what the float model would be
-    without them, when not named here.)"""
+    and what blows its weights' range is their own wide output channel (or no outlier at all)
+    - not an input channel its producer shrank (a pair, measured with it), not an input offset
+    they multiply (its maker's), and not a few weights far beyond the rest: such a weight also
+    multiplies the error its input channel brings from every encoding upstream, which taking
+    its own quantizers out leaves in place (the outlier weights' question asks what the model
+    would be without them). Its error then travels through no range of another layer: taken
+    out of the whole QDQ model, its quantizers take its fix's part of the error."""
     return (
         [kind for _, kind, _ in _named_parts(ev)] == [WEIGHT]
         and not _clips(ev)
-        and ev.weight_outlier in ("", "output channel", "weight")
+        and ev.weight_outlier in ("", "output channel")
         and not ev.offset_from
     )
 

@@ -151,12 +151,23 @@ class Share:
 
     alone: float
     removed: float = math.nan
+    # the judged output each was taken at, when the model has several (a layer can cost one
+    # output most of its error and another little: the share is the output it costs most)
+    alone_at: str = ""
+    removed_at: str = ""
 
     @property
     def best(self) -> float:
         """The larger of the two: either way the layer is shown to matter."""
         vals = [v for v in (self.alone, self.removed) if not math.isnan(v)]
         return max(vals) if vals else math.nan
+
+    @property
+    def at(self) -> str:
+        """The judged output the larger measure was taken at ("" with one output)."""
+        if math.isnan(self.removed) or (not math.isnan(self.alone) and self.alone >= self.removed):
+            return self.alone_at
+        return self.removed_at
 
 
 Feeds = Mapping[str, np.ndarray]
@@ -294,15 +305,21 @@ class Sensitivity:
             return Share(math.nan)
         group = [layers] if isinstance(layers, Exposed) else list(layers)
         whole = self.whole_noise[useful]
-        alone = float((self.alone_noise(group)[useful] / whole).max())
+        names = [o for o, u in zip(self.outputs, useful, strict=True) if u]
+
+        def at(values: np.ndarray) -> str:
+            return names[int(np.argmax(values))] if len(names) > 1 else ""
+
+        alone_all = self.alone_noise(group)[useful] / whole
+        alone = float(alone_all.max())
         if alone >= enough:
-            return Share(alone)
+            return Share(alone, alone_at=at(alone_all))
         try:
-            removed = float((1.0 - self.removed_noise(group)[useful] / whole).max())
+            removed_all = 1.0 - self.removed_noise(group)[useful] / whole
         except Exception as exc:  # onnxruntime refusing the edited QDQ model: one measure only
             log.info("no leave-one-out measure for %s: %s", group[0].name, str(exc)[:200])
-            removed = math.nan
-        return Share(alone, removed)
+            return Share(alone, alone_at=at(alone_all))
+        return Share(alone, float(removed_all.max()), at(alone_all), at(removed_all))
 
     def clamped_share(self, levels: Sequence[tuple[Exposed, float]]) -> float:
         """The part of the outputs' error that goes when each layer's weights are brought to

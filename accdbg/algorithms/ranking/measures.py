@@ -111,9 +111,15 @@ def _pct(x: float) -> str:
 
 
 def _both(share: Share) -> str:
-    """Both measures, or the one taken (the second is skipped when the first is enough)."""
+    """Both measures, or the one taken (the second is skipped when the first is enough), and
+    the output the larger is of when the model has several."""
     parts = [("alone", share.alone), ("taken out of the quantized model", share.removed)]
-    return ", ".join(f"{k} {_pct(v)}" for k, v in parts if not math.isnan(v))
+    return ", ".join(f"{k} {_pct(v)}" for k, v in parts if not math.isnan(v)) + _of(share)
+
+
+def _of(share: Share) -> str:
+    """The output a share is of, when the model has several ("" else)."""
+    return f"; of the output {share.at}'s error" if share.at else ""
 
 
 def _nan_none(x: float) -> float | None:

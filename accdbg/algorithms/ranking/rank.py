@@ -53,6 +53,7 @@ from accdbg.algorithms.ranking.measures import (
     _both,
     _clip_bar,
     _nan_none,
+    _of,
     _pct,
     compared_inputs,
     robust_floor,
@@ -320,7 +321,7 @@ def rank(
         elif share.removed > 2 * share.alone and share.removed >= SHARE:
             cause += (
                 f"; with every other encoding applied it causes {_pct(share.removed)} of the "
-                f"outputs' error (alone {_pct(share.alone)}): it hurts together with its "
+                f"outputs' error (alone {_pct(share.alone)}{_of(share)}): it hurts together with its "
                 "neighbours' encodings"
             )
         else:

@@ -15,6 +15,7 @@ from accdbg.algorithms.fragments import KERNELS, context_walk
 from accdbg.algorithms.ranking.causes import ACTIVATION
 from accdbg.algorithms.ranking.measures import (
     ABS_DB,
+    CAUSE,
     MAX_GAP_DB,
     SHARE,
     Impact,
@@ -582,3 +583,88 @@ def _run_backend(
     for n in gained.keys() - taken:
         _add_cause(columns, n, gained[n])
     return backend
+
+
+def _diverging_backend(
+    divergence: Mapping[str, float] | None,
+    kernel_share: Callable[[Sequence[str]], Mapping[str, float]] | None,
+    added: float,
+    quantized: bool,
+    local_observed: bool,
+    named: set[str],
+    evidence: Mapping[str, Evidence],
+    inherited: Mapping[str, str],
+    columns: dict[str, dict[str, object]],
+    costs: dict[str, float],
+) -> tuple[list[tuple[float, str, str]], list[str]]:
+    """A full run's backend candidates ``(nsr, name, cause)`` where QNN parts from the CPU
+    fake-quant fed its own inputs (``divergence``, :func:`_diverging`): named when that
+    difference alone costs the outputs ``SHARE`` (``kernel_share``; asked when the kernels
+    add that much - ``added``, their part of the outputs' error - or of a layer computing
+    something else), unless those differences do not add up (a rounding that is no one's);
+    the others are a note in their cause. With nothing
+    ``named`` at all and the kernels carrying ``SHARE``, the layers where QNN differs are halved
+    down to one whose difference alone costs that much (``kernel_share.search``). Returns the
+    candidates and those among them whose effects interact (put in execution order);
+    ``costs`` gets what each was measured to cost."""
+    standing = _diverging(divergence or {}, quantized)
+    shares: Mapping[str, float] = {}
+    steps: Mapping[str, float] = getattr(divergence, "steps", {})
+    if standing and kernel_share is not None and not local_observed:
+        # not when the kernels together carry less: a rounding difference then is no one's;
+        # a layer computing something else (steps apart) is measured whatever they carry
+        asked = [n for n in standing if added >= SHARE or steps.get(n, 1.0) >= DIFFERENT_STEPS]
+        shares = kernel_share(asked) if asked else {}
+
+    found: list[tuple[float, str, str]] = []
+
+    def name_backend(n: str, cause: str, share: float) -> None:
+        # fed QNN's own inputs it parts from the fake-quant: its error is not its inputs'
+        col = columns.setdefault(n, {})
+        why = f"; {col[CAUSE]}" if col.get(CAUSE) and n not in inherited else ""
+        found.append((divergence[n], n, f"{cause}{why}"))
+        costs[n] = share
+
+    scattered = _not_adding_up(
+        [n for n in standing if shares.get(n, 0.0) >= SHARE and n not in named and n in evidence],
+        shares,
+        getattr(kernel_share, "together", None),
+    )
+    interacting: list[str] = []  # backend culprits whose differences do not add up
+    for n, cause in standing.items():
+        share = shares.get(n, math.nan)
+        if not math.isnan(share):
+            cause += f"; {_kernel_cost(share, quantized)}"
+        # a rounding (one step) that does not add up is no one layer's; a different
+        # computation is the kernel's whatever the others do (its cause says they interact)
+        rounding = n in scattered and steps.get(n, 1.0) < DIFFERENT_STEPS
+        if share >= SHARE and n not in named and n in evidence and not rounding:
+            if n in scattered:
+                interacting.append(n)
+                cause += scattered[n] + INTERACTING
+            name_backend(n, cause, share)
+        else:
+            _add_cause(columns, n, cause + (scattered[n] + NO_ONE_CAUSE if n in scattered else ""))
+    search = getattr(kernel_share, "search", None)
+    if search is not None and not named and not found and not local_observed and added >= SHARE:
+        # the kernels carry most of the error and no layer stands out, for its encodings or
+        # its difference: a small difference that does not average out (a rounding bias
+        # before a pooling) may
+        halved = search(
+            sorted(
+                (n for n, d in (divergence or {}).items() if d > 0), key=lambda n: -divergence[n]
+            ),
+            SHARE,
+        )
+        how: Mapping[str, str] = getattr(divergence, "how", {})
+        for n, share in halved.items():
+            if n not in named and n in evidence:
+                cause = _parted(
+                    nsr_db(divergence[n]),
+                    how.get(n),
+                    quantized,
+                    ", no further than at other layers",
+                )
+                found_by = "(found by halving the layers where QNN differs)"
+                name_backend(n, f"{cause}; yet {_kernel_cost(share, quantized)} {found_by}", share)
+    return found, interacting

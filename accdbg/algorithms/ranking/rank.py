@@ -18,22 +18,16 @@ from accdbg.algorithms.ranking.findings import (
     _masked_line,
 )
 from accdbg.algorithms.ranking.kernels import (
-    DIFFERENT_STEPS,
-    INTERACTING,
-    NO_ONE_CAUSE,
     NOTICED,
     KernelsAdded,
     _alone_backend,
     _amplifying,
     _beyond,
     _brought,
-    _diverging,
+    _diverging_backend,
     _in_order,
     _jumps,
-    _kernel_cost,
     _local_expected,
-    _not_adding_up,
-    _parted,
     _run_backend,
 )
 from accdbg.algorithms.ranking.measures import (
@@ -49,7 +43,6 @@ from accdbg.algorithms.ranking.measures import (
     SHARE,
     SHARE_COL,
     Impact,
-    _add_cause,
     _both,
     _clip_bar,
     _nan_none,
@@ -402,66 +395,21 @@ def rank(
             backend = _run_backend(jumps, evidence, run_cpu, taken, columns)
             candidates += backend
     named = {c[1] for c in candidates}
-    standing = _diverging(divergence or {}, quantized)
-    shares: Mapping[str, float] = {}
     added = kernels_added.share if kernels_added is not None else math.nan
-    steps: Mapping[str, float] = getattr(divergence, "steps", {})
-    if standing and kernel_share is not None and not local_observed:
-        # not when the kernels together carry less: a rounding difference then is no one's;
-        # a layer computing something else (steps apart) is measured whatever they carry
-        asked = [n for n in standing if added >= SHARE or steps.get(n, 1.0) >= DIFFERENT_STEPS]
-        shares = kernel_share(asked) if asked else {}
-
-    def name_backend(n: str, cause: str, share: float) -> None:
-        # fed QNN's own inputs it parts from the fake-quant: its error is not its inputs'
-        col = columns.setdefault(n, {})
-        why = f"; {col[CAUSE]}" if col.get(CAUSE) and n not in inherited else ""
-        backend.append((divergence[n], n, f"{cause}{why}"))
-        candidates.append(backend[-1])
-        costs[n] = share
-
-    scattered = _not_adding_up(
-        [n for n in standing if shares.get(n, 0.0) >= SHARE and n not in named and n in evidence],
-        shares,
-        getattr(kernel_share, "together", None),
+    found, interacting = _diverging_backend(
+        divergence,
+        kernel_share,
+        added,
+        quantized,
+        local_observed,
+        named,
+        evidence,
+        inherited,
+        columns,
+        costs,
     )
-    interacting: list[str] = []  # backend culprits whose differences do not add up
-    for n, cause in standing.items():
-        share = shares.get(n, math.nan)
-        if not math.isnan(share):
-            cause += f"; {_kernel_cost(share, quantized)}"
-        # a rounding (one step) that does not add up is no one layer's; a different
-        # computation is the kernel's whatever the others do (its cause says they interact)
-        rounding = n in scattered and steps.get(n, 1.0) < DIFFERENT_STEPS
-        if share >= SHARE and n not in named and n in evidence and not rounding:
-            if n in scattered:
-                interacting.append(n)
-                cause += scattered[n] + INTERACTING
-            name_backend(n, cause, share)
-        else:
-            _add_cause(columns, n, cause + (scattered[n] + NO_ONE_CAUSE if n in scattered else ""))
-    search = getattr(kernel_share, "search", None)
-    if search is not None and not candidates and not local_observed and added >= SHARE:
-        # the kernels carry most of the error and no layer stands out, for its encodings or
-        # its difference: a small difference that does not average out (a rounding bias
-        # before a pooling) may
-        found = search(
-            sorted(
-                (n for n, d in (divergence or {}).items() if d > 0), key=lambda n: -divergence[n]
-            ),
-            SHARE,
-        )
-        how: Mapping[str, str] = getattr(divergence, "how", {})
-        for n, share in found.items():
-            if n not in named and n in evidence:
-                cause = _parted(
-                    nsr_db(divergence[n]),
-                    how.get(n),
-                    quantized,
-                    ", no further than at other layers",
-                )
-                found_by = "(found by halving the layers where QNN differs)"
-                name_backend(n, f"{cause}; yet {_kernel_cost(share, quantized)} {found_by}", share)
+    backend += found
+    candidates += found
     candidates.sort(key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
     candidates = _in_order(candidates, interacting, order)
     # an upstream culprit that causes most of the error itself goes before those it blows

@@ -1219,17 +1219,24 @@ def test_a_softmax_output_is_judged_at_its_logits(tmp_path):
 
 
 def _matmul_chain(
-    tmp_path, w1: np.ndarray, w2: np.ndarray, relu: bool = False, side: np.ndarray | None = None
+    tmp_path,
+    w1: np.ndarray,
+    w2: np.ndarray,
+    relu: bool = False,
+    side: np.ndarray | None = None,
+    sigmoid: bool = False,
 ):
     """x[8,6] @ w1 (then a Relu) @ w2, saved: (model, its path, the path to quantize it to).
-    ``side``: another output ``z`` = x @ side, a branch of its own (the first output)."""
+    ``side``: another output ``z`` = x @ side, a branch of its own (the first output);
+    ``sigmoid``: y is the Sigmoid of that product, ``logits``."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     mid = "r" if relu else "a"
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"])]
     nodes += [helper.make_node("Relu", ["a"], ["r"])] if relu else []
-    nodes += [helper.make_node("MatMul", [mid, "w2"], ["y"])]
+    nodes += [helper.make_node("MatMul", [mid, "w2"], ["logits" if sigmoid else "y"])]
+    nodes += [helper.make_node("Sigmoid", ["logits"], ["y"])] if sigmoid else []
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])]
     inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")]
     if side is not None:
@@ -1581,6 +1588,14 @@ def test_a_share_says_which_output_it_is_of_when_the_model_has_several(tmp_path)
     q = _Quantized(fp, qp, x).model
     one = Sensitivity(model, q, {"x": x}).share(_matmul_layer(q, "w1", "a"))
     assert one.at == "" and "of the output" not in _both(one)
+    # an output a Sigmoid makes is judged at its logits, and named as the model's output
+    (tmp_path / "sig").mkdir()
+    side = rng.normal(size=(6, 3)).astype(np.float32)
+    model, fp, qp = _matmul_chain(tmp_path / "sig", w1, w2, side=side, sigmoid=True)
+    q = _Quantized(fp, qp, x).model
+    squashed = Sensitivity(model, q, {"x": x})
+    assert squashed.outputs == ["z", "logits"]
+    assert squashed.share(_matmul_layer(q, "w1", "a")).at == "y"
     # the larger measure's output is named
     assert _both(Share(0.2, 0.8, "y", "z")) == (
         "alone 20%, taken out of the quantized model 80%; of the output z's error"

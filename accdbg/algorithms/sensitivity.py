@@ -151,8 +151,9 @@ class Share:
 
     alone: float
     removed: float = math.nan
-    # the judged output each was taken at, when the model has several (a layer can cost one
-    # output most of its error and another little: the share is the output it costs most)
+    # the model output each was taken at (judged at its logits for a Softmax/Sigmoid output),
+    # when the model has several (a layer can cost one output most of its error and another
+    # little: the share is the output it costs most)
     alone_at: str = ""
     removed_at: str = ""
 
@@ -198,6 +199,11 @@ class Sensitivity:
     ):
         self.feeds = [dict(feeds)] if isinstance(feeds, Mapping) else [dict(f) for f in feeds]
         self.outputs = scores(float_model)
+        # the model output each judged tensor is (its logits for a Softmax/Sigmoid output): a
+        # share names the output, as the user knows it
+        self._output_of: dict[str, str] = {}
+        for o, judged in zip(float_model.graph.output, judged_at(float_model), strict=True):
+            self._output_of.setdefault(judged, o.name)
         self.float_model = om.with_outputs(float_model, self.outputs)
         self._qdq_nodes = om.topological_nodes(qdq_model.graph)
         self._qdq_inits = {i.name: i for i in qdq_model.graph.initializer}
@@ -305,7 +311,7 @@ class Sensitivity:
             return Share(math.nan)
         group = [layers] if isinstance(layers, Exposed) else list(layers)
         whole = self.whole_noise[useful]
-        names = [o for o, u in zip(self.outputs, useful, strict=True) if u]
+        names = [self._output_of.get(o, o) for o, u in zip(self.outputs, useful, strict=True) if u]
 
         def at(values: np.ndarray) -> str:
             return names[int(np.argmax(values))] if len(names) > 1 else ""

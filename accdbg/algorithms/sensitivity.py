@@ -165,10 +165,8 @@ class Share:
 
     @property
     def at(self) -> str:
-        """The judged output the larger measure was taken at ("" with one output)."""
-        if math.isnan(self.removed) or (not math.isnan(self.alone) and self.alone >= self.removed):
-            return self.alone_at
-        return self.removed_at
+        """The output :attr:`best` was taken at ("" with one output)."""
+        return self.alone_at if self.best == self.alone else self.removed_at
 
 
 Feeds = Mapping[str, np.ndarray]
@@ -198,12 +196,12 @@ class Sensitivity:
         singles: Sequence[Sequence[Exposed]] = (),
     ):
         self.feeds = [dict(feeds)] if isinstance(feeds, Mapping) else [dict(f) for f in feeds]
-        self.outputs = scores(float_model)
         # the model output each judged tensor is (its logits for a Softmax/Sigmoid output): a
-        # share names the output, as the user knows it
+        # share names the output, as the user knows it; its keys, in order, are :func:`scores`
         self._output_of: dict[str, str] = {}
         for o, judged in zip(float_model.graph.output, judged_at(float_model), strict=True):
             self._output_of.setdefault(judged, o.name)
+        self.outputs = list(self._output_of)
         self.float_model = om.with_outputs(float_model, self.outputs)
         self._qdq_nodes = om.topological_nodes(qdq_model.graph)
         self._qdq_inits = {i.name: i for i in qdq_model.graph.initializer}

@@ -295,11 +295,10 @@ def rank(
         columns[n][SHARE_COL] = _nan_none(share.alone)
         columns[n][REMOVED_COL] = _nan_none(share.removed)
         if not matters:
-            with_them = (
-                f" (with {partners[n].short()} {_pct(group_share.best)})" if group_share else ""
-            )
+            short = partners[n].short()
+            with_them = f" (with {short} {_pct(group_share.best)})" if group_share else ""
             if group_share is not None and group_share.best > share.best:
-                with_partners[n] = (group_share.best, f"{n} with {partners[n].short()}")
+                with_partners[n] = (group_share.best, f"{n} with {short}")
             columns[n][CAUSE] = (
                 f"stands out locally ({_cause(ev)}) but costs the outputs only "
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
@@ -440,15 +439,14 @@ def rank(
     # several layers masking each other: what taking them out together removes (one more run)
     together = impact(list(masked)) if len(masked) > 1 and impact is not None else None
     unnamed = [  # standouts measured and not named: what the most of them costs the outputs
-        (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
+        # (with its partners when they cost more together: an outlier and its carriers)
+        with_partners.get(
+            n, (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
+        )
         for n, c in columns.items()
         if RANK not in c
         and n not in masked
         and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
-    ]
-    # ...measured with its partners when they cost more together (an outlier and its carriers)
-    unnamed = [
-        with_partners[n] if with_partners.get(n, (-1.0,))[0] > v else (v, n) for v, n in unnamed
     ]
     findings = _findings(
         culprits,

@@ -43,9 +43,10 @@ layers do - or whose backend result is far worse than its quantization explains:
   (requantized), each judged against its own float. When the outputs then lose ``SHARE`` of
   their error or more, it is a culprit: such a weight multiplies the error its input channel
   brings from every encoding upstream, which no encoding of its own layer explains (alone and
-  taken out it may cost little). So is a layer whose widest output channel of weights spans
-  ``OUTLIER_RATIO`` times the next widest or more: that channel brought to the next one's range
-  in both models, the QDQ model's activation encodings refitted (noise-to-signal).
+  taken out it may cost little). So is a standout whose widest output channel of weights
+  spans ``OUTLIER_RATIO`` times the next widest or more: that channel brought to the next one's
+  range in both models, the QDQ model's activation encodings refitted (noise-to-signal); a
+  layer at the noise floor is not asked (its loud weights make no loud output where it counts).
 * **backend** - the target's error at a layer (per channel) exceeds what the layer's own
   quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
   same way among the model's layers: the kernel, not the encodings (golden inputs: layerwise).

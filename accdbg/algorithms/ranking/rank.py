@@ -340,7 +340,7 @@ def rank(
             cause += "; the model's only standout: every other layer sits at its noise floor"
         candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
     few, few_together = _outlier_weights(
-        evidence, order, impact, {c[1] for c in candidates}, columns
+        evidence, order, impact, {c[1] for c in candidates}, set(standouts), columns
     )
     for n, (share, cause) in few.items():
         costs[n] = share
@@ -485,19 +485,28 @@ def _outlier_weights(
     order: Sequence[str],
     impact: Impact | None,
     named: Collection[str],
+    standing: Collection[str],
     columns: dict[str, dict[str, object]],
 ) -> tuple[dict[str, tuple[float, str]], str]:
     """Layers whose outlier weights were measured to cost the outputs ``SHARE`` of their error
     or more: name -> (share, cause); and a finding ("" if none). Two questions of the float
-    model, each asked of the layers that have such weights whether they stand out or not:
+    model, each asked of the layers that have such weights:
 
     * a few weights ``BLOWN_RATIO`` times the tensor's 99th percentile or more (4 of the 8
-      bits), brought to the rest's range in the float and the QDQ model (error powers);
+      bits), brought to the rest's range in the float and the QDQ model (error powers) -
+      whether the layer stands out or not;
     * one output channel ``OUTLIER_RATIO`` times every other channel or more, brought to the
-      next widest channel's range, the QDQ model's encodings refitted (noise-to-signal).
+      next widest channel's range, the QDQ model's encodings refitted (noise-to-signal) -
+      only of a layer ``standing`` out (its local SQNR or its clipping, or the source of an
+      outlier a later standout carries).
 
-    Such weights need not stand out locally, nor cost much alone: they multiply the error
-    their inputs bring from every encoding upstream. Each question is asked of its layers
+    A few outlier weights need not make their layer stand out, nor cost much alone: they
+    multiply the error their inputs bring from every encoding upstream and leave the layer's
+    output range as it was. A whole output channel that loud makes a loud output channel,
+    whose range crushes the others': when its layer sits at the noise floor, the channel is not
+    loud where it counts, and the question would only measure another float model (a trained
+    channel a few times its neighbours is common) - such a layer is held to the rule every
+    other layer is: a culprit stands out from the noise floor. Each question is asked of its layers
     together first (one run of each model), one by one only when together they matter
     (``ONE_BY_ONE`` at most, the farthest outliers first) - and when then none does alone, a
     finding says what they cost together."""
@@ -538,6 +547,7 @@ def _outlier_weights(
         if n in evidence
         and n not in named
         and n not in found
+        and n in standing
         and evidence[n].lone_ratio >= OUTLIER_RATIO
     }
     if channels is not None and lone:

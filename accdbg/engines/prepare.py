@@ -19,7 +19,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from accdbg.core import onnx_model as om
-from accdbg.engines.quantize import quiet_root_warnings
+from accdbg.engines.quantize import root_records_to_log
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.inference_engine")
@@ -199,7 +199,7 @@ def qnn_preprocess(src: Path, dst: Path, steps: list[str]) -> bool:
     del model.metadata_props[:]
     try:
         # it names unnamed nodes, with a root-logger warning for each: noise for the user
-        with quiet_root_warnings("does not have a name"):
+        with root_records_to_log():
             changed = qnn_preprocess_model(model, str(dst))
     except Exception as exc:
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

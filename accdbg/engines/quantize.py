@@ -90,20 +90,21 @@ class FeedsReader(CalibrationDataReader):
         return ""
 
 
-class _DropMessages(logging.Filter):
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
+class _ToLog(logging.Filter):
+    """onnxruntime's quantizer and pre-processing warn on the root logger (advice to
+    pre-process, which accdbg did; a node named for it; a per-channel axis skipped; a tensor
+    with no known type, left float): each record goes to accdbg's log at debug level (the
+    run's log, the console with ``-v``), not to the console as a bare ``WARNING:root:`` line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
+        log.debug("onnxruntime: %s", record.getMessage())
+        return False
 
 
 @contextmanager
-def quiet_root_warnings(text: str):
-    """Drop onnxruntime's root-logger warnings containing ``text`` (e.g. the quantizer's advice
-    to pre-process, which we already did)."""
-    f = _DropMessages(text)
+def root_records_to_log():
+    """While onnxruntime quantizes or pre-processes: its root-logger records to the log."""
+    f = _ToLog()
     root = logging.getLogger()
     root.addFilter(f)
     try:
@@ -232,7 +233,7 @@ def quantize_for_qnn(
     config.extra_options.update(extra)
     reader.rewind()
     try:
-        with quiet_root_warnings("pre-process"):
+        with root_records_to_log():
             quantize(str(float_model), str(out_path), config)
     except AccdbgError:
         raise

@@ -26,7 +26,7 @@ from accdbg.encodings.model import Encoding
 from accdbg.encodings.qdq import qdq_encodings
 from accdbg.engines.options import QuantOptions
 from accdbg.engines.pipeline import Calibration, quantize_prepared
-from accdbg.engines.quantize import ACT_CALIBRATION, QUANTIZERS
+from accdbg.engines.quantize import ACT_CALIBRATION, QUANTIZERS, root_records_to_log
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.quant_checker")
@@ -60,26 +60,6 @@ class Variant:
             param_quantizer=self.quantizer,
             per_channel=self.per_channel,
         )
-
-
-class _ToLog(logging.Filter):
-    """onnxruntime's quantizer warns on the root logger (e.g. per-channel axes it skips):
-    those records go to the run's log, not the console."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        log.debug("onnxruntime: %s", record.getMessage())
-        return False
-
-
-@contextlib.contextmanager
-def _root_records_to_log():
-    f = _ToLog()
-    root = logging.getLogger()
-    root.addFilter(f)
-    try:
-        yield
-    finally:
-        root.removeFilter(f)
 
 
 def parse_variants(quantizers: str | Sequence[str], per_channel: str = "both") -> list[Variant]:
@@ -120,7 +100,7 @@ def quantize_variants(
     steps: list[str] = []
     for v in variants:
         chatter = io.StringIO()  # onnxruntime's calibrators print(); that goes to the log
-        with contextlib.redirect_stdout(chatter), _root_records_to_log():
+        with contextlib.redirect_stdout(chatter), root_records_to_log():
             done = quantize_prepared(prepared, v.name, calibration, v.quant(base), out_dir)
         if chatter.getvalue().strip():
             log.debug("%s quantizer output:\n%s", v.name, chatter.getvalue().rstrip())

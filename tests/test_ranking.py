@@ -349,6 +349,20 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
     )
     r = rank(ev, names, impact=_Impact({"l10": 0.2, ("l10", "l11", "l12"): 0.1}))
     assert "the most, l10, 20%: see its cause" in r.findings[0]  # alone it costs more
+    # a model of several outputs: the group's share says its output when the layer's is another
+    shares = {
+        "l10": Share(0.05, 0.02, "boxes", "boxes"),
+        ("l10", "l11", "l12"): Share(0.9, 0.4, "scores", "boxes"),
+    }
+    cause = rank(ev, names, impact=_Impact(shares)).culprits[0].cause
+    assert (
+        "with them it costs the outputs 90% of the whole model's error at the output scores ("
+        in (cause)
+    )
+    assert "(alone 5%, taken out of the quantized model 2%; of the output boxes's error)" in cause
+    shares[("l10", "l11", "l12")] = Share(0.9, 0.4, "boxes", "boxes")
+    cause = rank(ev, names, impact=_Impact(shares)).culprits[0].cause
+    assert "90% of the whole model's error (alone 5%" in cause  # said once, at the end
 
 
 def test_a_compensated_pair_is_measured_with_the_producer_whose_channel_it_amplifies():

@@ -122,6 +122,12 @@ def _of(share: Share) -> str:
     return f"; of the output {share.at}'s error" if share.at else ""
 
 
+def _at(group: Share, share: Share) -> str:
+    """The output a group's share is of, when not the one its layer's own share names (that
+    one ends the layer's shares)."""
+    return f" at the output {group.at}" if group.at and group.at != share.at else ""
+
+
 def _nan_none(x: float) -> float | None:
     return None if math.isnan(x) else x
 

@@ -43,6 +43,7 @@ from accdbg.algorithms.ranking.measures import (
     SHARE,
     SHARE_COL,
     Impact,
+    _at,
     _both,
     _clip_bar,
     _nan_none,
@@ -296,7 +297,11 @@ def rank(
         columns[n][REMOVED_COL] = _nan_none(share.removed)
         if not matters:
             short = partners[n].short()
-            with_them = f" (with {short} {_pct(group_share.best)})" if group_share else ""
+            with_them = (
+                f" (with {short} {_pct(group_share.best)}{_at(group_share, share)})"
+                if group_share
+                else ""
+            )
             if group_share is not None and group_share.best > share.best:
                 with_partners[n] = (group_share.best, f"{n} with {short}")
             columns[n][CAUSE] = (
@@ -308,7 +313,8 @@ def rank(
         if group_share is not None:
             cause += (
                 f"; {partners[n].long()}: with them it costs the outputs "
-                f"{_pct(group_share.best)} of the whole model's error ({_both(share)})"
+                f"{_pct(group_share.best)} of the whole model's error{_at(group_share, share)} "
+                f"({_both(share)})"
             )
         elif share.removed > 2 * share.alone and share.removed >= SHARE:
             cause += (

@@ -92,6 +92,85 @@ MAX_CULPRITS = 5
 AFTER_NAMED = f"after the {MAX_CULPRITS} named: not ranked (fix those first, then debug again)"
 
 
+@dataclass
+class _Standing:
+    """The layers that stand out from the noise floor, in execution order, and where each one's
+    outlier came in from: what :func:`rank` then measures against the outputs."""
+
+    standouts: list[str] = field(default_factory=list)
+    carried: dict[str, list[str]] = field(default_factory=dict)  # a root -> standouts carrying it
+    root_of: dict[str, str] = field(default_factory=dict)  # a carrier -> the standout it came from
+    clipping: set[str] = field(default_factory=set)  # standouts whose encoding clips
+    severity: dict[str, float] = field(default_factory=dict)  # an offset's maker -> NSR it causes
+    reaches: Mapping[str, Reach] | None = None  # the layers each standout's outlier blows
+
+    @classmethod
+    def find(
+        cls,
+        order: Sequence[str],
+        evidence: Mapping[str, Evidence],
+        local: Mapping[str, float],
+        local_db: Mapping[str, float],
+        cut: float,
+        clip_bar: float,
+        reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None,
+        columns: dict[str, dict[str, object]],
+    ) -> _Standing:
+        """Walk the layers once: each one's evidence columns, and the standouts - a local SQNR
+        under ``cut`` (and the pass mark), or clipping from ``clip_bar``. A standout whose
+        outlier came in with its input is its source's carrier (a layer without weights keeps
+        its input's clipped range; an offset's maker is added for what its offset does here)."""
+
+        def stands(n: str) -> tuple[bool, bool]:
+            """(its local SQNR stands out, its encoding clips)"""
+            db = local_db.get(n, math.nan)
+            weak = math.isfinite(db) and db < cut and db < ABS_DB
+            return weak, math.isfinite(db) and evidence[n].clipped >= clip_bar
+
+        # the layers each standout's outlier channel blows (measured once for all of them)
+        found = cls(
+            reaches=reach([n for n in order if n in evidence and any(stands(n))]) if reach else None
+        )
+        standouts, root_of = found.standouts, found.root_of
+        for n in order:
+            ev = evidence.get(n)
+            if ev is None:
+                continue
+            columns[n] = {
+                LOCAL: local_db.get(n),
+                "weight SQNR": nsr_db(ev.weight_nsr),
+                "output quant SQNR": nsr_db(ev.output_nsr),
+                "clipped %": 100 * ev.clipped if not math.isnan(ev.clipped) else None,
+            }
+            weak, clips = stands(n)
+            if not (weak or clips):
+                continue
+            if not weak and math.isnan(ev.weight_nsr):
+                # a layer without weights (a resize, a pooling) keeps its input's range: its
+                # input clipped already
+                src = next((x for x in ev.inputs if x in found.clipping), None)
+                if src is not None:
+                    standouts.append(n)
+                    columns[n][CAUSE] = f"clipping carried in from {src} (the same range)"
+                    root_of[n] = root_of.get(src, src)
+                    continue
+            if clips:
+                found.clipping.add(n)
+            src = _outlier_source(n, evidence, standouts, found.reaches)
+            if src is not None and src not in standouts:
+                if src in local_db:  # an offset's maker, named for what its offset does here
+                    standouts.append(src)
+                    found.severity[src] = local[n]
+                else:
+                    src = None
+            standouts.append(n)
+            if src is not None:  # the outlier came in with the input: its source is the culprit
+                columns[n][CAUSE] = _carried_cause(n, src, ev, found.reaches, evidence[src])
+                root_of[n] = root_of.get(src, src)
+                found.carried.setdefault(root_of[n], []).append(n)
+        return found
+
+
 def _consider(impact: Impact | None, names: Sequence[str], singles: Sequence[str]) -> None:
     """Tell an impact measure which layers it will be asked about (``singles``: those asked
     alone), when it can use that (the sensitivity builds its models once for all of them)."""
@@ -200,66 +279,25 @@ def rank(
     cut = floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
     clip_bar = _clip_bar([evidence[n].clipped for n in order if n in evidence])
     columns: dict[str, dict[str, object]] = {}
+    stand = _Standing.find(order, evidence, local, local_db, cut, clip_bar, reach, columns)
+    standouts, root_of, severity, reaches = (
+        stand.standouts,
+        stand.root_of,
+        stand.severity,
+        stand.reaches,
+    )
     candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
     costs: dict[str, float] = {}  # a candidate -> the most it was measured to cost the outputs
-    standouts: list[str] = []
-    carried: dict[str, list[str]] = {}  # a standout -> the later standouts carrying its outlier
-    root_of: dict[str, str] = {}
-    clipping: set[str] = set()  # standouts whose encoding clips
-    severity: dict[str, float] = {}  # an offset's maker -> the NSR its offset causes downstream
     grouped: dict[str, tuple[list[str], Share, float]] = {}  # named only with its partners
     masked: dict[str, Share] = {}  # costing much alone, removing nothing taken out: not named
     with_partners: dict[str, tuple[float, str]] = {}  # not named: its cost with its partners
-
-    def stands(n: str) -> tuple[bool, bool]:
-        """(its local SQNR stands out, its encoding clips)"""
-        db = local_db.get(n, math.nan)
-        weak = math.isfinite(db) and db < cut and db < ABS_DB
-        return weak, math.isfinite(db) and evidence[n].clipped >= clip_bar
-
-    # the layers each standout's outlier channel blows (measured once for all of them)
-    reaches = reach([n for n in order if n in evidence and any(stands(n))]) if reach else None
-    for n in order:
-        ev = evidence.get(n)
-        if ev is None:
-            continue
-        columns[n] = {
-            LOCAL: local_db.get(n),
-            "weight SQNR": nsr_db(ev.weight_nsr),
-            "output quant SQNR": nsr_db(ev.output_nsr),
-            "clipped %": 100 * ev.clipped if not math.isnan(ev.clipped) else None,
-        }
-        weak, clips = stands(n)
-        if not (weak or clips):
-            continue
-        if not weak and math.isnan(ev.weight_nsr):
-            # a layer without weights (a resize, a pooling) keeps its input's range: its input
-            # clipped already
-            src = next((x for x in ev.inputs if x in clipping), None)
-            if src is not None:
-                standouts.append(n)
-                columns[n][CAUSE] = f"clipping carried in from {src} (the same range)"
-                root_of[n] = root_of.get(src, src)
-                continue
-        if clips:
-            clipping.add(n)
-        src = _outlier_source(n, evidence, standouts, reaches)
-        if src is not None and src not in standouts:
-            if src in local_db:  # an offset's maker, named for what its offset does here
-                standouts.append(src)
-                severity[src] = local[n]
-            else:
-                src = None
-        standouts.append(n)
-        if src is not None:  # the outlier came in with the input: its source is the culprit
-            columns[n][CAUSE] = _carried_cause(n, src, ev, reaches, evidence[src])
-            root_of[n] = root_of.get(src, src)
-            carried.setdefault(root_of[n], []).append(n)
     # the layers a standout is measured with when alone it does not matter: those its outlier
     # blows (measured, else the later standouts carrying it) - but not a standout with a
     # problem of its own, whose cost is its own - or a compensated pair's producer
     roots = [n for n in standouts if n not in root_of]
-    partners = {n: _Partners.of(n, evidence, carried, reaches, exclude=set(roots)) for n in roots}
+    partners = {
+        n: _Partners.of(n, evidence, stand.carried, reaches, exclude=set(roots)) for n in roots
+    }
     jumps = (
         _jumps(observed, _local_expected(evidence, observed))
         if local_observed

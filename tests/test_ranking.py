@@ -355,10 +355,8 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
         ("l10", "l11", "l12"): Share(0.9, 0.4, "scores", "boxes"),
     }
     cause = rank(ev, names, impact=_Impact(shares)).culprits[0].cause
-    assert (
-        "with them it costs the outputs 90% of the whole model's error at the output scores ("
-        in (cause)
-    )
+    group = "with them it costs the outputs 90% of the whole model's error at the output scores ("
+    assert group in cause
     assert "(alone 5%, taken out of the quantized model 2%; of the output boxes's error)" in cause
     shares[("l10", "l11", "l12")] = Share(0.9, 0.4, "boxes", "boxes")
     cause = rank(ev, names, impact=_Impact(shares)).culprits[0].cause

@@ -366,10 +366,13 @@ def pooled_conv(tmp: Path, seed: int = 0, channels: int = 8) -> Built:
     )
 
 
-def lstm_after_matmul(tmp: Path, steps: int = 2, features: int = 4, hidden: int = 8) -> Built:
+def lstm_after_matmul(
+    tmp: Path, steps: int = 2, features: int = 4, hidden: int = 8, bias: bool = True
+) -> Built:
     """MatMul -> bidirectional LSTM: a model whose LSTM the QNN HTP backend of onnxruntime-qnn
     cannot finalize once quantized (QNN_COMMON_ERROR_MEM_ALLOC, whatever its size), as in
-    ddddocr's shipped OCR model. ``expected`` names both layers' outputs."""
+    ddddocr's shipped OCR model. ``expected`` names both layers' outputs. Without ``bias`` the
+    LSTM's optional bias input is left empty (``""``), as exporters leave it."""
     rng = np.random.default_rng(0)
     weights = {
         "w": rng.normal(size=(features, features)),
@@ -377,12 +380,15 @@ def lstm_after_matmul(tmp: Path, steps: int = 2, features: int = 4, hidden: int 
         "R": 0.3 * rng.normal(size=(2, 4 * hidden, hidden)),
         "B": np.zeros((2, 8 * hidden)),
     }
+    if not bias:
+        del weights["B"]
     inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    lstm_inputs = ["mm", "W", "R", "B" if bias else ""]
     graph = helper.make_graph(
         [
             helper.make_node("MatMul", ["x", "w"], ["mm"]),
             helper.make_node(
-                "LSTM", ["mm", "W", "R", "B"], ["y"], hidden_size=hidden, direction="bidirectional"
+                "LSTM", lstm_inputs, ["y"], hidden_size=hidden, direction="bidirectional"
             ),
         ],
         "lstm",

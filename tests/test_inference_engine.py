@@ -729,25 +729,10 @@ def test_the_quantizers_root_warnings_go_to_the_log_not_the_console(tmp_path, ca
     accdbg's log (the run's log, ``-v``) and none reaches the root logger's handlers."""
     from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
 
-    rng = np.random.default_rng(0)
-    hidden = 4
-    w = numpy_helper.from_array(rng.normal(size=(1, 4 * hidden, 3)).astype(np.float32), "W")
-    r = numpy_helper.from_array(rng.normal(size=(1, 4 * hidden, hidden)).astype(np.float32), "R")
-    lstm = helper.make_node("LSTM", ["x", "W", "R", "", ""], ["y", "yh"], hidden_size=hidden)
-    graph = helper.make_graph(
-        [lstm],
-        "lstm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 1, 3])],
-        [helper.make_tensor_value_info("yh", TensorProto.FLOAT, [1, 1, hidden])],
-        [w, r],
-    )
-    onnx.save(
-        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx"
-    )
-    rng.normal(size=(5, 1, 3)).astype(np.float32).tofile(tmp_path / "x.raw")
-    reader = FeedsReader([{"x": tmp_path / "x.raw"}], {"x": (5, 1, 3)}, {"x": np.dtype(np.float32)})
+    built = models.lstm_after_matmul(tmp_path, bias=False)
+    reader = FeedsReader([{"x": built.input_path}], {"x": built.dims}, {"x": np.dtype(np.float32)})
     caplog.set_level(logging.DEBUG)
-    quantize_for_qnn(tmp_path / "m.onnx", tmp_path / "q.onnx", reader)
+    quantize_for_qnn(built.path, tmp_path / "q.onnx", reader)
     assert (tmp_path / "q.onnx").is_file()
     assert not [x for x in caplog.records if x.name == "root"]
     moved = [x for x in caplog.records if "failed to infer the type of tensor" in x.getMessage()]

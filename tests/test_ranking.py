@@ -1706,7 +1706,7 @@ def test_an_output_of_few_values_whose_shares_do_not_add_up_is_not_judged_on():
     def sens(flag_costs):
         s = object.__new__(Sensitivity)
         s.outputs = ["map", "flag"]
-        s._output_of = {}  # each judged at itself
+        s._output_of = {"map": "map", "flag": "flag"}  # each judged at itself
         s.golden = [[np.zeros((1, 64)), np.zeros((1, 1))]] * 3  # 192 and 3 values
         s.golden_power = np.array([100.0, 5.0])
         s.whole_noise = np.array([10.0, 1.0])

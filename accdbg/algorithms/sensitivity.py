@@ -309,7 +309,7 @@ class Sensitivity:
             return Share(math.nan)
         group = [layers] if isinstance(layers, Exposed) else list(layers)
         whole = self.whole_noise[useful]
-        names = [self._output_of.get(o, o) for o, u in zip(self.outputs, useful, strict=True) if u]
+        names = [self._output_of[o] for o, u in zip(self.outputs, useful, strict=True) if u]
 
         def at(values: np.ndarray) -> str:
             return names[int(np.argmax(values))] if len(names) > 1 else ""

@@ -118,9 +118,9 @@ def test_real_model_planted_layer_among_three_largest_drops(ppocr_planted):
 
 
 @pytest.fixture(scope="module")
-def ppocr_oneshot(tmp_path_factory, ppocr_det, ppocr_input):
+def ppocr_oneshot(tmp_path_factory, ppocr_det, ppocr_small_input):
     tmp = tmp_path_factory.mktemp("ppocr_oneshot")
-    inp = [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])]
+    inp = [parse_input_tensor(["x", "1,3,160,160", str(ppocr_small_input)])]
     return run_oneshot("onnx", ppocr_det, inp, working_dir=tmp / "w", enable_tensor_inspection=True)
 
 
@@ -326,6 +326,7 @@ def test_every_example_script_runs(tmp_path):
             name
         )
     scripts = sorted(p for p in (REPO / "examples").glob("*.py"))
+    printed = {}
     for script in scripts:
         proc = subprocess.run(
             [sys.executable, str(script), str(tmp_path / script.stem)],
@@ -335,6 +336,10 @@ def test_every_example_script_runs(tmp_path):
             env={**os.environ, "ACCDBG_NO_PROGRESS": "1"},
         )
         assert proc.returncode == 0, (script, proc.stderr[-2000:])
+        printed[script.stem] = proc.stdout
+    # the fix search's example returns the candidates, the verified best first
+    assert "best fix (verified on QNN HTP)" in printed["fix_search"]
+    assert "per-channel weights: block1/conv.weight" in printed["fix_search"]
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").iterdir()))

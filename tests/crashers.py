@@ -42,3 +42,7 @@ def log_then_print(text: str) -> str:
     logging.getLogger("accdbg.test_child").warning("first line\nsecond line")
     print(text, flush=True)
     return text
+
+
+def raise_two_lines() -> None:
+    raise ValueError("Could not read the state tensor\nsecond line of the message")

@@ -437,3 +437,52 @@ def test_ops_left_unconverted_are_named(tmp_path):
     )
     _check_ops(helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])),
                "tflite", tmp_path / "m.tflite")  # fmt: skip
+
+
+# ---------------------------------------------------------------- state variables
+
+
+_STATEFUL = """
+import sys
+import tensorflow as tf
+
+class Stream(tf.Module):
+    def __init__(self):
+        self.state = tf.Variable(tf.zeros([1, 4]), name="state")
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32, name="x")])
+    def __call__(self, x):
+        self.state.assign(0.5 * self.state + x)
+        return tf.nn.relu(self.state + 1.0)
+
+m = Stream()
+conv = tf.lite.TFLiteConverter.from_concrete_functions([m.__call__.get_concrete_function()], m)
+conv.experimental_enable_resource_variables = True
+open(sys.argv[1], "wb").write(conv.convert())
+"""
+
+
+def test_a_streaming_models_state_is_not_dumped_and_its_conversion_says_why(tmp_path):
+    """pymicro-wakeword's okay_nabu.tflite keeps its state in resource variables: dumping
+    the VAR_HANDLE's resource tensor crashed LiteRT (or raised in the backend process). The
+    handle has no values and is left out; the values computed are dumped right (numpy, on a
+    first call: the state starts at zero); tf2onnx cannot convert the variables - said."""
+    import subprocess
+
+    path = tmp_path / "stream.tflite"
+    subprocess.run([sys.executable, "-c", _STATEFUL, str(path)], check=True, capture_output=True)
+    ops = {op["op_name"] for op in interpreter(path)._get_ops_details()}
+    assert {"VAR_HANDLE", "ASSIGN_VARIABLE", "READ_VARIABLE"} <= ops
+    x = np.array([[-3.0, -0.5, 0.25, 2.0]], np.float32)
+    x.tofile(tmp_path / "x.raw")
+    it = interpreter(path)
+    name, out = it.get_input_details()[0]["name"], it.get_output_details()[0]["name"]
+    inp = [parse_input_tensor([name, "1,4", str(tmp_path / "x.raw")])]
+    res = run_framework_diagnosis("tflite", path, inp, working_dir=tmp_path / "w")
+    assert "VAR_HANDLE" not in set(res.tensors["op_type"])
+    folder = TensorFolder(res.run_dir)
+    assert "state" not in folder.names()
+    np.testing.assert_allclose(folder.load("ReadVariableOp"), np.zeros((1, 4)))  # first call
+    np.testing.assert_allclose(folder.load(out), np.maximum(x + 1.0, 0), rtol=1e-6)
+    with pytest.raises(AccdbgError, match=r"keeps state between calls in variables \(ASSIGN_"):
+        convert_to_onnx("tflite", path, inp, tmp_path / "onnx")

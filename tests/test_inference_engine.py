@@ -323,6 +323,23 @@ def test_native_crash_is_reported_not_fatal():
         run_isolated(crashers.abort, what="testing an abort")
 
 
+def test_a_childs_bug_is_one_line_and_its_traceback_a_note():
+    """okay_nabu.tflite made LiteRT raise in the backend process: the console showed the
+    child's whole traceback without -v. The error is one line (the message's first); the
+    child's traceback is a note, printed with -v."""
+    import traceback
+
+    with pytest.raises(RuntimeError) as caught:
+        run_isolated(crashers.raise_two_lines, what="raising")
+    assert (
+        str(caught.value) == "ValueError: Could not read the state tensor (in the backend process)"
+    )
+    (note,) = caught.value.__notes__
+    assert note.startswith("the backend process's traceback:\nTraceback (most recent call last)")
+    assert "raise_two_lines" in note and "second line of the message" in note
+    assert note in "".join(traceback.format_exception(caught.value))  # what -v prints
+
+
 def test_a_childs_log_records_are_logged_in_the_parent_as_they_were(caplog):
     """A child's own log records come back with their logger, level and lines; what native
     code prints stays the native log's."""

@@ -222,7 +222,10 @@ class Isolated:
             return payload[0]
         if kind == "user":
             raise AccdbgError(payload[0])
-        raise RuntimeError(f"{payload[0]} (in the backend process)\n{payload[1]}")
+        # the child's traceback is a note: printed with -v and logged, not on the one line
+        error = RuntimeError(f"{payload[0].splitlines()[0]} (in the backend process)")
+        error.add_note(f"the backend process's traceback:\n{payload[1]}")
+        raise error
 
 
 def guarded_module_command(module: str, *args: str) -> list[str]:

@@ -242,8 +242,22 @@ def _tflite(runner, out: Path, outputs, opset: int) -> Conversion:
         tool += f" (after {made} sparse weight tensors were made dense)"
     args = ["--tflite", str(source), "--output", str(onnx_path), "--opset", str(opset),
             "--dequantize"]  # fmt: skip
-    _run_tf2onnx(args, runner.model_path)
+    try:
+        _run_tf2onnx(args, runner.model_path)
+    except AccdbgError as exc:
+        state = sorted({op["op_name"] for op in runner.interpreter._get_ops_details()} & STATE_OPS)
+        if not state:
+            raise
+        raise AccdbgError(
+            f"{exc}; the model keeps state between calls in variables ({', '.join(state)}: a "
+            "streaming model), which tf2onnx does not convert - export it stateless, its state "
+            "as inputs and outputs"
+        ) from None
     return _by_name(runner, "tflite", onnx_path, tool, dict(runner.feed_names))
+
+
+# LiteRT's resource variables: a streaming model's state, kept inside the interpreter
+STATE_OPS = {"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"}
 
 
 @converter("tensorflow", in_child=True)  # TensorFlow loads the graph natively

@@ -250,6 +250,8 @@ class TFLiteRunner(FrameworkRunner):
                     continue
             for idx in op["outputs"]:
                 d = details[idx]
+                if np.dtype(d["dtype"]).kind not in "biufc":  # a resource/variant handle
+                    continue  # (VAR_HANDLE's): no values to dump, LiteRT cannot read it out
                 name = d["name"] or f"tensor_{idx}"
                 if name in used:  # names are not unique in every flatbuffer
                     name = f"{name}__t{idx}"

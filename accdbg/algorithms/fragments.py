@@ -165,9 +165,10 @@ class QdqModel:
         return i is None or self.nodes[i].op_type != "Constant"
 
     def activation_inputs(self, node: onnx.NodeProto) -> list[str]:
-        """The float activations a node reads, through their Q/DQ (weights excluded)."""
+        """The float activations a node reads, through their Q/DQ (weights excluded) - also
+        those its If/Loop bodies read from the graph by name."""
         out = []
-        for t in node.input:
+        for t in [*node.input, *om.outer_reads(node)]:
             if not t:
                 continue
             src = self.float_source(t)
@@ -218,7 +219,30 @@ class QdqModel:
                     raise SurgeryError(
                         f"node {n.name or n.op_type!r} reads {t!r}, which lies before the cut"
                     )
+        self._add_outer_constants(part, known)
         return part
+
+    def _add_outer_constants(self, part: onnx.ModelProto, known: set[str]) -> None:
+        """onnx's extractor follows node inputs only, not what an If/Loop body reads from the
+        graph by name: the weights and Constants it reads are added to the part (its
+        activations are the layer's inputs, :meth:`activation_inputs`)."""
+        g = part.graph
+        inits = {i.name: i for i in self.model.graph.initializer}
+        for n in list(g.node):
+            for t in om.outer_reads(n):
+                if t in known:
+                    continue
+                i = self.producer.get(t)
+                if t in inits:
+                    g.initializer.append(inits[t])
+                elif i is not None and self.nodes[i].op_type == "Constant":
+                    g.node.insert(0, self.nodes[i])
+                else:
+                    raise SurgeryError(
+                        f"the branches of node {n.name or n.op_type!r} read {t!r}, which the "
+                        "part cut around it does not hold"
+                    )
+                known.add(t)
 
     def between(self, inputs: Sequence[str], layers: Sequence[Layer], prefix: str) -> Part:
         """Everything from the float tensors ``inputs`` (each entering through its Q/DQ) to

@@ -288,6 +288,17 @@ def _referenced(node: onnx.NodeProto) -> list[str]:
     return names
 
 
+def outer_reads(node: onnx.NodeProto) -> list[str]:
+    """The enclosing graph's tensors a node's subgraphs read by name (not among its inputs):
+    a part cut out of the graph must hold them too."""
+    names: list[str] = []
+    for g in _subgraphs(node):
+        local = {i.name for i in g.input} | {i.name for i in g.initializer}
+        local.update(o for n in g.node for o in n.output)
+        names += [x for n in g.node for x in _referenced(n) if x not in local]
+    return list(dict.fromkeys(names))
+
+
 def sliced(model: onnx.ModelProto, outputs: Iterable[str]) -> onnx.ModelProto:
     """The part of the model that computes ``outputs``: the nodes they depend on, the graph
     inputs and initializers those read, and ``outputs`` as its only outputs. onnxruntime needs

@@ -35,7 +35,7 @@ from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.ranking import ContextCheck, KernelsAdded, Ranking, rank
 from accdbg.algorithms.reach import OutlierReach, Reach
 from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
-from accdbg.algorithms.sensitivity import Sensitivity, Share, scores
+from accdbg.algorithms.sensitivity import Sensitivity, Share, judged_at, scores
 from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import cpu_threads, exact_session
 from accdbg.core.tensor_store import TensorFolder
@@ -299,6 +299,15 @@ def find_culprits(
     # the outputs' backend error is judged where their error is: the logits, when compared
     rows = set(table[name_col].astype(str))
     logits = scores(float_proto, rows) if float_proto is not None else []
+    # the model output each judged tensor stands for, as the user knows it
+    output_of = (
+        {
+            j: o.name
+            for o, j in zip(float_proto.graph.output, judged_at(float_proto, rows), strict=True)
+        }
+        if float_proto is not None
+        else {}
+    )
     judged = [n for n in logits if n in rows] or outputs
     if target is not None and feeds and not simulated:
         folder = TensorFolder(target)
@@ -330,7 +339,9 @@ def find_culprits(
         outputs=output_verdicts(table, name_col, verifiers, outputs) if full_run else (),
         divergence=div,
         kernel_share=kernels,
-        kernels_added=KernelsAdded.worst(at_outputs.errors, quantized) if at_outputs else None,
+        kernels_added=(
+            KernelsAdded.worst(at_outputs.errors, quantized, output_of) if at_outputs else None
+        ),
         quantized=quantized,
         reach=before.reach,
         # a full run's whole-tensor error: where the error jumps (an amplified rounding; with

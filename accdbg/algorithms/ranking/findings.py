@@ -56,6 +56,19 @@ def _masked_line(
     return line + (f" ({fix}, or a global change, is the question)" if fix else "")
 
 
+def _by_output(verdicts: Sequence[tuple[str, str, float, bool | None]]) -> str:
+    """'CosineSimilarity 0.9997, SQNR 32.01' for one output; each output's named, its values
+    after it, for several (at most four shown)."""
+    values: dict[str, list[str]] = {}
+    for name, label, value, _ in verdicts:
+        values.setdefault(name, []).append(f"{label} {value:.4g}")
+    if len(values) == 1:
+        return ", ".join(next(iter(values.values())))
+    shown = [f"{name}: {', '.join(v)}" for name, v in list(values.items())[:4]]
+    more = f"; {len(values) - 4} more" if len(values) > 4 else ""
+    return "; ".join(shown) + more
+
+
 def _findings(
     culprits: Sequence[Culprit],
     floor: float,
@@ -78,8 +91,7 @@ def _findings(
     lines = []
     verdicts = [o for o in outputs if o[3] is not None]
     if verdicts and all(o[3] for o in verdicts):
-        shown = ", ".join(f"{lab} {val:.4g}" for _, lab, val, _ in verdicts[:4])
-        lines.append(f"the outputs meet their thresholds ({shown})")
+        lines.append(f"the outputs meet their thresholds ({_by_output(verdicts)})")
     elif verdicts:
         bad = [o for o in verdicts if not o[3]]
         shown = ", ".join(f"{n} {lab} {val:.4g}" for n, lab, val, _ in bad[:3])
@@ -90,11 +102,16 @@ def _findings(
         else "no quantization evidence (no quantized layer with a golden value)"
     )
     if not culprits and kernels >= SHARE:
+        most = (
+            f"; the most, {nearest[1]}, {_pct(nearest[0])} alone"
+            if nearest is not None and math.isfinite(nearest[0])
+            else ""
+        )
         lines.append(
             f"no single layer stands out: QNN's kernels add {_pct(kernels)} of the outputs' error "
             "and no one layer's difference explains it (the layers where QNN parts from its own "
-            "inputs say how in their cause) - the backend's computation is the question, not "
-            "the encodings"
+            f"inputs say how in their cause{most}) - the backend's computation is the question, "
+            "not the encodings"
         )
     elif not culprits:
         near = (
@@ -119,7 +136,14 @@ def _findings(
     lines += _patterns(culprits)
     if masked:
         lines.append(masked)
-    if culprits and named_share < MOST:
+    if culprits and named_share < MOST and kernels >= SHARE:
+        lines.append(
+            f"the culprits named cost the outputs at most {_pct(named_share)} of their error, "
+            f"and QNN's kernels add {_pct(kernels)} of it: for the rest the backend's computation "
+            "at the other layers where QNN parts from the CPU fake-quant is the question (their "
+            "causes say how), not the encodings"
+        )
+    elif culprits and named_share < MOST:
         lines.append(
             f"the culprits named cost the outputs at most {_pct(named_share)} of their error; "
             f"the rest is spread over the model: for it a global change ({changes}) is the "

@@ -16,6 +16,7 @@ from accdbg.algorithms.ranking.causes import ACTIVATION
 from accdbg.algorithms.ranking.measures import (
     ABS_DB,
     CAUSE,
+    LONE_SHARE,
     MAX_GAP_DB,
     SHARE,
     Impact,
@@ -56,6 +57,7 @@ class KernelsAdded:
     qnn: float
     cpu: float
     quantized: bool = True  # else an fp16 run on QNN: the CPU ran the float model
+    of: str = ""  # the model output it is the logits of, when it is not that output itself
 
     @property
     def share(self) -> float:
@@ -64,9 +66,10 @@ class KernelsAdded:
         return max(0.0, 1.0 - self.cpu / self.qnn) if self.qnn > 0 else 0.0
 
     def line(self) -> str:
+        logits = f" (the logits of {self.of})" if self.of and self.of != self.output else ""
         where = (
-            f"{self.output} at {nsr_db(self.qnn):.1f} dB SQNR on QNN, {nsr_db(self.cpu):.1f} dB "
-            f"in {cpu_run(self.quantized)}"
+            f"{self.output}{logits} at {nsr_db(self.qnn):.1f} dB SQNR on QNN, "
+            f"{nsr_db(self.cpu):.1f} dB in {cpu_run(self.quantized)}"
         )
         if self.share < NOTICED:
             return f"QNN's kernels add nothing measurable to the outputs' error: {where}"
@@ -74,11 +77,19 @@ class KernelsAdded:
 
     @classmethod
     def worst(
-        cls, errors: Mapping[str, tuple[float, float]], quantized: bool = True
+        cls,
+        errors: Mapping[str, tuple[float, float]],
+        quantized: bool = True,
+        output_of: Mapping[str, str] | None = None,
     ) -> KernelsAdded | None:
-        """From (QNN's error, the CPU's error) per judged output."""
+        """From (QNN's error, the CPU's error) per judged output; ``output_of``: the model
+        output each judged tensor stands for (a Softmax/Sigmoid output is judged at its
+        logits)."""
+        of = output_of or {}
         found = [
-            cls(n, q, c, quantized) for n, (q, c) in errors.items() if q > 0 and math.isfinite(q)
+            cls(n, q, c, quantized, of.get(n, ""))
+            for n, (q, c) in errors.items()
+            if q > 0 and math.isfinite(q)
         ]
         return max(found, key=lambda k: (k.share, k.qnn), default=None)
 
@@ -108,19 +119,30 @@ def _standing_jumps(jumps: Mapping[str, tuple[float, float]]) -> list[str]:
 # encodings do not explain: the kernel, not the quantization
 ALONE_JUMP = (
     "backend: run alone on the backend it keeps {got:.1f} dB where its quantization "
-    "explains {explained:.1f} dB ({jump:.1f} dB worse)"
+    "explains {explained} ({jump})"
 )
 # ...and measured: the CPU fake-quant of the same layer alone, fed the same golden inputs
 ALONE_CPU_JUMP = (
     "backend: run alone on golden inputs it keeps {got:.1f} dB on the backend where "
-    "onnxruntime's CPU fake-quant of the same QDQ layer keeps {explained:.1f} dB ({jump:.1f} "
-    "dB worse)"
+    "onnxruntime's CPU fake-quant of the same QDQ layer keeps {explained} ({jump})"
 )
 # ...and what that difference costs the outputs (layerwise has no full run on the backend)
-ALONE_COST = (
-    "that difference alone, added to the CPU fake-quant of the whole model, costs the outputs "
-    "{share} of their error there"
-)
+ALONE_COST = "that difference alone, added to the CPU fake-quant of the whole model, {cost}"
+# from ten times their error there a share reads as the SQNR the outputs lose
+TIMES = 10.0
+
+
+def _alone_cost(share: float) -> str:
+    """What a layer's difference alone costs the outputs over their error in the CPU
+    fake-quant: a share, or - where that error is tiny and the share thousands of percent -
+    the dB it takes off their SQNR."""
+    if share >= TIMES:
+        return ALONE_COST.format(
+            cost=f"takes {10 * math.log10(1 + share):.1f} dB off the outputs' SQNR there"
+        )
+    return ALONE_COST.format(cost=f"costs the outputs {_pct(share)} of their error there")
+
+
 # a jump the CPU fake-quant reproduces: the layer turns its inputs' rounding into more error
 CPU_TOO = (
     "run alone on the backend it keeps {got:.1f} dB where its encodings and its inputs' "
@@ -181,8 +203,7 @@ def _beyond(got: float, cpu: float | None) -> bool:
 # own encodings': with no CPU comparison, the nearest sign of a kernel computing something else
 RUN_JUMP = (
     "backend: on the backend its error jumps to {got:.1f} dB where its inputs bring and "
-    "its encodings explain {explained:.1f} dB ({jump:.1f} dB worse; no CPU comparison in "
-    "this run)"
+    "its encodings explain {explained} ({jump}; no CPU comparison in this run)"
 )
 
 
@@ -191,7 +212,7 @@ RUN_JUMP = (
 CONTEXT_JUMP = (
     "backend: run after its producers as the backend runs them together, it keeps {got:.1f} "
     "dB where its inputs' error there, passed on as it passes it alone, and its quantization "
-    "explain {explained:.1f} dB ({jump:.1f} dB worse); run alone it computes what its "
+    "explain {explained} ({jump}); run alone it computes what its "
     "encodings explain - a kernel fused with its producer or run in place on its buffer "
     "computes something else"
 )
@@ -256,7 +277,7 @@ def _checked_in_context(
             continue
         cause += f"; {CONTEXT_CPU.format(cpu=cpu)}" + (f"; {whole}" if whole else "")
         if math.isfinite(check.share):
-            cause += f"; {ALONE_COST.format(share=_pct(check.share))}"
+            cause += f"; {_alone_cost(check.share)}"
             if check.share < SHARE:
                 _add_cause(columns, n, cause)
                 continue
@@ -415,18 +436,23 @@ def _as_backend(
     jumps: Mapping[str, tuple[float, float, list[str]]], taken: set[str], cause: str
 ) -> list[tuple[float, str, str]]:
     """Backend candidates ``(nsr, name, cause)`` of the standing ``jumps`` not ``taken``;
-    ``cause`` is formatted with ``got``, ``explained`` (dB) and ``jump``."""
+    ``cause`` is formatted with ``got`` (dB), ``explained`` and ``jump`` (words): a layer
+    whose expected error is none (its CPU run exact) has all of its error from the backend."""
     return [
-        (
-            got,
-            n,
-            cause.format(
-                got=nsr_db(got), explained=nsr_db(expected), jump=10 * math.log10(got / expected)
-            ),
-        )
+        (got, n, cause.format(got=nsr_db(got), **_explained(got, expected)))
         for n, (got, expected, _) in jumps.items()
         if n not in taken
     ]
+
+
+def _explained(got: float, expected: float) -> dict[str, str]:
+    """What the quantization explains and how much worse the backend is, in words."""
+    if expected <= 0:
+        return {"explained": "no error at all", "jump": "all of it is the backend's"}
+    return {
+        "explained": f"{nsr_db(expected):.1f} dB",
+        "jump": f"{10 * math.log10(got / expected):.1f} dB worse",
+    }
 
 
 def _own_nsr(ev: Evidence) -> float:
@@ -543,7 +569,7 @@ def _alone_backend(
     cost = ask([b[1] for b in measured]) if ask is not None and measured else {}
     for nsr, n, cause in measured:
         if n in cost:
-            cause += f"; {ALONE_COST.format(share=_pct(cost[n]))}"
+            cause += f"; {_alone_cost(cost[n])}"
         if cost.get(n, SHARE) >= SHARE:
             backend.append((nsr, n, cause))
             if n in cost:
@@ -585,6 +611,23 @@ def _run_backend(
     return backend
 
 
+# a lone backend standout named under half: why
+LONE_BACKEND = (
+    " - QNN parts here {where}, and its kernels add {added} of the outputs' error: this "
+    "layer's difference is the largest part of it"
+)
+
+
+def _lone(standing: Collection[str], divergence: Mapping[str, float]) -> tuple[str, float] | None:
+    """The standing layer QNN parts at ``BACKEND_DB`` further than at any other layer that
+    differs at all, and by how much (dB; +inf when no other differs), if there is one."""
+    dbs = sorted((nsr_db(d), n) for n, d in divergence.items() if d > 0)
+    if not dbs or dbs[0][1] not in standing:
+        return None
+    gap = dbs[1][0] - dbs[0][0] if len(dbs) > 1 else math.inf
+    return (dbs[0][1], gap) if gap >= BACKEND_DB else None
+
+
 def _diverging_backend(
     divergence: Mapping[str, float] | None,
     kernel_share: Callable[[Sequence[str]], Mapping[str, float]] | None,
@@ -596,6 +639,7 @@ def _diverging_backend(
     inherited: Mapping[str, str],
     columns: dict[str, dict[str, object]],
     costs: dict[str, float],
+    noted: dict[str, float] | None = None,
 ) -> tuple[list[tuple[float, str, str]], list[str]]:
     """A full run's backend candidates ``(nsr, name, cause)`` where QNN parts from the CPU
     fake-quant fed its own inputs (``divergence``, :func:`_diverging`): named when that
@@ -606,7 +650,7 @@ def _diverging_backend(
     ``named`` at all and the kernels carrying ``SHARE``, the layers where QNN differs are halved
     down to one whose difference alone costs that much (``kernel_share.search``). Returns the
     candidates and those among them whose effects interact (put in execution order);
-    ``costs`` gets what each was measured to cost."""
+    ``costs`` gets what each was measured to cost, ``noted`` what each one left a note cost."""
     standing = _diverging(divergence or {}, quantized)
     shares: Mapping[str, float] = {}
     steps: Mapping[str, float] = getattr(divergence, "steps", {})
@@ -625,8 +669,15 @@ def _diverging_backend(
         found.append((divergence[n], n, f"{cause}{why}"))
         costs[n] = share
 
+    # the kernels carrying most of the error and QNN parting at one layer far more than at
+    # any other: that layer is named from LONE_SHARE, as the model's lone standout is
+    lone, gap = (_lone(standing, divergence or {}) if added >= SHARE else None) or ("", 0.0)
+
+    def bar(n: str) -> float:
+        return LONE_SHARE if n == lone else SHARE
+
     scattered = _not_adding_up(
-        [n for n in standing if shares.get(n, 0.0) >= SHARE and n not in named and n in evidence],
+        [n for n in standing if shares.get(n, 0.0) >= bar(n) and n not in named and n in evidence],
         shares,
         getattr(kernel_share, "together", None),
     )
@@ -635,16 +686,25 @@ def _diverging_backend(
         share = shares.get(n, math.nan)
         if not math.isnan(share):
             cause += f"; {_kernel_cost(share, quantized)}"
+            if n == lone and LONE_SHARE <= share < SHARE:
+                where = (
+                    f"{gap:.1f} dB further than at any other layer"
+                    if math.isfinite(gap)
+                    else "and at no other layer"
+                )
+                cause += LONE_BACKEND.format(where=where, added=_pct(added))
         # a rounding (one step) that does not add up is no one layer's; a different
         # computation is the kernel's whatever the others do (its cause says they interact)
         rounding = n in scattered and steps.get(n, 1.0) < DIFFERENT_STEPS
-        if share >= SHARE and n not in named and n in evidence and not rounding:
+        if share >= bar(n) and n not in named and n in evidence and not rounding:
             if n in scattered:
                 interacting.append(n)
                 cause += scattered[n] + INTERACTING
             name_backend(n, cause, share)
         else:
             _add_cause(columns, n, cause + (scattered[n] + NO_ONE_CAUSE if n in scattered else ""))
+            if noted is not None and not math.isnan(share):
+                noted[n] = share
     search = getattr(kernel_share, "search", None)
     if search is not None and not named and not found and not local_observed and added >= SHARE:
         # the kernels carry most of the error and no layer stands out, for its encodings or

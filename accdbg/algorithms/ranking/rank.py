@@ -439,6 +439,7 @@ def rank(
             candidates += backend
     named = {c[1] for c in candidates}
     added = kernels_added.share if kernels_added is not None else math.nan
+    noted: dict[str, float] = {}  # layers QNN parts at, not named: what their difference costs
     found, interacting = _diverging_backend(
         divergence,
         kernel_share,
@@ -450,6 +451,7 @@ def rank(
         inherited,
         columns,
         costs,
+        noted,
     )
     backend += found
     candidates += found
@@ -492,6 +494,9 @@ def rank(
         and n not in masked
         and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
     ]
+    if not culprits and added >= SHARE and not local_observed and noted:
+        # the kernels carry the error: the nearest is the layer whose difference costs most
+        unnamed = [(share, n) for n, share in noted.items()]
     findings = _findings(
         culprits,
         floor,

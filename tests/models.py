@@ -533,3 +533,32 @@ def floor_clip(tmp: Path, frames: int = 16, bins: int = 8) -> Built:
     path, x_path = save(graph, tmp / "floor_clip.onnx"), tmp / "floor_x.raw"
     rng.normal(size=(1, frames, bins)).astype(np.float32).tofile(x_path)
     return Built(path, x_path, "x", (1, frames, bins), {})
+
+
+def half_island(tmp: Path, size: int = 8) -> Built:
+    """x -> Conv -> Cast(float16) -> Unsqueeze -> Transpose -> Cast(float) -> Conv, as
+    slovorez's Keras export has a float16 stretch: onnxruntime's quantizer leaves the float16
+    tensors unquantized, and QNN dumps them as float16."""
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((4, 3, 3)) * 0.3).astype(np.float32), "w0"),
+        numpy_helper.from_array(np.array([2], np.int64), "axis"),
+        numpy_helper.from_array((rng.standard_normal((2, 4, 1, 1)) * 0.3).astype(np.float32), "w1"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1], name="conv0"),
+            helper.make_node("Cast", ["c0"], ["half"], to=TensorProto.FLOAT16, name="to_half"),
+            helper.make_node("Unsqueeze", ["half", "axis"], ["expanded"], name="expand"),
+            helper.make_node("Transpose", ["expanded"], ["moved"], perm=[0, 1, 3, 2], name="move"),
+            helper.make_node("Cast", ["moved"], ["back"], to=TensorProto.FLOAT, name="back"),
+            helper.make_node("Conv", ["back", "w1"], ["y"], name="conv1"),
+        ],
+        "half_island",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, size, 1])],
+        inits,
+    )
+    path, x_path = save(graph, tmp / "half_island.onnx"), tmp / "half_x.raw"
+    rng.standard_normal((1, 3, size)).astype(np.float32).tofile(x_path)
+    return Built(path, x_path, "x", (1, 3, size), {})

@@ -643,6 +643,19 @@ def test_int_and_bool_tensors_feed_the_backend_comparison_as_they_are(tmp_path, 
     assert s.loc["hot", "CosineSimilarity"] == pytest.approx(1.0)  # the flags are exact
 
 
+def test_float16_tensors_feed_the_backend_comparison_as_float16(tmp_path, caplog):
+    """slovorez computes part of its graph in float16, which the quantizer leaves as it is:
+    those dumps were fed to the CPU fake-quant of each layer as float32, which onnxruntime
+    refused (the whole backend comparison was lost)."""
+    built = models.half_island(tmp_path)
+    inp = [parse_input_tensor(["x", "1,3,8", str(built.input_path)])]
+    with caplog.at_level("INFO"):
+        res = run_oneshot("onnx", built.path, inp, working_dir=tmp_path / "w")
+    assert "CPU fake-quant failed" not in caplog.text
+    kernels = [f for f in res.findings if f.startswith("QNN's kernels add")]
+    assert kernels and "in onnxruntime's CPU fake-quant of the same QDQ model" in kernels[0]
+
+
 def test_a_scalar_tensor_and_a_clip_with_computed_bounds_keep_the_cpu_comparisons(tmp_path, caplog):
     """openWakeWord's mel front end: its peak is a 0-d tensor (numpy made the re-quantized dump
     a scalar, which onnxruntime refused as a feed: no backend comparison) and its Clip's floor is

@@ -520,11 +520,12 @@ def _holds_integers(e: Exposed) -> bool:
 
 def _backend_dtype(e: Exposed, dumped: str) -> np.dtype:
     """How the QDQ graph holds a dump: a quantized activation's integers; an unquantized
-    tensor as float, or as the indices/flags it is (``dumped``: its dtype on the backend)."""
+    tensor as the type it has there - the indices/flags it is, or float16 in a model computing
+    part of its graph in it, as float32 otherwise (``dumped``: its dtype on the backend)."""
     if _holds_integers(e):
         return np.dtype(e.native_dtype)
     kind = np.dtype(dumped)
-    return kind if kind.kind in "biu" else np.dtype("float32")
+    return kind if kind.kind in "biuf" else np.dtype("float32")
 
 
 def _backend_value(e: Exposed, values: np.ndarray, dumped: str) -> np.ndarray:

@@ -32,7 +32,7 @@ from accdbg.algorithms.checkpoint import Journal
 from accdbg.algorithms.fragments import Layer, QdqModel
 from accdbg.algorithms.golden import Golden
 from accdbg.algorithms.judging import CPU_INFO, Judge, base_row, finalize_row, restore_row
-from accdbg.algorithms.ranking import Ranking
+from accdbg.algorithms.ranking import NONE_STANDS, Ranking
 from accdbg.algorithms.statuses import ERRORS, MEANING, SKIP
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
@@ -462,6 +462,8 @@ class Context:
             self.ranking = self.rank(report.frame(rows, self.judge.labels, self.req.cumulative))
             unmeasured = not_measured(rows, self.backend.engine.label)
             if unmeasured and self.ranking is not None:
+                measured = sum(1 for r in rows if r.get("Status") not in ERRORS)
+                self.ranking.findings[:] = among_measured(self.ranking.findings, measured)
                 self.ranking.findings.insert(0, unmeasured)
         return report.write_reports(
             self.run_path,
@@ -682,6 +684,17 @@ def snoop(
         backend.peak_rss_mb,
         findings,
     )
+
+
+def among_measured(findings: Sequence[str], measured: int) -> list[str]:
+    """A verdict that no layer stands out holds for the layers measured only: said so, after
+    the line naming those that were not (a model QNN cannot compile is not "diffuse")."""
+    return [
+        f"{NONE_STANDS} among the {measured} layer(s) measured{f[len(NONE_STANDS) :]}"
+        if f.startswith(NONE_STANDS)
+        else f
+        for f in findings
+    ]
 
 
 def not_measured(rows: Sequence[dict[str, Any]], engine: str, most: int = 5) -> str | None:

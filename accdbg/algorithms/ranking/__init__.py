@@ -87,7 +87,7 @@ The package, one step each: :mod:`.measures` (the floor, the shares, the columns
 :mod:`.findings` (the lines printed) and :mod:`.rank` (the ranking itself, which calls them).
 """
 
-from accdbg.algorithms.ranking.findings import Culprit
+from accdbg.algorithms.ranking.findings import NONE_STANDS, Culprit
 from accdbg.algorithms.ranking.kernels import ContextCheck, KernelsAdded
 from accdbg.algorithms.ranking.measures import ABS_DB, COLUMNS, SHARE
 from accdbg.algorithms.ranking.rank import FEW, ONE_BY_ONE, Ranking, rank
@@ -96,6 +96,7 @@ __all__ = [
     "ABS_DB",
     "COLUMNS",
     "FEW",
+    "NONE_STANDS",
     "ONE_BY_ONE",
     "SHARE",
     "ContextCheck",

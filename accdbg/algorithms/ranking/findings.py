@@ -56,6 +56,9 @@ def _masked_line(
     return line + (f" ({fix}, or a global change, is the question)" if fix else "")
 
 
+NONE_STANDS = "no single layer stands out"  # the verdict's first words when none is named
+
+
 def _by_output(verdicts: Sequence[tuple[str, str, float, bool | None]]) -> str:
     """'CosineSimilarity 0.9997, SQNR 32.01' for one output; each output's named, its values
     after it, for several (at most four shown)."""
@@ -108,7 +111,7 @@ def _findings(
             else ""
         )
         lines.append(
-            f"no single layer stands out: QNN's kernels add {_pct(kernels)} of the outputs' error "
+            f"{NONE_STANDS}: QNN's kernels add {_pct(kernels)} of the outputs' error "
             "and no one layer's difference explains it (the layers where QNN parts from its own "
             f"inputs say how in their cause{most}) - the backend's computation is the question, "
             "not the encodings"
@@ -128,8 +131,7 @@ def _findings(
             else "the error is diffuse at the noise floor's level"
         )
         lines.append(
-            f"no single layer stands out: {why}{near} - a global change ({changes}) is the "
-            "question, not a layer"
+            f"{NONE_STANDS}: {why}{near} - a global change ({changes}) is the question, not a layer"
         )
     for c in culprits:
         lines.append(f"culprit #{c.rank}: {c.name} ({c.op_type}) - {c.cause}")

@@ -486,3 +486,35 @@ def test_a_streaming_models_state_is_not_dumped_and_its_conversion_says_why(tmp_
     np.testing.assert_allclose(folder.load(out), np.maximum(x + 1.0, 0), rtol=1e-6)
     with pytest.raises(AccdbgError, match=r"keeps state between calls in variables \(ASSIGN_"):
         convert_to_onnx("tflite", path, inp, tmp_path / "onnx")
+
+
+def test_layerwise_runs_a_tflite_model_as_its_onnx_conversion(tmp_path, capsys):
+    """Layerwise cuts the ONNX graph into parts: -f tflite was refused. It converts the model
+    as oneshot does (conversion/) and debugs that ONNX model, every layer of it judged."""
+    import subprocess
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "samples.npy", rng.standard_normal((4, 1, 16, 16, 3)).astype(np.float32))
+    script = _INT8_CNN.split("conv.optimizations")[0] + 'open(path, "wb").write(conv.convert())\n'
+    path = tmp_path / "cnn.tflite"
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "samples.npy"), str(path)],
+        check=True,
+        capture_output=True,
+    )
+    name = interpreter(path).get_input_details()[0]["name"]
+    rng.standard_normal((1, 16, 16, 3)).astype(np.float32).tofile(tmp_path / "x.raw")
+    code, _, err = run_cli(
+        capsys, "-f", "tflite", "-m", path, "-i", name, "1,16,16,3", tmp_path / "x.raw",
+        "--debugging_algorithm", "layerwise", "-w", tmp_path / "w",
+    )  # fmt: skip
+    assert code == 0, err
+    (converted,) = (tmp_path / "w" / "conversion").glob("*/cnn.onnx")
+    assert f"runs on the model's ONNX conversion {converted}" in err
+    import pandas as pd
+
+    table = pd.read_csv(next((tmp_path / "w" / "layerwise_snooping").glob("*/layerwise.csv")))
+    model = om.load_model(converted)
+    outputs = {o for n in model.graph.node for o in n.output}
+    assert set(table["O/P Name"]) <= outputs and (table["Status"].isna()).all(), table
+    assert {"Conv", "MatMul"} & set(table["Layer Type"])

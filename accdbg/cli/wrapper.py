@@ -257,10 +257,8 @@ def run(args: argparse.Namespace) -> int:
         from accdbg.algorithms.snooping import SnoopArgs, check_request
 
         if framework != "onnx":
-            raise AccdbgError(
-                f"--debugging_algorithm {args.debugging_algorithm} runs ONNX models; -f {framework} "
-                "works with oneshot-layerwise"
-            )
+            model = _as_onnx(args.debugging_algorithm, model, place)
+            inputs = model.input_tensors
         layerwise = args.debugging_algorithm == "layerwise"
         snoop_kwargs = dict(
             input_list=args.input_list,
@@ -343,6 +341,33 @@ def run(args: argparse.Namespace) -> int:
                 )
             _suggest_fixes(args, model, config, place, explorer, diagnosis, executor)
     return 0
+
+
+def _as_onnx(algorithm: str, model, place):
+    """Layerwise, cumulative-layerwise and binary cut the ONNX graph into parts: a model of
+    another framework runs as its ONNX conversion (under ``conversion/``, as oneshot converts
+    it), its layers named as there; the ``-i`` names become the ONNX inputs'."""
+    import time
+    from pathlib import Path
+
+    from accdbg.core.run_dir import TIMESTAMP_FORMAT
+    from accdbg.frameworks.convert import convert_to_onnx
+
+    out = Path(place.working_dir) / "conversion" / (
+        place.output_dirname or time.strftime(TIMESTAMP_FORMAT)
+    )
+    conv = convert_to_onnx(
+        model.framework, model.model_path, model.input_tensors, out, model.output_tensors
+    )
+    log.info(
+        "-f %s: --debugging_algorithm %s runs on the model's ONNX conversion %s (its layers "
+        "are named as there)",
+        model.framework,
+        algorithm,
+        conv.onnx_path,
+    )
+    renamed = [replace(t, name=conv.input_names.get(t.name, t.name)) for t in model.input_tensors]
+    return replace(model, framework="onnx", model_path=str(conv.onnx_path), input_tensors=renamed)
 
 
 def _dissect(args: argparse.Namespace, one, inputs, verifiers, config, place, explorer) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from accdbg.algorithms.evidence import Evidence
 from accdbg.algorithms.ranking.causes import ACTIVATION, CLIPPING, CONCAT, WEIGHT, _kind
-from accdbg.algorithms.ranking.measures import MOST, SHARE, _pct
+from accdbg.algorithms.ranking.measures import MIN_SHARE, MOST, SHARE, _pct
 from accdbg.algorithms.sensitivity import Share
 
 SHOWN = 5  # layers a finding lists by name (the others: their cause says it)
@@ -117,11 +117,13 @@ def _findings(
             "not the encodings"
         )
     elif not culprits:
+        other = "other " if masked else ""
         near = (
-            f" (the {'other ' if masked else ''}layers that stand out locally cost the outputs "
-            f"less than {bar} of their "
-            f"error - "
-            f"the most, {nearest[1]}, {_pct(nearest[0])}: see its cause)"
+            f" (the {other}layers that stand out locally cost the outputs less than {bar} of "
+            f"their error - the most, {nearest[1]}, {_pct(nearest[0])}: see its cause)"
+            if nearest is not None and math.isfinite(nearest[0]) and nearest[0] >= MIN_SHARE
+            else f" (the {other}layers that stand out locally each cost the outputs under "
+            f"{_pct(MIN_SHARE)} of their error)"
             if nearest is not None and math.isfinite(nearest[0])
             else ""
         )

@@ -209,12 +209,12 @@ def test_fp16_weights_are_parameters_not_activations(tmp_path):
 # ---------------------------------------------------------------- int8
 
 
-_INT8_CNN = """
+_TF_MODELS = """
 import sys
 import numpy as np
 import tensorflow as tf
 
-samples, path = np.load(sys.argv[1]), sys.argv[2]
+samples, out = np.load(sys.argv[1]), sys.argv[2]
 tf.keras.utils.set_random_seed(0)
 inp = tf.keras.Input((16, 16, 3), batch_size=1, name="image")
 x = tf.keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv1")(inp)
@@ -222,34 +222,59 @@ x = tf.keras.layers.DepthwiseConv2D(3, padding="same", name="dw")(x)
 x = tf.keras.layers.MaxPooling2D(2, name="pool")(x)
 x = tf.keras.layers.Conv2D(4, 1, name="conv2")(x)
 x = tf.keras.layers.Flatten(name="flat")(x)
-out = tf.keras.layers.Dense(5, activation="softmax", name="fc")(x)
-conv = tf.lite.TFLiteConverter.from_keras_model(tf.keras.Model(inp, out))
+cnn = tf.keras.Model(inp, tf.keras.layers.Dense(5, activation="softmax", name="fc")(x))
+conv = tf.lite.TFLiteConverter.from_keras_model(cnn)
+open(out + "/cnn.tflite", "wb").write(conv.convert())  # float
 conv.optimizations = [tf.lite.Optimize.DEFAULT]
 conv.representative_dataset = lambda: ([s] for s in samples)
 conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
 conv.inference_input_type = tf.int8
 conv.inference_output_type = tf.int8
-open(path, "wb").write(conv.convert())
+open(out + "/cnn_int8.tflite", "wb").write(conv.convert())
+
+
+class Stream(tf.Module):  # a streaming model: its state in a resource variable
+    def __init__(self):
+        self.state = tf.Variable(tf.zeros([1, 4]), name="state")
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32, name="x")])
+    def __call__(self, x):
+        self.state.assign(0.5 * self.state + x)
+        return tf.nn.relu(self.state + 1.0)
+
+
+m = Stream()
+conv = tf.lite.TFLiteConverter.from_concrete_functions([m.__call__.get_concrete_function()], m)
+conv.experimental_enable_resource_variables = True
+open(out + "/stream.tflite", "wb").write(conv.convert())
 """
 
 
 @pytest.fixture(scope="module")
-def int8_model(tmp_path_factory):
-    """A small Keras CNN, fully int8 quantized by the TFLite converter (needs TensorFlow), in a
-    child process: the converter segfaults in a process where a Ray cluster has run (a test
-    file of the executors before this one on the same worker)."""
+def tf_models(tmp_path_factory):
+    """A small Keras CNN as a float and a fully int8 TFLite model (the TFLite converter's
+    quantization), and a streaming model keeping its state in a variable: built by TensorFlow
+    in one child process - the converter segfaults in a process where a Ray cluster has run (a
+    test file of the executors before this one on the same worker)."""
     import subprocess
 
-    root = tmp_path_factory.mktemp("int8")
+    root = tmp_path_factory.mktemp("tf_models")
     rng = np.random.default_rng(0)
     samples = np.stack([rng.standard_normal((1, 16, 16, 3)).astype(np.float32) for _ in range(16)])
     np.save(root / "samples.npy", samples)
-    path = root / "cnn_int8.tflite"
     subprocess.run(
-        [sys.executable, "-c", _INT8_CNN, str(root / "samples.npy"), str(path)],
+        [sys.executable, "-c", _TF_MODELS, str(root / "samples.npy"), str(root)],
         check=True,
         capture_output=True,
     )
+    return root
+
+
+@pytest.fixture(scope="module")
+def int8_model(tf_models):
+    root = tf_models
+    rng = np.random.default_rng(1)
+    path = root / "cnn_int8.tflite"
     it = interpreter(path)
     detail = it.get_input_details()[0]
     scale, zp = detail["quantization"]
@@ -442,35 +467,12 @@ def test_ops_left_unconverted_are_named(tmp_path):
 # ---------------------------------------------------------------- state variables
 
 
-_STATEFUL = """
-import sys
-import tensorflow as tf
-
-class Stream(tf.Module):
-    def __init__(self):
-        self.state = tf.Variable(tf.zeros([1, 4]), name="state")
-
-    @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32, name="x")])
-    def __call__(self, x):
-        self.state.assign(0.5 * self.state + x)
-        return tf.nn.relu(self.state + 1.0)
-
-m = Stream()
-conv = tf.lite.TFLiteConverter.from_concrete_functions([m.__call__.get_concrete_function()], m)
-conv.experimental_enable_resource_variables = True
-open(sys.argv[1], "wb").write(conv.convert())
-"""
-
-
-def test_a_streaming_models_state_is_not_dumped_and_its_conversion_says_why(tmp_path):
+def test_a_streaming_models_state_is_not_dumped_and_its_conversion_says_why(tf_models, tmp_path):
     """pymicro-wakeword's okay_nabu.tflite keeps its state in resource variables: dumping
     the VAR_HANDLE's resource tensor crashed LiteRT (or raised in the backend process). The
     handle has no values and is left out; the values computed are dumped right (numpy, on a
     first call: the state starts at zero); tf2onnx cannot convert the variables - said."""
-    import subprocess
-
-    path = tmp_path / "stream.tflite"
-    subprocess.run([sys.executable, "-c", _STATEFUL, str(path)], check=True, capture_output=True)
+    path = tf_models / "stream.tflite"
     ops = {op["op_name"] for op in interpreter(path)._get_ops_details()}
     assert {"VAR_HANDLE", "ASSIGN_VARIABLE", "READ_VARIABLE"} <= ops
     x = np.array([[-3.0, -0.5, 0.25, 2.0]], np.float32)
@@ -488,20 +490,11 @@ def test_a_streaming_models_state_is_not_dumped_and_its_conversion_says_why(tmp_
         convert_to_onnx("tflite", path, inp, tmp_path / "onnx")
 
 
-def test_layerwise_runs_a_tflite_model_as_its_onnx_conversion(tmp_path, capsys):
+def test_layerwise_runs_a_tflite_model_as_its_onnx_conversion(tf_models, tmp_path, capsys):
     """Layerwise cuts the ONNX graph into parts: -f tflite was refused. It converts the model
     as oneshot does (conversion/) and debugs that ONNX model, every layer of it judged."""
-    import subprocess
-
     rng = np.random.default_rng(0)
-    np.save(tmp_path / "samples.npy", rng.standard_normal((4, 1, 16, 16, 3)).astype(np.float32))
-    script = _INT8_CNN.split("conv.optimizations")[0] + 'open(path, "wb").write(conv.convert())\n'
-    path = tmp_path / "cnn.tflite"
-    subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "samples.npy"), str(path)],
-        check=True,
-        capture_output=True,
-    )
+    path = tf_models / "cnn.tflite"
     name = interpreter(path).get_input_details()[0]["name"]
     rng.standard_normal((1, 16, 16, 3)).astype(np.float32).tofile(tmp_path / "x.raw")
     code, _, err = run_cli(

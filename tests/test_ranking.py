@@ -154,8 +154,9 @@ def test_a_standout_is_named_only_when_it_reaches_the_outputs():
     # standouts that cost the outputs next to nothing: no "most" named at 0% (captcha's CRNN)
     r = rank(ev, names, impact=_Impact({"l10": 0.01, "l20": 0.004, "l30": 0.02}))
     assert r.culprits == []
-    assert "layers that stand out locally each cost the outputs under 5% of their error)" in (
-        r.findings[0]
+    assert (
+        "layers that stand out locally each cost the outputs under 5% of their error)"
+        in (r.findings[0])
     ), r.findings[0]
 
 

@@ -210,14 +210,19 @@ def test_weight_outliers_cover_pointwise_depthwise_and_dense(zoo_models_prepared
 # ---------------------------------------------------------------- QNN runs of the quick subset
 
 
+# the quick cases layerwise runs on (the zoo benchmark measures its hit rates on all): a weight
+# outlier it names first, the backend divergence it cannot see alone
+LAYERWISE = {"cls/weight_outlier/early", "cls/backend_divergence/early"}
+
+
 @pytest.fixture(scope="module")
 def quick_zoo(tmp_path_factory):
     out = tmp_path_factory.mktemp("zoo_quick")
     cases, dropped = runner.build_cases(list(runner.QUICK), out)
     assert not dropped, dropped
     rows = []
-    for case in cases:  # layerwise where its tests read it: cls's cases
-        algorithms = ["oneshot", "layerwise"] if case.fault.model == "cls" else ["oneshot"]
+    for case in cases:  # layerwise where its tests read it
+        algorithms = ["oneshot", "layerwise"] if case.name in LAYERWISE else ["oneshot"]
         rows += runner.run_case(case, algorithms, out)
     return out, cases, pd.DataFrame(rows)
 
@@ -289,7 +294,8 @@ def test_clipping_override_reaches_the_qdq_model(quick_zoo):
 def test_clean_cls_names_no_culprit_and_its_faults_rank_first(quick_zoo):
     """What the ranking achieves today on the quick subset: nothing named on the clean cls
     model; its faults (each costs the outputs 13-55 dB; the early weight outlier's channel
-    blows the ranges of the layers it flows into) named first, by oneshot and layerwise.
+    blows the ranges of the layers it flows into) named first, by oneshot (and by layerwise,
+    where it runs).
     (The shipped face model is not clean at 8 bits: one activation channel of
     depthwise_conv2d_15 spans 228x the median channel's range and is named on some inputs.)"""
     _, cases, rows = quick_zoo
@@ -299,7 +305,8 @@ def test_clean_cls_names_no_culprit_and_its_faults_rank_first(quick_zoo):
         if case.fault.kind == "clean" and case.fault.model == "cls":
             assert ranks.isna().all(), f"{case.name}: culprits named on a clean model"
     cls = rows[(rows["model"] == "cls") & ~rows["kind"].isin(["clean", "backend_divergence"])]
-    assert len(cls) >= 6 and (cls["best_rank"] == 1).all(), cls[["case", "algorithm", "best_rank"]]
+    assert len(cls) >= 5 and (cls["best_rank"] == 1).all(), cls[["case", "algorithm", "best_rank"]]
+    assert "layerwise" in set(cls["algorithm"])
 
 
 def test_a_backend_divergence_is_named_by_oneshot_and_run_alone_the_layer_is_right(quick_zoo):

@@ -353,8 +353,10 @@ def _as_onnx(algorithm: str, model, place):
     from accdbg.core.run_dir import TIMESTAMP_FORMAT
     from accdbg.frameworks.convert import convert_to_onnx
 
-    out = Path(place.working_dir) / "conversion" / (
-        place.output_dirname or time.strftime(TIMESTAMP_FORMAT)
+    out = (
+        Path(place.working_dir)
+        / "conversion"
+        / (place.output_dirname or time.strftime(TIMESTAMP_FORMAT))
     )
     conv = convert_to_onnx(
         model.framework, model.model_path, model.input_tensors, out, model.output_tensors

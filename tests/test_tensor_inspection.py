@@ -568,11 +568,11 @@ def test_engine_run_with_several_results_is_refused(pair):
 
 
 @pytest.fixture(scope="module")
-def det_runs(tmp_path_factory, ppocr_det, ppocr_input):
+def det_runs(tmp_path_factory, ppocr_det, ppocr_small_input):
     from accdbg.engines import run_inference_engine
 
     tmp = tmp_path_factory.mktemp("ti_det")
-    inputs = [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])]
+    inputs = [parse_input_tensor(["x", "1,3,160,160", str(ppocr_small_input)])]
     golden = run_framework_diagnosis("onnx", ppocr_det, inputs, working_dir=tmp / "w")
     engine = run_inference_engine(ppocr_det, input_tensors=inputs, working_dir=tmp / "w")
     return golden.run_dir, engine.results[0], tmp

@@ -35,7 +35,7 @@ from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.ranking import ContextCheck, KernelsAdded, Ranking, rank
 from accdbg.algorithms.reach import OutlierReach, Reach
 from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
-from accdbg.algorithms.sensitivity import Sensitivity, Share, judged_at, scores
+from accdbg.algorithms.sensitivity import Sensitivity, Share, judged_outputs
 from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import cpu_threads, exact_session
 from accdbg.core.tensor_store import TensorFolder
@@ -298,16 +298,9 @@ def find_culprits(
     div = at_outputs = kernels = None
     # the outputs' backend error is judged where their error is: the logits, when compared
     rows = set(table[name_col].astype(str))
-    logits = scores(float_proto, rows) if float_proto is not None else []
-    # the model output each judged tensor stands for, as the user knows it
-    output_of = (
-        {
-            j: o.name
-            for o, j in zip(float_proto.graph.output, judged_at(float_proto, rows), strict=True)
-        }
-        if float_proto is not None
-        else {}
-    )
+    # each judged tensor -> the model output it stands for, as the user knows it
+    output_of = judged_outputs(float_proto, rows) if float_proto is not None else {}
+    logits = list(output_of)
     judged = [n for n in logits if n in rows] or outputs
     if target is not None and feeds and not simulated:
         folder = TensorFolder(target)

@@ -285,9 +285,7 @@ def run_oneshot(
             out = Path(working_dir) / "conversion" / (output_dirname or golden_dir.name)
             conversion = convert_to_onnx(framework, model_path, input_tensors, out, output_tensors)
             engine_model = conversion.onnx_path
-            engine_inputs = [
-                replace(t, name=conversion.input_names.get(t.name, t.name)) for t in input_tensors
-            ]
+            engine_inputs = conversion.renamed(input_tensors)
             seconds["conversion to ONNX"] = time.perf_counter() - t
         pool = None
         if enable_tensor_inspection:

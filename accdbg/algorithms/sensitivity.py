@@ -88,6 +88,17 @@ def scores(model: onnx.ModelProto, compared: Collection[str] | None = None) -> l
     return list(dict.fromkeys(judged_at(model, compared)))
 
 
+def judged_outputs(
+    model: onnx.ModelProto, compared: Collection[str] | None = None
+) -> dict[str, str]:
+    """Each tensor the outputs are judged at (:func:`scores`, in its order) -> the model output
+    it stands for, as the user knows it (the first, when two share their logits)."""
+    out: dict[str, str] = {}
+    for o, judged in zip(model.graph.output, judged_at(model, compared), strict=True):
+        out.setdefault(judged, o.name)
+    return out
+
+
 def judged_at(model: onnx.ModelProto, compared: Collection[str] | None = None) -> list[str]:
     """:func:`scores` output by output, in the graph's order (two may share their logits); in
     a QDQ model, the logits as the Softmax reads them (after their Q/DQ pair)."""
@@ -198,9 +209,7 @@ class Sensitivity:
         self.feeds = [dict(feeds)] if isinstance(feeds, Mapping) else [dict(f) for f in feeds]
         # the model output each judged tensor is (its logits for a Softmax/Sigmoid output): a
         # share names the output, as the user knows it; its keys, in order, are :func:`scores`
-        self._output_of: dict[str, str] = {}
-        for o, judged in zip(float_model.graph.output, judged_at(float_model), strict=True):
-            self._output_of.setdefault(judged, o.name)
+        self._output_of = judged_outputs(float_model)
         self.outputs = list(self._output_of)
         self.float_model = om.with_outputs(float_model, self.outputs)
         self._qdq_nodes = om.topological_nodes(qdq_model.graph)

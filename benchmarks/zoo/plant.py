@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from accdbg.errors import AccdbgError
 from benchmarks.zoo import edits
 from benchmarks.zoo.edits import NotEligible, Source
 from benchmarks.zoo.graph import Graph, bn_scale, effective_weight, layer_of, layers
@@ -654,7 +655,11 @@ def plant(
                 break  # the float model changed: not this site
             if harm is None:
                 return planted
-            loss = harm(planted.model, planted.fault.overrides)
+            try:
+                loss = harm(planted.model, planted.fault.overrides)
+            except AccdbgError as exc:  # e.g. a clipped tensor QNN's pre-processing fuses away
+                tried.append(f"{site.node}: {exc}")
+                break  # not this site
             tried.append(f"{site.node} x{step:g}: {loss:.1f} dB")
             planted.fault.harm_db, planted.fault.tries = loss, list(tried)
             if loss >= HARM_DB:

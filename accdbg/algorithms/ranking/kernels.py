@@ -104,14 +104,17 @@ class ContextCheck:
     whole: Mapping[str, float] = field(default_factory=dict)
 
 
-def _standing_jumps(jumps: Mapping[str, tuple[float, float]]) -> list[str]:
+def _standing_jumps(jumps: Mapping[str, tuple[float, float]], visible: bool = True) -> list[str]:
     """Layers whose jump (dB of error beyond what explains it) is at least ``BACKEND_DB`` and
-    stands out among the model's jumps, with an error the pass mark would see (``ABS_DB``)."""
+    stands out among the model's jumps, with an error the pass mark would see (``ABS_DB``;
+    not ``visible``: any error, for jumps whose cost to the outputs is measured after)."""
     floor, spread = robust_floor([j for j, _ in jumps.values()])
     return [
         n
         for n, (j, nsr) in jumps.items()
-        if j >= BACKEND_DB and j >= floor + standout_gap(spread) and nsr_db(nsr) < ABS_DB
+        if j >= BACKEND_DB
+        and j >= floor + standout_gap(spread)
+        and (not visible or nsr_db(nsr) < ABS_DB)
     ]
 
 
@@ -299,7 +302,9 @@ def _in_context(
     as much more. Left out: an ``AMPLIFYING`` op (its gain grows with its input's error) and
     one whose context holds one of the ``suspects`` before it (a standout, a range an outlier
     blows): run there it reads that range as computed, and its jump is that layer's doing. Its
-    own encodings, a standout's too, are in what is expected of it."""
+    own encodings, a standout's too, are in what is expected of it. A jump to an error the
+    pass mark would not see is kept too: what a kernel's difference there costs the outputs,
+    measured once run again, says whether it matters (:func:`_alone_backend`)."""
     alone = _local_expected(evidence, observed)
     suspects = set(suspects)
     expected = {}
@@ -311,7 +316,7 @@ def _in_context(
         if n in alone and alone[n][0] > 0 and math.isfinite(observed.get(n, math.nan)):
             gain = max(1.0, observed[n] / alone[n][0])
         expected[n] = (gain * (_own_nsr(ev) + ins), [])
-    return _jumps({n: context_nsr[n][0] for n in expected}, expected)
+    return _jumps({n: context_nsr[n][0] for n in expected}, expected, visible=False)
 
 
 def _before_in_context(n: str, evidence: Mapping[str, Evidence]) -> set[str]:
@@ -359,7 +364,9 @@ def _local_expected(
 
 
 def _jumps(
-    observed: Mapping[str, float], expected: Mapping[str, tuple[float, list[str]]]
+    observed: Mapping[str, float],
+    expected: Mapping[str, tuple[float, list[str]]],
+    visible: bool = True,
 ) -> dict[str, tuple[float, float, list[str]]]:
     """The layers whose observed error stands out above what is ``expected`` of them
     (:func:`_standing_jumps`): layer -> (its error, the error expected, its inputs)."""
@@ -368,7 +375,7 @@ def _jumps(
         for n, (e, _) in expected.items()
         if e > 0 and math.isfinite(observed[n]) and observed[n] > 0
     }
-    return {n: (observed[n], *expected[n]) for n in _standing_jumps(jumps)}
+    return {n: (observed[n], *expected[n]) for n in _standing_jumps(jumps, visible)}
 
 
 def _amplifying(
@@ -590,6 +597,13 @@ def _alone_backend(
     ran = ask([b[1] for b in ctx_backend]) if ask is not None and ctx_backend else {}
     beside = {n for n in ctx_jumps if _before_in_context(n, evidence) & set(standouts)}
     ctx_backend = [b for b in ctx_backend if b[1] in ran or b[1] not in beside]
+    # an error in context the pass mark would not see stands only by what it costs the outputs
+    ctx_backend = [
+        b
+        for b in ctx_backend
+        if nsr_db(ctx_jumps[b[1]][0]) < ABS_DB
+        or math.isfinite(getattr(ran.get(b[1]), "share", math.nan))
+    ]
     backend += _checked_in_context(ctx_backend, ctx_jumps, ran, evidence, columns, costs)
     return backend
 

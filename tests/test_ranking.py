@@ -2205,6 +2205,36 @@ def test_an_outlier_output_channel_is_named_by_what_the_model_loses_without_it()
     assert rank(ev, list(ev), impact=quiet).culprits == [] and len(quiet.questions) == 1
 
 
+def test_an_outlier_output_channel_at_the_noise_floor_is_asked_where_the_outputs_are_judged():
+    """A head at the noise floor whose one output channel of weights spans 27x the next (a
+    dense layer making a model output, one of whose outputs multiplies its inputs' error 27
+    times): its loud channel is loud where it counts, so it is asked - and named when without
+    it the outputs lose 96 % of their noise-to-signal. The same layer anywhere else is not
+    asked (its test above), nor is it named when the question finds little."""
+
+    class Channels(_Impact):
+        def __init__(self, answers):
+            super().__init__({})
+            self.answers, self.questions = answers, []
+
+        def channels(self, levels):
+            self.questions.append(tuple(sorted(levels)))
+            return self.answers.get(tuple(sorted(levels)), 0.0)
+
+    ev = {f"c{i}": _ev(f"c{i}", 30 + (i % 3)) for i in range(12)}
+    ev["c11"].lone_channel, ev["c11"].lone_ratio, ev["c11"].lone_level = 9, 27.0, 0.5
+    asked = Channels({("c11",): 0.96})
+    r = rank(ev, list(ev), impact=asked, judged=["c11"])
+    assert [c.name for c in r.culprits] == ["c11"] and set(asked.questions) == {("c11",)}
+    assert "channel 9 of its weights spans 27x the next widest" in r.culprits[0].cause
+    assert "the outputs lose 96% of their noise-to-signal" in r.culprits[0].cause
+    elsewhere = Channels({("c11",): 0.96})
+    assert rank(ev, list(ev), impact=elsewhere, judged=["c10"]).culprits == []
+    assert elsewhere.questions == []
+    little = Channels({("c11",): 0.2})
+    assert rank(ev, list(ev), impact=little, judged=["c11"]).culprits == []
+
+
 def test_the_model_without_its_outlier_channel_is_measured_as_numpy_computes_it(tmp_path):
     """Sensitivity.channel_share against the same chain in numpy: output channel 7 of layer 1's
     weights is 30x the rest, so its output ``a`` has one loud column whose range crushes the

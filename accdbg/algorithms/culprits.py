@@ -344,6 +344,7 @@ def find_culprits(
         context_nsr=context_nsr(table, name_col) if local_observed else None,
         alone_cpu=alone_cpu if local_observed else None,
         run_cpu=alone_cpu.in_run if alone_cpu is not None and not local_observed else None,
+        judged=judged,
     )
     log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)
     return ranking

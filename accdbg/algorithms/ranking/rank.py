@@ -222,6 +222,7 @@ def rank(
     context_nsr: Mapping[str, tuple[float, float]] | None = None,
     alone_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
     run_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
+    judged: Collection[str] = (),
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -271,6 +272,8 @@ def rank(
     CPU fake-quant, and the model from its inputs on the backend (:class:`ContextCheck`); a
     jump the CPU makes too is the quantization's (``CONTEXT_CPU_TOO``), one the whole model
     does not make is the cut's (``CONTEXT_CUT``).
+    ``judged``: the tensors the outputs are judged at (a model output, or the logits a
+    Softmax/Sigmoid output reads).
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -383,8 +386,10 @@ def rank(
         if costs[n] < SHARE and db >= DESTROYED_DB:  # named by the lone standout's bar
             cause += "; the model's only standout: every other layer sits at its noise floor"
         candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
+    # a layer the outputs are judged at counts, whatever its local SQNR: a loud channel there
+    # is loud where it counts
     few, few_together = _outlier_weights(
-        evidence, order, impact, {c[1] for c in candidates}, set(standouts), columns
+        evidence, order, impact, {c[1] for c in candidates}, {*standouts, *judged}, columns
     )
     for n, (share, cause) in few.items():
         costs[n] = share
@@ -547,7 +552,7 @@ def _outlier_weights(
     * one output channel ``OUTLIER_RATIO`` times every other channel or more, brought to the
       next widest channel's range, the QDQ model's encodings refitted (noise-to-signal) -
       only of a layer ``standing`` out (its local SQNR or its clipping, or the source of an
-      outlier a later standout carries).
+      outlier a later standout carries) or one the outputs are judged at.
 
     A few outlier weights need not make their layer stand out, nor cost much alone: they
     multiply the error their inputs bring from every encoding upstream and leave the layer's
@@ -555,7 +560,10 @@ def _outlier_weights(
     whose range crushes the others': when its layer sits at the noise floor, the channel is not
     loud where it counts, and the question would only measure another float model (a trained
     channel a few times its neighbours is common) - such a layer is held to the rule every
-    other layer is: a culprit stands out from the noise floor. Each question is asked of its layers
+    other layer is: a culprit stands out from the noise floor - unless the outputs are judged at
+    it: there the loud channel is an output, and a channel whose weights multiply the error
+    their inputs bring tens of times (a head whose one output is a difference of large terms)
+    fails it however quiet the layer's own encodings are. Each question is asked of its layers
     together first (one run of each model), one by one only when together they matter
     (``ONE_BY_ONE`` at most, the farthest outliers first) - and when then none does alone, a
     finding says what they cost together."""
@@ -609,8 +617,8 @@ def _outlier_weights(
                 f"{ev.lone_ratio:.3g}x the next widest channel; brought to that channel's range "
                 "(in the float model too, every encoding refitted) the outputs lose "
                 f"{_pct(share)} of their noise-to-signal - that channel carries the error its "
-                "inputs bring from the encodings upstream louder than any other and blows the "
-                "ranges after it, which per-channel weights do not remove: retrain or regularize "
+                "inputs bring from the encodings upstream louder than any other and blows its "
+                "output's range and those after it, which per-channel weights do not remove: retrain or regularize "
                 "that channel, or keep its input path in 16 bits" + _was(columns, n),
             )
         if together >= SHARE and not shares and not finding:

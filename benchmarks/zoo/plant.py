@@ -647,7 +647,11 @@ def plant(
         return None
     tried: list[str] = []
     planted = None
-    for site in sites[: SITE_TRIES if harm else 1]:
+    ran = 0  # sites whose planting the pipeline took (one it refuses is not a try)
+    for site in sites:
+        if ran == (SITE_TRIES if harm else 1):
+            break
+        ran += 1
         site.probe = probe
         for step in STRONGER if harm else (1.0,):
             planted = _plant_at(model_name, model, kind, depth, site, step, feeds, seed)
@@ -659,6 +663,7 @@ def plant(
                 loss = harm(planted.model, planted.fault.overrides)
             except AccdbgError as exc:  # e.g. a clipped tensor QNN's pre-processing fuses away
                 tried.append(f"{site.node}: {exc}")
+                ran -= 1
                 break  # not this site
             tried.append(f"{site.node} x{step:g}: {loss:.1f} dB")
             planted.fault.harm_db, planted.fault.tries = loss, list(tried)

@@ -46,7 +46,8 @@ layers do - or whose backend result is far worse than its quantization explains:
   taken out it may cost little). So is a standout whose widest output channel of weights
   spans ``OUTLIER_RATIO`` times the next widest or more: that channel brought to the next one's
   range in both models, the QDQ model's activation encodings refitted (noise-to-signal); a
-  layer at the noise floor is not asked (its loud weights make no loud output where it counts).
+  layer at the noise floor is not asked (its loud weights make no loud output where it counts),
+  unless the outputs are judged at it (there its loud channel is an output).
 * **backend** - the target's error at a layer (per channel) exceeds what the layer's own
   quantization plus the error it inherits explain by ``BACKEND_DB`` or more, standing out the
   same way among the model's layers: the kernel, not the encodings (golden inputs: layerwise).
@@ -57,7 +58,8 @@ layers do - or whose backend result is far worse than its quantization explains:
   (layerwise's context runs: HTP fuses it with them) is run again there in the CPU fake-quant,
   and from the model's inputs on QNN: the backend's only when the CPU's cut does not jump and
   the whole model does (a cut feeds its producers as graph inputs, which HTP may take
-  otherwise), named when their difference costs the outputs ``SHARE`` as above.
+  otherwise), named when their difference costs the outputs ``SHARE`` as above - whatever
+  its error there: a jump to an error the pass mark would not see stands by that cost.
   In a full run, each layer's QNN result is compared with onnxruntime's CPU fake-quant of that
   layer fed QNN's own inputs (:func:`~accdbg.algorithms.divergence.local_divergence`); a layer
   where they part far more than at the model's other layers (with fewer than

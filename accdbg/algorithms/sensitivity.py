@@ -85,7 +85,7 @@ def scores(model: onnx.ModelProto, compared: Collection[str] | None = None) -> l
     keeps its name in the QDQ model). With ``compared`` (the tensors a run compared), a logits
     tensor that was not compared - a Flatten the pre-processing put before the Softmax - is
     followed back through ops that keep its values to one that was."""
-    return list(dict.fromkeys(judged_at(model, compared)))
+    return list(judged_outputs(model, compared))
 
 
 def judged_outputs(

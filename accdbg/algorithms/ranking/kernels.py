@@ -258,10 +258,13 @@ def _checked_in_context(
     the backend does not make is the cut's (its producers fed as graph inputs) - each said in
     its cause, not named; one whose difference from the CPU costs the outputs under ``SHARE``
     is a note. The others keep their figures, and their cost orders them (``costs``). A
-    candidate not run again stands as measured."""
+    candidate not run again stands as measured - unless its error there is one the pass mark
+    (``ABS_DB``) would not see: such a jump stands only by the cost it was measured to have."""
     out = []
     for nsr, n, cause in candidates:
         check = ran.get(n)
+        if (check is None or not math.isfinite(check.share)) and nsr_db(jumps[n][0]) >= ABS_DB:
+            continue
         if check is None:
             out.append((nsr, n, cause))
             continue
@@ -597,13 +600,6 @@ def _alone_backend(
     ran = ask([b[1] for b in ctx_backend]) if ask is not None and ctx_backend else {}
     beside = {n for n in ctx_jumps if _before_in_context(n, evidence) & set(standouts)}
     ctx_backend = [b for b in ctx_backend if b[1] in ran or b[1] not in beside]
-    # an error in context the pass mark would not see stands only by what it costs the outputs
-    ctx_backend = [
-        b
-        for b in ctx_backend
-        if nsr_db(ctx_jumps[b[1]][0]) < ABS_DB
-        or math.isfinite(getattr(ran.get(b[1]), "share", math.nan))
-    ]
     backend += _checked_in_context(ctx_backend, ctx_jumps, ran, evidence, columns, costs)
     return backend
 

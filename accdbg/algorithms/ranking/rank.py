@@ -618,8 +618,9 @@ def _outlier_weights(
                 "(in the float model too, every encoding refitted) the outputs lose "
                 f"{_pct(share)} of their noise-to-signal - that channel carries the error its "
                 "inputs bring from the encodings upstream louder than any other and blows its "
-                "output's range and those after it, which per-channel weights do not remove: retrain or regularize "
-                "that channel, or keep its input path in 16 bits" + _was(columns, n),
+                "output's range and those after it, which per-channel weights do not remove: "
+                "retrain or regularize that channel, or keep its input path in 16 bits"
+                + _was(columns, n),
             )
         if together >= SHARE and not shares and not finding:
             most = max(evidence[n].lone_ratio for n in lone)

@@ -74,14 +74,14 @@ def hand_aimet(qdq_path: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def det_run(ppocr_det, ppocr_input, tmp_path_factory):
+def det_run(ppocr_det, ppocr_small_input, tmp_path_factory):
     """PP-OCRv4 det quantized (A8W8, per tensor) and run on QNN HTP by the inference engine."""
     from accdbg.engines import run_inference_engine
 
     work = tmp_path_factory.mktemp("det_engine")
     res = run_inference_engine(
         ppocr_det,
-        input_tensors=[parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])],
+        input_tensors=[parse_input_tensor(["x", "1,3,160,160", str(ppocr_small_input)])],
         working_dir=work,
         output_dirname="det",
         debug=False,
@@ -348,7 +348,7 @@ def test_params_only_and_activations_only(
 
 @pytest.mark.slow
 def test_round_trip_qdq_to_aimet_to_overrides_to_qdq(
-    capsys, det_run, det_files, ppocr_det, ppocr_input
+    capsys, det_run, det_files, ppocr_det, ppocr_small_input
 ):
     """Export the engine's QDQ encodings, quantize again with them as -qo: every scale/offset is kept."""
     from accdbg.engines import run_inference_engine
@@ -372,7 +372,7 @@ def test_round_trip_qdq_to_aimet_to_overrides_to_qdq(
     assert code == 2 and "already exists" in one_line_error(err)
     again = run_inference_engine(
         ppocr_det,
-        input_tensors=[parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])],
+        input_tensors=[parse_input_tensor(["x", "1,3,160,160", str(ppocr_small_input)])],
         working_dir=det_files["dir"] / "engine",
         output_dirname="rt",
         debug=False,
@@ -445,8 +445,8 @@ def _quantize_and_dump(float_model: Path, x: np.ndarray, work: Path) -> tuple[Pa
 
 
 @pytest.mark.slow
-def test_per_channel_weights_from_the_qnn_ep_dump(tmp_path, ppocr_det, ppocr_input):
-    x = np.fromfile(ppocr_input, dtype=np.float32).reshape(1, 3, 320, 320)
+def test_per_channel_weights_from_the_qnn_ep_dump(tmp_path, ppocr_det, ppocr_small_input):
+    x = np.fromfile(ppocr_small_input, dtype=np.float32).reshape(1, 3, 160, 160)
     qdq, net = _quantize_and_dump(ppocr_det, x, tmp_path)
     aimet = hand_aimet(qdq)
     per_channel = {n for n, e in aimet["param_encodings"].items() if len(e) > 1}

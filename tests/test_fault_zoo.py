@@ -293,7 +293,7 @@ def test_clipping_override_reaches_the_qdq_model(quick_zoo):
 
 def test_clean_cls_names_no_culprit_and_its_faults_rank_first(quick_zoo):
     """What the ranking achieves today on the quick subset: nothing named on the clean cls
-    model; its faults (each costs the outputs 13-55 dB; the early weight outlier's channel
+    model; its faults (each costs the outputs 9-55 dB; the early weight outlier's channel
     blows the ranges of the layers it flows into) named first, by oneshot (and by layerwise,
     where it runs).
     (The shipped face model is not clean at 8 bits: one activation channel of

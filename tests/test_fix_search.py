@@ -556,7 +556,8 @@ def test_real_model_planted_fault_best_encodings_reproduce(tmp_path, capsys):
     reported output SQNR."""
     from benchmarks.zoo.runner import build_cases
 
-    cases, dropped = build_cases(["cls/weight_channel/mid"], tmp_path / "zoo")
+    # without the harm gate's QNN runs: this planting is felt at its first strength (28.9 dB)
+    cases, dropped = build_cases(["cls/weight_channel/mid"], tmp_path / "zoo", gate=False)
     assert cases, dropped
     case = cases[0]
     fault = json.loads((case.folder / "fault.json").read_text())

@@ -210,7 +210,21 @@ def test_keras_mobilenet_frozen_graph(tmp_path):
         ),
     ],
 )
-def test_bad_inputs_one_line(capsys, tiny, tmp_path, case, expect):
+def test_bad_inputs_one_line(capsys, tiny, tmp_path, monkeypatch, case, expect):
+    """Each bad input is one line. A folder is refused before TensorFlow loads; ``not_pb``
+    goes through the child Python framework diagnosis runs TensorFlow in (its error relayed),
+    the others in this process (the same checks, without a TensorFlow import per case)."""
+    from accdbg.frameworks import diagnosis
+    from accdbg.frameworks.tensorflow_runner import TensorFlowRunner
+
+    if case == "saved_model_dir":  # no child Python is started for it
+
+        def no_child(*args, **kwargs):
+            raise AssertionError("a child Python was started for a folder")
+
+        monkeypatch.setattr(diagnosis, "run_isolated", no_child)
+    elif case != "not_pb":
+        monkeypatch.setattr(TensorFlowRunner, "isolated", classmethod(lambda cls, options: False))
     path, raw, _, _ = tiny
     name, dims, extra, out = "input:0", "1,16,16,3", [], "Predictions/Softmax:0"
     if case == "saved_model_dir":

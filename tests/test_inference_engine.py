@@ -524,6 +524,28 @@ def test_qnn_preprocessing_keeps_metadata_and_survives_its_own_failure(
     assert "QNN pre-processing failed" in caplog.text
 
 
+def test_qnn_preprocessing_does_not_load_torch(tmp_path):
+    """onnxruntime's QNN pre-processing imports ``onnxruntime.tools``, which imports torch
+    whenever it is installed (about 3 s and 180 MB per process, for PyTorch export helpers
+    the pre-processing never calls): a fresh Python preparing a model ends without torch, and
+    with the pre-processing's fusions made."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch", reason="torch not installed: nothing could load it")
+    built = models.mlp(tmp_path)
+    code = (
+        "import sys, onnx; from pathlib import Path;"
+        "from accdbg.engines.prepare import prepare_float_model;"
+        f"m = onnx.load({str(built.path)!r}); m.graph.node[2].name = '';"
+        f"path, steps = prepare_float_model(m, {{'x': (2, 4)}}, Path({str(tmp_path)!r}));"
+        "print(path.name, 'torch' in sys.modules and sys.modules['torch'] is not None)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["model.qnn_pre.onnx", "False"]
+
+
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
 @pytest.mark.slow
 def test_a_busy_child_dies_within_a_second_of_its_parent(sig):

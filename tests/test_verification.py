@@ -142,7 +142,7 @@ def _raw(folder: Path, name: str) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def det(tmp_path_factory, ppocr_det, ppocr_input):
+def det(tmp_path_factory, ppocr_det, ppocr_small_input):
     """Golden: framework diagnosis of the real model. Target: its 8-bit QNN-style QDQ
     version, every activation dequantized (as the inference engine dumps them)."""
     tmp = tmp_path_factory.mktemp("det")
@@ -150,13 +150,15 @@ def det(tmp_path_factory, ppocr_det, ppocr_input):
     golden = run_framework_diagnosis(
         "onnx",
         ppocr_det,
-        [parse_input_tensor(["x", "1,3,320,320", str(ppocr_input)])],
+        [parse_input_tensor(["x", "1,3,160,160", str(ppocr_small_input)])],
         working_dir=tmp / "w",
         output_dirname="golden",
     )
     golden_seconds = time.perf_counter() - t0
-    qdq = quantize_qdq(ppocr_det, "x", (1, 3, 320, 320), [ppocr_input], tmp / "det_qdq.onnx")
-    target = fake_quant_dump(qdq, "x", (1, 3, 320, 320), ppocr_input, tmp / "w", tmp / "target")
+    qdq = quantize_qdq(ppocr_det, "x", (1, 3, 160, 160), [ppocr_small_input], tmp / "det_qdq.onnx")
+    target = fake_quant_dump(
+        qdq, "x", (1, 3, 160, 160), ppocr_small_input, tmp / "w", tmp / "target"
+    )
     return {
         "tmp": tmp,
         "golden": golden.run_dir,

@@ -77,6 +77,11 @@ class FrameworkRunner(ABC):
         instead of the end of the tool."""
         return True
 
+    @classmethod  # noqa: B027 - optional hook
+    def check_path(cls, path: Path) -> None:
+        """Raise when ``path`` cannot be this framework's model, checked without importing the
+        framework: the parent says so at once, before a child Python loads it."""
+
     def model_input_order(self) -> list[str]:
         """The ``--input_tensor`` names in the model's input order (plain input-list paths
         follow it); by default the order they were given in."""

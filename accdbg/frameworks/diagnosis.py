@@ -55,6 +55,7 @@ def check_model_path(model_path: str | Path, framework: str = "onnx") -> None:
     text = str(model_path)
     path = Path(text).expanduser()
     if path.exists():
+        get_runner_class(framework).check_path(path)
         return
     file, sep, factory = text.rpartition(":")
     if sep and file and factory.isidentifier() and Path(file).expanduser().is_file():

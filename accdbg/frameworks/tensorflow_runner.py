@@ -27,8 +27,8 @@ log = logging.getLogger("accdbg.framework_diagnosis")
 _NO_DATA = {"NoOp", "Assert", "SaveV2", "RestoreV2"}
 
 
-def load_graph_def(tf, path: Path, what: str = "--model_path"):
-    """A GraphDef from a binary (or text) ``.pb``, or a one-line error."""
+def check_graph_def_path(path: Path, what: str = "--model_path") -> None:
+    """A frozen graph is one file: a folder (a SavedModel) or nothing is a one-line error."""
     if path.is_dir():
         raise AccdbgError(
             f"{what} {str(path)!r} is a folder (a SavedModel?); framework diagnosis takes a frozen "
@@ -36,6 +36,11 @@ def load_graph_def(tf, path: Path, what: str = "--model_path"):
         )
     if not path.is_file():
         raise AccdbgError(f"{what} {str(path)!r} does not exist")
+
+
+def load_graph_def(tf, path: Path, what: str = "--model_path"):
+    """A GraphDef from a binary (or text) ``.pb``, or a one-line error."""
+    check_graph_def_path(path, what)
     data = path.read_bytes()
     graph_def = tf.compat.v1.GraphDef()
     try:
@@ -64,6 +69,10 @@ class TensorFlowRunner(FrameworkRunner):
 
     name = "tensorflow"
     layout = NHWC
+
+    @classmethod
+    def check_path(cls, path: Path) -> None:
+        check_graph_def_path(path)
 
     def activate(self) -> None:
         tf = self.tf = require("tensorflow")

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from accdbg.core.imports import without
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.errors import AccdbgError
 
@@ -65,27 +66,9 @@ class Overlays:
         return [self.folder / f["file"] for f in self.files]
 
 
-@contextmanager
-def _without(modules: Sequence[str]) -> Iterator[None]:
-    """Import with ``modules`` made unimportable, when not loaded yet.
-
-    ``model_explorer`` imports torch (for its PyTorch adapter) and IPython (for notebooks)
-    if they are installed; accdbg uses neither here, and they cost about 2 s and 150 MB.
-    """
-    blocked = [m for m in modules if m not in sys.modules]
-    for m in blocked:
-        sys.modules[m] = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        for m in blocked:
-            if sys.modules.get(m) is None:
-                sys.modules.pop(m, None)
-
-
 def _builder():
     try:
-        with _without(("torch", "IPython")):
+        with without(("torch", "IPython")):
             from model_explorer import node_data_builder
     except ImportError as exc:
         raise AccdbgError(
@@ -120,7 +103,7 @@ def source_nodes(model: str | Path) -> tuple[str, dict[str, str]]:
     Explorer's ONNX adapter builds the graph the viewer shows (graph inputs included; node
     ids map to themselves). A weight or bias (an initializer) maps to the node consuming it."""
     try:
-        with _without(("torch", "IPython")):
+        with without(("torch", "IPython")):
             from model_explorer_onnx.main import ONNXAdapter
     except ImportError as exc:
         raise AccdbgError(

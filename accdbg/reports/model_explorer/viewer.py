@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from accdbg.core.imports import without
 from accdbg.core.jsonio import read_json
 from accdbg.errors import AccdbgError
 from accdbg.reports.model_explorer.overlays import (
@@ -16,7 +17,6 @@ from accdbg.reports.model_explorer.overlays import (
     DIRNAME,
     MANIFEST,
     Overlays,
-    _without,
     log,
 )
 
@@ -58,7 +58,7 @@ def serve(
             f"--port {port} is already in use on {host}; choose another, or leave the default "
             "(8080 takes the first free port from 8080 to 8099)"
         )
-    with _without(("torch", "IPython")):
+    with without(("torch", "IPython")):
         import model_explorer
         from model_explorer import server
 

@@ -41,6 +41,17 @@ def conv_same(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
+@pytest.fixture(autouse=True)
+def tensorflow_in_this_process(monkeypatch):
+    """Framework diagnosis runs TensorFlow in a child Python (a native crash must not take the
+    tool down), which imports TensorFlow again for each run (about 8 s). Here TensorFlow is
+    loaded already: the runs are made in this process - the same runner, without the
+    transport, which ``test_bad_inputs_one_line[not_pb]`` and the oneshot tests take."""
+    from accdbg.frameworks.tensorflow_runner import TensorFlowRunner
+
+    monkeypatch.setattr(TensorFlowRunner, "isolated", classmethod(lambda cls, options: False))
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return build_tiny(tmp_path_factory.mktemp("tf_tiny"))
@@ -223,8 +234,9 @@ def test_bad_inputs_one_line(capsys, tiny, tmp_path, monkeypatch, case, expect):
             raise AssertionError("a child Python was started for a folder")
 
         monkeypatch.setattr(diagnosis, "run_isolated", no_child)
-    elif case != "not_pb":
-        monkeypatch.setattr(TensorFlowRunner, "isolated", classmethod(lambda cls, options: False))
+        monkeypatch.setattr(TensorFlowRunner, "isolated", classmethod(lambda cls, options: True))
+    elif case == "not_pb":
+        monkeypatch.setattr(TensorFlowRunner, "isolated", classmethod(lambda cls, options: True))
     path, raw, _, _ = tiny
     name, dims, extra, out = "input:0", "1,16,16,3", [], "Predictions/Softmax:0"
     if case == "saved_model_dir":

@@ -261,7 +261,14 @@ def test_a_native_crash_in_the_forward_pass_is_an_error_and_the_tool_survives(
         ),
     ],
 )
-def test_bad_inputs_one_line(capsys, cnn, tmp_path, case, expect):
+def test_bad_inputs_one_line(capsys, cnn, tmp_path, monkeypatch, case, expect):
+    """Each bad input is one line. ``torchscript`` goes through the child Python framework
+    diagnosis runs PyTorch in (its error relayed), the others in this process, where torch is
+    loaded already (the same checks, without a torch import per case)."""
+    from accdbg.frameworks.torch_runner import TorchRunner
+
+    if case != "torchscript":
+        monkeypatch.setattr(TorchRunner, "isolated", classmethod(lambda cls, options: False))
     root, src, model, x, _ = cnn
     spec, name, dims, out = f"{src}:build", "x", "1,3,16,16", "fc"
     raw = root / "x.raw"

@@ -14,7 +14,7 @@ def without(modules: Sequence[str]) -> Iterator[None]:
     Some libraries import torch (or IPython) at import time when it is installed, for parts
     accdbg does not use: Model Explorer (its PyTorch adapter, notebooks) and onnxruntime's
     QNN pre-processing (``onnxruntime.tools``' PyTorch export helpers). Loading torch costs
-    about 3 s and 150 MB per process - most of a small model's engine run.
+    about 3 s and 180 MB per process - most of a small model's engine run.
     """
     blocked = [m for m in modules if m not in sys.modules]
     for m in blocked:

@@ -13,6 +13,12 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def diagnose_in_child(monkeypatch, runner: type, child: bool) -> None:
+    """Framework diagnosis of ``runner``'s models in a child Python (``child``) or in this
+    process: where the test has the framework loaded already, the child only adds its import."""
+    monkeypatch.setattr(runner, "isolated", classmethod(lambda cls, options: child))
+
+
 def one_line_error(err: str) -> str:
     """The CLI's error: exactly one line starting with the program name."""
     lines = [line for line in err.strip().splitlines() if line.strip()]

@@ -15,7 +15,7 @@ from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.frameworks.convert import DEFAULT_OPSET, _convert, convert_to_onnx
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
-from tests.helpers import converted_matches_golden, one_line_error, run_cli
+from tests.helpers import converted_matches_golden, diagnose_in_child, one_line_error, run_cli
 
 tf = pytest.importorskip(
     "tensorflow", reason="TensorFlow is an optional framework: pip install accdbg[tensorflow]"
@@ -49,7 +49,7 @@ def tensorflow_in_this_process(monkeypatch):
     transport, which ``test_bad_inputs_one_line[not_pb]`` and the oneshot tests take."""
     from accdbg.frameworks.tensorflow_runner import TensorFlowRunner
 
-    monkeypatch.setattr(TensorFlowRunner, "isolated", classmethod(lambda cls, options: False))
+    diagnose_in_child(monkeypatch, TensorFlowRunner, False)
 
 
 @pytest.fixture(scope="module")
@@ -228,15 +228,14 @@ def test_bad_inputs_one_line(capsys, tiny, tmp_path, monkeypatch, case, expect):
     from accdbg.frameworks import diagnosis
     from accdbg.frameworks.tensorflow_runner import TensorFlowRunner
 
+    if case in ("saved_model_dir", "not_pb"):
+        diagnose_in_child(monkeypatch, TensorFlowRunner, True)
     if case == "saved_model_dir":  # no child Python is started for it
 
         def no_child(*args, **kwargs):
             raise AssertionError("a child Python was started for a folder")
 
         monkeypatch.setattr(diagnosis, "run_isolated", no_child)
-        monkeypatch.setattr(TensorFlowRunner, "isolated", classmethod(lambda cls, options: True))
-    elif case == "not_pb":
-        monkeypatch.setattr(TensorFlowRunner, "isolated", classmethod(lambda cls, options: True))
     path, raw, _, _ = tiny
     name, dims, extra, out = "input:0", "1,16,16,3", [], "Predictions/Softmax:0"
     if case == "saved_model_dir":

@@ -16,7 +16,7 @@ from accdbg.core.tensor_store import TensorFolder
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.convert import convert_to_onnx
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
-from tests.helpers import one_line_error, run_cli
+from tests.helpers import diagnose_in_child, one_line_error, run_cli
 
 torch = pytest.importorskip(
     "torch",
@@ -268,7 +268,7 @@ def test_bad_inputs_one_line(capsys, cnn, tmp_path, monkeypatch, case, expect):
     from accdbg.frameworks.torch_runner import TorchRunner
 
     if case != "torchscript":
-        monkeypatch.setattr(TorchRunner, "isolated", classmethod(lambda cls, options: False))
+        diagnose_in_child(monkeypatch, TorchRunner, False)
     root, src, model, x, _ = cnn
     spec, name, dims, out = f"{src}:build", "x", "1,3,16,16", "fc"
     raw = root / "x.raw"

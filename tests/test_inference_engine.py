@@ -491,9 +491,11 @@ def test_qnn_preprocessing_keeps_metadata_and_survives_its_own_failure(
 ):
     """onnxruntime's QNN pre-processing raises a TypeError on any model with metadata_props
     (PP-OCRv4 rec ships a 'character' table): it gets a copy without, the result gets it back."""
-    from onnxruntime.quantization.execution_providers import qnn as ort_qnn
-
+    from accdbg.core.imports import without
     from accdbg.engines.prepare import prepare_float_model
+
+    with without(("torch",)):
+        from onnxruntime.quantization.execution_providers import qnn as ort_qnn
 
     built = models.mlp(tmp_path)
     model = onnx.load(str(built.path))
@@ -544,6 +546,34 @@ def test_qnn_preprocessing_does_not_load_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["model.qnn_pre.onnx", "False"]
+
+
+@pytest.mark.slow
+def test_the_qnn_workers_start_without_pandas_or_the_quantizer(tmp_path, monkeypatch):
+    """Each QNN session runs in a child Python (two per engine run, one per fix-search
+    candidate): it loads the model and writes tensors, so it starts without pandas and
+    onnxruntime's quantizer (0.3 s and 0.2 s of imports each, paid by every child when the
+    engine package imported its run). Every child of a real engine run says what it loaded."""
+    import os
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "usercustomize.py").write_text(
+        "import atexit, os, sys\n"
+        "def _said():\n"
+        f"    with open({str(tmp_path / 'loaded.txt')!r}, 'a') as f:\n"
+        "        mods = [m for m in ('pandas', 'onnxruntime.quantization') if m in sys.modules]\n"
+        "        f.write(' '.join(sys.argv[-2:-1] + mods) + '\\n')\n"
+        "atexit.register(_said)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]))
+    built = models.conv_net(tmp_path, channels=4, size=8, layers=2)
+    inp = [parse_input_tensor(["x", "1,3,8,8", str(built.input_path)])]
+    run_inference_engine(built.path, input_tensors=inp, working_dir=tmp_path / "w")
+    lines = (tmp_path / "loaded.txt").read_text().splitlines()
+    workers = [line for line in lines if line.startswith("accdbg.engines.worker")]
+    assert len(workers) == 2, lines  # the plain model and the debug graph
+    assert workers == ["accdbg.engines.worker"] * 2, workers
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])

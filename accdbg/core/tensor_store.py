@@ -20,14 +20,16 @@ import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from accdbg.core.jsonio import read_json
 from accdbg.core.run_dir import write_bytes_atomic
 from accdbg.errors import AccdbgError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MANIFEST_NAME = "tensors.json"
 MANIFEST_FORMAT = "accdbg-tensors/1"
@@ -262,6 +264,8 @@ ENCODING_KEYS = ("scale", "offset", "bitwidth", "qnn_name")
 
 def records_table(records: Iterable[TensorRecord]) -> pd.DataFrame:
     """A manifest as a table, in topological order; encoding columns when tensors have them."""
+    import pandas as pd  # here: the engine's workers write tensor folders and need no pandas
+
     recs = list(records)
     keys = [k for k in ENCODING_KEYS if any(k in r.extra for r in recs)]
     rows = [

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from typing import Any
+
 import numpy as np
+import pytest
 
 from accdbg.cli.main import main
 
@@ -17,6 +22,41 @@ def diagnose_in_child(monkeypatch, runner: type, child: bool) -> None:
     """Framework diagnosis of ``runner``'s models in a child Python (``child``) or in this
     process: where the test has the framework loaded already, the child only adds its import."""
     monkeypatch.setattr(runner, "isolated", classmethod(lambda cls, options: child))
+
+
+class _Lazy:
+    """A module imported at its first public attribute read (pytest's collection asks every
+    module-level object for private ones - ``__test__``, its fixture marker - which must not
+    import it)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(self._name), attr)
+
+
+def lazy_import(name: str, reason: str | None = None) -> Any:
+    """``name``, imported when a test first reads it; with ``reason``, the calling test module
+    is skipped now when the package is not installed (as ``pytest.importorskip``). Every xdist
+    worker imports every test module to collect it: importing TensorFlow (6 s) or Model
+    Explorer with torch (4 s) there costs each worker, where only one runs those tests."""
+    if reason is not None and importlib.util.find_spec(name.split(".")[0]) is None:
+        pytest.skip(reason, allow_module_level=True)
+    return _Lazy(name)
+
+
+def get_qnn_qdq_config(*args: Any, **kwargs: Any) -> Any:
+    """onnxruntime's QNN quantization config, imported as accdbg imports it: without torch
+    (``onnxruntime.tools`` loads it when installed - 2.5 s per process, for nothing used)."""
+    from accdbg.core.imports import without
+
+    with without(("torch",)):
+        from onnxruntime.quantization.execution_providers import qnn
+
+    return qnn.get_qnn_qdq_config(*args, **kwargs)
 
 
 def one_line_error(err: str) -> str:

@@ -398,10 +398,10 @@ def _quantize_and_dump(float_model: Path, x: np.ndarray, work: Path) -> tuple[Pa
     import onnxruntime_qnn as q
     from onnx import version_converter
     from onnxruntime.quantization import QuantType, quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from accdbg.core.onnx_model import fix_input_shapes
+    from tests.helpers import get_qnn_qdq_config
 
     m = onnx.load(str(float_model))
     fix_input_shapes(m, {"x": x.shape})

@@ -627,7 +627,8 @@ class _Reader:
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_qdq_export_matches_initializers_and_round_trips_through_overrides(tmp_path, per_channel):
     from onnxruntime.quantization import QuantType, quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    from tests.helpers import get_qnn_qdq_config
 
     built = models.conv_net(tmp_path, channels=4, size=8, layers=2)
     x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)

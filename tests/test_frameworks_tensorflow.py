@@ -15,15 +15,21 @@ from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.frameworks.convert import DEFAULT_OPSET, _convert, convert_to_onnx
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
-from tests.helpers import converted_matches_golden, diagnose_in_child, one_line_error, run_cli
+from tests.helpers import (
+    converted_matches_golden,
+    diagnose_in_child,
+    lazy_import,
+    one_line_error,
+    run_cli,
+)
 
-tf = pytest.importorskip(
+tf = lazy_import(
     "tensorflow", reason="TensorFlow is an optional framework: pip install accdbg[tensorflow]"
 )
 
 pytestmark = pytest.mark.slow  # runs a big framework (and QNN)
 
-tf1 = tf.compat.v1
+tf1 = lazy_import("tensorflow.compat.v1")
 EPS = 0.001
 
 

@@ -20,14 +20,18 @@ import onnx
 import pandas as pd
 import pytest
 import requests
-from model_explorer import node_data_builder as nb
-from model_explorer_onnx.main import ONNXAdapter
 
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.errors import AccdbgError
 from accdbg.reports import model_explorer as me
 from accdbg.verifiers import get_verifier
 from tests import browser, models
+from tests.helpers import lazy_import
+
+# Model Explorer's own code (its import loads torch when installed: seconds every xdist worker
+# would pay to collect this module)
+nb = lazy_import("model_explorer.node_data_builder")
+adapter = lazy_import("model_explorer_onnx.main")
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tiny_cnn"
@@ -52,7 +56,7 @@ def load_overlay(path: Path) -> dict[str, nb.GraphNodeData]:
 
 def adapter_graph(model: Path):
     """The graph the viewer shows, from the ONNX adapter Model Explorer loads."""
-    return ONNXAdapter().convert(str(model), {})["graphs"][0]
+    return adapter.ONNXAdapter().convert(str(model), {})["graphs"][0]
 
 
 def producers_by_onnx(model: Path) -> dict[str, str]:

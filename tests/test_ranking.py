@@ -1877,11 +1877,11 @@ def test_taking_out_a_layer_whose_relu_the_quantizer_folded_keeps_the_relu(tmp_p
     import onnx
     from onnx import numpy_helper
     from onnxruntime.quantization import quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     from accdbg.algorithms.sensitivity import Sensitivity
     from accdbg.core.onnx_model import topological_nodes
     from accdbg.engines.exposure import Exposed
+    from tests.helpers import get_qnn_qdq_config
 
     rng = np.random.default_rng(7)
     w1 = rng.normal(size=(6, 5)).astype(np.float32)

@@ -16,7 +16,6 @@ import pandas as pd
 import pytest
 from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
-from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import parse_input_tensor
@@ -26,7 +25,7 @@ from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from accdbg.mapping.qnn_json import qnn_sanitize
 from accdbg.verifiers.verification import run_verification
 from tests import models
-from tests.helpers import one_line_error, run_cli
+from tests.helpers import get_qnn_qdq_config, one_line_error, run_cli
 
 ALL = [
     "CosineSimilarity",

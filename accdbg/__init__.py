@@ -9,9 +9,9 @@ this package too, and should not pay for onnx, onnxruntime and pandas they may n
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from accdbg.core.imports import lazy_exports
 from accdbg.errors import AccdbgError
 
 __version__ = "0.1.0"
@@ -39,10 +39,4 @@ if TYPE_CHECKING:
     from accdbg.inspection import run_tensor_inspection
     from accdbg.verifiers.verification import run_verification
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'accdbg' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 
 @contextmanager
@@ -25,3 +27,18 @@ def without(modules: Sequence[str]) -> Iterator[None]:
         for m in blocked:
             if sys.modules.get(m) is None:
                 sys.modules.pop(m, None)
+
+
+def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's module ``__getattr__`` (PEP 562) that imports each exported name from its
+    module (``where``: name -> module) on first use: child processes import the package for
+    one small part of it and should not pay for the rest (pandas, the quantizer)."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(where[name]), name)
+        setattr(sys.modules[package], name, value)  # asked once
+        return value
+
+    return __getattr__

@@ -7,9 +7,9 @@ package, and should not pay for pandas and the quantizer it never uses (0.3 s pe
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from accdbg.core.imports import lazy_exports
 from accdbg.engines import qnn, simulation  # noqa: F401  (register the engines)
 from accdbg.engines.base import ENGINES, Engine, EngineOptions, get_engine
 
@@ -25,11 +25,4 @@ __all__ = [
     "get_engine",
     "run_inference_engine",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'accdbg.engines' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -40,6 +41,8 @@ SLOW_FIXTURES = {
 }
 # fixtures of those names that run QNN in these modules only (``planted`` is cheap elsewhere)
 SLOW_MODULE_FIXTURES = {("test_binary", "planted"), ("test_dissection", "planted")}
+# a module marked slow as a whole: ``pytestmark = pytest.mark.slow`` or a list starting with it
+SLOW_MODULE = re.compile(r"^pytestmark = (\[\s*)?pytest\.mark\.slow\b", re.M)
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -48,7 +51,7 @@ def pytest_ignore_collect(collection_path, config):
     if config.getoption("markexpr", "").replace(" ", "") != "notslow":
         return None
     if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        if "\npytestmark = pytest.mark.slow" in collection_path.read_text(encoding="utf-8"):
+        if SLOW_MODULE.search(collection_path.read_text(encoding="utf-8")):
             return True
     return None
 

@@ -7,7 +7,6 @@ import importlib.util
 from typing import Any
 
 import numpy as np
-import pytest
 
 from accdbg.cli.main import main
 
@@ -38,25 +37,17 @@ class _Lazy:
         return getattr(importlib.import_module(self._name), attr)
 
 
-def lazy_import(name: str, reason: str | None = None) -> Any:
-    """``name``, imported when a test first reads it; with ``reason``, the calling test module
-    is skipped now when the package is not installed (as ``pytest.importorskip``). Every xdist
-    worker imports every test module to collect it: importing TensorFlow (6 s) or Model
-    Explorer with torch (4 s) there costs each worker, where only one runs those tests."""
-    if reason is not None and importlib.util.find_spec(name.split(".")[0]) is None:
-        pytest.skip(reason, allow_module_level=True)
+def lazy_import(name: str) -> Any:
+    """``name``, imported when a test first reads it. Every xdist worker imports every test
+    module to collect it: importing TensorFlow (6 s) or Model Explorer with torch (4 s) there
+    costs each worker, where only one runs those tests. A module of an optional framework
+    marks its tests ``skipif(not installed(...))`` instead of ``pytest.importorskip``."""
     return _Lazy(name)
 
 
-def get_qnn_qdq_config(*args: Any, **kwargs: Any) -> Any:
-    """onnxruntime's QNN quantization config, imported as accdbg imports it: without torch
-    (``onnxruntime.tools`` loads it when installed - 2.5 s per process, for nothing used)."""
-    from accdbg.core.imports import without
-
-    with without(("torch",)):
-        from onnxruntime.quantization.execution_providers import qnn
-
-    return qnn.get_qnn_qdq_config(*args, **kwargs)
+def installed(package: str) -> bool:
+    """Whether ``package`` can be imported, found without importing it."""
+    return importlib.util.find_spec(package) is not None
 
 
 def one_line_error(err: str) -> str:

@@ -18,6 +18,7 @@ import pytest
 from onnx import numpy_helper
 
 from accdbg.cli.main import setup_logging
+from accdbg.core.imports import qnn_quantization
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.encodings import compare_encodings, fill_per_channel_from_qdq, qdq_encodings
 from accdbg.reports.excel import is_red
@@ -401,7 +402,6 @@ def _quantize_and_dump(float_model: Path, x: np.ndarray, work: Path) -> tuple[Pa
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from accdbg.core.onnx_model import fix_input_shapes
-    from tests.helpers import get_qnn_qdq_config
 
     m = onnx.load(str(float_model))
     fix_input_shapes(m, {"x": x.shape})
@@ -418,7 +418,7 @@ def _quantize_and_dump(float_model: Path, x: np.ndarray, work: Path) -> tuple[Pa
         def get_next(self):
             return self.feeds.pop() if self.feeds else None
 
-    cfg = get_qnn_qdq_config(
+    cfg = qnn_quantization().get_qnn_qdq_config(
         str(work / "pre13.onnx"), Reader(), weight_type=QuantType.QInt8, per_channel=True
     )
     qdq = work / "pc.qdq.onnx"

@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from accdbg.cli.main import setup_logging
+from accdbg.core.imports import qnn_quantization
 from accdbg.encodings import (
     aimet_dict,
     aimet_to_tensor_quant_overrides,
@@ -628,12 +629,10 @@ class _Reader:
 def test_qdq_export_matches_initializers_and_round_trips_through_overrides(tmp_path, per_channel):
     from onnxruntime.quantization import QuantType, quantize
 
-    from tests.helpers import get_qnn_qdq_config
-
     built = models.conv_net(tmp_path, channels=4, size=8, layers=2)
     x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)
     wt = QuantType.QInt8 if per_channel else QuantType.QUInt8
-    cfg = get_qnn_qdq_config(
+    cfg = qnn_quantization().get_qnn_qdq_config(
         str(built.path), _Reader([{"x": x}]), weight_type=wt, per_channel=per_channel
     )
     first = tmp_path / "first.qdq.onnx"
@@ -665,7 +664,7 @@ def test_qdq_export_matches_initializers_and_round_trips_through_overrides(tmp_p
     with pytest.raises(AccdbgError, match="already exists"):
         export_qdq_encodings(first, out)
     ov = aimet_to_tensor_quant_overrides(json.loads(out.read_text()), onnx.load(str(built.path)))
-    cfg2 = get_qnn_qdq_config(
+    cfg2 = qnn_quantization().get_qnn_qdq_config(
         str(built.path),
         _Reader([{"x": x * 0.1}]),
         weight_type=wt,

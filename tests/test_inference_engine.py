@@ -491,11 +491,10 @@ def test_qnn_preprocessing_keeps_metadata_and_survives_its_own_failure(
 ):
     """onnxruntime's QNN pre-processing raises a TypeError on any model with metadata_props
     (PP-OCRv4 rec ships a 'character' table): it gets a copy without, the result gets it back."""
-    from accdbg.core.imports import without
+    from accdbg.core.imports import qnn_quantization
     from accdbg.engines.prepare import prepare_float_model
 
-    with without(("torch",)):
-        from onnxruntime.quantization.execution_providers import qnn as ort_qnn
+    ort_qnn = qnn_quantization()
 
     built = models.mlp(tmp_path)
     model = onnx.load(str(built.path))
@@ -559,7 +558,7 @@ def test_the_qnn_workers_start_without_pandas_or_the_quantizer(tmp_path, monkeyp
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "usercustomize.py").write_text(
-        "import atexit, os, sys\n"
+        "import atexit, sys\n"
         "def _said():\n"
         f"    with open({str(tmp_path / 'loaded.txt')!r}, 'a') as f:\n"
         "        mods = [m for m in ('pandas', 'onnxruntime.quantization') if m in sys.modules]\n"

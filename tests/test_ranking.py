@@ -17,6 +17,7 @@ from accdbg.algorithms.evidence import BLOWN_RATIO, Evidence, qdq
 from accdbg.algorithms.oneshot import run_oneshot
 from accdbg.algorithms.ranking import ContextCheck, KernelsAdded, rank
 from accdbg.algorithms.sensitivity import Share
+from accdbg.core.imports import qnn_quantization
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.verifiers import get_verifier
 from accdbg.verifiers.channels import ChannelPair, channel_axis, live, summarize
@@ -1881,14 +1882,13 @@ def test_taking_out_a_layer_whose_relu_the_quantizer_folded_keeps_the_relu(tmp_p
     from accdbg.algorithms.sensitivity import Sensitivity
     from accdbg.core.onnx_model import topological_nodes
     from accdbg.engines.exposure import Exposed
-    from tests.helpers import get_qnn_qdq_config
 
     rng = np.random.default_rng(7)
     w1 = rng.normal(size=(6, 5)).astype(np.float32)
     w2 = rng.normal(size=(5, 4)).astype(np.float32)
     model, fp, qp = _matmul_chain(tmp_path, w1, w2, relu=True)
     x = rng.normal(size=(8, 6)).astype(np.float32)
-    quantize(str(fp), str(qp), get_qnn_qdq_config(str(fp), _Feeds(x)))
+    quantize(str(fp), str(qp), qnn_quantization().get_qnn_qdq_config(str(fp), _Feeds(x)))
     q = onnx.load(str(qp))
     assert not any(n.op_type == "Relu" for n in q.graph.node), "the quantizer kept the Relu"
     inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}

@@ -18,6 +18,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
 
 from accdbg.core import onnx_model as om
+from accdbg.core.imports import qnn_quantization
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder, TensorWriter
 from accdbg.errors import AccdbgError
@@ -25,7 +26,7 @@ from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from accdbg.mapping.qnn_json import qnn_sanitize
 from accdbg.verifiers.verification import run_verification
 from tests import models
-from tests.helpers import get_qnn_qdq_config, one_line_error, run_cli
+from tests.helpers import one_line_error, run_cli
 
 ALL = [
     "CosineSimilarity",
@@ -64,7 +65,7 @@ def quantize_qdq(
     so.optimized_model_filepath = str(out.with_suffix(".opt.onnx"))
     ort.InferenceSession(str(static), so, providers=["CPUExecutionProvider"])
     feeds = [{input_name: np.fromfile(r, np.float32).reshape(dims)} for r in raws]
-    cfg = get_qnn_qdq_config(
+    cfg = qnn_quantization().get_qnn_qdq_config(
         str(out.with_suffix(".opt.onnx")),
         _Feeds(feeds),
         activation_type=act,

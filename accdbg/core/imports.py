@@ -6,6 +6,7 @@ import importlib
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
 
@@ -42,3 +43,11 @@ def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]
         return value
 
     return __getattr__
+
+
+def qnn_quantization() -> ModuleType:
+    """onnxruntime's QNN quantization module (its pre-processing, its QDQ config), imported
+    with torch left out: its import of ``onnxruntime.tools`` loads torch whenever it is
+    installed, for PyTorch export helpers accdbg never calls."""
+    with without(("torch",)):
+        return importlib.import_module("onnxruntime.quantization.execution_providers.qnn")

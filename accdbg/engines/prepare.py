@@ -19,7 +19,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from accdbg.core import onnx_model as om
-from accdbg.core.imports import without
+from accdbg.core.imports import qnn_quantization
 from accdbg.engines.quantize import root_records_to_log
 from accdbg.errors import AccdbgError
 
@@ -193,8 +193,7 @@ def qnn_preprocess(src: Path, dst: Path, steps: list[str]) -> bool:
     metadata is put back into its result. The fusions it makes are optional: if it still
     fails, the model goes on without them and the step says so.
     """
-    with without(("torch",)):
-        from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+    qnn_preprocess_model = qnn_quantization().qnn_preprocess_model
 
     model = onnx.load(str(src))
     props = {p.key: p.value for p in model.metadata_props}

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantType, quantize
 
-from accdbg.core.imports import without
+from accdbg.core.imports import qnn_quantization
 from accdbg.core.inputs import count_nonfinite
 from accdbg.engines.static_inputs import (
     constant_inputs_to_keep,
@@ -200,8 +200,7 @@ def quantize_for_qnn(
 ) -> Path:
     """Write the QDQ model for QNN; returns its path. Constants kept float because QNN takes
     them only as initializers are described in ``notes`` (logged when there is no ``notes``)."""
-    with without(("torch",)):  # onnxruntime.tools' import loads it, never used here
-        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+    get_qnn_qdq_config = qnn_quantization().get_qnn_qdq_config
 
     check_quantizer_options(
         act_bitwidth, weights_bitwidth, bias_bitwidth, act_quantizer, param_quantizer

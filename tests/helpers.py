@@ -7,6 +7,7 @@ import importlib.util
 from typing import Any
 
 import numpy as np
+import pytest
 
 from accdbg.cli.main import main
 
@@ -41,13 +42,14 @@ def lazy_import(name: str) -> Any:
     """``name``, imported when a test first reads it. Every xdist worker imports every test
     module to collect it: importing TensorFlow (6 s) or Model Explorer with torch (4 s) there
     costs each worker, where only one runs those tests. A module of an optional framework
-    marks its tests ``skipif(not installed(...))`` instead of ``pytest.importorskip``."""
+    marks its tests :func:`needs` instead of ``pytest.importorskip``."""
     return _Lazy(name)
 
 
-def installed(package: str) -> bool:
-    """Whether ``package`` can be imported, found without importing it."""
-    return importlib.util.find_spec(package) is not None
+def needs(package: str, reason: str) -> pytest.MarkDecorator:
+    """Skip when ``package`` is not installed (found without importing it): the mark of a test
+    module of an optional framework."""
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None, reason=reason)
 
 
 def one_line_error(err: str) -> str:

@@ -18,21 +18,16 @@ from accdbg.frameworks.diagnosis import run_framework_diagnosis
 from tests.helpers import (
     converted_matches_golden,
     diagnose_in_child,
-    installed,
     lazy_import,
+    needs,
     one_line_error,
     run_cli,
 )
 
 tf = lazy_import("tensorflow")
 
-pytestmark = [
-    pytest.mark.slow,  # runs a big framework (and QNN)
-    pytest.mark.skipif(
-        not installed("tensorflow"),
-        reason="TensorFlow is an optional framework: pip install accdbg[tensorflow]",
-    ),
-]
+TF_OPTIONAL = "TensorFlow is an optional framework: pip install accdbg[tensorflow]"
+pytestmark = [pytest.mark.slow, needs("tensorflow", TF_OPTIONAL)]  # a big framework (and QNN)
 
 tf1 = lazy_import("tensorflow.compat.v1")
 EPS = 0.001

@@ -16,17 +16,12 @@ from accdbg.core.tensor_store import TensorFolder
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.convert import convert_to_onnx
 from accdbg.frameworks.diagnosis import run_framework_diagnosis
-from tests.helpers import diagnose_in_child, installed, lazy_import, one_line_error, run_cli
+from tests.helpers import diagnose_in_child, lazy_import, needs, one_line_error, run_cli
 
 torch = lazy_import("torch")
 
-pytestmark = [
-    pytest.mark.slow,  # runs a big framework (and QNN)
-    pytest.mark.skipif(
-        not installed("torch"),
-        reason="PyTorch is an optional framework: pip install accdbg[torch] (torch==2.13.0 first)",
-    ),
-]
+TORCH_OPTIONAL = "PyTorch is an optional framework: pip install accdbg[torch] (torch==2.13.0 first)"
+pytestmark = [pytest.mark.slow, needs("torch", TORCH_OPTIONAL)]  # a big framework (and QNN)
 
 MODEL_SOURCE = '''
 import torch

@@ -260,3 +260,28 @@ def test_a_normal_run_prints_no_native_line_and_no_warning(tmp_path):
         log = (tmp_path / "w" / "wrapper" / name / "log.txt").read_text()
         assert "LIBNATIVE" in log  # kept for the record, with the process it came from
     assert "LIBNATIVE" in (engine / "log.txt").read_text()
+
+
+def test_help_draws_nothing_so_loads_no_plotting_library():
+    """`--help` is the first command a user types: it loads no plotting library (matplotlib
+    is the quantization checker's, imported when it draws) and no PyTorch."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from accdbg.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -148,10 +148,21 @@ def test_a_standout_is_named_only_when_it_reaches_the_outputs():
     # one that costs 90 %: its fix is the question, nothing more is said
     r = rank(ev, names, impact=_Impact({"l10": 0.08, "l20": 0.1, "l30": 0.9}))
     assert not any("spread over the model" in f for f in r.findings)
-    # without l30, none is named: the verdict says which standout came closest, and how close
+    # without l30, none is named: the verdict says which standout came closest, and how close;
+    # at a quarter of the error or more that is no noise at the floor, and it is not called so
     r = rank(ev, names, impact=_Impact({"l10": 0.01, "l20": 0.1, "l30": 0.3}))
     assert r.culprits == []
-    assert "cost the outputs less than half of their error - the most, l30, 30%" in r.findings[0]
+    assert r.findings[0].startswith(
+        "no single layer stands out: the one nearest, l30, costs the outputs 30% of their "
+        "error, under the half a culprit causes (see its cause): its fix alone would gain under "
+        "3 dB - a global change"
+    ), r.findings[0]
+    r = rank(ev, names, impact=_Impact({"l10": 0.01, "l20": 0.1, "l30": 0.2}))
+    assert r.findings[0].startswith(
+        "no single layer stands out: the error is diffuse at the noise floor's level (the "
+        "layers that stand out locally cost the outputs less than half of their error - the "
+        "most, l30, 20%: see its cause)"
+    ), r.findings[0]
     # standouts that cost the outputs next to nothing: no "most" named at 0% (captcha's CRNN)
     r = rank(ev, names, impact=_Impact({"l10": 0.01, "l20": 0.004, "l30": 0.02}))
     assert r.culprits == []
@@ -182,7 +193,7 @@ def test_the_models_only_standout_is_named_from_a_quarter_of_the_error():
     )
     ev["l30"] = _ev("l30", 13.0)  # a second standout of its own
     r = rank(ev, names, impact=_Impact({"l20": 0.3, "l30": 0.1}))
-    assert r.culprits == [] and "the most, l20, 30%" in r.findings[0]
+    assert r.culprits == [] and "the one nearest, l20, costs the outputs 30%" in r.findings[0]
 
 
 def test_a_standout_that_hurts_only_with_the_other_encodings_is_named():
@@ -355,6 +366,9 @@ def test_a_layer_whose_outlier_wrecks_its_carriers_is_named_with_them():
         "the most, l10 with the 2 layer(s) carrying its outlier, 10%: see its cause"
         in (r.findings[0])
     )
+    # the group's share has a column of its own; the layers measured with it have none
+    assert r.columns["l10"]["output error with partners"] == pytest.approx(0.1)
+    assert all("output error with partners" not in r.columns.get(n, {}) for n in ("l11", "l12"))
     r = rank(ev, names, impact=_Impact({"l10": 0.2, ("l10", "l11", "l12"): 0.1}))
     assert "the most, l10, 20%: see its cause" in r.findings[0]  # alone it costs more
     # a model of several outputs: the group's share says its output when the layer's is another

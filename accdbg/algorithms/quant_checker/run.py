@@ -32,7 +32,7 @@ import onnx
 import pandas as pd
 from onnx import numpy_helper
 
-from accdbg.algorithms.quant_checker import collect, plots, tables
+from accdbg.algorithms.quant_checker import collect, tables
 from accdbg.algorithms.quant_checker.variants import Variant, parse_variants, quantize_variants
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputTensor, parse_input_list
@@ -422,6 +422,9 @@ def _plots(
     ]
     if not chosen:
         return {}
+    # matplotlib on first use: `--help` and a run with `--plots none` never draw
+    from accdbg.algorithms.quant_checker import plots
+
     folders = assign_folders([c.name for c in chosen])
     inits = {i.name: i for i in prepared.graph.initializer}
     rng = np.random.default_rng(seed)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from accdbg.algorithms.evidence import Evidence
 from accdbg.algorithms.ranking.causes import ACTIVATION, CLIPPING, CONCAT, WEIGHT, _kind
-from accdbg.algorithms.ranking.measures import MIN_SHARE, MOST, SHARE, _pct
+from accdbg.algorithms.ranking.measures import LONE_SHARE, MIN_SHARE, MOST, SHARE, _pct
 from accdbg.algorithms.sensitivity import Share
 
 SHOWN = 5  # layers a finding lists by name (the others: their cause says it)
@@ -117,21 +117,31 @@ def _findings(
             "not the encodings"
         )
     elif not culprits:
-        other = "other " if masked else ""
-        near = (
-            f" (the {other}layers that stand out locally cost the outputs less than {bar} of "
-            f"their error - the most, {nearest[1]}, {_pct(nearest[0])}: see its cause)"
-            if nearest is not None and math.isfinite(nearest[0]) and nearest[0] >= MIN_SHARE
-            else f" (the {other}layers that stand out locally each cost the outputs under "
-            f"{_pct(MIN_SHARE)} of their error)"
-            if nearest is not None and math.isfinite(nearest[0])
-            else ""
-        )
-        why = (
-            "no one layer's fix would show at the outputs"
-            if masked
-            else "the error is diffuse at the noise floor's level"
-        )
+        measured = nearest is not None and math.isfinite(nearest[0])
+        if not masked and measured and LONE_SHARE <= nearest[0] < SHARE:
+            # a standout costing a quarter or more is no noise at the floor: it comes nearest
+            why = (
+                f"the one nearest, {nearest[1]}, costs the outputs {_pct(nearest[0])} of their "
+                f"error, under the {bar} a culprit causes (see its cause): its fix alone would "
+                "gain under 3 dB"
+            )
+            near = ""
+        else:
+            other = "other " if masked else ""
+            why = (
+                "no one layer's fix would show at the outputs"
+                if masked
+                else "the error is diffuse at the noise floor's level"
+            )
+            near = (
+                f" (the {other}layers that stand out locally cost the outputs less than {bar} of "
+                f"their error - the most, {nearest[1]}, {_pct(nearest[0])}: see its cause)"
+                if measured and nearest[0] >= MIN_SHARE
+                else f" (the {other}layers that stand out locally each cost the outputs under "
+                f"{_pct(MIN_SHARE)} of their error)"
+                if measured
+                else ""
+            )
         lines.append(
             f"{NONE_STANDS}: {why}{near} - a global change ({changes}) is the question, not a layer"
         )

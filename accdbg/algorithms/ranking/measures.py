@@ -33,6 +33,9 @@ CAUSE = "cause"
 LOCAL = "local SQNR"
 SHARE_COL = "output error share"
 REMOVED_COL = "output error removed"
+# a standout measured again with the layers it hurts the outputs with (its outlier's carriers,
+# a compensated pair's other half): what they cost together
+PARTNERS_COL = "output error with partners"
 COLUMNS = (
     RANK,
     CAUSE,
@@ -42,6 +45,7 @@ COLUMNS = (
     "clipped %",
     SHARE_COL,
     REMOVED_COL,
+    PARTNERS_COL,
 )
 
 

@@ -63,8 +63,6 @@ from accdbg.algorithms.ranking.partners import (
 from accdbg.algorithms.reach import LOUD, Reach
 from accdbg.algorithms.sensitivity import Share
 
-STANDS_OUT = "stands out locally"  # the cause of a standout measured and not named starts so
-
 # a layer costing much alone whose quantizers, taken out of the whole QDQ model, remove nothing:
 # the other layers' error hides its own, so fixing it alone does not show at the outputs - it
 # is not named (its fix is not the answer; the findings say what they remove together) unless
@@ -331,7 +329,7 @@ def rank(
         if verdict is None:  # impact unknown: only a layer that destroys its information
             if db >= DESTROYED_DB:
                 columns[n][CAUSE] = (
-                    f"{STANDS_OUT} ({_cause(ev)}); its effect on the outputs was not measured"
+                    f"stands out locally ({_cause(ev)}); its effect on the outputs was not measured"
                 )
                 continue
             candidates.append((local[n], n, _cause(ev)))
@@ -351,7 +349,7 @@ def rank(
             if group_share is not None and group_share.best > share.best:
                 with_partners[n] = (group_share.best, f"{n} with {short}")
             columns[n][CAUSE] = (
-                f"{STANDS_OUT} ({_cause(ev)}) but costs the outputs only "
+                f"stands out locally ({_cause(ev)}) but costs the outputs only "
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
             )
             continue
@@ -377,7 +375,7 @@ def rank(
             if share.removed < bar and (own or db >= DESTROYED_DB):
                 masked[n] = share
                 columns[n][CAUSE] = (
-                    f"{STANDS_OUT} ({_cause(ev)}) and costs the outputs "
+                    f"stands out locally ({_cause(ev)}) and costs the outputs "
                     f"{_pct(share.alone)} of the whole model's error alone, but "
                     f"{OWN_MASKED if own else MASKED} ({_both(share)})"
                 )
@@ -419,7 +417,7 @@ def rank(
             candidates = [c for c in candidates if c[1] != n]
             costs.pop(n)
             columns[n][CAUSE] = (
-                f"{STANDS_OUT} ({_cause(evidence[n])}) but costs the outputs only "
+                f"stands out locally ({_cause(evidence[n])}) but costs the outputs only "
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}); with "
                 f"{partner} {_pct(together)}, what {partner} costs alone"
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,9 +46,12 @@ def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]
     return __getattr__
 
 
+@functools.cache
 def qnn_quantization() -> ModuleType:
     """onnxruntime's QNN quantization module (its pre-processing, its QDQ config), imported
     with torch left out: its import of ``onnxruntime.tools`` loads torch whenever it is
-    installed, for PyTorch export helpers accdbg never calls."""
+    installed, for PyTorch export helpers accdbg never calls. Imported once: every later
+    call (each quantization, each pre-processing) gets it without hiding torch again - a
+    window in which another thread's import of torch would fail."""
     with without(("torch",)):
         return importlib.import_module("onnxruntime.quantization.execution_providers.qnn")

@@ -994,6 +994,7 @@ def test_the_ranking_prepared_beside_the_run_is_the_ranking_done_after_it(
     after the run - also when the worst input is not the one prepared (its evidence built
     again, the sensitivity, pooled over the same inputs, kept)."""
     import json
+    import os
     import shutil
     import threading
 
@@ -1028,9 +1029,14 @@ def test_the_ranking_prepared_beside_the_run_is_the_ranking_done_after_it(
     assert after[0][1].startswith(f"culprit #1: {built.expected['planted']}")
     measured: list[tuple[str, str]] = []  # (thread, what): the prefetch has its own thread
     real_share, real_reach = sensitivity_mod.Sensitivity.share, culprits_mod.OutlierReach.__call__
+    nice: dict[str, int] = {}  # thread -> its scheduling priority while it measured
+    main_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     def share(self, *a, **k):
         measured.append((threading.current_thread().name, "share"))
+        nice[threading.current_thread().name] = os.getpriority(
+            os.PRIO_PROCESS, threading.get_native_id()
+        )
         return real_share(self, *a, **k)
 
     def reach(self, *a, **k):
@@ -1046,6 +1052,9 @@ def test_the_ranking_prepared_beside_the_run_is_the_ranking_done_after_it(
     prefetch = culprits_mod.Prefetch(qdq, golden, mapping, x, ())
     assert ranked(prefetch) == after and after_the_run() == []  # nothing measured twice
     assert {w for _, w in measured} == {"share", "reach"}  # all of it beside
+    # on the cores the backend leaves idle: the lowest priority, the main thread's untouched
+    assert nice == {"accdbg-ranking-prefetch": 19}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_nice
     # prepared for another input's golden (a copy elsewhere): evidence and reach again, the
     # pooled sensitivity kept
     other = tmp_path / "Result_0"
@@ -1057,6 +1066,45 @@ def test_the_ranking_prepared_beside_the_run_is_the_ranking_done_after_it(
     prefetch = culprits_mod.Prefetch(qdq, golden, mapping, x, ())
     prefetch.close()
     assert ranked(prefetch) == after
+
+
+def test_the_ranking_waits_for_its_work_beside_the_run_only_while_that_work_runs(monkeypatch):
+    """The work beside the run is at the lowest priority: on a machine whose cores other
+    processes take it gets no CPU, and the ranking must not wait for it then (it does the work
+    itself) - but it waits for a thread that computes, however long."""
+    import threading
+    import time
+    from pathlib import Path
+
+    from accdbg.algorithms import culprits as culprits_mod
+
+    release = threading.Event()
+
+    class Starved:  # blocked, as a thread the scheduler never runs: it uses no CPU
+        def __init__(self, *args):
+            release.wait(30)
+
+        def rank_alone(self, stop):
+            pass
+
+    class Busy(Starved):  # computes for three of the waiter's polls, then is done
+        def __init__(self, *args):
+            end = time.thread_time() + 1.6
+            while time.thread_time() < end:
+                pass
+
+    args = (Path("m.qdq.onnx"), Path("golden"), {}, {}, ())
+    monkeypatch.setattr(culprits_mod, "idle_priority", lambda: None)  # as neighbours let it
+    monkeypatch.setattr(culprits_mod, "_BeforeBackend", Busy)
+    assert isinstance(culprits_mod.Prefetch(*args).take(), Busy)
+    monkeypatch.setattr(culprits_mod, "_BeforeBackend", Starved)
+    prefetch = culprits_mod.Prefetch(*args)
+    t = time.perf_counter()
+    assert prefetch.take() is None and prefetch._thread.is_alive()
+    assert time.perf_counter() - t < 10  # not the 30 s it stays blocked
+    release.set()
+    prefetch.close()
+    assert not prefetch._thread.is_alive()
 
 
 def pd_isna(v) -> bool:

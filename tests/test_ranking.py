@@ -1077,6 +1077,7 @@ def test_the_ranking_waits_for_its_work_beside_the_run_only_while_that_work_runs
     from pathlib import Path
 
     from accdbg.algorithms import culprits as culprits_mod
+    from accdbg.core import cpu_session
 
     release = threading.Event()
 
@@ -1094,7 +1095,7 @@ def test_the_ranking_waits_for_its_work_beside_the_run_only_while_that_work_runs
                 pass
 
     args = (Path("m.qdq.onnx"), Path("golden"), {}, {}, ())
-    monkeypatch.setattr(culprits_mod, "idle_priority", lambda: None)  # as neighbours let it
+    monkeypatch.setattr(cpu_session, "idle_priority", lambda: None)  # as neighbours let it
     monkeypatch.setattr(culprits_mod, "_BeforeBackend", Busy)
     assert isinstance(culprits_mod.Prefetch(*args).take(), Busy)
     monkeypatch.setattr(culprits_mod, "_BeforeBackend", Starved)
@@ -1105,6 +1106,24 @@ def test_the_ranking_waits_for_its_work_beside_the_run_only_while_that_work_runs
     release.set()
     prefetch.close()
     assert not prefetch._thread.is_alive()
+
+
+def test_waiting_for_an_idle_thread_that_has_ended_is_safe():
+    """Threads end before anyone waits for them (the ranking's work beside a QNN run usually
+    does): their CPU clock must not be asked of the thread's freed descriptor then (a
+    segfault in glibc, which took a test worker down), so a fresh Python waits for many."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from accdbg.core.cpu_session import IdleThread\n"
+        "for _ in range(200):\n"
+        "    ts = [IdleThread(lambda: np.ones(10**5).sum(), 't') for _ in range(8)]\n"
+        "    [t.start() for t in ts]; [t.join() for t in ts]\n"
+        "    assert all(t.wait() for t in ts)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
 
 def pd_isna(v) -> bool:

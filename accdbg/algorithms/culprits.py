@@ -37,12 +37,7 @@ from accdbg.algorithms.reach import OutlierReach, Reach
 from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.sensitivity import Sensitivity, Share, judged_outputs
 from accdbg.core import onnx_model as om
-from accdbg.core.cpu_session import (
-    cpu_threads,
-    exact_session,
-    idle_priority,
-    join_while_running,
-)
+from accdbg.core.cpu_session import IdleThread, cpu_threads, exact_session
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
 from accdbg.verifiers.configured import ConfiguredVerifier
@@ -208,9 +203,9 @@ class _Stoppable:
 class Prefetch:
     """The culprit ranking's work that needs no backend result, done in a thread while the
     backend runs (QNN's graph finalize keeps one core busy for seconds; the ranking would
-    otherwise wait for it), at the lowest priority (the QNN worker's run uses every core it
-    gets: measured on PP-OCRv4 det, the whole oneshot takes 0.90 of its time at the default
-    priority): the evidence of the first input and the output sensitivity and
+    otherwise wait for it), at the lowest priority (QNN's plain and debug workers take every
+    core they get: on PP-OCRv4 det the whole oneshot then takes 0.90-0.93 of its time with
+    the thread at the default priority): the evidence of the first input and the output sensitivity and
     outlier reach its standouts ask for. :func:`find_culprits` takes what serves its own
     question and measures the rest. Made for one run: the model the engine runs and the inputs
     it is fed (the sensitivity pools all of them, whichever comes first)."""
@@ -227,14 +222,12 @@ class Prefetch:
         self._stop = threading.Event()
         args = (qdq_model, golden, golden_name, feeds, prepared_model(qdq_model), more_feeds)
         self.seconds = math.nan
-        self._thread = threading.Thread(
-            target=self._run, args=args, name="accdbg-ranking-prefetch", daemon=True
-        )
+        # on the cores QNN leaves idle, never slowing it
+        self._thread = IdleThread(lambda: self._run(*args), "accdbg-ranking-prefetch")
         self._thread.start()
 
     def _run(self, *args) -> None:
         t = time.perf_counter()
-        idle_priority()  # this thread's own: on the cores QNN leaves idle, never slowing it
         try:
             with cpu_threads(1):  # the core QNN's graph finalize leaves free, not both
                 before = _BeforeBackend(*args)
@@ -251,7 +244,7 @@ class Prefetch:
         held after the ranking: its sessions and evidence go with it). A thread starved by a
         busy machine is stopped, not waited for: the ranking does the work at its own
         priority."""
-        if not join_while_running(self._thread):
+        if not self._thread.wait():
             self._stop.set()
             log.info("culprit ranking: its work beside the run got no CPU (a busy machine)")
             return None
@@ -259,10 +252,11 @@ class Prefetch:
         return done
 
     def close(self) -> None:
-        """Stop at the next question and wait while it runs (a run stopped or failed: no
-        thread left in a CPU run while the process ends, unless the machine starves it)."""
+        """Stop at the next question and wait (the run is over, stopped or failed: no thread
+        left in a CPU run while the process ends - onnxruntime torn down under it would crash
+        a run that succeeded; at most one question, which a starved thread ends slowly)."""
         self._stop.set()
-        join_while_running(self._thread)
+        self._thread.join()
         self._done = None
 
 

@@ -6,7 +6,7 @@ QLinear kernels, whose integer arithmetic is not the fake-quant - so graph optim
 Work done beside another process (the ranking's, while QNN finalizes its graph on one core)
 asks for fewer threads with :func:`cpu_threads`, for the sessions the calling thread makes,
 and runs at the lowest priority (:func:`idle_priority`); whoever waits for it waits only while
-it runs (:func:`join_while_running`).
+it runs (:class:`IdleThread`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import onnx
@@ -49,25 +49,40 @@ def idle_priority() -> None:
             pass
 
 
-def join_while_running(thread: threading.Thread, every: float = 0.5, least: float = 0.1) -> bool:
-    """Wait for ``thread`` while it gets CPU; False (it still runs) once it got under ``least``
-    of a core in ``every`` seconds. A thread at :func:`idle_priority` starves while other
-    processes take every core: no thread of normal priority may wait on it then (the wait
-    would last as long as the machine is busy)."""
-    try:
-        clock = time.pthread_getcpuclockid(thread.ident or 0)
-    except (AttributeError, OSError):  # no per-thread clock here: wait as any join does
-        thread.join()
-        return True
-    while thread.is_alive():
+class IdleThread(threading.Thread):
+    """A daemon thread running ``target`` at :func:`idle_priority`, which whoever waits for it
+    waits for only while it runs (:meth:`wait`)."""
+
+    def __init__(self, target: Callable[[], None], name: str):
+        super().__init__(target=target, name=name, daemon=True)
+        # its CPU clock, read by the thread itself: asked of another thread, the clock of a
+        # thread already ended reads freed memory (a segfault in pthread_getcpuclockid)
+        self._clock: int | None = None
+
+    def run(self) -> None:
         try:
-            before = time.clock_gettime(clock)
-            thread.join(every)
-            if thread.is_alive() and time.clock_gettime(clock) - before < least * every:
-                return False
-        except OSError:  # it ended while its clock was read
+            self._clock = time.pthread_getcpuclockid(threading.get_ident())
+        except (AttributeError, OSError):  # no per-thread clock here: waited for as any thread
             pass
-    return True
+        idle_priority()
+        super().run()
+
+    def wait(self, every: float = 0.5, least: float = 0.1) -> bool:
+        """Join it while it gets CPU; False (it still runs) once it got under ``least`` of a
+        core in ``every`` seconds. At the lowest priority it starves while other processes
+        take every core: no thread of normal priority may wait on it then (the wait would
+        last as long as the machine is busy)."""
+        while self.is_alive():
+            clock = self._clock
+            try:
+                before = time.clock_gettime(clock) if clock is not None else None
+                self.join(every)
+                if before is not None and self.is_alive():
+                    if time.clock_gettime(clock) - before < least * every:
+                        return False
+            except OSError:  # it ended while its clock was read (the kernel knows it no more)
+                pass
+        return True
 
 
 def exact_session(model: onnx.ModelProto) -> ort.InferenceSession:

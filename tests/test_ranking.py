@@ -1085,7 +1085,7 @@ def test_the_ranking_waits_for_its_work_beside_the_run_only_while_that_work_runs
         def __init__(self, *args):
             release.wait(30)
 
-        def rank_alone(self, stop):
+        def rank_alone(self):
             pass
 
     class Busy(Starved):  # computes for three of the waiter's polls, then is done
@@ -1106,6 +1106,33 @@ def test_the_ranking_waits_for_its_work_beside_the_run_only_while_that_work_runs
     release.set()
     prefetch.close()
     assert not prefetch._thread.is_alive()
+
+
+def test_a_thread_asked_to_stop_stops_at_its_next_cpu_session():
+    """The work beside the run stops at a short step (a starved thread is waited for that
+    long at the run's end), and no handler turning a failed measure into "not measured"
+    swallows the stop."""
+    import threading
+
+    from onnx import TensorProto, helper
+
+    from accdbg.core.cpu_session import Stopped, exact_session, stops_on
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    stop, swallowed = threading.Event(), []
+    with stops_on(stop):
+        exact_session(model)  # not asked yet
+        stop.set()
+        with pytest.raises(Stopped):
+            try:
+                exact_session(model)
+            except Exception as exc:  # a measure's own handler
+                swallowed.append(exc)
+    assert swallowed == []
+    exact_session(model)  # outside the block the event asks nothing
 
 
 def test_waiting_for_an_idle_thread_that_has_ended_is_safe():

@@ -37,7 +37,7 @@ from accdbg.algorithms.reach import OutlierReach, Reach
 from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.sensitivity import Sensitivity, Share, judged_outputs
 from accdbg.core import onnx_model as om
-from accdbg.core.cpu_session import IdleThread, cpu_threads, exact_session
+from accdbg.core.cpu_session import IdleThread, Stopped, cpu_threads, exact_session, stops_on
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
 from accdbg.verifiers.configured import ConfiguredVerifier
@@ -160,44 +160,16 @@ class _BeforeBackend:
             and all(np.array_equal(feeds[k], self.feeds[k]) for k in feeds)
         )
 
-    def rank_alone(self, stop: threading.Event) -> None:
+    def rank_alone(self) -> None:
         """The ranking with no backend result, in execution order: it asks the sensitivity and
-        the reach what the full ranking will ask them (``stop`` set: it stops at the next
-        question)."""
+        the reach what the full ranking will ask them (a thread asked to stop stops at its
+        next CPU run: :func:`~accdbg.core.cpu_session.checkpoint`)."""
         rank(
             self.evidence,
             [e.name for e in self.builder.layers],
-            impact=_Stoppable(self.impact, stop) if self.impact else None,
-            reach=_Stoppable(self.reach, stop) if self.reach else None,
+            impact=self.impact,
+            reach=self.reach,
         )
-
-
-class _Stopped(Exception):
-    pass
-
-
-class _Stoppable:
-    """A measure that refuses further questions once ``stop`` is set."""
-
-    def __init__(self, measure, stop: threading.Event):
-        self.measure, self.stop = measure, stop
-
-    def __call__(self, *args, **kwargs):
-        if self.stop.is_set():
-            raise _Stopped
-        return self.measure(*args, **kwargs)
-
-    def __getattr__(self, name: str):  # the measure's own (``consider``, ``clamped``)
-        own = getattr(self.measure, name)
-        if not callable(own):
-            return own
-
-        def asked(*args, **kwargs):
-            if self.stop.is_set():
-                raise _Stopped
-            return own(*args, **kwargs)
-
-        return asked
 
 
 class Prefetch:
@@ -229,11 +201,12 @@ class Prefetch:
     def _run(self, *args) -> None:
         t = time.perf_counter()
         try:
-            with cpu_threads(1):  # the core QNN's graph finalize leaves free, not both
+            # the core QNN's graph finalize leaves free, not both; stopped at a short step
+            with cpu_threads(1), stops_on(self._stop):
                 before = _BeforeBackend(*args)
-                before.rank_alone(self._stop)
+                before.rank_alone()
             self._done = before
-        except _Stopped:
+        except Stopped:
             pass
         except Exception as exc:  # the ranking does it all after the run, and says why there
             log.info("culprit ranking not prepared beside the run: %s", str(exc).splitlines()[0])

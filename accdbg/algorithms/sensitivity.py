@@ -46,7 +46,7 @@ from onnxruntime.quantization.quant_utils import (
 from accdbg.algorithms.evidence import SAME_VALUES, dequantized_weight, weight_axes
 from accdbg.algorithms.ranges import run_with_ranges
 from accdbg.core import onnx_model as om
-from accdbg.core.cpu_session import exact_session
+from accdbg.core.cpu_session import checkpoint, exact_session
 from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.base import dot
 
@@ -61,7 +61,11 @@ FEW_VALUES = 16  # an output with fewer values (over the inputs) is checked for 
 
 def _runs(sess: ort.InferenceSession, names: Sequence[str], feeds) -> list[list[np.ndarray]]:
     """The named outputs of one session on every input."""
-    return [sess.run(list(names), f) for f in feeds]
+    out = []
+    for f in feeds:
+        checkpoint()
+        out.append(sess.run(list(names), f))
+    return out
 
 
 def output_noise(golden: Sequence[np.ndarray], target: Sequence[np.ndarray]) -> np.ndarray:

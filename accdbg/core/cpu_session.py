@@ -36,6 +36,32 @@ def cpu_threads(n: int) -> Iterator[None]:
         _local.threads = before
 
 
+class Stopped(BaseException):
+    """Raised at a :func:`checkpoint` of a thread asked to stop (:func:`stops_on`). Not an
+    ``Exception``: the handlers that turn a failed measure into "not measured" let it through."""
+
+
+@contextmanager
+def stops_on(event: threading.Event) -> Iterator[None]:
+    """Inside the block, this thread's :func:`checkpoint` raises :class:`Stopped` once ``event``
+    is set."""
+    before = getattr(_local, "stop", None)
+    _local.stop = event
+    try:
+        yield
+    finally:
+        _local.stop = before
+
+
+def checkpoint() -> None:
+    """Where the calling thread's work may stop: before each CPU session and run, between two
+    layers' evidence. A thread starved at :func:`idle_priority` is then waited for a short
+    step at most, not a whole stage."""
+    event = getattr(_local, "stop", None)
+    if event is not None and event.is_set():
+        raise Stopped
+
+
 def idle_priority() -> None:
     """The calling thread runs only on a core the other processes leave idle: work done beside
     the backend run (a QNN worker process using both cores while it runs the graph) must not
@@ -87,6 +113,7 @@ class IdleThread(threading.Thread):
 
 def exact_session(model: onnx.ModelProto) -> ort.InferenceSession:
     """A CPU session running ``model`` as written."""
+    checkpoint()
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -177,10 +177,11 @@ class Prefetch:
     backend runs (QNN's graph finalize keeps one core busy for seconds; the ranking would
     otherwise wait for it), at the lowest priority (QNN's plain and debug workers take every
     core they get: on PP-OCRv4 det the whole oneshot then takes 0.90-0.93 of its time with
-    the thread at the default priority): the evidence of the first input and the output sensitivity and
-    outlier reach its standouts ask for. :func:`find_culprits` takes what serves its own
-    question and measures the rest. Made for one run: the model the engine runs and the inputs
-    it is fed (the sensitivity pools all of them, whichever comes first)."""
+    the thread at the default priority): the evidence of the first input and the output
+    sensitivity and outlier reach its standouts ask for. :func:`find_culprits` takes what
+    serves its own question and measures the rest. Made for one run: the model the engine
+    runs and the inputs it is fed (the sensitivity pools all of them, whichever comes
+    first)."""
 
     def __init__(
         self,
@@ -225,9 +226,9 @@ class Prefetch:
         return done
 
     def close(self) -> None:
-        """Stop at the next question and wait (the run is over, stopped or failed: no thread
-        left in a CPU run while the process ends - onnxruntime torn down under it would crash
-        a run that succeeded; at most one question, which a starved thread ends slowly)."""
+        """Stop at the next step and wait (the run is over, stopped or failed: no thread left
+        in a CPU run while the process ends - onnxruntime torn down under it would crash a run
+        that succeeded; one session or run at most, which a starved thread ends slowly)."""
         self._stop.set()
         self._thread.join()
         self._done = None

@@ -6,7 +6,8 @@ QLinear kernels, whose integer arithmetic is not the fake-quant - so graph optim
 Work done beside another process (the ranking's, while QNN finalizes its graph on one core)
 asks for fewer threads with :func:`cpu_threads`, for the sessions the calling thread makes,
 and runs at the lowest priority (:func:`idle_priority`); whoever waits for it waits only while
-it runs (:class:`IdleThread`).
+it runs (:class:`IdleThread`), and a thread asked to stop stops at its next session or run
+(:func:`checkpoint`).
 """
 
 from __future__ import annotations

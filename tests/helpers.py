@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,14 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def fresh_python(code: str) -> str:
+    """What ``code`` prints in a new Python (for what importing, or crashing, would change in
+    this one); a failure raises with its output."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def diagnose_in_child(monkeypatch, runner: type, child: bool) -> None:

@@ -1,4 +1,4 @@
-from tests.helpers import one_line_error, run_cli
+from tests.helpers import fresh_python, one_line_error, run_cli
 
 
 def test_top_level_help_lists_components(capsys):
@@ -275,5 +275,4 @@ def test_help_draws_nothing_so_loads_no_plotting_library():
         "        pass\n"
         "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert fresh_python(code).strip().splitlines()[-1] == "[]"

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata
-import subprocess
-import sys
 
 import pytest
 
 from accdbg.errors import AccdbgError
 from accdbg.frameworks import versions
-from tests.helpers import one_line_error, run_cli
+from tests.helpers import fresh_python, one_line_error, run_cli
 
 
 @pytest.mark.parametrize(
@@ -130,7 +128,4 @@ def test_registry_does_not_import_the_frameworks():
         "import sys, accdbg.frameworks as f; "
         "print(sorted(f.FRAMEWORKS), [m for m in ('tensorflow', 'torch', 'ai_edge_litert', 'tf2onnx') if m in sys.modules])"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    assert out.strip() == "['onnx', 'pytorch', 'tensorflow', 'tflite'] []"
+    assert fresh_python(code).strip() == "['onnx', 'pytorch', 'tensorflow', 'tflite'] []"

@@ -1111,20 +1111,17 @@ def test_the_ranking_waits_for_its_work_beside_the_run_only_while_that_work_runs
     assert not prefetch._thread.is_alive()
 
 
-def test_a_thread_asked_to_stop_stops_at_its_next_cpu_session():
+def test_a_thread_asked_to_stop_stops_at_its_next_cpu_session(tmp_path):
     """The work beside the run stops at a short step (a starved thread is waited for that
     long at the run's end), and no handler turning a failed measure into "not measured"
     swallows the stop."""
     import threading
 
-    from onnx import TensorProto, helper
+    import onnx
 
     from accdbg.core.cpu_session import Stopped, exact_session, stops_on
 
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = onnx.load(str(models.mlp(tmp_path).path))
     stop, swallowed = threading.Event(), []
     with stops_on(stop):
         exact_session(model)  # not asked yet
@@ -1142,8 +1139,7 @@ def test_waiting_for_an_idle_thread_that_has_ended_is_safe():
     """Threads end before anyone waits for them (the ranking's work beside a QNN run usually
     does): their CPU clock must not be asked of the thread's freed descriptor then (a
     segfault in glibc, which took a test worker down), so a fresh Python waits for many."""
-    import subprocess
-    import sys
+    from tests.helpers import fresh_python
 
     code = (
         "import numpy as np\n"
@@ -1153,7 +1149,7 @@ def test_waiting_for_an_idle_thread_that_has_ended_is_safe():
         "    [t.start() for t in ts]; [t.join() for t in ts]\n"
         "    assert all(t.wait() for t in ts)\n"
     )
-    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    fresh_python(code)
 
 
 def pd_isna(v) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -37,7 +36,7 @@ from accdbg.algorithms.reach import OutlierReach, Reach
 from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.sensitivity import Sensitivity, Share, judged_outputs
 from accdbg.core import onnx_model as om
-from accdbg.core.cpu_session import IdleThread, Stopped, cpu_threads, exact_session, stops_on
+from accdbg.core.cpu_session import IdleThread, cpu_threads, exact_session
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
 from accdbg.verifiers.configured import ConfiguredVerifier
@@ -163,7 +162,7 @@ class _BeforeBackend:
     def rank_alone(self) -> None:
         """The ranking with no backend result, in execution order: it asks the sensitivity and
         the reach what the full ranking will ask them (a thread asked to stop stops at its
-        next CPU run: :func:`~accdbg.core.cpu_session.checkpoint`)."""
+        next CPU run: :func:`~accdbg.core.cpu_session.stop_if_asked`)."""
         rank(
             self.evidence,
             [e.name for e in self.builder.layers],
@@ -192,7 +191,6 @@ class Prefetch:
         more_feeds: Iterable[Mapping[str, np.ndarray]],
     ):
         self._done: _BeforeBackend | None = None
-        self._stop = threading.Event()
         args = (qdq_model, golden, golden_name, feeds, prepared_model(qdq_model), more_feeds)
         self.seconds = math.nan
         # on the cores QNN leaves idle, never slowing it
@@ -202,13 +200,10 @@ class Prefetch:
     def _run(self, *args) -> None:
         t = time.perf_counter()
         try:
-            # the core QNN's graph finalize leaves free, not both; stopped at a short step
-            with cpu_threads(1), stops_on(self._stop):
+            with cpu_threads(1):  # the core QNN's graph finalize leaves free, not both
                 before = _BeforeBackend(*args)
                 before.rank_alone()
             self._done = before
-        except Stopped:
-            pass
         except Exception as exc:  # the ranking does it all after the run, and says why there
             log.info("culprit ranking not prepared beside the run: %s", str(exc).splitlines()[0])
         self.seconds = time.perf_counter() - t
@@ -219,7 +214,7 @@ class Prefetch:
         busy machine is stopped, not waited for: the ranking does the work at its own
         priority."""
         if not self._thread.wait():
-            self._stop.set()
+            self._thread.ask_to_stop()
             log.info("culprit ranking: its work beside the run got no CPU (a busy machine)")
             return None
         done, self._done = self._done, None
@@ -229,7 +224,7 @@ class Prefetch:
         """Stop at the next step and wait (the run is over, stopped or failed: no thread left
         in a CPU run while the process ends - onnxruntime torn down under it would crash a run
         that succeeded; one session or run at most, which a starved thread ends slowly)."""
-        self._stop.set()
+        self._thread.ask_to_stop()
         self._thread.join()
         self._done = None
 

@@ -33,7 +33,7 @@ import onnx
 from onnx import numpy_helper
 
 from accdbg.core import onnx_model as om
-from accdbg.core.cpu_session import checkpoint
+from accdbg.core.cpu_session import stop_if_asked
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines.exposure import Exposed, select
 from accdbg.errors import AccdbgError
@@ -417,7 +417,7 @@ class EvidenceBuilder:
     def build(self) -> dict[str, Evidence]:
         out: dict[str, Evidence] = {}
         for e in self.layers:
-            checkpoint()  # a build beside the backend run may be asked to stop
+            stop_if_asked()  # a build beside the backend run may be asked to stop
             ev = Evidence(e.name, e.op_type, [self.row_of[x] for x in e.inputs if x in self.row_of])
             node = self.nodes[e.index]
             try:

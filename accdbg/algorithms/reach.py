@@ -28,7 +28,7 @@ from onnx import helper
 
 from accdbg.algorithms.ranges import range_outputs, session, spans, with_ranges
 from accdbg.algorithms.sensitivity import Feeds, float_tensor
-from accdbg.core.cpu_session import checkpoint
+from accdbg.core.cpu_session import stop_if_asked
 from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.channels import channel_axis, channel_extent
 
@@ -91,7 +91,7 @@ class OutlierReach:
         reaches = {}
         for n, (channel, ratio, scale) in loud.items():
             t = self.tensor[n]
-            checkpoint()
+            stop_if_asked()
             cut = spans(
                 tensors, sess.run(ranges, {**off, _flag(t): np.array(True), _scale(t): scale})
             )

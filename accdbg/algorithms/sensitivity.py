@@ -46,7 +46,7 @@ from onnxruntime.quantization.quant_utils import (
 from accdbg.algorithms.evidence import SAME_VALUES, dequantized_weight, weight_axes
 from accdbg.algorithms.ranges import run_with_ranges
 from accdbg.core import onnx_model as om
-from accdbg.core.cpu_session import checkpoint, exact_session
+from accdbg.core.cpu_session import exact_session, stop_if_asked
 from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.base import dot
 
@@ -63,7 +63,7 @@ def _runs(sess: ort.InferenceSession, names: Sequence[str], feeds) -> list[list[
     """The named outputs of one session on every input."""
     out = []
     for f in feeds:
-        checkpoint()
+        stop_if_asked()
         out.append(sess.run(list(names), f))
     return out
 

@@ -7,11 +7,12 @@ Work done beside another process (the ranking's, while QNN finalizes its graph o
 asks for fewer threads with :func:`cpu_threads`, for the sessions the calling thread makes,
 and runs at the lowest priority (:func:`idle_priority`); whoever waits for it waits only while
 it runs (:class:`IdleThread`), and a thread asked to stop stops at its next session or run
-(:func:`checkpoint`).
+(:func:`stop_if_asked`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -26,35 +27,34 @@ _local = threading.local()
 
 
 @contextmanager
-def cpu_threads(n: int) -> Iterator[None]:
-    """Sessions made in this thread, inside the block, use ``n`` threads (0: onnxruntime's
-    default, one per core)."""
-    before = getattr(_local, "threads", 0)
-    _local.threads = n
+def _scoped(name: str, value: object) -> Iterator[None]:
+    """This thread's setting ``name`` is ``value`` inside the block."""
+    before = getattr(_local, name, None)
+    setattr(_local, name, value)
     try:
         yield
     finally:
-        _local.threads = before
+        setattr(_local, name, before)
+
+
+def cpu_threads(n: int) -> contextlib.AbstractContextManager[None]:
+    """Sessions made in this thread, inside the block, use ``n`` threads (0: onnxruntime's
+    default, one per core)."""
+    return _scoped("threads", n)
 
 
 class Stopped(BaseException):
-    """Raised at a :func:`checkpoint` of a thread asked to stop (:func:`stops_on`). Not an
+    """Raised at :func:`stop_if_asked` in a thread asked to stop (:func:`stops_on`). Not an
     ``Exception``: the handlers that turn a failed measure into "not measured" let it through."""
 
 
-@contextmanager
-def stops_on(event: threading.Event) -> Iterator[None]:
-    """Inside the block, this thread's :func:`checkpoint` raises :class:`Stopped` once ``event``
-    is set."""
-    before = getattr(_local, "stop", None)
-    _local.stop = event
-    try:
-        yield
-    finally:
-        _local.stop = before
+def stops_on(event: threading.Event) -> contextlib.AbstractContextManager[None]:
+    """Inside the block, this thread's :func:`stop_if_asked` raises :class:`Stopped` once
+    ``event`` is set."""
+    return _scoped("stop", event)
 
 
-def checkpoint() -> None:
+def stop_if_asked() -> None:
     """Where the calling thread's work may stop: before each CPU session and run, between two
     layers' evidence. A thread starved at :func:`idle_priority` is then waited for a short
     step at most, not a whole stage."""
@@ -78,13 +78,15 @@ def idle_priority() -> None:
 
 class IdleThread(threading.Thread):
     """A daemon thread running ``target`` at :func:`idle_priority`, which whoever waits for it
-    waits for only while it runs (:meth:`wait`)."""
+    waits for only while it runs (:meth:`wait`), and which stops at its next step once asked
+    (:meth:`ask_to_stop`)."""
 
     def __init__(self, target: Callable[[], None], name: str):
         super().__init__(target=target, name=name, daemon=True)
         # its CPU clock, read by the thread itself: asked of another thread, the clock of a
         # thread already ended reads freed memory (a segfault in pthread_getcpuclockid)
         self._clock: int | None = None
+        self._asked = threading.Event()  # not ``_stop``: a method of threading.Thread
 
     def run(self) -> None:
         try:
@@ -92,7 +94,12 @@ class IdleThread(threading.Thread):
         except (AttributeError, OSError):  # no per-thread clock here: waited for as any thread
             pass
         idle_priority()
-        super().run()
+        with stops_on(self._asked), contextlib.suppress(Stopped):
+            super().run()
+
+    def ask_to_stop(self) -> None:
+        """Its work raises :class:`Stopped` at its next :func:`stop_if_asked`, and ends."""
+        self._asked.set()
 
     def wait(self, every: float = 0.5, least: float = 0.1) -> bool:
         """Join it while it gets CPU; False (it still runs) once it got under ``least`` of a
@@ -114,7 +121,7 @@ class IdleThread(threading.Thread):
 
 def exact_session(model: onnx.ModelProto) -> ort.InferenceSession:
     """A CPU session running ``model`` as written."""
-    checkpoint()
+    stop_if_asked()
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

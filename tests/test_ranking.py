@@ -457,6 +457,34 @@ def test_an_activation_range_blown_by_a_channel_the_weights_before_it_make_names
         assert [c.name for c in r.culprits] == ["l11"]
 
 
+def test_weights_far_under_the_other_weights_stand_out_where_an_outlier_drags_the_floor_down():
+    """An outlier channel travelling through the model blows the range of most layers after its
+    maker: their outputs keep 12 dB give or take 1, so the median local SQNR falls to about
+    12 dB and the maker (output 11 dB, weights 19 dB: one output channel far wider than the
+    rest) sits within the floor's 10 dB gap. Its weights stand out from every other layer's
+    (36 dB give or take 2, which no outlier upstream touches): it is measured and named. A
+    layer whose weights stand out as far but whose own encodings pass (22 dB) is not."""
+    names, ev = _chain(seed=3, n=40)
+    rng = np.random.default_rng(4)
+    for x in names[11:]:  # the carriers: their output ranges blown
+        ev[x].output_nsr, ev[x].output_note = 10 ** (-(12 + rng.normal(0, 1)) / 10), "range"
+    maker, passing = names[10], names[5]
+    ev[maker].weight_nsr, ev[maker].output_nsr, ev[maker].output_note = 10**-1.9, 10**-1.1, "r"
+    ev[passing].weight_nsr = 10**-2.2
+    local = [-10 * math.log10(ev[x].local_nsr) for x in names]
+    med = float(np.median(local))
+    assert 11 < med < 13 and 11.0 > med - 10  # by the median alone the maker would not stand out
+    weights = [-10 * math.log10(ev[x].weight_nsr) for x in names]
+    w_med = float(np.median(weights))
+    w_spread = 1.4826 * float(np.median(np.abs(np.array(weights) - w_med)))
+    assert 19.0 < 22.0 < w_med - min(max(3.5 * w_spread, 10), 15)  # both under the weights' cut
+    impact = _Impact({maker: 0.9, passing: 0.9})
+    r = rank(ev, names, impact=impact)
+    assert [c.name for c in r.culprits] == [maker]
+    assert passing not in impact.asked
+    assert r.floor_db == pytest.approx(med)  # the floor reported is the local SQNR's, as before
+
+
 def test_a_wide_spread_still_lets_a_layer_16_db_under_the_floor_stand_out():
     """On a model whose layers spread widely (3.5 sigmas > 20 dB), a layer 16 dB under the
     median (40 times its noise power) still reaches the sensitivity step; 13.5 dB does not."""

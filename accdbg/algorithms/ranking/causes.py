@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from accdbg.algorithms.evidence import Evidence, nsr_db
+from accdbg.algorithms.evidence import OUTLIER_RATIO, Evidence, nsr_db
 
 CAUSE_DB = 6.0
 
@@ -77,6 +77,44 @@ def _own_rounding(ev: Evidence) -> bool:
         and not _clips(ev)
         and ev.weight_outlier in ("", "output channel")
         and not ev.offset_from
+    )
+
+
+def _trained_spread(ev: Evidence) -> bool:
+    """The layer loses only its per-tensor weights' rounding (the only part its cause names,
+    clipping nothing, no input offset multiplied), and what sets their range is the widest of
+    output or input channels spread as trained - under ``OUTLIER_RATIO`` x the next widest on
+    its axis (``outlier_next``), or no channel beyond the median's. A per-tensor encoding over
+    such a spread crushes the narrow channels; per-channel encodings answer it, a change of
+    the model's encodings rather than a fault of this layer: trained weights spread their
+    channels widely (PP-OCRv3 det's widest 1x1 channel 54x the median, 1.4x the next), while a
+    channel or a weight alone far beyond every other - as an outlier or a compensated pair
+    makes it - is no trained spread."""
+    return (
+        ev.weight_per_channel is False
+        and [kind for _, kind, _ in _named_parts(ev)] == [WEIGHT]
+        and not _clips(ev)
+        and not ev.offset_from
+        and (
+            not ev.weight_outlier
+            or ev.weight_outlier in ("output channel", "input channel")
+            and ev.outlier_next < OUTLIER_RATIO
+        )
+    )
+
+
+def _spread_words(ev: Evidence) -> str:
+    """Why a layer losing its per-tensor weights over a trained spread is not named."""
+    widest = (
+        f" (its widest {ev.weight_outlier} spans {ev.outlier_next:.3g}x the next widest)"
+        if ev.weight_outlier
+        else ""
+    )
+    return (
+        f"its weights' range is the widest of channels spread as trained{widest}, no channel "
+        "or weight alone beyond the others: the per-tensor encoding crushes the narrow ones, "
+        "which per-channel weights answer - a change of the model's encodings, not a fault of "
+        "this layer, so it is not named"
     )
 
 

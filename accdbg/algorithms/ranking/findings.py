@@ -56,6 +56,20 @@ def _masked_line(
     return line + (f" ({fix}, or a global change, is the question)" if fix else "")
 
 
+def _trained_line(trained: Mapping[str, float]) -> str:
+    """What the layers not named for their per-tensor weights over a trained spread cost."""
+    shown = sorted(trained.items(), key=lambda kv: -kv[1])[:SHOWN]
+    each = ", ".join(f"{n} {_pct(share)}" for n, share in shown)
+    if len(trained) > SHOWN:
+        each += f" and {len(trained) - SHOWN} more: see their cause"
+    return (
+        "the rounding of per-tensor weights over channels spread as trained costs the outputs, "
+        f"layer by layer: {each} of their error (no channel or weight alone beyond the others, "
+        "so none is named) - per-channel weights answer it, a change of the model's encodings "
+        "rather than a fault of one layer"
+    )
+
+
 NONE_STANDS = "no single layer stands out"  # the verdict's first words when none is named
 
 
@@ -83,6 +97,7 @@ def _findings(
     bar: str = "half",
     kernels: float = math.nan,
     masked: str = "",
+    trained: str = "",
 ) -> list[str]:
     """``nearest``: the share and name of the standout measured closest to being named;
     ``changes``: the global changes left to try (:func:`_global_changes`); ``named_share``:
@@ -90,7 +105,9 @@ def _findings(
     error is the model's own, and the global changes are its question too); ``bar``: the share
     a standout needed; ``kernels``: the part of the outputs' error QNN's kernels add (at
     ``SHARE`` or more, no encoding change is the question); ``masked``: what the layers not
-    named because taken out they remove nothing are (:func:`_masked_line`)."""
+    named because taken out they remove nothing are (:func:`_masked_line`); ``trained``: what
+    the layers not named for their per-tensor weights over a trained spread cost
+    (:func:`_trained_line`)."""
     lines = []
     verdicts = [o for o in outputs if o[3] is not None]
     if verdicts and all(o[3] for o in verdicts):
@@ -115,6 +132,12 @@ def _findings(
             "and no one layer's difference explains it (the layers where QNN parts from its own "
             f"inputs say how in their cause{most}) - the backend's computation is the question, "
             "not the encodings"
+        )
+    elif not culprits and trained:
+        lines.append(
+            f"{NONE_STANDS} as a fault: what costs the outputs most is the rounding of per-tensor "
+            f"weights over channels spread as trained (below) - a global change ({changes}) is "
+            "the question, not a layer"
         )
     elif not culprits:
         measured = nearest is not None and math.isfinite(nearest[0])
@@ -148,8 +171,7 @@ def _findings(
     for c in culprits:
         lines.append(f"culprit #{c.rank}: {c.name} ({c.op_type}) - {c.cause}")
     lines += _patterns(culprits)
-    if masked:
-        lines.append(masked)
+    lines += [line for line in (masked, trained) if line]
     if culprits and named_share < MOST and kernels >= SHARE:
         lines.append(
             f"the culprits named cost the outputs at most {_pct(named_share)} of their error, "

@@ -9,13 +9,21 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from accdbg.algorithms.evidence import BLOWN_RATIO, OUTLIER_RATIO, Evidence, nsr_db
-from accdbg.algorithms.ranking.causes import ACTIVATION, _cause, _kind, _own_rounding
+from accdbg.algorithms.ranking.causes import (
+    ACTIVATION,
+    _cause,
+    _kind,
+    _own_rounding,
+    _spread_words,
+    _trained_spread,
+)
 from accdbg.algorithms.ranking.findings import (
     SHOWN,
     Culprit,
     _findings,
     _global_changes,
     _masked_line,
+    _trained_line,
 )
 from accdbg.algorithms.ranking.kernels import (
     NOTICED,
@@ -235,7 +243,9 @@ def rank(
 
     ``impact(name)`` is the output error with only that layer quantized over the error of the
     whole quantized model (:mod:`accdbg.algorithms.sensitivity`): a standout is a culprit when
-    it alone accounts for at least ``SHARE`` of it. When it also has ``clamped(levels)`` (layer
+    it alone accounts for at least ``SHARE`` of it - unless all it loses is the rounding of
+    per-tensor weights whose channels spread as trained (:func:`_trained_spread`): measured,
+    not named, the findings give its cost and per-channel weights as the change. When it also has ``clamped(levels)`` (layer
     -> the level its few outlier weights are brought to; the share of the error that goes,
     :meth:`~accdbg.algorithms.sensitivity.Sensitivity.clamped_share`), the layers with such
     weights are asked it (:func:`_outlier_weights`).
@@ -311,6 +321,8 @@ def rank(
     grouped: dict[str, tuple[list[str], Share, float]] = {}  # named only with its partners
     masked: dict[str, Share] = {}  # costing much alone, removing nothing taken out: not named
     with_partners: dict[str, tuple[float, str]] = {}  # not named: its cost with its partners
+    # costing the outputs, not named: per-tensor weights over channels spread as trained
+    trained: dict[str, float] = {}
     # the layers a standout is measured with when alone it does not matter: those its outlier
     # blows (measured, else the later standouts carrying it) - but not a standout with a
     # problem of its own, whose cost is its own - or a compensated pair's producer
@@ -367,6 +379,13 @@ def rank(
             columns[n][CAUSE] = (
                 f"stands out locally ({_cause(ev)}) but costs the outputs only "
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
+            )
+            continue
+        if _trained_spread(ev) and n not in stand.clipping:
+            trained[n] = share.best if group_share is None else max(share.best, group_share.best)
+            columns[n][CAUSE] = (
+                f"stands out locally ({_cause(ev)}) and costs the outputs {_pct(trained[n])} of "
+                f"the whole model's error ({_both(share)}), but {_spread_words(ev)}"
             )
             continue
         cause = _cause(ev)
@@ -523,6 +542,7 @@ def rank(
         for n, c in columns.items()
         if RANK not in c
         and n not in masked
+        and n not in trained
         and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
     ]
     if not culprits and added >= SHARE and not local_observed and noted:
@@ -539,6 +559,7 @@ def rank(
         "a quarter" if len(roots) == 1 else "half",
         added if not local_observed else math.nan,
         _masked_line(masked, together, evidence) if masked else "",
+        _trained_line(trained) if trained else "",
     )
     if divergence and kernels_added is not None:
         line = kernels_added.line()

@@ -492,8 +492,9 @@ def test_per_tensor_weights_over_a_trained_spread_are_the_models_question_not_a_
     one channel alone beyond the others, as an outlier makes it: named. l10's spans 1.4x the
     next - the widest of a spread its channels have as trained, which per-channel weights
     answer: not named, its cause and a finding say why and what it costs. Alone, l10 leaves the
-    verdict "no single layer stands out as a fault" with the global change; with per-channel
-    weights already (their rounding then not the spread's) it is named."""
+    verdict "no single layer stands out as a fault" with the global change - for a spread over
+    input channels, cross-layer equalization; with per-channel weights already (their rounding
+    then not the spread's) both are named."""
     names, ev = _chain(seed=7, n=40)
     for x, ratio in (("l10", 1.4), ("l25", 30.0)):
         ev[x].weight_nsr, ev[x].weight_per_channel = 10**-0.8, False
@@ -505,13 +506,21 @@ def test_per_tensor_weights_over_a_trained_spread_are_the_models_question_not_a_
     assert "spans 1.4x the next widest" in cause and "spread as trained" in cause, cause
     assert "costs the outputs 70%" in cause and "not named" in cause
     line = next(f for f in r.findings if "spread as trained" in f)
-    assert "layer by layer: l10 70% of their error" in line and "per-channel weights" in line
+    assert "layer by layer, of their error: l10 70% -" in line and "per-channel weights" in line
     ev["l25"].outlier_next = 1.2  # now both are trained spreads
     r = rank(ev, names, impact=_Impact(shares))
     assert r.culprits == []
     assert r.findings[0].startswith("no single layer stands out as a fault"), r.findings
     assert "per-channel weights" in r.findings[0]
-    assert "layer by layer: l10 70%, l25 70% of their error" in r.findings[1]
+    assert "layer by layer, of their error: l10 70%, l25 70% -" in r.findings[1]
+    # a spread over input channels: wide in every output channel alike, which per-channel
+    # weights do not narrow - equalizing them with their producer does
+    ev["l25"].weight_outlier = "input channel"
+    r = rank(ev, names, impact=_Impact(shares))
+    assert r.culprits == []
+    assert "cross-layer equalization" in r.columns["l25"]["cause"]
+    assert "cross-layer equalization" not in r.columns["l10"]["cause"]
+    assert "per-channel weights answer it; cross-layer equalization answers l25" in r.findings[1]
     for x in ("l10", "l25"):
         ev[x].weight_per_channel = True
     assert [c.name for c in rank(ev, names, impact=_Impact(shares)).culprits] == ["l10", "l25"]

@@ -104,7 +104,9 @@ def _trained_spread(ev: Evidence) -> bool:
 
 
 def _spread_words(ev: Evidence) -> str:
-    """Why a layer losing its per-tensor weights over a trained spread is not named."""
+    """Why a layer losing its per-tensor weights over a trained spread is not named, and what
+    answers it: per-channel weights for output channels; for input channels, whose weights
+    are wide in every output channel alike, equalizing them with the layer making them."""
     widest = (
         f" (its widest {ev.weight_outlier} spans {ev.outlier_next:.3g}x the next widest)"
         if ev.weight_outlier
@@ -112,10 +114,20 @@ def _spread_words(ev: Evidence) -> str:
     )
     return (
         f"its weights' range is the widest of channels spread as trained{widest}, no channel "
-        "or weight alone beyond the others: the per-tensor encoding crushes the narrow ones, "
-        "which per-channel weights answer - a change of the model's encodings, not a fault of "
-        "this layer, so it is not named"
+        f"or weight alone beyond the others: the per-tensor encoding crushes the narrow ones, "
+        f"which {_spread_fix(ev)} - a change for the model as a whole, not a fault of this "
+        "layer, so it is not named"
     )
+
+
+def _spread_fix(ev: Evidence) -> str:
+    """What answers a per-tensor weight range over a trained spread."""
+    if ev.weight_outlier == "input channel":
+        return (
+            "per-channel weights do not narrow (a wide input channel widens every output "
+            "channel) and cross-layer equalization with the layer making that input answers"
+        )
+    return "per-channel weights answer"
 
 
 def _kind(ev: Evidence) -> str:

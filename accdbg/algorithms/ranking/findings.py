@@ -56,16 +56,24 @@ def _masked_line(
     return line + (f" ({fix}, or a global change, is the question)" if fix else "")
 
 
-def _trained_line(trained: Mapping[str, float]) -> str:
-    """What the layers not named for their per-tensor weights over a trained spread cost."""
+def _trained_line(trained: Mapping[str, float], evidence: Mapping[str, Evidence]) -> str:
+    """What the layers not named for their per-tensor weights over a trained spread cost, and
+    the change that answers them (:func:`_spread_fix`)."""
     shown = sorted(trained.items(), key=lambda kv: -kv[1])[:SHOWN]
     each = ", ".join(f"{n} {_pct(share)}" for n, share in shown)
     if len(trained) > SHOWN:
-        each += f" and {len(trained) - SHOWN} more: see their cause"
+        each += f" and {len(trained) - SHOWN} more (their cause says)"
+    inputs = [n for n in trained if evidence[n].weight_outlier == "input channel"]
+    fixes = ["per-channel weights answer it"] if len(inputs) < len(trained) else []
+    if inputs:
+        fixes.append(
+            f"cross-layer equalization answers {', '.join(inputs[:SHOWN])}, whose spread is "
+            "over input channels (per-channel weights do not narrow it)"
+        )
     return (
         "the rounding of per-tensor weights over channels spread as trained costs the outputs, "
-        f"layer by layer: {each} of their error (no channel or weight alone beyond the others, "
-        "so none is named) - per-channel weights answer it, a change of the model's encodings "
+        f"layer by layer, of their error: {each} - no channel or weight alone beyond the "
+        f"others, so none is named; {'; '.join(fixes)} - a change for the model as a whole "
         "rather than a fault of one layer"
     )
 

@@ -381,7 +381,10 @@ def rank(
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
             )
             continue
-        if _trained_spread(ev) and n not in stand.clipping:
+        mine = partners[n]
+        if _trained_spread(ev) and n not in stand.clipping and not (mine.carriers or mine.scaling):
+            # (not when its outlier blows other layers' ranges or readers scale it back: that
+            # costs beyond its weights' rounding, which no change of their encoding answers)
             trained[n] = share.best if group_share is None else max(share.best, group_share.best)
             columns[n][CAUSE] = (
                 f"stands out locally ({_cause(ev)}) and costs the outputs {_pct(trained[n])} of "
@@ -559,7 +562,7 @@ def rank(
         "a quarter" if len(roots) == 1 else "half",
         added if not local_observed else math.nan,
         _masked_line(masked, together, evidence) if masked else "",
-        _trained_line(trained) if trained else "",
+        _trained_line(trained, evidence) if trained else "",
     )
     if divergence and kernels_added is not None:
         line = kernels_added.line()

@@ -1597,9 +1597,10 @@ def test_the_channel_blowing_a_weight_range_is_measured_against_the_next_widest_
 ):
     """Evidence.outlier_next: w1's output channels spread as trained weights do (ranges about
     1, 1, 2, 4, 16 and 24 - the widest far beyond the median, 1.5x the next), w2's input
-    channel 2 is 30x the others (what a compensated pair leaves), w3 one weight 60x the rest.
-    Each ratio is the widest over the next widest on the axis that blows the range, from the
-    float weights in numpy; a single weight has none."""
+    channel 2 is 30x the others (what a compensated pair leaves), w3 one weight 60x the rest
+    (too few weights to call one an outlier by: its output channel is alone). Each ratio is
+    the widest over the next widest on the axis that blows the range, from the float weights
+    in numpy."""
     from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
     from accdbg.core.tensor_store import TensorFolder, TensorWriter
 

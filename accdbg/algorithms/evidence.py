@@ -507,9 +507,10 @@ class EvidenceBuilder:
         del absw
         ev.loud_weights, ev.loud_weights_ratio = _widest(ranges[axis_out])
         ev.lone_channel, ev.lone_ratio, ev.lone_level = lone_channel(ranges[axis_out])
-        blown_axis = {"output channel": axis_out, "input channel": axis_in}.get(ev.weight_outlier)
-        if blown_axis is not None:
-            ev.outlier_next = lone_channel(ranges[blown_axis])[1]
+        if ev.weight_outlier == "output channel":  # the axis lone_channel just measured
+            ev.outlier_next = ev.lone_ratio
+        elif ev.weight_outlier == "input channel":
+            ev.outlier_next = lone_channel(ranges[axis_in])[1]
         depthwise = groups > 1 and ref.shape[axis_in] == 1
         ev.quiet_input, ev.quiet_ratio = _quietest(ranges[axis_out if depthwise else axis_in])
         offset = _offset_channel(stats_in) if dc_share >= 0.5 and ev.inputs else None

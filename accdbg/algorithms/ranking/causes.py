@@ -62,6 +62,16 @@ def _cause(ev: Evidence) -> str:
     return "; ".join(t for _, _, t in _named_parts(ev))
 
 
+def _weights_only(ev: Evidence) -> bool:
+    """Its weights' part is the only one the layer's cause names (:func:`_named_parts`: its
+    output keeps its range), it clips nothing and its weights multiply no input offset."""
+    return (
+        [kind for _, kind, _ in _named_parts(ev)] == [WEIGHT]
+        and not _clips(ev)
+        and not ev.offset_from
+    )
+
+
 def _own_rounding(ev: Evidence) -> bool:
     """The layer loses only its weights' rounding: its weights' part is the only one its cause
     names (:func:`_named_parts`: its output keeps its range) and it clips nothing,
@@ -72,17 +82,12 @@ def _own_rounding(ev: Evidence) -> bool:
     its own quantizers out leaves in place (the outlier weights' question asks what the model
     would be without them). Its error then travels through no range of another layer: taken
     out of the whole QDQ model, its quantizers take its fix's part of the error."""
-    return (
-        [kind for _, kind, _ in _named_parts(ev)] == [WEIGHT]
-        and not _clips(ev)
-        and ev.weight_outlier in ("", "output channel")
-        and not ev.offset_from
-    )
+    return _weights_only(ev) and ev.weight_outlier in ("", "output channel")
 
 
 def _trained_spread(ev: Evidence) -> bool:
-    """The layer loses only its per-tensor weights' rounding (the only part its cause names,
-    clipping nothing, no input offset multiplied), and what sets their range is the widest of
+    """The layer loses only its per-tensor weights' rounding (:func:`_weights_only`), and what
+    sets their range is the widest of
     output or input channels spread as trained - under ``OUTLIER_RATIO`` x the next widest on
     its axis (``outlier_next``), or no channel beyond the median's. A per-tensor encoding over
     such a spread crushes the narrow channels; per-channel encodings answer it, a change of
@@ -92,9 +97,7 @@ def _trained_spread(ev: Evidence) -> bool:
     makes it - is no trained spread."""
     return (
         ev.weight_per_channel is False
-        and [kind for _, kind, _ in _named_parts(ev)] == [WEIGHT]
-        and not _clips(ev)
-        and not ev.offset_from
+        and _weights_only(ev)
         and (
             not ev.weight_outlier
             or ev.weight_outlier in ("output channel", "input channel")

@@ -129,9 +129,9 @@ class _Standing:
         """Walk the layers once: each one's evidence columns, and the standouts - a local SQNR
         under the pass mark and under ``cut``, or weights under their own floor's cut
         ``weight_cut`` (and a local SQNR under the pass mark), or clipping from ``clip_bar``.
-        A standout whose
-        outlier came in with its input is its source's carrier (a layer without weights keeps
-        its input's clipped range; an offset's maker is added for what its offset does here)."""
+        A standout whose outlier came in with its input is its source's carrier (a layer
+        without weights keeps its input's clipped range; an offset's maker is added for what
+        its offset does here)."""
 
         def stands(n: str) -> tuple[bool, bool]:
             """(its local SQNR stands out, its encoding clips)"""
@@ -245,8 +245,9 @@ def rank(
     whole quantized model (:mod:`accdbg.algorithms.sensitivity`): a standout is a culprit when
     it alone accounts for at least ``SHARE`` of it - unless all it loses is the rounding of
     per-tensor weights whose channels spread as trained (:func:`_trained_spread`): measured,
-    not named, the findings give its cost and per-channel weights as the change. When it also has ``clamped(levels)`` (layer
-    -> the level its few outlier weights are brought to; the share of the error that goes,
+    not named, the findings give its cost and the model-wide change that answers it. When it
+    also has ``clamped(levels)`` (layer -> the level its few outlier weights are brought to;
+    the share of the error that goes,
     :meth:`~accdbg.algorithms.sensitivity.Sensitivity.clamped_share`), the layers with such
     weights are asked it (:func:`_outlier_weights`).
     ``observed_nsr`` is the target's error at each compared layer (per channel when known):

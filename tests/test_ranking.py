@@ -16,6 +16,7 @@ from accdbg.algorithms import ranking as ranking_mod
 from accdbg.algorithms.evidence import BLOWN_RATIO, Evidence, qdq
 from accdbg.algorithms.oneshot import run_oneshot
 from accdbg.algorithms.ranking import ContextCheck, KernelsAdded, rank
+from accdbg.algorithms.reach import Reach
 from accdbg.algorithms.sensitivity import Share
 from accdbg.core.imports import qnn_quantization
 from accdbg.core.inputs import parse_input_tensor
@@ -524,6 +525,82 @@ def test_per_tensor_weights_over_a_trained_spread_are_the_models_question_not_a_
     for x in ("l10", "l25"):
         ev[x].weight_per_channel = True
     assert [c.name for c in rank(ev, names, impact=_Impact(shares)).culprits] == ["l10", "l25"]
+
+
+def test_an_output_whose_range_the_loudest_of_a_trained_spread_sets_is_not_a_culprit():
+    """Two standouts whose only loss is their 8-bit output's range (9 dB), each costing the
+    outputs 70 % of their error. l25's loudest channel reaches 30x as far as the next loudest
+    - one channel alone, as an activation outlier makes it: named. l10's reaches 1.1x as far
+    as the next - the loudest of a spread the channels have as trained (iris's
+    depthwise_conv2d_2: 109 and 100 against a median channel's 5.6): not named, its cause and
+    a finding say what it costs and that 16-bit activations answer it. A range every channel
+    fills alike (the loudest 2x the median) is no spread of channels: named. The loudest
+    channel blowing the ranges of the layers after it changes nothing (the spread travels as
+    trained); a lone channel doing so is named with them, and so is a spread whose reader's
+    weights scale that channel back (a compensated pair)."""
+    names, ev = _chain(seed=11, n=40)
+    for x, ratio in (("l10", 1.1), ("l25", 30.0)):
+        ev[x] = _ev(x, 9.0, ev[x].inputs, owner="output")
+        ev[x].channels, ev[x].loud_channel, ev[x].loud_ratio = 32, 3, 20.0
+        ev[x].loud_next = ratio
+    shares0 = {"l10": 0.7, "l25": 0.7}
+    r = rank(ev, names, impact=_Impact(shares0))
+    assert [c.name for c in r.culprits] == ["l25"]
+    cause = r.columns["l10"]["cause"]
+    assert "costs the outputs 70% of the whole model's error" in cause, cause
+    assert "channel 3 reaches 1.1x as far as the next loudest" in cause
+    assert "16-bit activations on its output answer" in cause and "not named" in cause
+    line = next(f for f in r.findings if "spread as trained" in f)
+    assert line.startswith("the rounding of outputs over channels spread as trained"), line
+    assert "of their error: l10 70% -" in line and "16-bit activations answer l10" in line
+    # a range every channel fills alike (the loudest 2x the median): no spread of channels
+    ev["l10"].loud_ratio = 2.0
+    assert [c.name for c in rank(ev, names, impact=_Impact(shares0)).culprits] == ["l10", "l25"]
+    ev["l10"].loud_ratio = 20.0
+    # its loudest channel blows the ranges of l11..l20: measured with them, still a spread
+    blown = {f"l{i}": 3.0 for i in range(11, 21)}
+    group = ("l10", *blown)
+    shares = {"l10": 0.05, group: 0.9, "l25": 0.7}
+    impact = _Impact(shares)
+    r = rank(ev, names, impact=impact, reach=lambda s: {"l10": Reach(3, 20.0, blown)})
+    assert [c.name for c in r.culprits] == ["l25"] and group in impact.asked
+    line = next(f for f in r.findings if "spread as trained" in f)
+    assert "l10 90% with the 10 layer(s) carrying its outlier" in line
+    assert "16-bit activations answer l10, whose output's range is such a spread (and the" in line
+    # one channel alone travelling: named, with the layers it blows
+    ev["l10"].loud_next = 30.0
+    r = rank(ev, names, impact=_Impact(shares), reach=lambda s: {"l10": Reach(3, 20.0, blown)})
+    assert [c.name for c in r.culprits] == ["l10", "l25"]
+    # a spread whose reader scales its loudest channel back: a compensated pair, named
+    ev["l10"].loud_next = 1.1
+    ev["l11"].quiet_input, ev["l11"].quiet_ratio = 3, 20.0
+    r = rank(ev, names, impact=_Impact(shares0))
+    assert [c.name for c in r.culprits] == ["l10", "l25"]
+
+
+def test_the_loudest_output_channel_is_measured_against_the_next_loudest():
+    """``loud_next``: the loudest output channel's reach from zero over the next loudest's, as
+    numpy finds it on a hand-built tensor - an offset channel (narrow, far from zero) counts by
+    its magnitude, a silent channel not at all."""
+    from accdbg.algorithms.evidence import output_evidence
+    from accdbg.engines.exposure import Exposed
+
+    rng = np.random.default_rng(5)
+    g = rng.uniform(-1.0, 1.0, (1, 6, 4, 4)) * np.arange(1, 7).reshape(1, 6, 1, 1)
+    g[0, 2] = -40.0 + rng.uniform(-1.0, 1.0, (4, 4))  # an offset channel
+    g[0, 4] = 0.0  # silent
+    e = Exposed("t", "t", "n", "Conv", 0, "t", scale=0.5, zero_point=128, native_dtype="uint8")
+    ev = Evidence("t", "Conv", [])
+    output_evidence(e, (g, "NCHW"), ev)
+    reach = np.abs(g[0]).reshape(6, -1).max(axis=1)
+    loudest, second = np.sort(reach[reach > 0])[::-1][:2]
+    assert ev.loud_channel == 2 and second == reach[5]
+    assert ev.loud_next == pytest.approx(loudest / second, rel=1e-12)
+    g[0, 2] *= 0.1  # now a spread: 4.0 against channel 5's 6 or less
+    output_evidence(e, (g, "NCHW"), ev)
+    reach = np.abs(g[0]).reshape(6, -1).max(axis=1)
+    loudest, second = np.sort(reach)[::-1][:2]
+    assert ev.loud_next == pytest.approx(loudest / second, rel=1e-12) and ev.loud_next < 4
 
 
 def test_a_wide_spread_still_lets_a_layer_16_db_under_the_floor_stand_out():

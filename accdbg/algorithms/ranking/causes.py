@@ -149,23 +149,43 @@ def _spread_words(ev: Evidence) -> str:
     )
 
 
-def _spread_fix(ev: Evidence) -> str:
-    """What answers an encoding over a trained spread: per-channel weights for output
-    channels; for input channels, whose weights are wide in every output channel alike,
-    equalizing them with the layer making them; for an output (no per-channel activation
-    encodings on HTP), more bits."""
+# what answers encodings over a trained spread (:func:`_spread_fixes`)
+PER_CHANNEL, EQUALIZE, WIDER = "per-channel weights", "cross-layer equalization", "16 bits"
+
+
+_FIX_WORDS = {
+    PER_CHANNEL: "per-channel weights",
+    EQUALIZE: "cross-layer equalization with the layer making that input",
+    WIDER: "16-bit activations on its output",
+}
+
+
+def _spread_fixes(ev: Evidence) -> list[str]:
+    """What answers a layer's encodings over trained spreads: per-channel weights for a spread
+    over output channels; for input channels, whose weights are wide in every output channel
+    alike, equalizing them with the layer making them; for an output (no per-channel
+    activation encodings on HTP), more bits."""
     kinds = _named_kinds(ev)
     fixes = []
-    if WEIGHT in kinds and ev.weight_outlier == "input channel":
-        fixes.append(
-            "per-channel weights do not narrow (a wide input channel widens every output "
-            "channel) and cross-layer equalization with the layer making that input answers"
-        )
-    elif WEIGHT in kinds:
-        fixes.append("per-channel weights")
+    if WEIGHT in kinds:
+        fixes.append(EQUALIZE if ev.weight_outlier == "input channel" else PER_CHANNEL)
     if ACTIVATION in kinds:
-        fixes.append("16-bit activations on its output")
-    return " and ".join(fixes) + ("" if fixes[-1].endswith("answers") else " answer")
+        fixes.append(WIDER)
+    return fixes
+
+
+def _spread_fix(ev: Evidence) -> str:
+    """The words of :func:`_spread_fixes` for one layer's cause."""
+    fixes = _spread_fixes(ev)
+    said = " and ".join(_FIX_WORDS[f] for f in fixes) + (
+        " answers" if fixes == [EQUALIZE] else " answer"
+    )
+    if EQUALIZE in fixes:
+        said = (
+            "per-channel weights do not narrow (a wide input channel widens every output "
+            f"channel) and {said}"
+        )
+    return said
 
 
 def _kind(ev: Evidence) -> str:

@@ -12,9 +12,12 @@ from accdbg.algorithms.ranking.causes import (
     ACTIVATION,
     CLIPPING,
     CONCAT,
+    EQUALIZE,
+    PER_CHANNEL,
     WEIGHT,
+    WIDER,
     _kind,
-    _named_kinds,
+    _spread_fixes,
 )
 from accdbg.algorithms.ranking.measures import LONE_SHARE, MIN_SHARE, MOST, SHARE, _pct
 from accdbg.algorithms.sensitivity import Share
@@ -72,11 +75,11 @@ def _trained_line(
     each = ", ".join(f"{n} {_pct(share)}{partners}" for n, (share, partners) in shown)
     if len(trained) > SHOWN:
         each += f" and {len(trained) - SHOWN} more (their cause says)"
-    parts = {n: _named_kinds(evidence[n]) for n in trained}
-    weights = [n for n in trained if WEIGHT in parts[n]]
-    inputs = [n for n in weights if evidence[n].weight_outlier == "input channel"]
-    outputs = [n for n in trained if ACTIVATION in parts[n]]
-    fixes = ["per-channel weights answer it"] if len(inputs) < len(weights) else []
+    fixes_of = {n: _spread_fixes(evidence[n]) for n in trained}
+    per_channel, inputs, outputs = (
+        [n for n in trained if fix in fixes_of[n]] for fix in (PER_CHANNEL, EQUALIZE, WIDER)
+    )
+    fixes = ["per-channel weights answer it"] if per_channel else []
     if inputs:
         fixes.append(
             f"cross-layer equalization answers {', '.join(inputs[:SHOWN])}, whose spread is "
@@ -89,7 +92,7 @@ def _trained_line(
             f"such a spread{carried}"
         )
     what = " and ".join(
-        w for w, has in (("per-tensor weights", weights), ("outputs", outputs)) if has
+        w for w, has in (("per-tensor weights", per_channel + inputs), ("outputs", outputs)) if has
     )
     return (
         f"the rounding of {what} over channels spread as trained costs the outputs, layer by "

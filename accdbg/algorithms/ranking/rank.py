@@ -377,8 +377,9 @@ def rank(
                 if group_share
                 else ""
             )
-            if group_share is not None and group_share.best > share.best:
-                with_partners[n] = (group_share.best, f"{n} with {short}")
+            best = _best_cost(share, group_share)
+            if best > share.best:
+                with_partners[n] = (best, f"{n} with {short}")
             columns[n][CAUSE] = (
                 f"stands out locally ({_cause(ev)}) but costs the outputs only "
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
@@ -391,11 +392,8 @@ def rank(
         travels = mine.scaling or (mine.carriers and not _spread_output(ev))
         if _trained_spread(ev) and n not in stand.clipping and not travels:
             # (with the layers its loudest channel reaches, when they cost more together)
-            grown = group_share is not None and group_share.best > share.best
-            trained[n] = (
-                group_share.best if grown else share.best,
-                f" with {mine.short()}" if grown else "",
-            )
+            best = _best_cost(share, group_share)
+            trained[n] = (best, f" with {mine.short()}" if best > share.best else "")
             columns[n][CAUSE] = (
                 f"stands out locally ({_cause(ev)}) and costs the outputs {_pct(trained[n][0])} "
                 f"of the whole model's error{trained[n][1]} ({_both(share)}), but "
@@ -439,7 +437,7 @@ def rank(
             cause += f"; it costs the outputs {_pct(share.best)} of the whole model's error ({_both(share)})"
             if share.removed < MIN_SHARE:  # destroyed: to be fixed whatever masks it
                 cause += f"; {MASKED} until theirs are fixed too"
-        costs[n] = share.best if group_share is None else max(share.best, group_share.best)
+        costs[n] = _best_cost(share, group_share)
         if group_share is not None and share.best < SHARE:  # it matters only with them
             grouped[n] = (partners[n].names, share, group_share.best)
         if costs[n] < SHARE and db >= DESTROYED_DB:  # named by the lone standout's bar
@@ -746,7 +744,13 @@ def _matters(
     group = impact([n, *later], bar)
     if math.isnan(group.best):
         return share, None, share.best >= bar
-    return share, group, max(share.best, group.best) >= bar
+    return share, group, _best_cost(share, group) >= bar
+
+
+def _best_cost(share: Share, group: Share | None) -> float:
+    """The most a standout was measured to cost the outputs: alone, taken out, or with its
+    partners when they were measured."""
+    return share.best if group is None else max(share.best, group.best)
 
 
 def _inherited(

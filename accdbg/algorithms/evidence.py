@@ -137,7 +137,8 @@ def nsr_db(nsr: float) -> float:
         return math.nan
     if nsr <= 0:
         return math.inf
-    return -10.0 * math.log10(nsr) if math.isfinite(nsr) else -math.inf
+    # + 0.0: an error as large as the signal reads 0.0 dB, not -0.0
+    return -10.0 * math.log10(nsr) + 0.0 if math.isfinite(nsr) else -math.inf
 
 
 def _qrange(dtype: np.dtype) -> tuple[int, int]:

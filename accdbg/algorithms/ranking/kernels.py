@@ -232,7 +232,12 @@ CONTEXT_WHOLE = (
     "in the whole model on the backend it keeps {whole:.1f} dB where its inputs there bring "
     "and its encodings explain {explained:.1f} dB"
 )
-# a jump in context the whole model on the backend does not make: the cut's
+# ...when its inputs' error there would hide the jump: the whole model cannot decide
+CONTEXT_HIDDEN = (
+    "with its inputs' error there its jump would show at most {lift:.1f} dB worse, under the "
+    "{gate:.0f} dB that tell the kernel's doing from the cut's"
+)
+# a jump in context the whole model on the backend does not make, where it would show: the cut's
 CONTEXT_CUT = (
     "run after its producers it keeps {got:.1f} dB on the backend (onnxruntime's CPU "
     "fake-quant of the same cut {cpu:.1f} dB), but {whole}: the cut's doing - its producers "
@@ -256,9 +261,10 @@ def _checked_in_context(
 ) -> list[tuple[float, str, str]]:
     """The backend ``candidates`` whose error jumps in context, as run again (``ran``): one
     the CPU fake-quant of the same cut makes too is the quantization's, one the whole model on
-    the backend does not make is the cut's (its producers fed as graph inputs) - each said in
-    its cause, not named; one whose difference from the CPU costs the outputs under ``SHARE``
-    is a note. The others keep their figures, and their cost orders them (``costs``). A
+    the backend does not make, where its inputs' error there would not hide it, is the cut's
+    (its producers fed as graph inputs) - each said in its cause, not named (inputs that hide
+    it leave the whole model unable to decide: the candidate stands as measured); one whose
+    difference from the CPU costs the outputs under ``SHARE`` is a note. The others keep their figures, and their cost orders them (``costs``). A
     candidate not run again stands as measured - unless its error there is one the pass mark
     (``ABS_DB``) would not see: such a jump stands only by the cost it was measured to have."""
     out = []
@@ -280,8 +286,13 @@ def _checked_in_context(
             else ""
         )
         if deployed is not None and not _beyond(check.whole[n], deployed[0]):
-            _add_cause(columns, n, CONTEXT_CUT.format(got=got, cpu=cpu, whole=whole))
-            continue
+            # the whole model can only fail to show a jump its inputs' error would not hide
+            shown = jumps[n][0] + deployed[0]
+            if _beyond(shown, deployed[0]):
+                _add_cause(columns, n, CONTEXT_CUT.format(got=got, cpu=cpu, whole=whole))
+                continue
+            lift = 10 * math.log10(shown / deployed[0])
+            whole += f" - {CONTEXT_HIDDEN.format(lift=lift, gate=BACKEND_DB)}"
         cause += f"; {CONTEXT_CPU.format(cpu=cpu)}" + (f"; {whole}" if whole else "")
         if math.isfinite(check.share):
             cause += f"; {_alone_cost(check.share)}"

@@ -291,7 +291,8 @@ def rank(
     run after its producers (``CONTEXT_JUMP``): that cut run again on the backend and in the
     CPU fake-quant, and the model from its inputs on the backend (:class:`ContextCheck`); a
     jump the CPU makes too is the quantization's (``CONTEXT_CPU_TOO``), one the whole model
-    does not make is the cut's (``CONTEXT_CUT``).
+    does not make - where its inputs' error there would not hide it - is the cut's
+    (``CONTEXT_CUT``).
     ``judged``: the tensors the outputs are judged at (a model output, or the logits a
     Softmax/Sigmoid output reads).
     """

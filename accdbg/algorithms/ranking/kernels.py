@@ -264,9 +264,10 @@ def _checked_in_context(
     the backend does not make, where its inputs' error there would not hide it, is the cut's
     (its producers fed as graph inputs) - each said in its cause, not named (inputs that hide
     it leave the whole model unable to decide: the candidate stands as measured); one whose
-    difference from the CPU costs the outputs under ``SHARE`` is a note. The others keep their figures, and their cost orders them (``costs``). A
-    candidate not run again stands as measured - unless its error there is one the pass mark
-    (``ABS_DB``) would not see: such a jump stands only by the cost it was measured to have."""
+    difference from the CPU costs the outputs under ``SHARE`` is a note. The others keep their
+    figures, and their cost orders them (``costs``). A candidate not run again stands as
+    measured - unless its error there is one the pass mark (``ABS_DB``) would not see: such a
+    jump stands only by the cost it was measured to have."""
     out = []
     for nsr, n, cause in candidates:
         check = ran.get(n)

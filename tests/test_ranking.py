@@ -2797,7 +2797,7 @@ def test_layerwise_checks_a_jump_in_context_against_the_cpu_and_the_whole_model(
     run again (not run again, it is left out: its test above). A jump to an error the pass
     mark would not see (22 dB) stands by its measured cost: named when run again and costly,
     left out when it could not be run again. A jump the whole model does not make where its
-    inputs there arrive destroyed (-10.5 dB: seal's Add.231, whose QNN output is zeros) is
+    inputs there arrive destroyed (-10.5 dB: seal's Add.231, as much error as signal) is
     not the cut's - those inputs would hide it - and stands by its measured cost."""
     names, ev = _chain(3)
     alone = {n: ev[n].local_nsr for n in names}
@@ -2863,10 +2863,10 @@ def test_layerwise_checks_a_jump_in_context_against_the_cpu_and_the_whole_model(
     assert "it keeps 22.0 dB" in backend[1].cause and backend[1].cause.endswith(
         "70% of their error there"
     )
-    # l38: in the whole model 0.0 dB where its inputs bring -10.5 dB and its Pad's 38 dB
-    explained = -10 * math.log10(10 ** (10.5 / 10) + 10 ** (-38 / 10))
-    # its -1.5 dB over them: 10 log10((10^0.15 + 10^1.05 + 10^-3.8) / (10^1.05 + 10^-3.8))
+    # l38: in the whole model 0.0 dB where its inputs bring -10.5 dB and its Pad's 38 dB;
+    # its -1.5 dB jump added to those noise powers lifts them by `lift`
     brought = 10 ** (10.5 / 10) + 10 ** (-38 / 10)
+    explained = -10 * math.log10(brought)
     lift = 10 * math.log10((10 ** (1.5 / 10) + brought) / brought)
     assert (
         f"in the whole model on the backend it keeps 0.0 dB where its inputs there bring and its "

@@ -149,15 +149,10 @@ def _spread_words(ev: Evidence) -> str:
     )
 
 
-# what answers encodings over a trained spread (:func:`_spread_fixes`)
-PER_CHANNEL, EQUALIZE, WIDER = "per-channel weights", "cross-layer equalization", "16 bits"
-
-
-_FIX_WORDS = {
-    PER_CHANNEL: "per-channel weights",
-    EQUALIZE: "cross-layer equalization with the layer making that input",
-    WIDER: "16-bit activations on its output",
-}
+# what answers encodings over a trained spread (:func:`_spread_fixes`), in a cause's words
+PER_CHANNEL = "per-channel weights"
+EQUALIZE = "cross-layer equalization with the layer making that input"
+WIDER = "16-bit activations on its output"
 
 
 def _spread_fixes(ev: Evidence) -> list[str]:
@@ -177,9 +172,7 @@ def _spread_fixes(ev: Evidence) -> list[str]:
 def _spread_fix(ev: Evidence) -> str:
     """The words of :func:`_spread_fixes` for one layer's cause."""
     fixes = _spread_fixes(ev)
-    said = " and ".join(_FIX_WORDS[f] for f in fixes) + (
-        " answers" if fixes == [EQUALIZE] else " answer"
-    )
+    said = " and ".join(fixes) + (" answers" if fixes == [EQUALIZE] else " answer")
     if EQUALIZE in fixes:
         said = (
             "per-channel weights do not narrow (a wide input channel widens every output "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +17,21 @@ class Built:
     input_name: str
     dims: tuple[int, ...]
     expected: dict[str, np.ndarray]  # tensor name -> value computed with numpy
+    # the model's other inputs: name -> (dims, file)
+    more_inputs: dict[str, tuple[tuple[int, ...], Path]] = field(default_factory=dict)
 
     def flags(self, framework: bool = True) -> list:
-        """The command line's flags for this model and its one input (``-f onnx -m -i``)."""
+        """The command line's flags for this model and its inputs (``-f onnx -m -i ...``)."""
         dims = ",".join(map(str, self.dims))
+        more = [
+            x
+            for name, (d, p) in self.more_inputs.items()
+            for x in ("-i", name, ",".join(map(str, d)), p)
+        ]
         return [
             *(("-f", "onnx") if framework else ()),
             *("-m", self.path, "-i", self.input_name, dims, self.input_path),
+            *more,
         ]
 
 
@@ -562,3 +570,85 @@ def half_island(tmp: Path, size: int = 8) -> Built:
     path, x_path = save(graph, tmp / "half_island.onnx"), tmp / "half_x.raw"
     rng.standard_normal((1, 3, size)).astype(np.float32).tofile(x_path)
     return Built(path, x_path, "x", (1, 3, size), {})
+
+
+def masked_attention(tmp: Path, mask_value: float, seq: int = 8, width: int = 16) -> Built:
+    """One self-attention head with the additive mask transformers build: x[1, seq, width]
+    and a 0/1 ``mask[1, seq]`` (keys to leave out are 0); ``Where(mask == 0, mask_value, 0)``
+    added to the scores before the Softmax, as Hugging Face's extended attention mask does
+    (``mask_value`` float32's minimum, or -inf in SDPA exports). The input's last two keys
+    are masked. ``expected`` holds the float output and the scores, by numpy."""
+    rng = np.random.default_rng(7)
+    wq, wk, wv = (rng.standard_normal((width, width)).astype(np.float32) * 0.3 for _ in range(3))
+    x = rng.standard_normal((1, seq, width)).astype(np.float32)
+    mask = np.ones((1, seq), np.float32)
+    mask[0, -2:] = 0
+    inits = [
+        numpy_helper.from_array(a, k)
+        for k, a in {
+            "wq": wq,
+            "wk": wk,
+            "wv": wv,
+            "zero": np.array(0.0, np.float32),
+            "masked": np.array(mask_value, np.float32),
+            "shape": np.array([1, 1, seq], np.int64),
+        }.items()
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "wq"], ["q"], name="query"),
+            helper.make_node("MatMul", ["x", "wk"], ["k"], name="key"),
+            helper.make_node("MatMul", ["x", "wv"], ["v"], name="value"),
+            helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="key_t"),
+            helper.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
+            helper.make_node("Equal", ["mask", "zero"], ["padded"], name="padded"),
+            helper.make_node("Reshape", ["padded", "shape"], ["padded3"], name="padded3"),
+            helper.make_node("Where", ["padded3", "masked", "zero"], ["bias"], name="mask_bias"),
+            helper.make_node("Add", ["scores", "bias"], ["masked_scores"], name="add_mask"),
+            helper.make_node("Softmax", ["masked_scores"], ["probs"], axis=-1, name="softmax"),
+            helper.make_node("MatMul", ["probs", "v"], ["y"], name="context"),
+        ],
+        "masked_attention",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, width]),
+            helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, seq]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, width])],
+        inits,
+    )
+    path = save(graph, tmp / f"masked_attention_{mask_value:g}.onnx")
+    x_path, mask_path = tmp / "attn_x.raw", tmp / "attn_mask.raw"
+    x.tofile(x_path)
+    mask.tofile(mask_path)
+    scores = (x[0] @ wq) @ (x[0] @ wk).T
+    s = scores + np.where(mask == 0, -1e30, 0.0)  # what the mask does, whatever its value
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    expected = {"scores": scores[None], "y": (p @ (x[0] @ wv))[None], "mask": mask}
+    return Built(path, x_path, "x", (1, seq, width), expected, {"mask": ((1, seq), mask_path)})
+
+
+def shared_bias(tmp: Path) -> Built:
+    """Two Convs sharing one bias initializer ``b``, and an activation named ``b0``: the name
+    onnxruntime's quantizer gives the copy of a shared bias (``<bias><k>``, numbered from the
+    largest suffix among the initializers). ``y = Neg(Relu(conv1)) + conv2``."""
+    rng = np.random.default_rng(5)
+    w1 = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    w2 = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    b = rng.standard_normal(4).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1", "b"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+            helper.make_node("Relu", ["c1"], ["b0"], name="relu1"),
+            helper.make_node("Neg", ["b0"], ["n"], name="neg"),
+            helper.make_node("Conv", ["x", "w2", "b"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+            helper.make_node("Add", ["n", "c2"], ["y"], name="add"),
+        ],
+        "shared_bias",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(a, k) for k, a in {"w1": w1, "w2": w2, "b": b}.items()],
+    )
+    path, x_path = save(graph, tmp / "shared_bias.onnx"), tmp / "shared_x.raw"
+    rng.standard_normal((1, 3, 8, 8)).astype(np.float32).tofile(x_path)
+    return Built(path, x_path, "x", (1, 3, 8, 8), {})

@@ -28,7 +28,10 @@ import numpy as np
 import onnx
 
 from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.encodings.defects import MASK, Defect, find_defects
 from accdbg.engines import exposure
+from accdbg.engines.integrity import check_runs_on_cpu
+from accdbg.engines.legalize import clamp_constants, keep_float, legalize
 from accdbg.engines.options import EngineConfig, LayerFilter, QuantOptions
 from accdbg.engines.prepare import fix_shapes, prepare_float_model
 from accdbg.engines.quantize import FeedsReader, overrides_for_ort, quantize_for_qnn
@@ -76,6 +79,8 @@ class PreparedModel:
     stage: str
     steps: list[str] = field(default_factory=list)
     float_model: Path | None = None  # <stem>.prepared.onnx (source stage): the ranking's evidence
+    # encodings of the quantized model that cannot hold their tensors (found before any run)
+    defects: list[Defect] = field(default_factory=list)
 
     @property
     def quantized_here(self) -> bool:
@@ -172,35 +177,104 @@ def quantize_prepared(
     work.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     kept: list[str] = []
+    float_proto = onnx.load(str(prepared), load_external_data=False)
     try:
         scratch = work / prepared.name
         shutil.copyfile(prepared, scratch)
         overrides = dict(load_overrides(quant, scratch) or {})
         overrides.update(overrides_for_ort(tensor_overrides or {}))
-        quantize_for_qnn(
-            scratch,
-            target,
-            FeedsReader(
-                [{n: Path(p) for n, (p, _, _) in f.items()} for f in calibration.feeds],
-                calibration.dims,
-                calibration.dtypes,
-            ),
-            quant.act_bitwidth,
-            quant.weights_bitwidth,
-            quant.bias_bitwidth,
-            quant.act_quantizer,
-            quant.param_quantizer,
-            quant.per_channel,
-            overrides or None,
-            notes=kept,
-        )
+        qdq = _quantize(scratch, target, calibration, quant, overrides, kept)
+        defects = find_defects(float_proto, qdq)
+        clamps = _fatal_masks(defects)
+        if clamps:  # no backend takes an infinite scale: the mask clamped for the run
+            clamped = onnx.load(str(scratch), load_external_data=False)
+            clamp_constants(clamped, clamps)
+            scratch = work / f"clamped.{prepared.name}"
+            onnx.save(clamped, str(scratch))
+            kept.append(_clamped_step(defects, clamps))
+            qdq = _quantize(scratch, target, calibration, quant, overrides, [])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     kept.append(
         f"quantized for QNN ({quant.describe()}) with {len(calibration.feeds)} calibration "
         f"input(s) in {time.perf_counter() - t:.1f} s"
     )
-    return PreparedModel(target, "source", kept, prepared)
+    # what still no backend takes (a sentinel with no score beside it): run in float
+    fatal = [t for d in find_defects(float_proto, qdq) if d.fatal for t in d.tensors]
+    if fatal and keep_float(qdq, fatal):
+        onnx.save(qdq, str(target))
+        kept.append(
+            f"{len(fatal)} tensor(s) whose encodings have an infinite or zero scale kept in "
+            f"float (fp16 on HTP; no backend takes such a scale): {', '.join(fatal[:3])}"
+            + (" and more" if len(fatal) > 3 else "")
+        )
+    check_runs_on_cpu(target, _first_feed(calibration))
+    return PreparedModel(target, "source", kept, prepared, defects)
+
+
+def _quantize(
+    float_path: Path,
+    target: Path,
+    calibration: Calibration,
+    quant: QuantOptions,
+    overrides: dict,
+    notes: list[str],
+) -> onnx.ModelProto:
+    """One quantization of ``float_path`` into ``target``, legalized for QNN HTP (its edits
+    added to ``notes``); returns the QDQ model written."""
+    quantize_for_qnn(
+        float_path,
+        target,
+        FeedsReader(
+            [{n: Path(p) for n, (p, _, _) in f.items()} for f in calibration.feeds],
+            calibration.dims,
+            calibration.dtypes,
+        ),
+        quant.act_bitwidth,
+        quant.weights_bitwidth,
+        quant.bias_bitwidth,
+        quant.act_quantizer,
+        quant.param_quantizer,
+        quant.per_channel,
+        overrides or None,
+        notes=notes,
+    )
+    qdq = onnx.load(str(target), load_external_data=False)
+    steps = legalize(qdq)
+    if steps:
+        onnx.save(qdq, str(target))
+        notes.extend(steps)
+    return qdq
+
+
+def _fatal_masks(defects: Sequence[Defect]) -> dict[str, float]:
+    """The sentinel constants whose tensors no backend takes, and the value each is clamped
+    to for the run (all of them, or none: a partly clamped model would still be refused)."""
+    fatal = [d for d in defects if d.kind == MASK and d.fatal]
+    clamps = {d.constant: d.extra.get("clamp") for d in fatal}
+    if not clamps or any(v is None for v in clamps.values()):
+        return {}
+    return clamps
+
+
+def _clamped_step(defects: Sequence[Defect], clamps: Mapping[str, float]) -> str:
+    """The pre-processing step saying which mask was clamped, to what, and why."""
+    d = next(d for d in defects if d.constant in clamps)
+    return (
+        f"{d.source}: clamped to {clamps[d.constant]:g} for this run - its tensors' encodings "
+        f"would have an infinite scale, which no backend takes (culprit #1; the model as "
+        "given does not run on QNN)"
+    )
+
+
+def _first_feed(calibration: Calibration) -> dict[str, np.ndarray] | None:
+    """The first calibration input, loaded (what the quantized model's CPU check runs)."""
+    if not calibration.feeds:
+        return None
+    return {
+        n: np.fromfile(p, dtype=calibration.dtypes[n]).reshape(calibration.dims[n])
+        for n, (p, _, _) in calibration.feeds[0].items()
+    }
 
 
 def load_overrides(quant: QuantOptions, model_path: Path) -> dict | None:

@@ -35,6 +35,7 @@ from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, Q
 
 from accdbg.core.imports import qnn_quantization
 from accdbg.core.inputs import count_nonfinite
+from accdbg.engines.integrity import check_wiring, own_biases
 from accdbg.engines.static_inputs import (
     constant_inputs_to_keep,
     name_unnamed_nodes,
@@ -234,7 +235,9 @@ def quantize_for_qnn(
     config.extra_options.update(extra)
     reader.rewind()
     try:
-        with root_records_to_log():
+        # a sentinel constant (-inf) makes the quantizer divide by an infinite scale: its
+        # numpy warnings say nothing the defects check does not (accdbg.encodings.defects)
+        with root_records_to_log(), np.errstate(invalid="ignore", over="ignore"):
             quantize(str(float_model), str(out_path), config)
     except AccdbgError:
         raise
@@ -244,14 +247,18 @@ def quantize_for_qnn(
             f"{reader.nonfinite_note()}"
         ) from None
     _restore_qnn_constants(out_path, float_proto, float_model.parent, notes)
+    check_wiring(float_proto, onnx.load(str(out_path), load_external_data=False))
     return out_path
 
 
 def _named(float_model: Path) -> tuple[Path, onnx.ModelProto]:
     """The float model, rewritten beside the original only when a node whose constants QNN
-    needs has no name to find it again by after quantization."""
+    needs has no name to find it again by after quantization, or when Conv/Gemm nodes share a
+    bias (the quantizer's copies of it could take an activation's name: each gets its own)."""
     model = onnx.load(str(float_model), load_external_data=False)
-    if any(not k.node for k in constant_inputs_to_keep(model)) and name_unnamed_nodes(model):
+    unnamed = any(not k.node for k in constant_inputs_to_keep(model))
+    renamed = name_unnamed_nodes(model) if unnamed else False
+    if own_biases(model) or renamed:
         named = float_model.with_name(float_model.stem + ".named.onnx")
         onnx.save(model, str(named))
         return named, model

@@ -31,14 +31,19 @@ def _inputs(built: models.Built) -> list[InputTensor]:
     more = [
         InputTensor(n, tuple(d), p, np.dtype(np.float32)) for n, (d, p) in built.more_inputs.items()
     ]
-    return [InputTensor(built.input_name, built.dims, built.input_path, np.dtype(np.float32)), *more]
+    return [
+        InputTensor(built.input_name, built.dims, built.input_path, np.dtype(np.float32)),
+        *more,
+    ]
 
 
-def _quantized(built: models.Built, tmp_path, quant=QuantOptions(), overrides=None):
+def _quantized(built: models.Built, tmp_path, quant: QuantOptions | None = None, overrides=None):
     model = onnx.load(str(built.path))
     calib = Calibration.from_inputs(model, None, _inputs(built))
     prepared = prepare_float(model, "m", calib, tmp_path / "p")
-    return prepared, quantize_prepared(prepared.path, "m", calib, quant, tmp_path / "q", overrides)
+    return prepared, quantize_prepared(
+        prepared.path, "m", calib, quant or QuantOptions(), tmp_path / "q", overrides
+    )
 
 
 def _encoding(qdq: onnx.ModelProto, tensor: str) -> tuple[float, int]:
@@ -89,7 +94,9 @@ def test_a_shared_bias_is_copied_before_the_quantizer_can_take_an_activations_na
     producer = {o: n for n in qdq.graph.node for o in n.output}
     assert producer[producer[neg.input[0]].input[0]].input[0] == "b0"  # DQ <- Q <- b0
     monkeypatch.setattr("accdbg.engines.quantize.own_biases", lambda model: [])
-    with pytest.raises(AccdbgError, match=r"quantized model is broken.*input 2 of Conv 'conv2' to 'b0'.*reads 'b'"):
+    with pytest.raises(
+        AccdbgError, match=r"quantized model is broken.*input 2 of Conv 'conv2' to 'b0'.*reads 'b'"
+    ):
         _quantized(built, tmp_path / "broken")
 
 

@@ -247,3 +247,29 @@ def test_an_attention_with_an_infinite_mask_runs_on_qnn_with_the_mask_named(tmp_
     expected = built.expected["y"]  # numpy: the masked keys get no weight
     err = np.sum((y - expected) ** 2) / np.sum(expected**2)
     assert 10 * np.log10(1 / err) > 15  # an 8-bit attention head, not garbage
+
+
+@pytest.mark.parametrize(
+    "section, bits, kind",
+    [("activation_encodings", 4, "activation"), ("param_encodings", 2, "parameter")],
+)
+def test_bitwidths_htp_cannot_run_are_refused_before_anything_is_written(
+    tmp_path, capsys, monkeypatch, section, bits, kind
+):
+    """A 4-bit activation in -qo: the quantizer takes it and QNN refuses the model later
+    (``tensor(uint4)``); refused up front in one line naming the tensor, nothing written."""
+    from tests.helpers import run_cli
+
+    built = models.mlp(tmp_path)
+    name = "relu1" if kind == "activation" else "w1"
+    enc = {"bitwidth": bits, "dtype": "int", "is_symmetric": "False", "max": 1.0, "min": 0.0}
+    enc |= {"offset": 0, "scale": 1.0 / (2**bits - 1)}
+    qo = tmp_path / "enc.json"
+    other = "param_encodings" if section == "activation_encodings" else "activation_encodings"
+    qo.write_text(json.dumps({section: {name: [enc]}, other: {}}))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *built.flags(), "-r", "htp", "-qo", str(qo))
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert f"{kind} '{name}' has bitwidth {bits}" in line and "HTP takes" in line
+    assert not (tmp_path / "working_directory").exists()

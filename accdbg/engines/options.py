@@ -76,13 +76,42 @@ class QuantOptions:
                 )
             from accdbg.encodings.aimet import read_aimet
 
-            read_aimet(self.overrides)
+            check_htp_bitwidths(read_aimet(self.overrides), str(self.quantization_overrides))
 
     def describe(self) -> str:
         return (
             f"A{self.act_bitwidth}W{self.weights_bitwidth}, {self.act_quantizer}/{self.param_quantizer}"
             f"{', per-channel' if self.per_channel else ''}"
         )
+
+
+# what HTP's integer kernels take (Qualcomm's HTP op definitions; onnxruntime-qnn's QDQ path):
+# activations in 8 or 16 bits, weights in 4, 8 or 16, biases in 32 (or 8 with 8-bit weights)
+HTP_ACTIVATION_BITS = (8, 16)
+HTP_PARAM_BITS = (4, 8, 16, 32)
+
+
+def check_htp_bitwidths(encodings, where: str) -> None:
+    """``-qo`` encodings HTP cannot run refused before anything is written: a one-line error
+    naming the tensor, its bitwidth and what HTP takes (an activation in 4 bits would be
+    accepted by the quantizer, then refused at session creation as ``tensor(uint4)``)."""
+    for kind, table, allowed in (
+        ("activation", encodings.activations, HTP_ACTIVATION_BITS),
+        ("parameter", encodings.params, HTP_PARAM_BITS),
+    ):
+        for name, enc in table.items():
+            if enc.is_float:
+                if enc.bitwidth not in (16, 32):
+                    raise AccdbgError(
+                        f"-qo/--quantization_overrides {where!r}: {kind} {name!r} is float "
+                        f"{enc.bitwidth}-bit; HTP computes float tensors in 16 or 32 bits"
+                    )
+                continue
+            if enc.bitwidth not in allowed:
+                raise AccdbgError(
+                    f"-qo/--quantization_overrides {where!r}: {kind} {name!r} has bitwidth "
+                    f"{enc.bitwidth}; HTP takes {kind}s in {' or '.join(map(str, allowed))} bits"
+                )
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from accdbg.algorithms.evidence import Evidence
-from accdbg.algorithms.sensitivity import Share
+from accdbg.algorithms.diagnosis.evidence import Evidence
+from accdbg.algorithms.diagnosis.sensitivity import Share
 
 
 def evidence(name: str, db: float, inputs=(), owner: str = "weights") -> Evidence:

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from accdbg.algorithms import backend as backend_module
 from accdbg.algorithms import run_cumulative_layerwise, run_layerwise
 from accdbg.algorithms.backend import run_part
-from accdbg.algorithms.ranking import COLUMNS as RANKING_COLUMNS  # noqa: E402
+from accdbg.algorithms.diagnosis.ranking import COLUMNS as RANKING_COLUMNS  # noqa: E402
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.engines import exposure, run_inference_engine

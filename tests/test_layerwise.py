@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from accdbg.algorithms import backend as backend_module
 from accdbg.algorithms import run_layerwise
 from accdbg.algorithms.backend import PartReport, failure_status, run_part
-from accdbg.algorithms.ranking import COLUMNS as RANKING_COLUMNS  # noqa: E402
+from accdbg.algorithms.diagnosis.ranking import COLUMNS as RANKING_COLUMNS  # noqa: E402
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.core.tensor_store import TensorFolder, TensorWriter
 from accdbg.engines import run_inference_engine
@@ -679,7 +679,7 @@ def test_a_given_qdq_model_still_pools_the_sensitivity_over_the_input_list(
 ):
     """With the QDQ model given, -l calibrates nothing, but a culprit must still matter on the
     user's other lines: they reach the ranking (the -i line once, as the debugged input)."""
-    from accdbg.algorithms import culprits
+    from accdbg.algorithms.diagnosis import culprits
 
     c = calibration_list
     seen: list[dict[str, np.ndarray]] = []

@@ -676,7 +676,7 @@ def test_a_clip_with_computed_bounds_is_no_folded_activation(tmp_path):
     lost its output sensitivity)."""
     from onnx import helper
 
-    from accdbg.algorithms.sensitivity import folded_activations
+    from accdbg.algorithms.diagnosis.sensitivity import folded_activations
 
     model = onnx.load(str(models.floor_clip(tmp_path).path))
     made_by_dq = {"y": helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])}

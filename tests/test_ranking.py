@@ -12,12 +12,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from accdbg.algorithms import ranking as ranking_mod
-from accdbg.algorithms.evidence import BLOWN_RATIO, Evidence, qdq
+from accdbg.algorithms.diagnosis import ranking as ranking_mod
+from accdbg.algorithms.diagnosis.evidence import BLOWN_RATIO, Evidence, qdq
+from accdbg.algorithms.diagnosis.ranking import ContextCheck, KernelsAdded, rank
+from accdbg.algorithms.diagnosis.reach import Reach
+from accdbg.algorithms.diagnosis.sensitivity import Share
 from accdbg.algorithms.oneshot import run_oneshot
-from accdbg.algorithms.ranking import ContextCheck, KernelsAdded, rank
-from accdbg.algorithms.reach import Reach
-from accdbg.algorithms.sensitivity import Share
 from accdbg.core.imports import qnn_quantization
 from accdbg.core.inputs import parse_input_tensor
 from accdbg.verifiers import get_verifier
@@ -582,7 +582,7 @@ def test_the_loudest_output_channel_is_measured_against_the_next_loudest():
     """``loud_next``: the loudest output channel's reach from zero over the next loudest's, as
     numpy finds it on a hand-built tensor - an offset channel (narrow, far from zero) counts by
     its magnitude, a silent channel not at all."""
-    from accdbg.algorithms.evidence import output_evidence
+    from accdbg.algorithms.diagnosis.evidence import output_evidence
     from accdbg.engines.exposure import Exposed
 
     rng = np.random.default_rng(5)
@@ -885,7 +885,7 @@ def test_a_concat_whose_backend_kept_an_inputs_own_integers_says_so_and_names_th
     (zero point 71), and differs by a rounding step elsewhere. The note names that input,
     counts the copied values and says whose encoding to change - through the Reshape that
     keeps its input's encoding - and the fix search reads those tensors back."""
-    from accdbg.algorithms.divergence import _copied_note, encoding_fix, kept_integers
+    from accdbg.algorithms.diagnosis.divergence import _copied_note, encoding_fix, kept_integers
     from accdbg.engines.exposure import Exposed
 
     a = np.full((1, 2, 3), 100, np.uint8)
@@ -928,7 +928,7 @@ def test_kernel_differences_are_halved_down_to_the_one_that_costs_the_outputs():
     """A stub of the CPU runs: each layer's kernel difference adds a hand-set error power at
     the output, and a group adds the sum. Halving finds the one layer at half of QNN's error
     or more, in at most two runs per halving; spread evenly, none is named."""
-    from accdbg.algorithms.divergence import kernel_bisect
+    from accdbg.algorithms.diagnosis.divergence import kernel_bisect
 
     class Runs:
         def __init__(self, power: dict[str, float]):
@@ -1020,7 +1020,7 @@ def test_how_the_backend_parts_says_bias_or_a_different_computation():
     """The backend's integers against the fake-quant's, in steps: one step nearly always the
     same way is a rounding bias; larger steps are not; both ways is not a bias. The standing
     layer's cause carries it."""
-    from accdbg.algorithms.divergence import Divergences, how_they_part
+    from accdbg.algorithms.diagnosis.divergence import Divergences, how_they_part
 
     steps = np.zeros(1000)
     steps[:60] = -1  # 6 % of the values one step below...
@@ -1103,8 +1103,8 @@ def test_activation_outlier_blames_the_producer_not_the_consumer(outlier_runs):
     import onnx
     from onnx import numpy_helper
 
-    from accdbg.algorithms.culprits import prepared_model
-    from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
+    from accdbg.algorithms.diagnosis.culprits import prepared_model
+    from accdbg.algorithms.diagnosis.evidence import EvidenceBuilder, float_weights_of
     from accdbg.core.tensor_store import TensorFolder
 
     qdq_path = next(res.engine_run.glob("*.qdq.onnx"))
@@ -1144,8 +1144,8 @@ def test_the_ranking_prepared_beside_the_run_is_the_ranking_done_after_it(
     import shutil
     import threading
 
-    from accdbg.algorithms import culprits as culprits_mod
-    from accdbg.algorithms import sensitivity as sensitivity_mod
+    from accdbg.algorithms.diagnosis import culprits as culprits_mod
+    from accdbg.algorithms.diagnosis import sensitivity as sensitivity_mod
     from accdbg.verifiers.pairing import find_results
 
     built, res = outlier_runs[60.0]
@@ -1225,7 +1225,7 @@ def test_the_ranking_waits_for_its_work_beside_the_run_only_while_that_work_runs
     import time
     from pathlib import Path
 
-    from accdbg.algorithms import culprits as culprits_mod
+    from accdbg.algorithms.diagnosis import culprits as culprits_mod
     from accdbg.core import cpu_session
 
     release = threading.Event()
@@ -1346,10 +1346,10 @@ def test_a_layer_wrong_only_on_the_backend_is_named_where_qnn_parts_from_its_own
 
     import onnx
 
-    from accdbg.algorithms import divergence as divergence_mod
-    from accdbg.algorithms.culprits import find_culprits, prepared_model
-    from accdbg.algorithms.divergence import KernelRuns, local_divergence
-    from accdbg.algorithms.evidence import EvidenceBuilder
+    from accdbg.algorithms.diagnosis import divergence as divergence_mod
+    from accdbg.algorithms.diagnosis.culprits import find_culprits, prepared_model
+    from accdbg.algorithms.diagnosis.divergence import KernelRuns, local_divergence
+    from accdbg.algorithms.diagnosis.evidence import EvidenceBuilder
     from accdbg.core.tensor_store import TensorFolder
 
     built, res = long_chain
@@ -1478,7 +1478,7 @@ def test_a_softmax_output_is_judged_at_its_logits(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization import QuantType, quantize_static
 
-    from accdbg.algorithms.sensitivity import Sensitivity, dequantized, scores
+    from accdbg.algorithms.diagnosis.sensitivity import Sensitivity, dequantized, scores
 
     rng = np.random.default_rng(0)
     w = rng.normal(size=(4, 3)).astype(np.float32)
@@ -1678,7 +1678,7 @@ def test_the_channel_blowing_a_weight_range_is_measured_against_the_next_widest_
     (too few weights to call one an outlier by: its output channel is alone). Each ratio is
     the widest over the next widest on the axis that blows the range, from the float weights
     in numpy."""
-    from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
+    from accdbg.algorithms.diagnosis.evidence import EvidenceBuilder, float_weights_of
     from accdbg.core.tensor_store import TensorFolder, TensorWriter
 
     spread = np.array([1, 1, 2, 4, 16, 24], np.float32).reshape(6, 1, 1, 1)
@@ -1725,7 +1725,7 @@ def test_a_layer_alone_on_the_cpu_is_fed_the_golden_of_its_nearest_inputs(tmp_pa
     its input), quantized with that input's encoding; with no golden for its input, it reads
     the nearest golden upstream and computes the layers between as quantized. Expected values
     in numpy from the QDQ model's encodings and dequantized weights."""
-    from accdbg.algorithms.divergence import golden_alone
+    from accdbg.algorithms.diagnosis.divergence import golden_alone
     from accdbg.core.tensor_store import TensorFolder, TensorWriter
     from accdbg.engines.exposure import select
 
@@ -1764,8 +1764,8 @@ def test_a_layers_error_in_the_cpu_fake_quant_of_the_whole_model_matches_numpy(t
     """A full run's CPU reference: each asked layer's whole-tensor error against its golden in
     onnxruntime's CPU fake-quant of the whole model, fed the model's input - numpy computes
     the same chain from the QDQ model's encodings and dequantized weights."""
-    from accdbg.algorithms.culprits import _CpuReference
-    from accdbg.algorithms.evidence import EvidenceBuilder
+    from accdbg.algorithms.diagnosis.culprits import _CpuReference
+    from accdbg.algorithms.diagnosis.evidence import EvidenceBuilder
     from accdbg.core.tensor_store import TensorFolder, TensorWriter
     from accdbg.verifiers import get_verifier
 
@@ -1793,7 +1793,7 @@ def test_a_kernel_difference_measured_alone_is_added_where_its_layer_computes(tm
     layer run alone (here +3 integer steps on channel 0 of the middle Conv) added to the CPU
     fake-quant of the whole model moves the output as numpy computes it from the QDQ model's
     encodings: the shifted integers, clipped to uint8, carried through the last Conv."""
-    from accdbg.algorithms.divergence import KernelRuns
+    from accdbg.algorithms.diagnosis.divergence import KernelRuns
     from accdbg.engines.exposure import select
 
     convs = _ThreeConvs(tmp_path, seed=5)
@@ -1823,7 +1823,7 @@ def test_taking_one_layer_out_of_the_quantized_model_matches_numpy(tmp_path):
     model's encodings. Layer 1's output crushes a channel that layer 2's weights amplify, so
     taking layer 1 out removes most of the error."""
 
-    from accdbg.algorithms.sensitivity import Sensitivity
+    from accdbg.algorithms.diagnosis.sensitivity import Sensitivity
     from accdbg.core.onnx_model import topological_nodes
     from accdbg.engines.exposure import Exposed
 
@@ -1924,8 +1924,8 @@ def test_a_share_says_which_output_it_is_of_when_the_model_has_several(tmp_path)
     that output; with one output there is nothing to name. (MediaPipe's hand_landmark_full: a
     convolution taken out removes 89 % of the handedness logit's error, 9.5 % of the world
     landmarks' - the output QNN is worst at.)"""
-    from accdbg.algorithms.ranking.measures import _both
-    from accdbg.algorithms.sensitivity import Sensitivity
+    from accdbg.algorithms.diagnosis.ranking.measures import _both
+    from accdbg.algorithms.diagnosis.sensitivity import Sensitivity
 
     rng = np.random.default_rng(4)
     w1 = rng.normal(size=(6, 5)).astype(np.float32)
@@ -1967,7 +1967,7 @@ def test_a_layers_encodings_applied_alone_include_its_bias(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from accdbg.algorithms.sensitivity import Sensitivity
+    from accdbg.algorithms.diagnosis.sensitivity import Sensitivity
     from accdbg.core.onnx_model import topological_nodes
     from accdbg.engines.exposure import Exposed
 
@@ -2045,7 +2045,7 @@ def test_an_output_of_few_values_whose_shares_do_not_add_up_is_not_judged_on():
     standouts, each alone, cost the flag 2.5, 0.3 and 0.1 times its error (2.9 in sum, over
     twice it): the flag's shares do not add up, so a share is the map's (layer 1: 3/10 there,
     not 2.5). At 1.5 in sum the flag is judged on too; a map of many values always is."""
-    from accdbg.algorithms.sensitivity import Sensitivity, Share
+    from accdbg.algorithms.diagnosis.sensitivity import Sensitivity, Share
 
     def sens(flag_costs):
         s = object.__new__(Sensitivity)
@@ -2132,7 +2132,7 @@ def test_weight_evidence_counts_an_offset_the_bias_cancels_as_numpy_measures_it(
     the bias cancels: the output's error from quantized weights, measured on the output itself,
     matches the evidence's estimate - and is far above what weighing each channel by its power
     alone would say (the offset is not signal)."""
-    from accdbg.algorithms.evidence import _weighted_nsr
+    from accdbg.algorithms.diagnosis.evidence import _weighted_nsr
 
     rng = np.random.default_rng(11)
     w = rng.normal(0, 1, (6, 8))
@@ -2156,7 +2156,7 @@ def test_output_evidence_matches_numpy_on_a_hand_built_tensor():
     numpy: uint8, scale 0.1, zero point 10 (range -1.0 .. 24.5); channel 1 holds values beyond
     the range on both sides, one of them within half a step of it (clipped in value, not
     counted among the clipped values)."""
-    from accdbg.algorithms.evidence import Evidence, output_evidence
+    from accdbg.algorithms.diagnosis.evidence import Evidence, output_evidence
     from accdbg.engines.exposure import Exposed
 
     rng = np.random.default_rng(3)
@@ -2188,7 +2188,7 @@ def test_taking_out_a_layer_whose_relu_the_quantizer_folded_keeps_the_relu(tmp_p
     from onnx import numpy_helper
     from onnxruntime.quantization import quantize
 
-    from accdbg.algorithms.sensitivity import Sensitivity
+    from accdbg.algorithms.diagnosis.sensitivity import Sensitivity
     from accdbg.core.onnx_model import topological_nodes
     from accdbg.engines.exposure import Exposed
 
@@ -2319,7 +2319,7 @@ def test_an_fp16_run_is_compared_with_the_cpu_float_run_and_says_so():
 
 
 def test_a_few_weights_far_beyond_their_tensor_are_counted_as_numpy_counts_them():
-    from accdbg.algorithms.evidence import few_outliers
+    from accdbg.algorithms.diagnosis.evidence import few_outliers
 
     rng = np.random.default_rng(11)
     w = rng.normal(scale=0.1, size=(16, 32, 1, 1))
@@ -2342,7 +2342,7 @@ def test_weights_requantized_on_their_encodings_terms():
     asymmetric uint8 per tensor takes the range with zero in it (ONNX QuantizeLinear's terms)."""
     from onnx import helper, numpy_helper
 
-    from accdbg.algorithms.sensitivity import requantized
+    from accdbg.algorithms.diagnosis.sensitivity import requantized
 
     rng = np.random.default_rng(12)
     w = rng.normal(size=(4, 3, 3, 3))
@@ -2442,7 +2442,7 @@ def test_the_model_without_its_outlier_weight_is_measured_as_numpy_computes_it(t
     over. With that weight brought to the rest's range (in float, and requantized over the
     range left), each model judged against its own float, most of the error power goes."""
 
-    from accdbg.algorithms.sensitivity import Sensitivity
+    from accdbg.algorithms.diagnosis.sensitivity import Sensitivity
 
     rng = np.random.default_rng(5)
     w1 = rng.normal(size=(6, 40)).astype(np.float32)
@@ -2551,7 +2551,7 @@ def test_the_model_without_its_outlier_channel_is_measured_as_numpy_computes_it(
     (weights requantized, each activation encoding's ends moved by what its tensor's ends move),
     each model judged against its own float, most of the noise-to-signal goes."""
 
-    from accdbg.algorithms.sensitivity import Sensitivity
+    from accdbg.algorithms.diagnosis.sensitivity import Sensitivity
 
     rng = np.random.default_rng(3)
     w1 = rng.normal(size=(6, 40)).astype(np.float32)
@@ -2600,7 +2600,7 @@ def test_the_model_without_its_outlier_channel_is_measured_as_numpy_computes_it(
 def test_the_lone_output_channel_is_measured_against_the_next_widest():
     """evidence.lone_channel: the widest channel over the next widest (not the median), dead
     channels ignored."""
-    from accdbg.algorithms.evidence import lone_channel
+    from accdbg.algorithms.diagnosis.evidence import lone_channel
 
     assert lone_channel(np.array([1.0, 2.0, 0.0, 40.0, 3.0])) == (3, pytest.approx(40 / 3), 3.0)
     channel, ratio, level = lone_channel(np.array([0.0, 5.0]))

@@ -1,4 +1,4 @@
-"""How far an outlier channel reaches (accdbg.algorithms.reach) and how the ranking uses it.
+"""How far an outlier channel reaches (accdbg.algorithms.diagnosis.reach) and how the ranking uses it.
 
 The reach is checked against a numpy forward pass of the same hand-built network, run with and
 without the loud channel; the ranking with stand-in measures whose answers are set here.
@@ -15,10 +15,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from accdbg.algorithms.evidence import Evidence
-from accdbg.algorithms.ranges import range_outputs, with_ranges
-from accdbg.algorithms.ranking import rank
-from accdbg.algorithms.reach import (
+from accdbg.algorithms.diagnosis.evidence import Evidence
+from accdbg.algorithms.diagnosis.ranges import range_outputs, with_ranges
+from accdbg.algorithms.diagnosis.ranking import rank
+from accdbg.algorithms.diagnosis.reach import (
     LOUD,
     REACH,
     OutlierReach,
@@ -27,7 +27,7 @@ from accdbg.algorithms.reach import (
     _scale,
     _with_switches,
 )
-from accdbg.algorithms.sensitivity import Share, scores
+from accdbg.algorithms.diagnosis.sensitivity import Share, scores
 from accdbg.core.onnx_model import with_outputs
 from accdbg.engines.exposure import Exposed
 from tests.ranking_stubs import Impact as _Impact

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from accdbg.algorithms.attribution import Attribution
+from accdbg.algorithms.diagnosis.attribution import Attribution
 from accdbg.reports.chart import figure
 from accdbg.reports.html_report import write_report
 from accdbg.verifiers import get_verifier

@@ -93,7 +93,7 @@ def small(tmp_path_factory):
     return tmp, built, inp
 
 
-from accdbg.algorithms.ranking import COLUMNS as RANKING_COLUMNS  # noqa: E402
+from accdbg.algorithms.diagnosis.ranking import COLUMNS as RANKING_COLUMNS  # noqa: E402
 
 
 def _check_partial_csv(folder: Path, stem: str, reference: pd.DataFrame) -> int:

@@ -34,12 +34,12 @@ import pandas as pd
 from accdbg.algorithms import checkpoint
 from accdbg.algorithms.backend import Backend, PartRun, failure_status
 from accdbg.algorithms.checkpoint import Journal
-from accdbg.algorithms.evidence import SAME_VALUES
+from accdbg.algorithms.diagnosis.evidence import SAME_VALUES
+from accdbg.algorithms.diagnosis.ranking import SHARE
+from accdbg.algorithms.diagnosis.sensitivity import exposing, judged_at
 from accdbg.algorithms.fragments import QDQ_OPS, Part, QdqModel
 from accdbg.algorithms.golden import Golden, GoldenError
 from accdbg.algorithms.mixed import FloatModel, op_list, partly_quantized
-from accdbg.algorithms.ranking import SHARE
-from accdbg.algorithms.sensitivity import exposing, judged_at
 from accdbg.algorithms.snooping import OPTION_KEYS, SnoopArgs, check_request, set_up
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
@@ -102,7 +102,7 @@ class BinaryResult:
 
 def judged_tensors(qdq: QdqModel, golden: set[str]) -> list[str]:
     """The float tensors the search scores, one per model output: the output itself, or the
-    logits of a Softmax/Sigmoid (:func:`~accdbg.algorithms.sensitivity.scores`) when the golden
+    logits of a Softmax/Sigmoid (:func:`~accdbg.algorithms.diagnosis.sensitivity.scores`) when the golden
     has them - followed back through reshapes the pre-processing added until it does."""
     out = []
     for output, at in zip(qdq.graph_outputs, judged_at(qdq.model), strict=True):
@@ -334,7 +334,7 @@ def _layer_table(
 ) -> pd.DataFrame:
     """One row per layer output: the smallest searched subgraph holding it, and its rank
     (the ranked leaves in order; inside a leaf, worst local evidence first)."""
-    from accdbg.algorithms.local import local_text, worst_first
+    from accdbg.algorithms.diagnosis.local import local_text, worst_first
 
     position = {node: i for i, node in enumerate(search.ops)}
     rank: dict[str, tuple[int, str]] = {}
@@ -465,7 +465,7 @@ def run_binary(
         scratch = run.path / ".scratch"
         golden = Golden(golden_root, req.inputs, scratch)
         qdq = QdqModel.load(qdq_path, set(golden.folder.names()))
-        from accdbg.algorithms.culprits import prepared_model
+        from accdbg.algorithms.diagnosis.culprits import prepared_model
 
         prepared = prepared_model(qdq_path)
         weights = FloatModel(om.load_model(prepared) if prepared.is_file() else None)
@@ -577,8 +577,8 @@ def _write(
             f"{_times(share)} the whole model's error ({_score_text(label, whole)})"
             + (f"; {FP16_OVERFLOW}" if FP16_OVERFLOW in sg.notes else "")
         )
-    from accdbg.algorithms.culprits import prepared_model
-    from accdbg.algorithms.local import local_nsr
+    from accdbg.algorithms.diagnosis.culprits import prepared_model
+    from accdbg.algorithms.diagnosis.local import local_nsr
 
     ranked = [sg for sg in leaves if sg.id in ranks]
     nsr = local_nsr(

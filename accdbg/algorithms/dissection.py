@@ -313,8 +313,8 @@ def run_dissection(
         finally:  # its worker process stops with the scoring, however it ended
             backend.close()
         kept = _auto_stop(iterations, judge, auto_stop_iterations)
-        from accdbg.algorithms.culprits import prepared_model
-        from accdbg.algorithms.local import local_nsr
+        from accdbg.algorithms.diagnosis.culprits import prepared_model
+        from accdbg.algorithms.diagnosis.local import local_nsr
 
         by_node = {layer.node_index: layer for layer in qdq.layers}
         joined = [by_node[i] for it in kept for i in it.added if i in by_node]
@@ -476,7 +476,7 @@ def _auto_stop(iterations: list[Iteration], judge: Judge, patience: int | None) 
 
 
 def _report(iterations, qdq, problem, judge, folder, qdq_path, golden_root, backend, nsr):
-    from accdbg.algorithms.local import local_text, worst_first
+    from accdbg.algorithms.diagnosis.local import local_text, worst_first
     from accdbg.reports.html_report import findings_html
     from accdbg.reports.summary import html_table, write_csv, write_html
 

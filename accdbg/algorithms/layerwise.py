@@ -27,10 +27,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from accdbg.algorithms.backend import PartRun, failure_status
+from accdbg.algorithms.diagnosis.ranking.measures import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.fragments import KERNELS, Layer, Part, SurgeryError, context_walk, merge
 from accdbg.algorithms.golden import GoldenError
 from accdbg.algorithms.judging import error_row, judge_layer
-from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, has_golden, snoop
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.batching import plan_batches

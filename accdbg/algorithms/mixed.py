@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from accdbg.algorithms.evidence import dequantized_weight
+from accdbg.algorithms.diagnosis.evidence import dequantized_weight
 from accdbg.algorithms.fragments import QDQ_OPS, QdqModel
 from accdbg.core import onnx_model as om
 

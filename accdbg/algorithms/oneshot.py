@@ -1,7 +1,7 @@
 """Oneshot-layerwise: framework diagnosis, QNN engine and verification in one run.
 
 It shows where the error *appears*. On top of the verification summary it marks where the
-error *enters* (see :mod:`accdbg.algorithms.attribution`) and ranks the culprits; those
+error *enters* (see :mod:`accdbg.algorithms.diagnosis.attribution`) and ranks the culprits; those
 columns and the HTML report go into verification's summary files as verification writes them
 (an annotation step, :class:`_Annotator`), never rewritten after that run is finished.
 
@@ -26,9 +26,9 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from accdbg.algorithms.attribution import Attribution, attribute
-from accdbg.algorithms.culprits import Prefetch, find_culprits, prepared_model
-from accdbg.algorithms.ranking import ABS_DB, Culprit, Ranking
+from accdbg.algorithms.diagnosis.attribution import Attribution, attribute
+from accdbg.algorithms.diagnosis.culprits import Prefetch, find_culprits, prepared_model
+from accdbg.algorithms.diagnosis.ranking import ABS_DB, Culprit, Ranking
 from accdbg.core.inputs import (
     InputTensor,
     check_finite,

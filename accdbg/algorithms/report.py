@@ -16,9 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from accdbg.algorithms.attribution import Attribution
+from accdbg.algorithms.diagnosis.attribution import Attribution
+from accdbg.algorithms.diagnosis.ranking import Ranking
+from accdbg.algorithms.diagnosis.ranking.measures import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.judging import Judge
-from accdbg.algorithms.ranking import Ranking
 from accdbg.algorithms.statuses import ERRORS, PART
 from accdbg.reports.summary import write_csv
 
@@ -27,8 +28,6 @@ ORIG = "Orig Outputs"
 INFO = "Info"
 # layerwise: the layer run after its producers back to the nearest kernels (as HTP may fuse
 # them), and the worst of its inputs in that same run
-CONTEXT = "in-context SQNR"
-CONTEXT_IN = "in-context input SQNR"
 
 
 def columns(labels: Sequence[str], cumulative: bool) -> list[str]:

@@ -29,10 +29,10 @@ import pandas as pd
 from accdbg.algorithms import checkpoint
 from accdbg.algorithms.backend import Backend
 from accdbg.algorithms.checkpoint import Journal
+from accdbg.algorithms.diagnosis.ranking import NONE_STANDS, Ranking
 from accdbg.algorithms.fragments import Layer, QdqModel
 from accdbg.algorithms.golden import Golden
 from accdbg.algorithms.judging import CPU_INFO, Judge, base_row, finalize_row, restore_row
-from accdbg.algorithms.ranking import NONE_STANDS, Ranking
 from accdbg.algorithms.statuses import ERRORS, MEANING, SKIP
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
@@ -52,7 +52,7 @@ from accdbg.engines.source import Feeds, build_feeds, load_feed
 from accdbg.errors import AccdbgError
 
 if TYPE_CHECKING:
-    from accdbg.algorithms.culprits import Rerun
+    from accdbg.algorithms.diagnosis.culprits import Rerun
 
 log = logging.getLogger("accdbg.snooping")
 
@@ -483,7 +483,7 @@ class Context:
         inputs; cumulative ones carry the error since the last partition point)."""
         if self.qdq_path is None:
             return None
-        from accdbg.algorithms.culprits import find_culprits, prepared_model
+        from accdbg.algorithms.diagnosis.culprits import find_culprits, prepared_model
 
         feeds = {t.name: t.load() for t in self.req.inputs} or None
         # a tensor QNN's pre-processing made is judged in the model's layer that reads it (a

@@ -26,7 +26,7 @@ import onnx
 import onnxruntime as ort
 import pandas as pd
 
-from accdbg.algorithms.sensitivity import scores
+from accdbg.algorithms.diagnosis.sensitivity import scores
 from accdbg.core import onnx_model as om
 from benchmarks.zoo import scoring
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from accdbg.algorithms.sensitivity import FEW_VALUES
+from accdbg.algorithms.diagnosis.sensitivity import FEW_VALUES
 from benchmarks.zoo import models as zoo_models
 from benchmarks.zoo.probe import load_feeds, run
 from benchmarks.zoo.scoring import sqnr_db

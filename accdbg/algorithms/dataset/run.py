@@ -35,12 +35,12 @@ import onnx
 import pandas as pd
 
 from accdbg.algorithms.checkpoint import Journal, check_options, open_run
-from accdbg.algorithms.culprits import find_culprits
 from accdbg.algorithms.dataset import tables
 from accdbg.algorithms.dataset.keep import KeepSet, remove_unrecorded
 from accdbg.algorithms.dataset.stats import RunningStats, encoding_edges
 from accdbg.algorithms.dataset.worker import GOLDEN_DIR, TARGET_DIR, score_columns
-from accdbg.algorithms.ranking import Culprit
+from accdbg.algorithms.diagnosis.culprits import find_culprits
+from accdbg.algorithms.diagnosis.ranking import Culprit
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig, WorkerSpec, get_executor
 from accdbg.core.inputs import InputTensor, parse_input_list

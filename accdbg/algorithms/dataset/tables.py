@@ -4,7 +4,7 @@
   order - the same bytes whatever executor ran the inputs and in whatever order they finished;
 * ``layers``: one row per layer - the running statistics, each verifier's median and 5-95 %
   band across inputs, and how often the layer is the input's top contributor (the layer
-  adding the most error, :func:`~accdbg.algorithms.attribution.attribute` on that input's rows);
+  adding the most error, :func:`~accdbg.algorithms.diagnosis.attribution.attribute` on that input's rows);
 * ``inputs``: one row per input - files, final outputs' SQNR/cosine, top-1 agreement, kept.
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from accdbg.algorithms.attribution import attribute
-from accdbg.algorithms.culprits import noise_verifier
+from accdbg.algorithms.diagnosis.attribution import attribute
+from accdbg.algorithms.diagnosis.culprits import noise_verifier
 from accdbg.verifiers.base import Verifier
 
 BAND = (5, 95)

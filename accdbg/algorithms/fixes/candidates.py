@@ -7,7 +7,7 @@ The ``cause`` the culprit ranking wrote (``weight range``, ``activation range``,
 ``unbalanced concatenation``, ``backend``) orders them: the change aimed at the cause first.
 A layer whose cause is the backend gets no precision candidate - precision is not its problem;
 when its cause says which inputs the backend left in their own encoding (a Concat that does not
-requantize them, :func:`accdbg.algorithms.divergence.encoding_fix`), those inputs given the
+requantize them, :func:`accdbg.algorithms.diagnosis.divergence.encoding_fix`), those inputs given the
 Concat's encoding are its candidate.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 import pandas as pd
 
-from accdbg.algorithms.divergence import encoding_fix
+from accdbg.algorithms.diagnosis.divergence import encoding_fix
 from accdbg.algorithms.fixes.equalize import Pair, conv_pairs
 from accdbg.errors import AccdbgError
 

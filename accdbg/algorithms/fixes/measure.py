@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from accdbg.algorithms.diagnosis.sensitivity import FEW_VALUES, exposing
 from accdbg.algorithms.fixes.candidates import ENCODING_OF
-from accdbg.algorithms.sensitivity import FEW_VALUES, exposing
 from accdbg.core import onnx_model as om
 from accdbg.engines.base import EngineOptions
 from accdbg.engines.options import QuantOptions
@@ -179,7 +179,7 @@ def _scale_offset(tensor: dict) -> tuple[float | None, int | None]:
 
 def float_outputs(model: onnx.ModelProto, names: list[str], feeds: list) -> list[list[np.ndarray]]:
     """The float model's tensors ``names`` - its outputs as judged
-    (:func:`~accdbg.algorithms.sensitivity.scores`: a Softmax/Sigmoid output at its logits) -
+    (:func:`~accdbg.algorithms.diagnosis.sensitivity.scores`: a Softmax/Sigmoid output at its logits) -
     on onnxruntime's CPU for every feed (the reference)."""
     import onnxruntime as ort
 

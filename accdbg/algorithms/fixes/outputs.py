@@ -21,7 +21,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from accdbg.algorithms.sensitivity import scores
+from accdbg.algorithms.diagnosis.sensitivity import scores
 from accdbg.core import onnx_model as om
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.encodings.qdq import export_qdq_encodings

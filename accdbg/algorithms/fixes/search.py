@@ -28,6 +28,7 @@ import pandas as pd
 
 from accdbg.algorithms import checkpoint
 from accdbg.algorithms.checkpoint import Journal
+from accdbg.algorithms.diagnosis.sensitivity import scores
 from accdbg.algorithms.fixes import candidates as C
 from accdbg.algorithms.fixes.equalize import equalize, float_change
 from accdbg.algorithms.fixes.measure import (
@@ -37,7 +38,6 @@ from accdbg.algorithms.fixes.measure import (
     measure_many,
     save_reference,
 )
-from accdbg.algorithms.sensitivity import scores
 from accdbg.core.executors import Executor, ExecutorConfig, get_executor
 from accdbg.core.executors.calls import function_spec
 from accdbg.core.inputs import InputTensor

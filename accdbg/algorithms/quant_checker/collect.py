@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from accdbg.algorithms.evidence import WEIGHT_OUT_AXIS
+from accdbg.algorithms.diagnosis.evidence import WEIGHT_OUT_AXIS
 from accdbg.algorithms.quant_checker.grid import Grid
 from accdbg.algorithms.quant_checker.stats import ErrorSums, Moments
 from accdbg.core.batching import plan_batches

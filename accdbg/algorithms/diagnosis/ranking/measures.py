@@ -9,7 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
-from accdbg.algorithms.sensitivity import Share
+from accdbg.algorithms.diagnosis.sensitivity import Share
 
 Z_MIN = 3.5
 GAP_DB = 10.0
@@ -27,6 +27,11 @@ MOST = 0.8  # ...and when none was measured to cause this much, the rest is the 
 LONE_SHARE = 0.25
 MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
 
+
+# layerwise's runs of a layer in context (after its producers, as HTP fuses them): its SQNR
+# there and its worst input's, columns of layerwise.csv the ranking reads back
+CONTEXT = "in-context SQNR"
+CONTEXT_IN = "in-context input SQNR"
 
 RANK = "culprit_rank"
 CAUSE = "cause"

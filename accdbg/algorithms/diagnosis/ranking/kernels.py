@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from accdbg.algorithms.evidence import Evidence, nsr_db
-from accdbg.algorithms.fragments import KERNELS, context_walk
-from accdbg.algorithms.ranking.causes import ACTIVATION
-from accdbg.algorithms.ranking.measures import (
+from accdbg.algorithms.diagnosis.evidence import Evidence, nsr_db
+from accdbg.algorithms.diagnosis.ranking.causes import ACTIVATION
+from accdbg.algorithms.diagnosis.ranking.measures import (
     ABS_DB,
     CAUSE,
     LONE_SHARE,
@@ -29,7 +28,8 @@ from accdbg.algorithms.ranking.measures import (
     standout_cut,
     standout_gap,
 )
-from accdbg.algorithms.sensitivity import ADDS_UP
+from accdbg.algorithms.diagnosis.sensitivity import ADDS_UP
+from accdbg.algorithms.fragments import KERNELS, context_walk
 
 BACKEND_DB = 10.0
 # ops whose slope grows without bound near part of their input range: there a rounding step of

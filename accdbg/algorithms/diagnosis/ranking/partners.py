@@ -8,9 +8,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from accdbg.algorithms.evidence import OUTLIER_RATIO, Evidence
-from accdbg.algorithms.ranking.causes import _cause, _clips
-from accdbg.algorithms.reach import LOUD, Reach
+from accdbg.algorithms.diagnosis.evidence import OUTLIER_RATIO, Evidence
+from accdbg.algorithms.diagnosis.ranking.causes import _cause, _clips
+from accdbg.algorithms.diagnosis.reach import LOUD, Reach
 
 OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it counts as new
 
@@ -127,7 +127,7 @@ def _outlier_source(
     layer whose loss is its output's range (not its weights, not clipping, not a Concat) is
     taken for a carrier - or a layer whose weights' rounding multiplies a large constant its
     input carries (an offset channel the bias cancels in float). With ``reaches`` measured
-    (:mod:`accdbg.algorithms.reach`) a carrier's source is the first standout whose outlier
+    (:mod:`accdbg.algorithms.diagnosis.reach`) a carrier's source is the first standout whose outlier
     blows its range; without, the nearest standout within ``hops`` layers it came through. An
     offset's source is the nearest standout it came through, else the input that carries it.
     Weights scaling back a loud channel of a standout they read (:func:`_scaling_back`) come

@@ -2,7 +2,7 @@
 
 Every layer of an 8-bit model loses some information; on a real model most layers "fail" an
 absolute threshold. A culprit is a layer whose *own* encodings (weights, output, a Concat's
-shared range; see :mod:`accdbg.algorithms.evidence`) destroy far more than the model's other
+shared range; see :mod:`accdbg.algorithms.diagnosis.evidence`) destroy far more than the model's other
 layers do - or whose backend result is far worse than its quantization explains:
 
 * **noise floor** - the local SQNR of every layer with evidence; its median and a robust spread
@@ -16,7 +16,7 @@ layers do - or whose backend result is far worse than its quantization explains:
   SQNR that looks healthy (an encoding calibrated by min/max on the debugged inputs clips
   nothing).
 * **matters** - quantizing that layer alone, or taking only its quantizers out of the whole
-  QDQ model (CPU simulation, :mod:`accdbg.algorithms.sensitivity`), shows it causes at least
+  QDQ model (CPU simulation, :mod:`accdbg.algorithms.diagnosis.sensitivity`), shows it causes at least
   ``SHARE`` of the error of quantizing everything, or the layer destroys its information (local
   SQNR under ``DESTROYED_DB``: its median channel is mostly noise) and still causes
   ``MIN_SHARE``. A layer that is bad locally but drowned by the error around it is reported in
@@ -30,7 +30,7 @@ layers do - or whose backend result is far worse than its quantization explains:
   weights destroy their information, never less): its error travels through no other layer's
   range, so taken out is exactly what its fix removes. Faults that hurt only together are measured together: a layer
   with the layers whose range the outlier channel it makes blows (measured on the float model:
-  :mod:`accdbg.algorithms.reach`) and with the weights that scale that channel back; a
+  :mod:`accdbg.algorithms.diagnosis.reach`) and with the weights that scale that channel back; a
   compensated pair (weights whose range one input channel blows) with the producer that shrank
   that channel; and weights whose rounding multiplies a constant one input channel carries (an
   offset the bias cancels in float) are blamed on that channel's maker, measured with them;
@@ -66,12 +66,12 @@ layers do - or whose backend result is far worse than its quantization explains:
   otherwise), named when their difference costs the outputs ``SHARE`` as above - whatever
   its error there: a jump to an error the pass mark would not see stands by that cost.
   In a full run, each layer's QNN result is compared with onnxruntime's CPU fake-quant of that
-  layer fed QNN's own inputs (:func:`~accdbg.algorithms.divergence.local_divergence`); a layer
+  layer fed QNN's own inputs (:func:`~accdbg.algorithms.diagnosis.divergence.local_divergence`); a layer
   where they part far more than at the model's other layers (with fewer than
   ``MIN_DIVERGING`` layers that differ, no spread is known: ``MAX_GAP_DB`` under their median,
   or under ``ABS_DB``) is named when that difference,
   added to the layer in the CPU fake-quant of the whole model, costs the outputs at least
-  ``SHARE`` of their error on QNN (:meth:`~accdbg.algorithms.divergence.KernelRuns.each`), and
+  ``SHARE`` of their error on QNN (:meth:`~accdbg.algorithms.diagnosis.divergence.KernelRuns.each`), and
   noted otherwise. When the kernels carry ``SHARE`` of the outputs' error and no layer is
   named at all, the layers where QNN differs are halved down to one whose difference alone
   costs that much (``kernel_share.search``: a small difference that does not average out).
@@ -94,10 +94,10 @@ The package, one step each: :mod:`.measures` (the floor, the shares, the columns
 :mod:`.findings` (the lines printed) and :mod:`.rank` (the ranking itself, which calls them).
 """
 
-from accdbg.algorithms.ranking.findings import NONE_STANDS, Culprit
-from accdbg.algorithms.ranking.kernels import ContextCheck, KernelsAdded
-from accdbg.algorithms.ranking.measures import ABS_DB, COLUMNS, SHARE
-from accdbg.algorithms.ranking.rank import FEW, ONE_BY_ONE, Ranking, rank
+from accdbg.algorithms.diagnosis.ranking.findings import NONE_STANDS, Culprit
+from accdbg.algorithms.diagnosis.ranking.kernels import ContextCheck, KernelsAdded
+from accdbg.algorithms.diagnosis.ranking.measures import ABS_DB, COLUMNS, SHARE
+from accdbg.algorithms.diagnosis.ranking.rank import FEW, ONE_BY_ONE, Ranking, rank
 
 __all__ = [
     "ABS_DB",

@@ -2,7 +2,7 @@
 
 Binary snooping stops at a subgraph of several ops and the dissection at an iteration that
 added several nodes: the backend says the error is among them, not which. Each one's local
-quantization evidence (:mod:`~accdbg.algorithms.evidence`: weights and output quantized with
+quantization evidence (:mod:`~accdbg.algorithms.diagnosis.evidence`: weights and output quantized with
 their own encodings against the golden values; numpy, no backend) orders them, so the ranks
 inside a group are not arbitrary.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of, nsr_db
+from accdbg.algorithms.diagnosis.evidence import EvidenceBuilder, float_weights_of, nsr_db
 from accdbg.algorithms.fragments import Layer, QdqModel
 from accdbg.core.tensor_store import TensorFolder
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from accdbg.algorithms.evidence import BLOWN_RATIO, OUTLIER_RATIO, Evidence, nsr_db
-from accdbg.algorithms.ranking.causes import (
+from accdbg.algorithms.diagnosis.evidence import BLOWN_RATIO, OUTLIER_RATIO, Evidence, nsr_db
+from accdbg.algorithms.diagnosis.ranking.causes import (
     ACTIVATION,
     _cause,
     _kind,
@@ -18,7 +18,7 @@ from accdbg.algorithms.ranking.causes import (
     _spread_words,
     _trained_spread,
 )
-from accdbg.algorithms.ranking.findings import (
+from accdbg.algorithms.diagnosis.ranking.findings import (
     SHOWN,
     Culprit,
     _findings,
@@ -26,7 +26,7 @@ from accdbg.algorithms.ranking.findings import (
     _masked_line,
     _trained_line,
 )
-from accdbg.algorithms.ranking.kernels import (
+from accdbg.algorithms.diagnosis.ranking.kernels import (
     NOTICED,
     KernelsAdded,
     _alone_backend,
@@ -39,7 +39,7 @@ from accdbg.algorithms.ranking.kernels import (
     _local_expected,
     _run_backend,
 )
-from accdbg.algorithms.ranking.measures import (
+from accdbg.algorithms.diagnosis.ranking.measures import (
     ABS_DB,
     CAUSE,
     COLUMNS,
@@ -62,14 +62,14 @@ from accdbg.algorithms.ranking.measures import (
     compared_inputs,
     standout_cut,
 )
-from accdbg.algorithms.ranking.partners import (
+from accdbg.algorithms.diagnosis.ranking.partners import (
     _carried_cause,
     _outlier_source,
     _Partners,
     _upstream_first,
 )
-from accdbg.algorithms.reach import LOUD, Reach
-from accdbg.algorithms.sensitivity import Share
+from accdbg.algorithms.diagnosis.reach import LOUD, Reach
+from accdbg.algorithms.diagnosis.sensitivity import Share
 
 # a layer costing much alone whose quantizers, taken out of the whole QDQ model, remove nothing:
 # the other layers' error hides its own, so fixing it alone does not show at the outputs - it
@@ -243,21 +243,21 @@ def rank(
     """Rank the layers named in ``order`` (execution order).
 
     ``impact(name)`` is the output error with only that layer quantized over the error of the
-    whole quantized model (:mod:`accdbg.algorithms.sensitivity`): a standout is a culprit when
+    whole quantized model (:mod:`accdbg.algorithms.diagnosis.sensitivity`): a standout is a culprit when
     it alone accounts for at least ``SHARE`` of it - unless all it loses is the rounding of
     per-tensor weights or an output whose channels spread as trained, none alone beyond the
     others (:func:`_trained_spread`): measured, not named, the findings give its cost and the
     change of the model's encodings that answers it. When it
     also has ``clamped(levels)`` (layer -> the level its few outlier weights are brought to;
     the share of the error that goes,
-    :meth:`~accdbg.algorithms.sensitivity.Sensitivity.clamped_share`), the layers with such
+    :meth:`~accdbg.algorithms.diagnosis.sensitivity.Sensitivity.clamped_share`), the layers with such
     weights are asked it (:func:`_outlier_weights`).
     ``observed_nsr`` is the target's error at each compared layer (per channel when known):
     from a full run (oneshot: inputs carry upstream error; used to say what is inherited) or,
     with ``local_observed``, from golden inputs (layerwise: also used to find backend errors).
     ``outputs`` are the model outputs' verdicts ``(name, verifier label, value, passed)``.
     ``divergence`` is, per layer, the QNN result against the CPU fake-quant of that layer fed
-    QNN's own inputs (noise-to-signal; :func:`~accdbg.algorithms.divergence.local_divergence`),
+    QNN's own inputs (noise-to-signal; :func:`~accdbg.algorithms.diagnosis.divergence.local_divergence`),
     and ``kernels_added`` what QNN's kernels add to the outputs' error (stated in the findings);
     ``quantized`` False for a float model QNN ran in fp16 (the CPU ran it in float).
     ``kernel_share(names)`` is, for layers whose divergence stands out, what that layer's
@@ -269,7 +269,7 @@ def rank(
     it has one, is asked when the kernels add ``SHARE`` and nothing else is named: the layers
     among ``names`` whose difference alone costs ``bar`` of the outputs' error.
     ``reach(names)`` says, of the standouts whose output carries a loud channel, which layers
-    that channel blows (:class:`~accdbg.algorithms.reach.OutlierReach`): those layers are its
+    that channel blows (:class:`~accdbg.algorithms.diagnosis.reach.OutlierReach`): those layers are its
     carriers, and it is measured with them when alone it does not matter.
     ``run_nsr``: a full run's error per layer over the whole tensor (not per channel: a few
     wrong channels show there). A layer whose error there jumps far beyond what its inputs

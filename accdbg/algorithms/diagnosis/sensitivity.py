@@ -43,8 +43,8 @@ from onnxruntime.quantization.quant_utils import (
     quantize_nparray,
 )
 
-from accdbg.algorithms.evidence import SAME_VALUES, dequantized_weight, weight_axes
-from accdbg.algorithms.ranges import run_with_ranges
+from accdbg.algorithms.diagnosis.evidence import SAME_VALUES, dequantized_weight, weight_axes
+from accdbg.algorithms.diagnosis.ranges import run_with_ranges
 from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import exact_session, stop_if_asked
 from accdbg.engines.exposure import Exposed

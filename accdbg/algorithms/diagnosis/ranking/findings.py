@@ -7,8 +7,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from accdbg.algorithms.evidence import Evidence
-from accdbg.algorithms.ranking.causes import (
+from accdbg.algorithms.diagnosis.evidence import Evidence
+from accdbg.algorithms.diagnosis.ranking.causes import (
     ACTIVATION,
     CLIPPING,
     CONCAT,
@@ -19,8 +19,8 @@ from accdbg.algorithms.ranking.causes import (
     _kind,
     _spread_fixes,
 )
-from accdbg.algorithms.ranking.measures import LONE_SHARE, MIN_SHARE, MOST, SHARE, _pct
-from accdbg.algorithms.sensitivity import Share
+from accdbg.algorithms.diagnosis.ranking.measures import LONE_SHARE, MIN_SHARE, MOST, SHARE, _pct
+from accdbg.algorithms.diagnosis.sensitivity import Share
 
 SHOWN = 5  # layers a finding lists by name (the others: their cause says it)
 

@@ -26,8 +26,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from accdbg.algorithms.ranges import range_outputs, session, spans, with_ranges
-from accdbg.algorithms.sensitivity import Feeds, float_tensor
+from accdbg.algorithms.diagnosis.ranges import range_outputs, session, spans, with_ranges
+from accdbg.algorithms.diagnosis.sensitivity import Feeds, float_tensor
 from accdbg.core.cpu_session import stop_if_asked
 from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.channels import channel_axis, channel_extent

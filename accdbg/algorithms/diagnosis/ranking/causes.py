@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from accdbg.algorithms.evidence import OUTLIER_RATIO, Evidence, nsr_db
+from accdbg.algorithms.diagnosis.evidence import OUTLIER_RATIO, Evidence, nsr_db
 
 CAUSE_DB = 6.0
 

@@ -2,7 +2,7 @@
 
 Shared by every algorithm: each passes what it measured on the backend (a full run's errors for
 oneshot, golden-input errors for the snooping algorithms) and gets back the same
-:class:`~accdbg.algorithms.ranking.Ranking` - ``culprit_rank`` and ``cause`` columns and the
+:class:`~accdbg.algorithms.diagnosis.ranking.Ranking` - ``culprit_rank`` and ``cause`` columns and the
 finding lines.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from accdbg.algorithms.divergence import (
+from accdbg.algorithms.diagnosis.divergence import (
     HELD,
     KernelRuns,
     divergence,
@@ -30,11 +30,11 @@ from accdbg.algorithms.divergence import (
     kernel_bisect,
     local_divergence,
 )
-from accdbg.algorithms.evidence import EvidenceBuilder, float_weights_of
-from accdbg.algorithms.ranking import ContextCheck, KernelsAdded, Ranking, rank
-from accdbg.algorithms.reach import OutlierReach, Reach
-from accdbg.algorithms.report import CONTEXT, CONTEXT_IN
-from accdbg.algorithms.sensitivity import Sensitivity, Share, judged_outputs
+from accdbg.algorithms.diagnosis.evidence import EvidenceBuilder, float_weights_of
+from accdbg.algorithms.diagnosis.ranking import ContextCheck, KernelsAdded, Ranking, rank
+from accdbg.algorithms.diagnosis.ranking.measures import CONTEXT, CONTEXT_IN
+from accdbg.algorithms.diagnosis.reach import OutlierReach, Reach
+from accdbg.algorithms.diagnosis.sensitivity import Sensitivity, Share, judged_outputs
 from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import IdleThread, cpu_threads, exact_session
 from accdbg.core.tensor_store import TensorFolder
@@ -345,7 +345,7 @@ class Rerun(Protocol):
 class _CpuReference:
     """What a backend's jump is set against. Layerwise (called with names): each asked layer's
     error in onnxruntime's CPU fake-quant of it alone, fed the
-    golden inputs the backend was fed (:func:`~accdbg.algorithms.divergence.golden_alone`),
+    golden inputs the backend was fed (:func:`~accdbg.algorithms.diagnosis.divergence.golden_alone`),
     measured as :func:`observed_nsr` measures the backend's row (the verifier ``label``, its
     median channel when ``per_channel``): what the quantization alone makes of the layer, to
     set against the backend's result before blaming its kernel. With the backend's own result
@@ -541,7 +541,7 @@ class _KernelShare:
     def search(self, names: Sequence[str], bar: float) -> dict[str, float]:
         """The layers among ``names`` (where QNN parts most first) whose kernel difference
         alone costs ``bar`` of the outputs' error or more, found by halving them in graph
-        order (:func:`~accdbg.algorithms.divergence.kernel_bisect`); only the first
+        order (:func:`~accdbg.algorithms.diagnosis.divergence.kernel_bisect`); only the first
         ``HELD`` bytes of their dumps are asked about: every one asked is held at once."""
         qdq, layers, feeds, target = self.args
         by = {e.name: e for e in layers}
@@ -635,7 +635,7 @@ class _LazySensitivity:
 
     def clamped(self, levels: Mapping[str, float]) -> float:
         """What these layers' few outlier weights cost the outputs
-        (:meth:`~accdbg.algorithms.sensitivity.Sensitivity.clamped_share`); NaN when the CPU
+        (:meth:`~accdbg.algorithms.diagnosis.sensitivity.Sensitivity.clamped_share`); NaN when the CPU
         cannot tell."""
         return self._edited(
             "clamped_share",
@@ -645,7 +645,7 @@ class _LazySensitivity:
 
     def channels(self, levels: Mapping[str, tuple[int, float]]) -> float:
         """What these layers' outlier output channels cost the outputs
-        (:meth:`~accdbg.algorithms.sensitivity.Sensitivity.channel_share`; ``levels``: layer ->
+        (:meth:`~accdbg.algorithms.diagnosis.sensitivity.Sensitivity.channel_share`; ``levels``: layer ->
         (channel, the level it is brought to)); NaN when the CPU cannot tell."""
         return self._edited(
             "channel_share",

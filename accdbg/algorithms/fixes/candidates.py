@@ -13,6 +13,7 @@ Concat's encoding are its candidate.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,51 +21,29 @@ from pathlib import Path
 import onnx
 import pandas as pd
 
+from accdbg.algorithms.diagnosis.culprit import (
+    ACTIVATION,
+    BACKEND,
+    CALIBRATIONS,
+    CLIPPING,
+    CONCAT,
+    FEW,
+    WEIGHT,
+    Change,
+    Culprit,
+)
 from accdbg.algorithms.diagnosis.divergence import encoding_fix
+from accdbg.algorithms.diagnosis.ranking.measures import KIND_COL
 from accdbg.algorithms.fixes.equalize import Pair, conv_pairs
 from accdbg.errors import AccdbgError
 
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # ops the quantizer folds into the layer before them: walk back through them to the weights
 FOLDED = ("Relu", "Clip", "LeakyRelu", "BatchNormalization", "Add", "Identity")
-GLOBAL_KINDS = ("per_channel_all", "calibration", "act16_all")
-CALIBRATIONS = {"enhanced": "Entropy", "adjusted": "Percentile 99.999"}
 PER_CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}
-
-
-@dataclass(frozen=True)
-class Change:
-    """One knob. ``target``: the tensor, weight, calibration or Conv pair it acts on."""
-
-    # per_channel_all | calibration | act16_all | per_channel | act16 | w16 | equalize | encoding
-    kind: str
-    target: str = ""
-    layer: str = ""  # the diagnosed layer it was chosen for ('' for global knobs)
-    why: str = ""
-
-    @property
-    def label(self) -> str:
-        return {
-            "per_channel_all": "per-channel weights (all layers)",
-            "calibration": f"activation calibration {self.target} ({CALIBRATIONS.get(self.target, '')})",
-            "act16_all": "16-bit activations (all layers)",
-            "per_channel": f"per-channel weights: {self.target}",
-            "act16": f"16-bit activation: {self.target}",
-            "w16": f"16-bit weights: {self.target}",
-            "equalize": f"equalize {self.target}",
-            "encoding": f"{self.target.replace(',', ', ')}: the encoding of {self.layer}",
-        }[self.kind]
-
-    @property
-    def key(self) -> str:
-        return f"{self.kind}:{self.target}"
-
-    @property
-    def is_global(self) -> bool:
-        return self.kind in GLOBAL_KINDS
-
-    def as_dict(self) -> dict:
-        return {"kind": self.kind, "target": self.target, "layer": self.layer, "why": self.why}
+# what a culprit's changes aim at first: its weights, or its activations
+AIMS_AT_ACTIVATIONS = (ACTIVATION, CLIPPING, CONCAT)
+SUMMARY_JSON = "summary.json"  # a verification run's, holding oneshot's culprits
 
 
 def config_key(changes: Sequence[Change]) -> str:
@@ -72,44 +51,52 @@ def config_key(changes: Sequence[Change]) -> str:
     return " + ".join(sorted(c.key for c in changes)) or "baseline"
 
 
-@dataclass
-class Culprit:
-    """A diagnosed row: the layer output tensor, its rank and cause."""
-
-    name: str
-    rank: int
-    cause: str
-
-    @property
-    def backend(self) -> bool:
-        return self.cause.strip().lower().startswith("backend")
-
-
 def read_diagnosis(source: pd.DataFrame | str | Path | None) -> list[Culprit]:
-    """Culprits (rank order) from a table with ``culprit_rank`` and ``cause``: a DataFrame,
-    a CSV (``summary.csv``, ``layerwise.csv``...) or a run folder holding one."""
+    """Culprits (rank order) of a diagnosis: the structured records a run folder holds
+    (``summary.json``'s ``culprits``), else a table with ``culprit_rank`` and ``cause`` (and
+    ``culprit_kind`` when the run wrote one): a DataFrame, a CSV (``summary.csv``,
+    ``layerwise.csv``...) or a run folder holding one."""
     if source is None:
         return []
     if isinstance(source, pd.DataFrame):
-        df, where = source, "the diagnosis table"
-    else:
-        p = Path(source)
-        if p.is_dir():
-            found = [p / n for n in ("summary.csv", "layerwise.csv", "cumulative_layerwise.csv")]
-            found = [f for f in found if f.is_file()]
-            if not found:
-                raise AccdbgError(
-                    f"--diagnosis {str(p)!r} holds no summary.csv, layerwise.csv or "
-                    "cumulative_layerwise.csv (a verification or snooping run folder was expected)"
-                )
-            p = found[0]
-        if not p.is_file():
-            raise AccdbgError(f"--diagnosis {str(source)!r} does not exist")
-        try:
-            df = pd.read_csv(p)
-        except Exception as exc:
-            raise AccdbgError(f"--diagnosis {str(p)!r} is not a CSV table: {exc}") from None
-        where = str(p)
+        return _from_table(source, "the diagnosis table")
+    p = Path(source)
+    if p.is_dir():
+        recorded = _recorded(p / SUMMARY_JSON)
+        if recorded is not None:
+            return recorded
+        found = [p / n for n in ("summary.csv", "layerwise.csv", "cumulative_layerwise.csv")]
+        found = [f for f in found if f.is_file()]
+        if not found:
+            raise AccdbgError(
+                f"--diagnosis {str(p)!r} holds no summary.csv, layerwise.csv or "
+                "cumulative_layerwise.csv (a verification or snooping run folder was expected)"
+            )
+        p = found[0]
+    if not p.is_file():
+        raise AccdbgError(f"--diagnosis {str(source)!r} does not exist")
+    try:
+        df = pd.read_csv(p)
+    except Exception as exc:
+        raise AccdbgError(f"--diagnosis {str(p)!r} is not a CSV table: {exc}") from None
+    return _from_table(df, str(p))
+
+
+def _recorded(path: Path) -> list[Culprit] | None:
+    """The culprits a run recorded in its JSON summary; None when it holds none (an older run)."""
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    rows = doc.get("culprits") if isinstance(doc, dict) else None
+    if not isinstance(rows, list):
+        return None
+    return sorted((Culprit.from_dict(r) for r in rows), key=lambda c: c.rank)
+
+
+def _from_table(df: pd.DataFrame, where: str) -> list[Culprit]:
     name_col = next((c for c in ("Name", "O/P Name") if c in df.columns), None)
     if name_col is None or "culprit_rank" not in df.columns:
         raise AccdbgError(
@@ -118,11 +105,15 @@ def read_diagnosis(source: pd.DataFrame | str | Path | None) -> list[Culprit]:
         )
     ranks = pd.to_numeric(df["culprit_rank"], errors="coerce")
     cause = df["cause"] if "cause" in df.columns else pd.Series([""] * len(df))
-    out = [
-        Culprit(_unquote(str(df[name_col].iloc[i])), int(ranks.iloc[i]), str(cause.iloc[i] or ""))
-        for i in range(len(df))
-        if pd.notna(ranks.iloc[i])
-    ]
+    kinds = df[KIND_COL] if KIND_COL in df.columns else None
+    out = []
+    for i in range(len(df)):
+        if pd.isna(ranks.iloc[i]):
+            continue
+        text = str(cause.iloc[i] or "")
+        kind = str(kinds.iloc[i]) if kinds is not None and pd.notna(kinds.iloc[i]) else ""
+        name = _unquote(str(df[name_col].iloc[i]))
+        out.append(Culprit(int(ranks.iloc[i]), name, "", text, kind=kind or kind_of(text)))
     return sorted(out, key=lambda c: c.rank)
 
 
@@ -205,17 +196,12 @@ def act16_region(model: onnx.ModelProto, tensor: str) -> list[str]:
 
 
 def kind_of(cause: str) -> str:
+    """A culprit's kind from its cause's words: tables written before runs recorded the kind."""
     c = cause.lower()
-    for key, kind in (
-        ("backend", "backend"),
-        ("weight range", "weight"),
-        ("unbalanced concatenation", "activation"),
-        ("clipping", "activation"),
-        ("activation range", "activation"),
-    ):
+    for key in (BACKEND, WEIGHT, CONCAT, CLIPPING, ACTIVATION, FEW):
         if c.startswith(key) or f"; {key}" in c:
-            return kind
-    return "other"
+            return key
+    return ""
 
 
 def propose(
@@ -248,7 +234,6 @@ def propose(
             notes.append(f"{c.name}: not a tensor of the float model; no local candidate")
             continue
         layer = resolve_layer(model, c.name)
-        kind = kind_of(c.cause)
         why = f"culprit #{c.rank}: {c.cause}"
         weight = []
         if layer.weight and not per_channel and layer.axis is not None:
@@ -259,7 +244,7 @@ def propose(
                 weight.append(Change("equalize", p.label, c.name, why))
         act = [] if act_bitwidth == 16 else [Change("act16", c.name, c.name, why)]
         w16 = [Change("w16", layer.weight, c.name, why)] if layer.weight else []
-        order = weight + act + w16 if kind != "activation" else act + weight + w16
+        order = act + weight + w16 if c.kind in AIMS_AT_ACTIVATIONS else weight + act + w16
         local.extend(x for x in order if x not in local)
     glob: list[Change] = []
     if not per_channel:

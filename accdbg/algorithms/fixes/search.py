@@ -173,7 +173,7 @@ def run_fix_search(
         "max_16bit_tensors": max_16bit_tensors,
         "time_budget": time_budget,
         "workers": workers,
-        "culprits": [c.__dict__ for c in culprits],
+        "culprits": [c.as_dict() for c in culprits],
     }
     with checkpoint.open_run(working_dir, COMPONENT, output_dirname) as run:
         opts_path = run.path / f"{COMPONENT}_options.json"

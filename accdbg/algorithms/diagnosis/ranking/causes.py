@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import math
 
+from accdbg.algorithms.diagnosis.culprit import ACTIVATION, CLIPPING, CONCAT, WEIGHT  # noqa: F401
 from accdbg.algorithms.diagnosis.evidence import OUTLIER_RATIO, Evidence, nsr_db
 
 CAUSE_DB = 6.0
-
-
-WEIGHT, CONCAT, ACTIVATION, CLIPPING = (
-    "weight range",
-    "unbalanced concatenation",
-    "activation range",
-    "clipping",
-)
 
 
 def _parts(ev: Evidence) -> list[tuple[float, str, str]]:

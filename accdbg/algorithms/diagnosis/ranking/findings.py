@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+from accdbg.algorithms.diagnosis.culprit import Culprit
 from accdbg.algorithms.diagnosis.evidence import Evidence
 from accdbg.algorithms.diagnosis.ranking.causes import (
     ACTIVATION,
@@ -23,17 +23,6 @@ from accdbg.algorithms.diagnosis.ranking.measures import LONE_SHARE, MIN_SHARE, 
 from accdbg.algorithms.diagnosis.sensitivity import Share
 
 SHOWN = 5  # layers a finding lists by name (the others: their cause says it)
-
-
-@dataclass
-class Culprit:
-    rank: int
-    name: str
-    op_type: str
-    cause: str
-    local_db: float
-    kind: str = ""  # what its own encodings lose most (a PATTERN_FIX key), or "backend"
-    shows_at: tuple[str, ...] = ()  # where its error appears when not at it (an amplifying op)
 
 
 def _masked_line(

@@ -41,9 +41,18 @@ REMOVED_COL = "output error removed"
 # a standout measured again with the layers it hurts the outputs with (its outlier's carriers,
 # a compensated pair's other half): what they cost together
 PARTNERS_COL = "output error with partners"
+KIND_COL = "culprit_kind"  # what a culprit loses (diagnosis.culprit.KINDS): what its fix aims at
+VERIFIED_FIX = "verified_fix"  # the cheapest change QNN HTP measured to fix it
+VERIFIED_GAIN = "verified_gain_db"  # that change's gain of the outputs' SQNR on QNN, dB
+RULES_COL = "rules"  # the ranking rules that decided the row (diagnosis.rules)
+TEXT_COLUMNS = (CAUSE, KIND_COL, VERIFIED_FIX, RULES_COL)
 COLUMNS = (
     RANK,
     CAUSE,
+    KIND_COL,
+    VERIFIED_FIX,
+    VERIFIED_GAIN,
+    RULES_COL,
     LOCAL,
     "weight SQNR",
     "output quant SQNR",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from accdbg.algorithms.diagnosis.culprit import BACKEND, FEW
 from accdbg.algorithms.diagnosis.evidence import BLOWN_RATIO, OUTLIER_RATIO, Evidence, nsr_db
 from accdbg.algorithms.diagnosis.ranking.causes import (
     ACTIVATION,
@@ -44,6 +45,7 @@ from accdbg.algorithms.diagnosis.ranking.measures import (
     CAUSE,
     COLUMNS,
     DESTROYED_DB,
+    KIND_COL,
     LOCAL,
     LONE_SHARE,
     MIN_SHARE,
@@ -52,6 +54,7 @@ from accdbg.algorithms.diagnosis.ranking.measures import (
     REMOVED_COL,
     SHARE,
     SHARE_COL,
+    TEXT_COLUMNS,
     Impact,
     _at,
     _both,
@@ -93,7 +96,6 @@ OWN_MASKED = (
 )
 
 
-FEW = "outlier weights"  # a culprit's kind when a few of its weights are the cause
 ONE_BY_ONE = 8  # layers with outlier weights asked one by one, at most (the farthest first)
 
 
@@ -214,7 +216,7 @@ class Ranking:
             vals = [self.columns.get(n, {}).get(col) for n in names]
             if col == RANK:
                 out[col] = pd.array([None if v is None else int(v) for v in vals], dtype="Int64")
-            elif col == CAUSE:
+            elif col in TEXT_COLUMNS:
                 out[col] = [v or "" for v in vals]
             else:
                 out[col] = [math.nan if v is None else v for v in vals]
@@ -529,7 +531,7 @@ def rank(
         columns.setdefault(n, {})[RANK] = r
         columns[n][CAUSE] = cause
         kind = (
-            "backend"
+            BACKEND
             if n in by_backend
             else FEW
             if n in few
@@ -537,9 +539,23 @@ def rank(
             if n in explained_by
             else _kind(evidence[n])
         )
+        columns[n][KIND_COL] = kind
         shows = tuple(j for j, x in explained.items() if x == n)
+        # the tensors carrying its error: what its counterfactual keeps in fp16
+        mine = partners[n].names if n in partners and kind != BACKEND else []
+        region = tuple(dict.fromkeys([n, *shows, *mine]))
         culprits.append(
-            Culprit(r, n, evidence[n].op_type, cause, local_db.get(n, math.nan), kind, shows)
+            Culprit(
+                r,
+                n,
+                evidence[n].op_type,
+                cause,
+                local_db.get(n, math.nan),
+                kind,
+                shows,
+                costs.get(n, math.nan),
+                region,
+            )
         )
     beyond = []  # culprits too, past the named: their cause says so
     for _, n, cause in candidates[MAX_CULPRITS:]:

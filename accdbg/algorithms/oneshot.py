@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -29,6 +30,7 @@ import pandas as pd
 from accdbg.algorithms.diagnosis.attribution import Attribution, attribute
 from accdbg.algorithms.diagnosis.culprits import Prefetch, find_culprits, prepared_model
 from accdbg.algorithms.diagnosis.ranking import ABS_DB, Culprit, Ranking
+from accdbg.algorithms.diagnosis.ranking.defects import defects_beside
 from accdbg.core.inputs import (
     InputTensor,
     check_finite,
@@ -65,6 +67,9 @@ log = logging.getLogger("accdbg.oneshot")
 # the culprit ranking's evidence and CPU simulation run beside the engine's backend run (off:
 # all of it after the run, as the benchmark measures to price the overlap)
 PREFETCH = True
+# every named culprit's fix measured on QNN (off: the ranking's CPU verdict alone, as the
+# benchmark measures to price the verification)
+VERIFY = True
 
 
 @dataclass
@@ -353,6 +358,11 @@ def run_oneshot(
             ),
             inspection=pool,
             prefetch=prefetch[0] if prefetch else None,
+            verify=_verify_plan(
+                engine, engine_model, engine_inputs, input_list, config, framework, model_path
+            )
+            if VERIFY
+            else None,
         )
         ver = run_verification(
             golden_dir,
@@ -410,6 +420,8 @@ class _Annotator:
     culprits: list[Culprit] = field(default_factory=list)
     worst: str | None = None
     prefetch: Prefetch | None = None  # the ranking's work done beside the engine run
+    # what the culprits' fixes are measured with on QNN (None: not verified, e.g. simulation)
+    verify: VerifyPlan | None = None
 
     def __call__(self, ver: VerificationResult) -> SummaryAnnotation:
         seconds, engine = self.seconds, self.engine
@@ -459,12 +471,17 @@ class _Annotator:
                 break
         self.worst = worst
         golden_w, target_w = ver.folders[worst]
-        summary = ranking.apply(summary, "Name")
         seconds["culprit ranking"] = time.perf_counter() - t
+        worst_line = _worst_line(ver.inputs, worst, verifiers, low) if several else ""
+        if self.verify is not None and (ranking.culprits or ranking.outputs_pass is False):
+            t = time.perf_counter()
+            ranking = self.verify.run(ranking, ver.run_dir, worst_line)
+            seconds["verification on QNN"] = time.perf_counter() - t
+        elif worst_line:
+            ranking.findings.insert(len(ranking.findings), worst_line)
+        summary = ranking.apply(summary, "Name")
         self.culprits = ranking.culprits
         self.findings = list(ranking.findings)
-        if several:
-            self.findings.append(_worst_line(ver.inputs, worst, verifiers, low))
         labels = [v["label"] for v in ver.verifiers]
         links = _detail_links(ver.run_dir, summary, labels, several)
         if self.inspection is not None:
@@ -511,10 +528,119 @@ class _Annotator:
         extra: dict[str, Any] = {
             "attribution": [m.__dict__ for m in self.marks],
             "findings": list(self.findings),
+            "culprits": [c.as_dict() for c in self.culprits],
         }
         if several:
             extra["culprit_ranking_input"] = worst
         return SummaryAnnotation(summary, extra, page)
+
+
+def _verify_plan(
+    engine: EngineResult,
+    engine_model: Path,
+    engine_inputs: Sequence[InputTensor],
+    input_list: str | Path | None,
+    config: EngineConfig,
+    framework: str,
+    model_path: str | Path,
+) -> VerifyPlan | None:
+    """What the culprits' verification needs, when there is a backend to verify on: a model
+    quantized here (its float model prepared beside it), run by QNN."""
+    if engine.simulated or config.stage != "source" or not config.quant.quantizes:
+        return None
+    if not prepared_model(engine.qdq_model).is_file():
+        return None
+    from accdbg.engines.pipeline import Calibration
+
+    model = onnx.load(str(engine_model), load_external_data=False)
+    feeds = Calibration.from_inputs(model, input_list, engine_inputs).feeds
+    return VerifyPlan(
+        engine, feeds, config, _command(framework, model_path, engine_inputs, input_list, config)
+    )
+
+
+def _command(
+    framework: str,
+    model_path: str | Path,
+    inputs: Sequence[InputTensor],
+    input_list: str | Path | None,
+    config: EngineConfig,
+) -> tuple[str, ...]:
+    """The oneshot command line of this run (what a fix's command adds its change to)."""
+    q = config.quant
+    cmd = ["qnn-accuracy-debugger", "-f", framework, "-m", str(Path(model_path).absolute())]
+    for t in inputs:
+        dims = ",".join(map(str, t.dims))
+        cmd += ["-i", t.name, dims, str(Path(t.path).absolute()), t.dtype.name]
+    if input_list:
+        cmd += ["-l", str(Path(input_list).absolute())]
+    cmd += ["-r", config.backend.runtime]
+    for flag, value, default in (
+        ("-abw", q.act_bitwidth, 8),
+        ("-wbw", q.weights_bitwidth, 8),
+        ("--act_quantizer", q.act_quantizer, "tf"),
+        ("-pq", q.param_quantizer, "tf"),
+    ):
+        if value != default:
+            cmd += [flag, str(value)]
+    if q.per_channel:
+        cmd.append("--per_channel_quantization")
+    if q.keep_activations:
+        cmd.append("--keep_removable_activations")
+    if q.overrides is not None:
+        cmd += ["-qo", str(q.overrides.absolute())]
+    return tuple(cmd)
+
+
+@dataclass
+class VerifyPlan:
+    """How oneshot measures its culprits' fixes on QNN (:mod:`accdbg.algorithms.fixes.verify`)."""
+
+    engine: EngineResult
+    feeds: list  # every debugged input: name -> (path, dims, dtype name)
+    config: EngineConfig
+    command: tuple[str, ...]
+
+    def run(self, ranking: Ranking, run_dir: Path, worst_line: str) -> Ranking:
+        """The ranking, its culprits confirmed on QNN (or dropped), the fix line last; the
+        worst-input line stays before the verification's lines."""
+        from accdbg.algorithms.fixes.verify import FixContext, Verifier, applied
+
+        if worst_line:
+            ranking.findings.append(worst_line)
+        work = run_dir / ".verify"
+        defects = defects_beside(self.engine.qdq_model)
+        ctx = FixContext(
+            prepared_model(self.engine.qdq_model),
+            self.engine.qdq_model,
+            self.feeds,
+            self.config,
+            work,
+            run_dir,
+            final_name(run_dir),
+            self.command,
+            clamps={
+                d.constant: d.extra["clamp"]
+                for d in defects
+                if d.extra.get("clamp") and not d.fatal
+            },
+        )
+        verifier = Verifier(ctx)
+        try:
+            out = verifier.verify(ranking.culprits, ranking.outputs_pass is False)
+        finally:
+            verifier.close()
+            shutil.rmtree(work, ignore_errors=True)
+        log.info("verification on QNN: %d session(s)", out.sessions)
+        return applied(ranking, out)
+
+
+def final_name(staging: Path) -> Path:
+    """A run folder's name once finished (it is written as ``.NAME.partial``)."""
+    name = staging.name
+    if name.startswith(".") and name.endswith(".partial"):
+        name = name[1 : -len(".partial")]
+    return staging.with_name(name)
 
 
 def _feeds_of(target: Path, engine_inputs: Sequence[InputTensor]) -> dict[str, np.ndarray]:

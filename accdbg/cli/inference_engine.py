@@ -62,6 +62,13 @@ def add_quantizer_arguments(group) -> None:
     group.add_argument("-pq", "--param_quantizer", choices=QUANTIZERS, default=Q.param_quantizer)
     group.add_argument("--act_quantizer", choices=QUANTIZERS, default=Q.act_quantizer)
     group.add_argument("--per_channel_quantization", action="store_true", default=Q.per_channel)
+    group.add_argument(
+        "--keep_removable_activations",
+        action="store_true",
+        default=Q.keep_activations,
+        help="keep every Relu/Clip as a node (onnxruntime's quantizer folds one into its "
+        "output's encoding, exact only when that encoding starts at its bound)",
+    )
 
 
 class EngineArgs(A.ArgGroup):
@@ -226,6 +233,7 @@ class EngineArgs(A.ArgGroup):
                 act_quantizer=args.act_quantizer,
                 param_quantizer=args.param_quantizer,
                 per_channel=args.per_channel_quantization,
+                keep_activations=args.keep_removable_activations,
                 quantization_overrides=args.quantization_overrides,
                 ignore_encodings=args.ignore_encodings,
                 precision=args.precision,

@@ -39,6 +39,8 @@ class QuantOptions:
     act_quantizer: str = "tf"
     param_quantizer: str = "tf"
     per_channel: bool = False
+    # Relu/Clip kept as nodes, not folded into their output's encoding (QDQKeepRemovableActivations)
+    keep_activations: bool = False
     quantization_overrides: str | None = None  # -qo: AIMET encodings applied as overrides
     ignore_encodings: bool = False
     precision: str = "int8"  # fp16: no quantization, the float model on HTP in fp16

@@ -238,6 +238,7 @@ def _quantize(
         quant.per_channel,
         overrides or None,
         notes=notes,
+        keep_activations=quant.keep_activations,
     )
     qdq = onnx.load(str(target), load_external_data=False)
     steps = legalize(qdq)

@@ -198,6 +198,7 @@ def quantize_for_qnn(
     per_channel: bool = False,
     overrides: dict | None = None,
     notes: list[str] | None = None,
+    keep_activations: bool = False,
 ) -> Path:
     """Write the QDQ model for QNN; returns its path. Constants kept float because QNN takes
     them only as initializers are described in ``notes`` (logged when there is no ``notes``)."""
@@ -232,6 +233,8 @@ def quantize_for_qnn(
     if overrides:
         # keep the given weight scales exactly, even when the int32 bias scale gets small
         extra["QDQDisableWeightAdjustForInt32Bias"] = True
+    if keep_activations:
+        extra["QDQKeepRemovableActivations"] = True
     config.extra_options.update(extra)
     reader.rewind()
     try:

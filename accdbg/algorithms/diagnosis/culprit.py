@@ -103,6 +103,8 @@ class Culprit:
     region: tuple[str, ...] = ()  # itself and the tensors that carry its error
     rules: tuple[str, ...] = ()  # the ranking rules that named and placed it
     verified: Verified | None = None
+    # found before the run: the constant its values come from (a mask) or the node removed
+    source: str = ""
 
     @property
     def backend(self) -> bool:
@@ -132,4 +134,5 @@ class Culprit:
             region=tuple(d.get("region", ())),
             rules=tuple(d.get("rules", ())),
             verified=Verified(**ver) if isinstance(ver, dict) else None,
+            source=str(d.get("source", "")),
         )

@@ -32,6 +32,7 @@ from accdbg.algorithms.diagnosis.divergence import (
 )
 from accdbg.algorithms.diagnosis.evidence import EvidenceBuilder, float_weights_of
 from accdbg.algorithms.diagnosis.ranking import ContextCheck, KernelsAdded, Ranking, rank
+from accdbg.algorithms.diagnosis.ranking.defects import as_culprits, defects_beside
 from accdbg.algorithms.diagnosis.ranking.measures import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.diagnosis.reach import OutlierReach, Reach
 from accdbg.algorithms.diagnosis.sensitivity import Sensitivity, Share, judged_outputs
@@ -322,6 +323,9 @@ def find_culprits(
         alone_cpu=alone_cpu if local_observed else None,
         run_cpu=alone_cpu.in_run if alone_cpu is not None and not local_observed else None,
         judged=judged,
+        defects=as_culprits(
+            defects_beside(qdq_model), {o: n.op_type for n in qdq.graph.node for o in n.output}
+        ),
     )
     log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)
     return ranking

@@ -27,7 +27,9 @@ from accdbg.algorithms.diagnosis.culprit import (
     CALIBRATIONS,
     CLIPPING,
     CONCAT,
+    DROPPED,
     FEW,
+    MASK,
     WEIGHT,
     Change,
     Culprit,
@@ -204,6 +206,62 @@ def kind_of(cause: str) -> str:
     return ""
 
 
+def changes_for(
+    model: onnx.ModelProto,
+    c: Culprit,
+    per_channel: bool,
+    act_bitwidth: int,
+    pairs: Sequence[Pair] | None = None,
+) -> tuple[list[Change], str]:
+    """The changes a culprit's kind calls for, aimed at it first, and a note when it gets
+    none (a backend layer: precision is not its problem). ``pairs``: the model's Conv pairs
+    (:func:`~accdbg.algorithms.fixes.equalize.conv_pairs`), computed once by a caller asking
+    for several culprits."""
+    tensors = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    why = f"culprit #{c.rank}: {c.cause}"
+    if c.kind == MASK and c.source:  # the sentinel clamped, or its tensors in 16 bits
+        act = [] if act_bitwidth == 16 else [Change("act16", t, c.name, why) for t in c.region]
+        return [Change("clamp_mask", c.source, c.name, why), *act[:1]], ""
+    if c.kind == DROPPED:
+        return [Change("keep_activation", c.source or c.name, c.name, why)], ""
+    if c.backend:
+        shared = [t for t in encoding_fix(c.cause) if t in tensors]
+        if shared and c.name in tensors:
+            change = Change("encoding", ",".join(shared), c.name, why)
+            return [change], f"{c.name}: backend; its candidate: {change.label}"
+        return [], (
+            f"{c.name}: {c.cause} - a backend issue, not a precision one: no precision "
+            "candidate; see the engine run's partitioning.json and model_net.json (QNN graph)"
+        )
+    if c.name not in tensors:
+        return [], f"{c.name}: not a tensor of the float model; no local candidate"
+    layer = resolve_layer(model, c.name)
+    weight = []
+    if layer.weight and not per_channel and layer.axis is not None:
+        weight.append(Change("per_channel", layer.weight, c.name, why))
+    node_name = layer.node.name if layer.node is not None else None
+    for p in conv_pairs(model) if pairs is None else pairs:
+        if node_name in (p.producer, p.consumer) or c.name in p.between:
+            weight.append(Change("equalize", p.label, c.name, why))
+    act = [] if act_bitwidth == 16 else [Change("act16", c.name, c.name, why)]
+    w16 = [Change("w16", layer.weight, c.name, why)] if layer.weight else []
+    order = act + weight + w16 if c.kind in AIMS_AT_ACTIVATIONS else weight + act + w16
+    return list(dict.fromkeys(order)), ""
+
+
+def global_changes(per_channel: bool, act_bitwidth: int, act_quantizer: str) -> list[Change]:
+    """The model-wide knobs not already turned."""
+    glob: list[Change] = []
+    if not per_channel:
+        glob.append(Change("per_channel_all", why="global knob"))
+    for q in CALIBRATIONS:
+        if q != act_quantizer:
+            glob.append(Change("calibration", q, why="global knob"))
+    if act_bitwidth != 16:
+        glob.append(Change("act16_all", why="global knob"))
+    return glob
+
+
 def propose(
     model: onnx.ModelProto,
     culprits: Sequence[Culprit],
@@ -216,47 +274,14 @@ def propose(
     notes: list[str] = []
     local: list[Change] = []
     pairs = conv_pairs(model)
-    tensors = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     for c in culprits:
-        shared = [t for t in encoding_fix(c.cause) if t in tensors] if c.backend else []
-        if shared and c.name in tensors:
-            why = f"culprit #{c.rank}: {c.cause}"
-            local.append(Change("encoding", ",".join(shared), c.name, why))
-            notes.append(f"{c.name}: backend; its candidate: {local[-1].label}")
-            continue
-        if c.backend:
-            notes.append(
-                f"{c.name}: {c.cause} - a backend issue, not a precision one: no precision "
-                "candidate; see the engine run's partitioning.json and model_net.json (QNN graph)"
-            )
-            continue
-        if c.name not in tensors:
-            notes.append(f"{c.name}: not a tensor of the float model; no local candidate")
-            continue
-        layer = resolve_layer(model, c.name)
-        why = f"culprit #{c.rank}: {c.cause}"
-        weight = []
-        if layer.weight and not per_channel and layer.axis is not None:
-            weight.append(Change("per_channel", layer.weight, c.name, why))
-        node_name = layer.node.name if layer.node is not None else None
-        for p in pairs:
-            if node_name in (p.producer, p.consumer) or c.name in p.between:
-                weight.append(Change("equalize", p.label, c.name, why))
-        act = [] if act_bitwidth == 16 else [Change("act16", c.name, c.name, why)]
-        w16 = [Change("w16", layer.weight, c.name, why)] if layer.weight else []
-        order = act + weight + w16 if c.kind in AIMS_AT_ACTIVATIONS else weight + act + w16
-        local.extend(x for x in order if x not in local)
-    glob: list[Change] = []
-    if not per_channel:
-        glob.append(Change("per_channel_all", why="global knob"))
-    for q in CALIBRATIONS:
-        if q != act_quantizer:
-            glob.append(Change("calibration", q, why="global knob"))
-    if act_bitwidth != 16:
-        glob.append(Change("act16_all", why="global knob"))
+        changes, note = changes_for(model, c, per_channel, act_bitwidth, pairs)
+        local.extend(x for x in changes if x not in local)
+        if note:
+            notes.append(note)
     if not culprits:
         notes.append("no culprit in the diagnosis: only global knobs are tried")
-    return local + glob, notes
+    return local + global_changes(per_channel, act_bitwidth, act_quantizer), notes
 
 
 def pairs_of(model: onnx.ModelProto, changes: Sequence[Change]) -> list[Pair]:
@@ -313,6 +338,7 @@ def settings(
         "per_channel": per_channel,
         "act_bitwidth": act_bitwidth,
         "act_quantizer": act_quantizer,
+        "keep_activations": False,
         "overrides": {},
         "landed": [],
     }
@@ -332,6 +358,8 @@ def settings(
             for t in regions.get(c.target, [c.target]):
                 out["overrides"][t] = [{"quant_type": "QUInt16"}]
             out["landed"].append(("act16", c.target))
+        elif c.kind == "keep_activation":
+            out["keep_activations"] = True
         elif c.kind == "w16":
             out["overrides"][c.target] = [{"quant_type": "QUInt16"}]
             out["landed"].append(("w16", c.target))

@@ -12,6 +12,7 @@ each tensor the candidate changed.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ class Spec:
     # (what, tensor): what in act16|w16|per_channel|"encoding of <layer>"
     landed: list = field(default_factory=list)
     judged: list = field(default_factory=list)  # the float tensors the outputs are judged at
+    # a QDQ model already made (the run's own; a region of it in float): measured as it is
+    model: str = ""
 
 
 def sqnr_db(ref: np.ndarray, out: np.ndarray) -> float:
@@ -266,17 +269,22 @@ def measure(spec: Spec) -> dict[str, Any]:
     t0 = time.perf_counter()
     rec: dict[str, Any] = {"key": spec.key, "status": "ok", "reason": ""}
     try:
-        # the pipeline quantizes a private copy in out/.quantize: the candidates quantizing
-        # the same float model at once share no scratch file
-        qdq_path = quantize_prepared(
-            Path(spec.float_model),
-            "candidate",
-            Calibration.from_feeds(spec.feeds),
-            spec.quant,
-            out,
-            spec.overrides,
-            out / ".quantize",
-        ).path
+        if spec.model:  # made already: measured as it is
+            qdq_path = out / "candidate.qdq.onnx"
+            if Path(spec.model) != qdq_path:
+                shutil.copyfile(spec.model, qdq_path)
+        else:
+            # the pipeline quantizes a private copy in out/.quantize: the candidates
+            # quantizing the same float model at once share no scratch file
+            qdq_path = quantize_prepared(
+                Path(spec.float_model),
+                "candidate",
+                Calibration.from_feeds(spec.feeds),
+                spec.quant,
+                out,
+                spec.overrides,
+                out / ".quantize",
+            ).path
     except AccdbgError as exc:
         return {**rec, "status": "quantization failed", "reason": str(exc)}
     except Exception as exc:  # onnxruntime's quantizer refusing the overrides

@@ -44,6 +44,7 @@ from accdbg.core.inputs import InputTensor
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.encodings.model import zero_point_from_offset
 from accdbg.encodings.qdq import qdq_encodings
+from accdbg.engines.legalize import clamp_constants
 from accdbg.engines.options import EngineConfig, QuantOptions
 from accdbg.engines.pipeline import Calibration, prepare_float, quantize_prepared
 from accdbg.engines.run import check_engine_options
@@ -84,7 +85,7 @@ class FixSearchResult:
 
 
 @dataclass
-class _Setup:
+class Setup:
     model_path: Path
     prepared: onnx.ModelProto
     prepared_path: Path
@@ -97,11 +98,15 @@ class _Setup:
     # the baseline's (scale, zero point, quant type) of the layers whose encoding a candidate
     # gives others
     encodings: dict[str, tuple[float, int, str]] = field(default_factory=dict)
+    # the QDQ model the run under diagnosis ran: the baseline measured as it is, and what a
+    # region kept in fp16 is cut from (None: the baseline is quantized here)
+    baseline_model: Path | None = None
+    clamps: dict[str, float] = field(default_factory=dict)  # a mask constant -> its clamp
 
     def quant_of(self, settings: Mapping[str, Any]) -> QuantOptions:
         """The quantizer options of a candidate's settings (:func:`C.settings`) over the
         baseline's; its per-tensor overrides go beside them."""
-        keys = ("per_channel", "act_bitwidth", "act_quantizer")
+        keys = ("per_channel", "act_bitwidth", "act_quantizer", "keep_activations")
         return replace(self.quant, **{k: settings[k] for k in keys if k in settings})
 
 
@@ -187,11 +192,9 @@ def run_fix_search(
         reference = run.path / "float_outputs.npz"
         judged = scores(prepared)  # a Softmax/Sigmoid output at its logits, for every candidate
         save_reference(reference, float_outputs(prepared, judged, feeds))
-        wtype = "QInt8" if quant.param_quantizer == "symmetric" else "QUInt8"
-        if quant.weights_bitwidth == 16:
-            wtype = wtype.replace("8", "16")
-        setup = _Setup(
-            model_path, prepared, prepared_path, feeds, reference, options, quant, _axes(prepared),
+        wtype = weight_type(quant)
+        setup = Setup(
+            model_path, prepared, prepared_path, feeds, reference, options, quant, axes_of(prepared),
             judged,
         )  # fmt: skip
         cands, notes = C.propose(
@@ -202,7 +205,7 @@ def run_fix_search(
         shared = {c.layer for c in cands if c.kind == "encoding"}
         if shared:
             setup.encodings = _baseline_encodings(setup, calibration, shared, work)
-        search = _Search(setup, run.path, journal, workers, wtype, executor)
+        search = Search(setup, run.path, journal, workers, wtype, executor)
         try:
             rows, accepted = search.greedy(
                 cands, target_sqnr, target_gap, max_16bit_tensors, time_budget
@@ -265,7 +268,7 @@ def run_fix_search(
 
 
 def _baseline_encodings(
-    setup: _Setup, calibration: Calibration, layers: set[str], work: Path
+    setup: Setup, calibration: Calibration, layers: set[str], work: Path
 ) -> dict[str, tuple[float, int, str]]:
     """The (scale, zero point, quant type) the baseline quantization gives ``layers``'
     outputs (one quantization of the model, as the engine does it)."""
@@ -279,7 +282,7 @@ def _baseline_encodings(
     return out
 
 
-def _ensure_qdq(setup: _Setup, folder: Path, settings: dict) -> None:
+def _ensure_qdq(setup: Setup, folder: Path, settings: dict) -> None:
     """The best candidate's QDQ model, quantized again when an earlier finish of this run
     pruned it (a resumed search can pick another best); quantization is deterministic."""
     if (folder / "candidate.qdq.onnx").exists():
@@ -324,7 +327,13 @@ def check_search_options(
         raise AccdbgError(f"--target_sqnr {target_sqnr}: expected a finite number of dB")
 
 
-def _axes(model: onnx.ModelProto) -> dict[str, int]:
+def weight_type(quant: QuantOptions) -> str:
+    """The quant type name a candidate's per-tensor weight override takes."""
+    wtype = "QInt8" if quant.param_quantizer == "symmetric" else "QUInt8"
+    return wtype.replace("8", "16") if quant.weights_bitwidth == 16 else wtype
+
+
+def axes_of(model: onnx.ModelProto) -> dict[str, int]:
     out = {}
     inits = {i.name for i in model.graph.initializer}
     for n in model.graph.node:
@@ -333,10 +342,10 @@ def _axes(model: onnx.ModelProto) -> dict[str, int]:
     return out
 
 
-class _Search:
+class Search:
     def __init__(
         self,
-        setup: _Setup,
+        setup: Setup,
         root: Path,
         journal: Journal,
         workers: int,
@@ -377,6 +386,27 @@ class _Search:
         out_dir.mkdir(parents=True, exist_ok=True)
         model_path = s.prepared_path
         extra: dict[str, Any] = {}
+        made = self._made(changes, out_dir)
+        if made is not None:  # measured as made: the run's own model, or a region of it in fp16
+            spec = Spec(
+                key=C.config_key(changes),
+                float_model=str(model_path),
+                out_dir=str(out_dir),
+                feeds=s.feeds,
+                reference=str(s.reference),
+                options=s.options,
+                quant=s.quant,
+                judged=s.judged,
+                model=str(made),
+            )
+            return spec, {"settings": st}
+        clamps = {c.target: s.clamps[c.target] for c in changes if c.kind == "clamp_mask"}
+        if clamps:  # the mask's sentinel clamped in the float model, quantized again
+            clamped = onnx.load(str(model_path))
+            clamp_constants(clamped, clamps)
+            model_path = out_dir / "float.onnx"
+            onnx.save(clamped, str(model_path))
+            extra["clamped"] = ", ".join(f"{k} to {v:g}" for k, v in clamps.items())
         pairs = C.pairs_of(s.prepared, changes)
         if pairs:
             eq, notes = equalize(s.prepared, pairs)
@@ -404,6 +434,27 @@ class _Search:
             judged=s.judged,
         )
         return spec, {**extra, "settings": st}
+
+    def _made(self, changes: list[C.Change], out_dir: Path) -> Path | None:
+        """The candidate's QDQ model when it is no quantization of its own: the run's model
+        itself (no change), or that model with a culprit's region in float (fp16 on HTP)."""
+        base = self.s.baseline_model
+        if base is None:
+            return None
+        if not changes:
+            return base
+        if len(changes) != 1 or changes[0].kind != "float_region":
+            return None
+        from accdbg.algorithms.fragments import QdqModel
+        from accdbg.algorithms.mixed import FloatModel, op_list, partly_quantized
+
+        qdq = QdqModel.load(base)
+        region = {qdq.producer[t] for t in changes[0].target.split(",") if t in qdq.producer}
+        quantized = set(op_list(qdq)) - region
+        model, _ = partly_quantized(qdq, quantized, FloatModel(self.s.prepared))
+        path = out_dir / "candidate.qdq.onnx"
+        onnx.save(model, str(path))
+        return path
 
     def _prepare(self, changes: list[C.Change]) -> tuple[str, Spec | None, dict]:
         key = C.config_key(changes)

@@ -206,6 +206,7 @@ class Ranking:
     spread_db: float
     findings: list[str]
     columns: dict[str, dict[str, object]] = field(default_factory=dict)  # name -> column values
+    outputs_pass: bool | None = None  # the outputs' verdicts (None: none judged)
 
     def apply(self, df: pd.DataFrame, name_col: str) -> pd.DataFrame:
         """The table with the ranking columns appended (the reference's columns keep their
@@ -241,6 +242,7 @@ def rank(
     alone_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
     run_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
     judged: Collection[str] = (),
+    defects: Sequence[Culprit] = (),
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
 
@@ -296,7 +298,9 @@ def rank(
     does not make - where its inputs' error there would not hide it - is the cut's
     (``CONTEXT_CUT``).
     ``judged``: the tensors the outputs are judged at (a model output, or the logits a
-    Softmax/Sigmoid output reads).
+    Softmax/Sigmoid output reads). ``defects``: culprits found in the quantized model before
+    any run (:mod:`accdbg.encodings.defects`: encodings that cannot hold their tensors, an
+    activation the quantizer dropped): named first, before any layer measured.
     """
     observed = dict(observed_nsr or {})
     local = {n: evidence[n].local_nsr for n in order if n in evidence}
@@ -526,8 +530,12 @@ def rank(
     leading = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= SHARE}
     candidates = _upstream_first(candidates, leading)
     by_backend = {b[1] for b in backend}
-    culprits = []
-    for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1):
+    culprits = list(defects)
+    for d in defects:
+        columns.setdefault(d.name, {}).update({RANK: d.rank, CAUSE: d.cause, KIND_COL: d.kind})
+    held = {t for d in defects for t in d.region}  # measured as their defect's, not again
+    candidates = [c for c in candidates if c[1] not in held]
+    for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1 + len(defects)):
         columns.setdefault(n, {})[RANK] = r
         columns[n][CAUSE] = cause
         kind = (
@@ -607,7 +615,9 @@ def rank(
             -1,
             f"{len(beyond)} more layers ({shown}) are culprits by the same measures, {AFTER_NAMED}",
         )
-    return Ranking(culprits, floor, spread, findings, columns)
+    verdicts = [o[3] for o in outputs if o[3] is not None]
+    passed = all(verdicts) if verdicts else None
+    return Ranking(culprits, floor, spread, findings, columns, passed)
 
 
 def _outlier_weights(

@@ -112,9 +112,17 @@ def test_real_model_planted_layer_among_three_largest_drops(ppocr_planted):
     assert (earlier < 20).sum() > i // 2  # the absolute threshold already fails most earlier layers
     for mark in res.marks:
         assert planted in [n for n, _ in mark.largest_drops], mark
-    ranked = res.summary.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
-    assert list(ranked["Name"])[:1] == [planted], ranked[["Name", "cause"]]
-    assert ranked["cause"].iloc[0].startswith("weight range")
+    # ranked first by the CPU measures, but the device barely feels it: at 320x320 the model
+    # keeps 12 dB at its outputs, and the planted layer's per-channel fix (or the layer in
+    # fp16) gains under a dB on QNN - so it is not named, and nothing else is in its place
+    ranked = res.summary.dropna(subset=["culprit_rank"])
+    assert ranked.empty, ranked[["Name", "cause"]]
+    cause = res.summary.set_index("Name").loc[planted, "cause"]
+    assert cause.startswith("weight range") and "not confirmed on QNN HTP" in cause
+    dropped = [f for f in res.findings if f.startswith("not a culprit on QNN:")]
+    assert len(dropped) == 1 and dropped[0].startswith(
+        f"not a culprit on QNN: {planted} - ranked #1"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -452,7 +460,9 @@ def test_every_input_list_line_is_debugged_against_its_own_golden(tmp_path, caps
     worst = final.idxmin()
     data = json.loads((ver / "summary.json").read_text())
     assert data["culprit_ranking_input"] == worst
-    assert f"worst of 3 inputs: {worst} ({raws[keys.index(worst)]})" in data["findings"][-1]
+    line = next(f for f in data["findings"] if "the culprit ranking is on the worst" in f)
+    assert f"worst of 3 inputs: {worst} ({raws[keys.index(worst)]})" in line
+    assert data["findings"][-1].startswith("fix: ")  # the best change measured on QNN, last
     assert "culprit #1: layer1 (Conv)" in "\n".join(data["findings"])
     # the report: a table of inputs linking to each input's own summary page
     html = (ver / "summary.html").read_text()
@@ -494,7 +504,7 @@ def test_an_input_whose_every_layer_loses_its_information_is_not_the_one_ranked(
     data = json.loads((ver / "summary.json").read_text())
     second = final.drop("Result_1").idxmin()
     assert data["culprit_ranking_input"] == second
-    line = data["findings"][-1]
+    line = next(f for f in data["findings"] if f.startswith("the culprit ranking is on"))
     assert f"the culprit ranking is on {second} (" in line
     assert "whose layers keep their information: on the worst, Result_1, the median layer" in line
     assert "culprit #1: layer1 (Conv)" in "\n".join(data["findings"])

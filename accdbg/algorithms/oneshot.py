@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -30,7 +29,6 @@ import pandas as pd
 from accdbg.algorithms.diagnosis.attribution import Attribution, attribute
 from accdbg.algorithms.diagnosis.culprits import Prefetch, find_culprits, prepared_model
 from accdbg.algorithms.diagnosis.ranking import ABS_DB, Culprit, Ranking
-from accdbg.algorithms.diagnosis.ranking.defects import defects_beside
 from accdbg.core.inputs import (
     InputTensor,
     check_finite,
@@ -550,46 +548,14 @@ def _verify_plan(
         return None
     if not prepared_model(engine.qdq_model).is_file():
         return None
+    from accdbg.algorithms.fixes.verify import run_command
     from accdbg.engines.pipeline import Calibration
 
     model = onnx.load(str(engine_model), load_external_data=False)
     feeds = Calibration.from_inputs(model, input_list, engine_inputs).feeds
     return VerifyPlan(
-        engine, feeds, config, _command(framework, model_path, engine_inputs, input_list, config)
+        engine, feeds, config, run_command(framework, model_path, engine_inputs, input_list, config)
     )
-
-
-def _command(
-    framework: str,
-    model_path: str | Path,
-    inputs: Sequence[InputTensor],
-    input_list: str | Path | None,
-    config: EngineConfig,
-) -> tuple[str, ...]:
-    """The oneshot command line of this run (what a fix's command adds its change to)."""
-    q = config.quant
-    cmd = ["qnn-accuracy-debugger", "-f", framework, "-m", str(Path(model_path).absolute())]
-    for t in inputs:
-        dims = ",".join(map(str, t.dims))
-        cmd += ["-i", t.name, dims, str(Path(t.path).absolute()), t.dtype.name]
-    if input_list:
-        cmd += ["-l", str(Path(input_list).absolute())]
-    cmd += ["-r", config.backend.runtime]
-    for flag, value, default in (
-        ("-abw", q.act_bitwidth, 8),
-        ("-wbw", q.weights_bitwidth, 8),
-        ("--act_quantizer", q.act_quantizer, "tf"),
-        ("-pq", q.param_quantizer, "tf"),
-    ):
-        if value != default:
-            cmd += [flag, str(value)]
-    if q.per_channel:
-        cmd.append("--per_channel_quantization")
-    if q.keep_activations:
-        cmd.append("--keep_removable_activations")
-    if q.overrides is not None:
-        cmd += ["-qo", str(q.overrides.absolute())]
-    return tuple(cmd)
 
 
 @dataclass
@@ -604,43 +570,14 @@ class VerifyPlan:
     def run(self, ranking: Ranking, run_dir: Path, worst_line: str) -> Ranking:
         """The ranking, its culprits confirmed on QNN (or dropped), the fix line last; the
         worst-input line stays before the verification's lines."""
-        from accdbg.algorithms.fixes.verify import FixContext, Verifier, applied
+        from accdbg.algorithms.fixes.verify import FixContext, verify_ranking
 
         if worst_line:
             ranking.findings.append(worst_line)
-        work = run_dir / ".verify"
-        defects = defects_beside(self.engine.qdq_model)
-        ctx = FixContext(
-            prepared_model(self.engine.qdq_model),
-            self.engine.qdq_model,
-            self.feeds,
-            self.config,
-            work,
-            run_dir,
-            final_name(run_dir),
-            self.command,
-            clamps={
-                d.constant: d.extra["clamp"]
-                for d in defects
-                if d.extra.get("clamp") and not d.fatal
-            },
+        ctx = FixContext.of_run(
+            self.engine.qdq_model, self.feeds, self.config, run_dir, self.command
         )
-        verifier = Verifier(ctx)
-        try:
-            out = verifier.verify(ranking.culprits, ranking.outputs_pass is False)
-        finally:
-            verifier.close()
-            shutil.rmtree(work, ignore_errors=True)
-        log.info("verification on QNN: %d session(s)", out.sessions)
-        return applied(ranking, out)
-
-
-def final_name(staging: Path) -> Path:
-    """A run folder's name once finished (it is written as ``.NAME.partial``)."""
-    name = staging.name
-    if name.startswith(".") and name.endswith(".partial"):
-        name = name[1 : -len(".partial")]
-    return staging.with_name(name)
+        return verify_ranking(ranking, ctx)
 
 
 def _feeds_of(target: Path, engine_inputs: Sequence[InputTensor]) -> dict[str, np.ndarray]:

@@ -117,6 +117,8 @@ def quantize(req: Request, out_dir: Path) -> Path:
     )
     for step in prepared.steps:
         log.info("pre-processing: %s", step)
+    for d in prepared.defects:  # before the backend is asked: what no encoding can hold
+        log.warning("encodings: %s", d.line())
     log.info(
         "%s %s for QNN in %.1f s, pre-processing included -> %s",
         "quantized" if req.config.quant.quantizes else "prepared",

@@ -475,3 +475,11 @@ def detach_log_file(handler: logging.Handler | None) -> None:
         handler.close()
         if not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
             logger.setLevel(getattr(handler, "_accdbg_saved_level", logger.level))
+
+
+def final_of(staging: Path) -> Path:
+    """A run folder's name once finished: it is written as ``.NAME.partial`` beside it."""
+    name = staging.name
+    if name.startswith(".") and name.endswith(".partial"):
+        name = name[1 : -len(".partial")]
+    return staging.with_name(name)

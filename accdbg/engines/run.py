@@ -30,7 +30,6 @@ from accdbg.core.isolate import Isolated
 from accdbg.core.provenance import inputs_record
 from accdbg.core.run_dir import RunDir, check_run_folder, options_dict, write_json_atomic
 from accdbg.core.tensor_store import TensorFolder, TensorRecord, records_table, update_manifest
-from accdbg.encodings.defects import DEFECTS_FILE, write_defects
 from accdbg.engines import artifacts, exposure, partitioning
 from accdbg.engines.base import Engine
 from accdbg.engines.options import OUTPUT_DATA_TYPES, STAGES, EngineConfig
@@ -267,7 +266,6 @@ def run_inference_engine(
             log.info("pre-processing: %s", s)
         for d in prepared.defects:  # before the backend is asked: what no encoding can hold
             log.warning("encodings: %s", d.line())
-        write_defects(run.path / DEFECTS_FILE, prepared.defects)
         target_model = onnx.load(str(target), load_external_data=False)
         selected = (
             [] if stage == "compiled" else select_layers(target_model, config.layers, fw_names)

@@ -109,6 +109,7 @@ def output_scores(refs: list[list[np.ndarray]], outs: list[list[np.ndarray]]) ->
         "cosine worst": float(min(cos)),
         "top-1 agreement": float(np.mean(top)) if top else math.nan,
         "nsr": mean_nsr,
+        "SQNR inputs": [float(x) for x in sq],  # per input (a change is judged input by input)
     }
 
 

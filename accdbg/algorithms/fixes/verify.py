@@ -24,11 +24,13 @@ from __future__ import annotations
 import logging
 import math
 import shlex
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from accdbg.algorithms.checkpoint import JOURNAL, Journal
@@ -39,6 +41,8 @@ from accdbg.algorithms.fixes import candidates as C
 from accdbg.algorithms.fixes.measure import float_outputs, save_reference
 from accdbg.algorithms.fixes.search import Search, Setup, axes_of, weight_type
 from accdbg.core.executors import ExecutorConfig
+from accdbg.core.inputs import InputTensor
+from accdbg.core.run_dir import final_of
 from accdbg.core.tensor_store import safe_relpath
 from accdbg.encodings.qdq import export_qdq_encodings
 from accdbg.engines.options import EngineConfig
@@ -76,10 +80,100 @@ class FixContext:
     executor: ExecutorConfig | None = None
     clamps: dict[str, float] = field(default_factory=dict)  # a mask constant -> its clamp
 
+    @classmethod
+    def of_run(
+        cls,
+        qdq: Path,
+        feeds: list,
+        config: EngineConfig,
+        run_dir: Path,
+        command: Sequence[str],
+        executor: ExecutorConfig | None = None,
+    ) -> FixContext:
+        """The context of a run whose QDQ model ``qdq`` sits beside its prepared float model
+        (and the defects found quantizing it); written into ``run_dir`` (being written)."""
+        from accdbg.algorithms.diagnosis.ranking.defects import defects_beside
+
+        stem = qdq.name.removesuffix(".qdq.onnx")
+        clamps = {
+            d.constant: float(d.extra["clamp"])
+            for d in defects_beside(qdq)
+            if d.extra.get("clamp") is not None and not d.fatal
+        }
+        return cls(
+            qdq.with_name(f"{stem}.prepared.onnx"),
+            qdq,
+            feeds,
+            config,
+            run_dir / ".verify",
+            run_dir,
+            final_of(run_dir),
+            tuple(command),
+            executor,
+            clamps,
+        )
+
+
+def verify_ranking(ranking, ctx: FixContext):
+    """A :class:`~accdbg.algorithms.diagnosis.ranking.Ranking` with its culprits measured on
+    QNN (:class:`Verifier`) and what was measured applied (:func:`applied`); the scratch
+    folder removed."""
+    verifier = Verifier(ctx)
+    try:
+        out = verifier.verify(ranking.culprits, ranking.outputs_pass is False)
+    finally:
+        verifier.close()
+        shutil.rmtree(ctx.work, ignore_errors=True)
+    log.info("verification on QNN: %d session(s)", out.sessions)
+    return applied(ranking, out)
+
+
+def run_command(
+    framework: str,
+    model_path: str | Path,
+    inputs: Sequence[InputTensor],
+    input_list: str | Path | None,
+    config: EngineConfig,
+) -> tuple[str, ...]:
+    """The oneshot command line of this run (what a fix's command adds its change to)."""
+    q = config.quant
+    cmd = ["qnn-accuracy-debugger", "-f", framework, "-m", str(Path(model_path).absolute())]
+    for t in inputs:
+        dims = ",".join(map(str, t.dims))
+        cmd += ["-i", t.name, dims, str(Path(t.path).absolute()), t.dtype.name]
+    if input_list:
+        cmd += ["-l", str(Path(input_list).absolute())]
+    cmd += ["-r", config.backend.runtime]
+    for flag, value, default in (
+        ("-abw", q.act_bitwidth, 8),
+        ("-wbw", q.weights_bitwidth, 8),
+        ("--act_quantizer", q.act_quantizer, "tf"),
+        ("-pq", q.param_quantizer, "tf"),
+    ):
+        if value != default:
+            cmd += [flag, str(value)]
+    if q.per_channel:
+        cmd.append("--per_channel_quantization")
+    if q.keep_activations:
+        cmd.append("--keep_removable_activations")
+    if q.overrides is not None:
+        cmd += ["-qo", str(q.overrides.absolute())]
+    return tuple(cmd)
+
 
 def _gain(res: dict, base: dict) -> float:
+    """What a change gains the outputs' SQNR on QNN: the median over the debugged inputs of
+    its gain on each (a change is not judged by the one input it cannot help, nor made by
+    one it alone helps); the gain of the mean noise when per-input figures are missing."""
     if res.get("status") != "ok" or base.get("status") != "ok":
         return math.nan
+    mine, theirs = res.get("SQNR inputs") or [], base.get("SQNR inputs") or []
+    if mine and len(mine) == len(theirs):
+        each = [
+            0.0 if math.isinf(a) and math.isinf(b) else min(a - b, 200.0)
+            for a, b in zip(map(float, mine), map(float, theirs), strict=True)
+        ]
+        return float(np.median(each))
     return float(res["SQNR mean"]) - float(base["SQNR mean"])
 
 
@@ -281,9 +375,15 @@ class Verifier:
         best = _best(out)
         if best is not None:
             what, gain, cmd = best
+            n = len(self.ctx.feeds)
+            where = (
+                f"the median over {n} inputs"
+                if n > 1
+                else f"outputs at {out.baseline_db + gain:.1f} dB SQNR"
+            )
             lines.append(
-                f"fix: {what}: {_db(gain)} on QNN HTP (measured, outputs at "
-                f"{out.baseline_db + gain:.1f} dB SQNR){' -> ' + cmd if cmd else ''}"
+                f"fix: {what}: {_db(gain)} on QNN HTP (measured, {where})"
+                f"{' -> ' + cmd if cmd else ''}"
             )
         elif out.global_rows:
             lines.append(

@@ -224,10 +224,10 @@ def test_the_float_model_of_a_mask_is_unchanged_and_its_defect_found_before_a_ru
 @pytest.mark.slow
 def test_an_attention_with_an_infinite_mask_runs_on_qnn_with_the_mask_named(tmp_path):
     """-inf on the masked keys: as quantized no backend takes it; the engine clamps the mask
-    for its run, QNN HTP runs the model, and defects.json names the mask and its tensors."""
+    for its run, QNN HTP runs the model, and the defects beside the QDQ model name the mask and its tensors."""
     from accdbg.core.inputs import parse_input_tensor
     from accdbg.core.tensor_store import TensorFolder
-    from accdbg.encodings.defects import DEFECTS_FILE, read_defects
+    from accdbg.encodings.defects import defects_path, read_defects
     from accdbg.engines import run_inference_engine
 
     built = models.masked_attention(tmp_path, -math.inf)
@@ -240,7 +240,7 @@ def test_an_attention_with_an_infinite_mask_runs_on_qnn_with_the_mask_named(tmp_
         ],
         working_dir=tmp_path / "w",
     )
-    found = read_defects(res.run_dir / DEFECTS_FILE)
+    found = read_defects(defects_path(res.qdq_model))
     assert [d.kind for d in found] == [MASK] and found[0].fatal
     assert "clamped to" in (res.run_dir / "log.txt").read_text()
     y = TensorFolder(res.results[0]).load("y")

@@ -233,7 +233,12 @@ def test_one_prepared_model_quantized_with_per_tensor_overrides(tmp_path):
     others = {k: v for k, v in wide_types.items() if k != target and k in plain_types}
     assert others and all(v == plain_types[k] for k, v in others.items())
     assert wide.path.name == "wide.qdq.onnx" and wide.float_model == prepared.path
-    assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["plain.qdq.onnx", "wide.qdq.onnx"]
+    assert sorted(p.name for p in (tmp_path / "q").iterdir()) == [
+        "plain.defects.json",  # what no encoding holds (none here), beside each model
+        "plain.qdq.onnx",
+        "wide.defects.json",
+        "wide.qdq.onnx",
+    ]
 
 
 def test_select_layers_applies_the_same_filter_as_snooping(tmp_path):

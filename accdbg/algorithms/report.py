@@ -21,7 +21,10 @@ from accdbg.algorithms.diagnosis.ranking import Ranking
 from accdbg.algorithms.diagnosis.ranking.measures import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.judging import Judge
 from accdbg.algorithms.statuses import ERRORS, PART
+from accdbg.core.run_dir import write_json_atomic
 from accdbg.reports.summary import write_csv
+
+CULPRITS_JSON = "culprits.json"  # a snooping run's culprits (diagnosis.culprit.Culprit)
 
 LEADING = ["O/P Name", "Status", "Layer Type", "Shape", "Activations"]
 ORIG = "Orig Outputs"
@@ -100,6 +103,8 @@ def write_reports(
     df = frame(rows, judge.labels, cumulative)
     if ranking is not None:
         df = ranking.apply(df, "O/P Name")
+        # the verdict's culprits, structured: what the fix search starts from
+        write_json_atomic(folder / CULPRITS_JSON, [c.as_dict() for c in ranking.culprits])
     csv_path = write_csv(df, folder / f"{stem}.csv", durable=True)
     html_path = folder / f"{stem}.html"
     if not html:

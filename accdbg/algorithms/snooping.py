@@ -467,6 +467,8 @@ class Context:
                 measured = sum(1 for r in rows if r.get("Status") not in ERRORS)
                 self.ranking.findings[:] = among_measured(self.ranking.findings, measured)
                 self.ranking.findings.insert(0, unmeasured)
+            if self.ranking is not None and self.ranking.culprits:
+                self.ranking = self.verified(self.ranking)
         return report.write_reports(
             self.run_path,
             self.req.algorithm,
@@ -506,6 +508,22 @@ class Context:
             alone=None if self.req.cumulative else _written(self.run_path / "output"),
             in_context=self.in_context,
         )
+
+    def verified(self, ranking: Ranking) -> Ranking:
+        """The ranking's culprits confirmed on QNN by their fixes (the model quantized here
+        only: a given QDQ model has no float model to quantize a change from)."""
+        from accdbg.algorithms.diagnosis.culprits import prepared_model
+        from accdbg.algorithms.fixes.verify import FixContext, run_command, verify_ranking
+
+        req = self.req
+        quantized_here = self.qdq_path is not None and prepared_model(self.qdq_path).is_file()
+        if self.backend.engine.simulation or not quantized_here or not req.feeds:
+            return ranking
+        command = run_command(
+            "onnx", req.model_path, req.inputs, req.record.get("input_list"), req.config
+        )
+        ctx = FixContext.of_run(self.qdq_path, list(req.feeds), req.config, self.run_path, command)
+        return verify_ranking(ranking, ctx)
 
     def record(self, kind: str, rows: list[dict[str, Any]], sessions: int, **extra: Any) -> None:
         """Journal finished rows (fsynced), then rewrite the reports."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -46,7 +47,14 @@ MASK_MARGIN = 20.0
 # the tensor: a Where, an Add, a Reshape, a Transpose... per attention layer a handful).
 TRACE_DEPTH = 24
 
-DEFECTS_FILE = "defects.json"  # in an engine run: what find_defects found, before the run
+DEFECTS_SUFFIX = ".defects.json"  # <stem>.defects.json beside <stem>.qdq.onnx
+
+
+def defects_path(qdq_model) -> Path:
+    """Where the defects of a quantized model are kept: beside it, named after it."""
+    p = Path(qdq_model)
+    return p.with_name(p.name.removesuffix(".qdq.onnx") + DEFECTS_SUFFIX)
+
 
 UNHOLDABLE = "unholdable encoding"
 MASK = "mask constant"
@@ -276,7 +284,6 @@ def write_defects(path, defects: Iterable[Defect]) -> None:
 def read_defects(path) -> list[Defect]:
     """The defects an engine run found; none when it wrote no file (an older run)."""
     import json
-    from pathlib import Path
 
     p = Path(path)
     if not p.is_file():

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from accdbg.core.inputs import InputTensor, parse_input_list
-from accdbg.encodings.defects import DEFECTS_FILE, MASK, Defect, find_defects, write_defects
+from accdbg.encodings.defects import MASK, Defect, defects_path, find_defects, write_defects
 from accdbg.engines import exposure
 from accdbg.engines.integrity import check_runs_on_cpu
 from accdbg.engines.legalize import clamp_constants, keep_float, legalize
@@ -209,7 +209,7 @@ def quantize_prepared(
             + (" and more" if len(fatal) > 3 else "")
         )
     check_runs_on_cpu(target, _first_feed(calibration))
-    write_defects(target.parent / DEFECTS_FILE, defects)  # beside the model: who reads it
+    write_defects(defects_path(target), defects)  # beside the model: who reads it
     return PreparedModel(target, "source", kept, prepared, defects)
 
 

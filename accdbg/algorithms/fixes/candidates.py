@@ -46,6 +46,7 @@ PER_CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}
 # what a culprit's changes aim at first: its weights, or its activations
 AIMS_AT_ACTIVATIONS = (ACTIVATION, CLIPPING, CONCAT)
 SUMMARY_JSON = "summary.json"  # a verification run's, holding oneshot's culprits
+CULPRITS_JSON = "culprits.json"  # a snooping run's (accdbg.algorithms.report writes it)
 
 
 def config_key(changes: Sequence[Change]) -> str:
@@ -64,7 +65,9 @@ def read_diagnosis(source: pd.DataFrame | str | Path | None) -> list[Culprit]:
         return _from_table(source, "the diagnosis table")
     p = Path(source)
     if p.is_dir():
-        recorded = _recorded(p / SUMMARY_JSON)
+        recorded = _recorded(p / CULPRITS_JSON)
+        if recorded is None:
+            recorded = _recorded(p / SUMMARY_JSON)
         if recorded is not None:
             return recorded
         found = [p / n for n in ("summary.csv", "layerwise.csv", "cumulative_layerwise.csv")]
@@ -92,7 +95,7 @@ def _recorded(path: Path) -> list[Culprit] | None:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except ValueError:
         return None
-    rows = doc.get("culprits") if isinstance(doc, dict) else None
+    rows = doc.get("culprits") if isinstance(doc, dict) else doc
     if not isinstance(rows, list):
         return None
     return sorted((Culprit.from_dict(r) for r in rows), key=lambda c: c.rank)

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from accdbg.algorithms.diagnosis.culprit import Culprit
-from accdbg.encodings.defects import DEFECTS_FILE, Defect, read_defects
+from accdbg.encodings.defects import Defect, defects_path, read_defects
 
 
 def defects_beside(qdq_model: Path) -> list[Defect]:
-    """The defects the engine found for ``qdq_model`` (its ``defects.json``, beside it)."""
-    return read_defects(Path(qdq_model).parent / DEFECTS_FILE)
+    """The defects found quantizing ``qdq_model`` (kept beside it)."""
+    return read_defects(defects_path(qdq_model))
 
 
 def as_culprits(defects: Sequence[Defect], op_types: dict[str, str] | None = None) -> list[Culprit]:

@@ -273,3 +273,11 @@ def test_bitwidths_htp_cannot_run_are_refused_before_anything_is_written(
     line = err.strip().splitlines()[-1]
     assert f"{kind} '{name}' has bitwidth {bits}" in line and "HTP takes" in line
     assert not (tmp_path / "working_directory").exists()
+
+
+def test_a_share_over_the_whole_error_is_said_in_db_not_as_a_percentage():
+    from accdbg.core.shares import share_words
+
+    assert share_words(0.42) == "42%" and share_words(1.0) == "100%"
+    assert share_words(2.56) == f"all (+{10 * math.log10(2.56):.1f} dB)" == "all (+4.1 dB)"
+    assert share_words(math.nan) == "?%"

@@ -288,8 +288,8 @@ def test_a_layer_losing_only_its_weights_rounding_is_named_by_what_its_fix_remov
     assert r.culprits == []
     cause = r.columns["l10"]["cause"]
     assert "its weights' rounding is all it loses" in cause
-    assert "(alone 131%, taken out of the quantized model 20%)" in cause
-    assert any(f.startswith("l10 costs the outputs 131% of their error alone") for f in r.findings)
+    assert "(alone all (+1.2 dB), taken out of the quantized model 20%)" in cause
+    assert any(f.startswith("l10 costs the outputs all (+1.2 dB) of their error alone") for f in r.findings)
     # a few weights far beyond the rest blow it instead (MediaPipe's hand_landmark_full with a
     # planted weight 48x its tensor's largest in the last dense layer: 52 % alone, 24 % taken
     # out): such a weight multiplies the error its input channel brings from upstream, which
@@ -335,7 +335,7 @@ def test_layers_that_mask_each_other_are_one_problem_measured_together():
     assert r.culprits == []
     assert ("l10", "l20", "l30") in asked
     line = next(f for f in r.findings if f.startswith("3 layers each cost"))
-    assert "(l10 110%, l20 110%, l30 110%)" in line
+    assert "(l10 all (+0.4 dB), l20 all (+0.4 dB), l30 all (+0.4 dB))" in line
     assert "taken out together they remove 85%" in line
     # the stubs lose their weights' range: per-channel weights is the change for all three
     assert "(per-channel weight encodings for them, or a global change, is the question)" in line

@@ -45,6 +45,7 @@ from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor
 from accdbg.core.run_dir import write_json_atomic
+from accdbg.core.shares import share_words
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.snooping")
@@ -393,8 +394,8 @@ def _judged_text(search: _Search) -> str:
 
 
 def _times(share: float) -> str:
-    """A share of the whole model's error; past ten times it, a percentage says nothing more."""
-    return f"{share:.0%} of" if not share >= 10 else f"{share:.3g} times"
+    """A share of the whole model's error (:func:`~accdbg.core.shares.share_words`)."""
+    return f"{share_words(share)} of"
 
 
 def _score_text(label: str, sg: Subgraph) -> str:
@@ -620,7 +621,7 @@ def _write(
         findings.append(
             f"no part of the model stands out: quantized alone, no subgraph the search ended on "
             f"costs half of the whole model's error ({_score_text(label, whole)}); the most, "
-            f"{_describe(search, top)}, {shares[top.id]:.0%}. The error is spread over the model: "
+            f"{_describe(search, top)}, {share_words(shares[top.id])}. The error is spread over the model: "
             "a global change (per-channel weights, 16-bit activations, calibration data) is the "
             "question, not a layer"
         )

@@ -42,6 +42,7 @@ from accdbg.algorithms.judging import Judge, finalize_row, judge_layer, restore_
 from accdbg.algorithms.snooping import find_layer, one_input_golden
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.inputs import InputTensor, parse_input_tensor
+from accdbg.core.shares import share_words
 from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.options import EngineConfig
 from accdbg.errors import AccdbgError
@@ -502,12 +503,12 @@ def _report(iterations, qdq, problem, judge, folder, qdq_path, golden_root, back
         share = it.added_error / largest if largest > 0 else math.nan
         if it.number == 1 and len(it.added) == 1:
             return (
-                f"the problem layer itself: fed golden inputs, it makes {share:.0%} of the largest "
+                f"the problem layer itself: fed golden inputs, it makes {share_words(share)} of the largest "
                 f"error at {problem.name}"
             )
         return (
             f"joined the sub-model in iteration {it.number} with {len(it.added)} node(s): "
-            f"the error at {problem.name} grew by {share:.0%} of its largest"
+            f"the error at {problem.name} grew by {share_words(share)} of its largest"
         )
 
     rows = []

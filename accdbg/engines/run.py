@@ -299,6 +299,8 @@ def run_inference_engine(
             inputs=[inputs_record({n: p for n, (p, _, _) in f.items()}) for f in feeds],
         )
         mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
+        if prepared.float_model is not None and fw_names is not None:
+            mapping.update(_renamed(prepared.float_model, model, selected, mapping, feeds))
         if on_ready is not None and conversion is None and prepared.stage == "source":
             on_ready(
                 ModelReady(
@@ -351,6 +353,38 @@ def run_inference_engine(
         seconds=time.perf_counter() - start,
         simulated=eng.simulation,
     )
+
+
+def _renamed(
+    prepared: Path, source: onnx.ModelProto, selected: list[exposure.Exposed], mapping: dict, feeds
+) -> dict[str, str]:
+    """Dumped tensors the pre-processing renamed, mapped to the source model's by value
+    (:mod:`accdbg.engines.renamed`); the ones still unmapped are said once."""
+    from accdbg.engines.renamed import match_by_value
+    from accdbg.engines.source import load_feed
+
+    lost = {e.qdq_tensor: e.name for e in selected if e.name not in mapping}
+    if not lost or not feeds:
+        return {}
+    found = match_by_value(
+        onnx.load(str(prepared), load_external_data=False),
+        source,
+        list(lost),
+        set(mapping.values()),
+        load_feed(feeds[0]),
+    )
+    out = {lost[k]: v for k, v in found.items()}
+    still = [n for k, n in lost.items() if k not in found]
+    if out or still:
+        log.info(
+            "%d tensor(s) renamed by the pre-processing mapped to the model's by value%s",
+            len(out),
+            f"; {len(still)} have no counterpart in the model (rows of their own): "
+            + ", ".join(still[:5])
+            if still
+            else "",
+        )
+    return out
 
 
 def _annotate_manifests(

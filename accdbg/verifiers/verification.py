@@ -214,6 +214,10 @@ class _Writer:
             f.result()
 
 
+# a target tensor no golden tensor maps to (made by the pre-processing or the converter)
+UNMAPPED = "unmapped: no framework tensor"
+
+
 def _verify_pair(
     golden: TensorFolder,
     target: TensorFolder,
@@ -256,7 +260,11 @@ def _verify_pair(
     if g_rec is None or t_rec is None:
         rec = t_rec or g_rec
         row["Size"], row["Tensor_dims"] = rec.size, list(rec.shape)
-        row["Status"] = "missing in target" if t_rec is None else "missing in golden"
+        row["Status"] = "missing in target" if t_rec is None else UNMAPPED
+        if t_rec is not None:  # what the target holds, though nothing compares it
+            values = np.asarray(target.load(t_name), dtype=np.float64)
+            if values.size:
+                row["target_min"], row["target_max"] = float(values.min()), float(values.max())
         return row, {}
     t_shape, t_layout, encoding = target_view(t_rec, qnn)
     g_shape, g_layout = golden_view(g_rec, qnn)
@@ -329,6 +337,10 @@ def plan_pairs(
     mapping = plan.mapping
     pairing = pair_tensors(golden.names(), target.names(), mapping)
     pairs = list(pairing.pairs)
+    if golden.meta.get("component") == "framework_diagnosis":
+        # a full float dump: a target tensor without a counterpart is a row of its own (the
+        # pre-processing made it), never dropped silently
+        pairs += [(None, t) for t in pairing.target_only]
     # tensors named by the verifier config must be rows even if only one side has them
     by_name: dict[str, tuple[str | None, str | None]] = {}
     for g, t in pairs:

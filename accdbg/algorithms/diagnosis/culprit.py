@@ -53,6 +53,7 @@ class Change:
             "equalize": f"equalize {t}",
             "encoding": f"{t.replace(',', ', ')}: the encoding of {self.layer}",
             "float_region": f"{self.layer} and its region in fp16 ({len(t.split(','))} tensors)",
+            "region16": f"{self.layer} and its region in 16 bits ({len(t.split(','))} tensors)",
             "clamp_mask": f"mask constant {t} clamped",
             "keep_activation": f"keep {t} (not folded into its output's encoding)",
             "recalibrate": "recalibrated with the debugged inputs added",

@@ -361,6 +361,9 @@ def settings(
             for t in regions.get(c.target, [c.target]):
                 out["overrides"][t] = [{"quant_type": "QUInt16"}]
             out["landed"].append(("act16", c.target))
+        elif c.kind == "region16":  # a culprit's region in 16-bit integers
+            for t in c.target.split(","):
+                out["overrides"][t] = [{"quant_type": "QUInt16"}]
         elif c.kind == "keep_activation":
             out["keep_activations"] = True
         elif c.kind == "w16":

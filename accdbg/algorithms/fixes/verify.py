@@ -49,7 +49,13 @@ from accdbg.engines.options import EngineConfig
 
 log = logging.getLogger("accdbg.verify")
 
-FIXES_DIR = "fixes"  # in the run being written: each verified fix's encodings or model
+FIXES_DIR = "fixes"
+# what says whether a layer is the culprit at all: its region in fp16 on HTP, else (when QNN
+# cannot run that) in 16-bit integers
+COUNTERFACTUALS = (
+    "float_region",
+    "region16",
+)  # in the run being written: each verified fix's encodings or model
 
 
 @dataclass
@@ -180,7 +186,7 @@ def _gain(res: dict, base: dict) -> float:
 def _cost(res: dict, change: Change) -> float:
     """What a change costs on the device: its 16-bit tensors and Convert ops, a region in
     fp16 counted as its tensors twice over (float is dearer than 16-bit integers)."""
-    if change.kind == "float_region":
+    if change.kind in COUNTERFACTUALS:
         return 2.0 * len(change.target.split(","))
     a, b = res.get("16-bit tensors"), res.get("Convert ops")
     return sum(0.0 if x is None or not math.isfinite(float(x)) else float(x) for x in (a, b))
@@ -243,9 +249,20 @@ class Verifier:
         results = self.search._many(configs)
         base, rest = results[0], iter(results[1:])
         baseline = float(base["SQNR mean"]) if base.get("status") == "ok" else math.nan
+        measured = [[(x, next(rest)) for x in changes] for changes in per]
+        # a region QNN cannot run in fp16 (a Quantize it cannot place after a float op):
+        # the same region in 16-bit integers is the counterfactual then, measured in a
+        # second batch
+        again = [
+            (i, Change("region16", rows[0][0].target, rows[0][0].layer, rows[0][0].why))
+            for i, rows in enumerate(measured)
+            if rows[0][1].get("status") != "ok"
+        ]
+        if again:
+            for (i, x), res in zip(again, self.search._many([[x] for _, x in again]), strict=True):
+                measured[i].insert(1, (x, res))
         confirmed, dropped = [], []
-        for c, changes in zip(chosen, per, strict=True):
-            rows = [(x, next(rest)) for x in changes]
+        for c, rows in zip(chosen, measured, strict=True):
             c.verified = self._judge(c, rows, base)
             (confirmed if c.verified.confirmed else dropped).append(c)
         confirmed += [c for c in culprits[len(chosen) :]]  # past the verified: as ranked
@@ -275,7 +292,14 @@ class Verifier:
                     "folder": res.get("folder", ""),
                 }
             )
-        counter = tried[0]["gain_db"]
+        counter = next(
+            (
+                t["gain_db"]
+                for t in tried
+                if t["kind"] in COUNTERFACTUALS and t["gain_db"] is not None
+            ),
+            None,
+        )
         float_gain = math.nan if counter is None else float(counter)
         before_run = c.rules[:1] == ("before-run",)
         best_gain = max((t["gain_db"] for t in tried if t["gain_db"] is not None), default=None)
@@ -291,7 +315,7 @@ class Verifier:
         real = [
             (t, x)
             for t, (x, _) in zip(tried, rows, strict=True)
-            if x.kind != "float_region" and t["gain_db"] is not None
+            if x.kind not in COUNTERFACTUALS and t["gain_db"] is not None
         ]
         ceiling = max([float_gain, *(t["gain_db"] for t, _ in real)], default=math.nan)
         near = [(t, x) for t, x in real if t["gain_db"] >= ceiling - p.within_db]
@@ -454,9 +478,14 @@ def applied(ranking, out: Verification):
         row = cols.setdefault(c.name, {})
         row.pop(RANK, None)
         v = c.verified
-        row[CAUSE] = (
-            f"{row.get(CAUSE, c.cause)}; not confirmed on QNN HTP: its region in fp16 gains "
+        first = v.tried[0] if v.tried else {}
+        why = (
             f"{_db(v.float_gain_db)}"
+            if math.isfinite(v.float_gain_db)
+            else f"nothing measurable ({first.get('status', '')}: {first.get('reason', '')[:200]})"
+        )
+        row[CAUSE] = (
+            f"{row.get(CAUSE, c.cause)}; not confirmed on QNN HTP: its region in fp16 gains {why}"
         )
     for c in out.culprits:
         cols.setdefault(c.name, {})[RANK] = c.rank

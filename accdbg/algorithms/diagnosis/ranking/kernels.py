@@ -335,6 +335,22 @@ def _in_context(
     return _jumps({n: context_nsr[n][0] for n in expected}, expected, visible=False)
 
 
+def fused_with(n: str, evidence: Mapping[str, Evidence]) -> list[str]:
+    """The layers HTP computes with ``n`` as one: its producers back to the nearest kernels
+    (included) - what a backend culprit's counterfactual keeps in fp16 with it, since the
+    kernel that is wrong may be the fused one, not the layer's own."""
+
+    def producers(x: str) -> list[str]:
+        return [y for y in evidence[x].inputs if y in evidence]
+
+    if n not in evidence:
+        return []
+    return [
+        str(x)
+        for x in context_walk(producers(n), producers, lambda x: evidence[x].op_type in KERNELS)
+    ]
+
+
 def _before_in_context(n: str, evidence: Mapping[str, Evidence]) -> set[str]:
     """The layers layerwise runs before a layer in its context (back to the nearest kernels,
     the nearest ``CONTEXT_OPS``) and the tensors golden values enter there through their

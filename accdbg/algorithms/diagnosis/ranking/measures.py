@@ -10,6 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from accdbg.algorithms.diagnosis.sensitivity import Share
+from accdbg.core.shares import share_words
 
 Z_MIN = 3.5
 GAP_DB = 10.0
@@ -132,7 +133,7 @@ def compared_inputs(
 
 
 def _pct(x: float) -> str:
-    return "?%" if math.isnan(x) else f"{100 * x:.0f}%"
+    return share_words(x)
 
 
 def _both(share: Share) -> str:

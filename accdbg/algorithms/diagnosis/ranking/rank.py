@@ -39,6 +39,7 @@ from accdbg.algorithms.diagnosis.ranking.kernels import (
     _jumps,
     _local_expected,
     _run_backend,
+    fused_with,
 )
 from accdbg.algorithms.diagnosis.ranking.measures import (
     ABS_DB,
@@ -550,7 +551,13 @@ def rank(
         columns[n][KIND_COL] = kind
         shows = tuple(j for j, x in explained.items() if x == n)
         # the tensors carrying its error: what its counterfactual keeps in fp16
-        mine = partners[n].names if n in partners and kind != BACKEND else []
+        mine = (
+            fused_with(n, evidence)
+            if kind == BACKEND
+            else partners[n].names
+            if n in partners
+            else []
+        )
         region = tuple(dict.fromkeys([n, *shows, *mine]))
         culprits.append(
             Culprit(

@@ -319,4 +319,5 @@ def test_an_fp16_overflow_of_the_float_part_is_told_apart():
     assert not fp16_overflowed(golden, [np.array([1.5, -2.0, 3.0])])  # an error, no overflow
     big = [np.array([60000.0, 1.0])]  # float itself near the limit: no telling
     assert not fp16_overflowed(big, [np.array([65504.0, 1.0])])
-    assert _times(0.57) == "57% of" and _times(1.2776e12) == "1.28e+12 times"
+    # over the whole error: said in dB, never a percentage over 100 (10 log10 1.2776e12)
+    assert _times(0.57) == "57% of" and _times(1.2776e12) == "all (+121.1 dB) of"

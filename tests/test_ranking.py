@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 
 from accdbg.algorithms.diagnosis import ranking as ranking_mod
-from accdbg.algorithms.diagnosis.evidence import BLOWN_RATIO, Evidence, qdq
+from accdbg.algorithms.diagnosis.evidence import Evidence, qdq
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.ranking import ContextCheck, KernelsAdded, rank
 from accdbg.algorithms.diagnosis.reach import Reach
 from accdbg.algorithms.diagnosis.sensitivity import Share
@@ -289,7 +290,9 @@ def test_a_layer_losing_only_its_weights_rounding_is_named_by_what_its_fix_remov
     cause = r.columns["l10"]["cause"]
     assert "its weights' rounding is all it loses" in cause
     assert "(alone all (+1.2 dB), taken out of the quantized model 20%)" in cause
-    assert any(f.startswith("l10 costs the outputs all (+1.2 dB) of their error alone") for f in r.findings)
+    assert any(
+        f.startswith("l10 costs the outputs all (+1.2 dB) of their error alone") for f in r.findings
+    )
     # a few weights far beyond the rest blow it instead (MediaPipe's hand_landmark_full with a
     # planted weight 48x its tensor's largest in the last dense layer: 52 % alone, 24 % taken
     # out): such a weight multiplies the error its input channel brings from upstream, which
@@ -2375,7 +2378,7 @@ def test_weights_requantized_on_their_encodings_terms():
 def test_an_outlier_weight_is_named_by_what_the_model_loses_without_it_not_its_own_encodings():
     """A layer at the noise floor whose one weight is 40x its tensor's 99th percentile: alone
     and taken out it costs 1 %, without that weight the outputs lose 80 % of their error - it is
-    the culprit, asked together with the other such layers first. Under BLOWN_RATIO, or when
+    the culprit, asked together with the other such layers first. Under POLICY.blown_ratio, or when
     the outputs hardly change, nothing is named."""
 
     class Clamping(_Impact):
@@ -2420,7 +2423,7 @@ def test_an_outlier_weight_is_named_by_what_the_model_loses_without_it_not_its_o
         "together cost the outputs 63% of their error, none of them alone half" in r.findings[-2]
     )
 
-    # many such layers: one by one only the ONE_BY_ONE farthest outliers (two sessions each)
+    # many such layers: one by one only the POLICY.one_by_one farthest outliers (two sessions each)
     many = {f"c{i}": _ev(f"c{i}", 30 + (i % 3)) for i in range(20)}
     for i, name in enumerate(many):
         many[name].few_outliers, many[name].rest_max = 1, 0.25
@@ -2428,11 +2431,11 @@ def test_an_outlier_weight_is_named_by_what_the_model_loses_without_it_not_its_o
     wide = Clamping({}, {tuple(sorted(many)): 0.9, ("c19",): 0.7})
     r = rank(many, list(many), impact=wide)
     one_by_one = [k for k, _ in wide.clamp_asked[1:]]
-    expected = [(f"c{i}",) for i in range(19, 19 - ranking_mod.ONE_BY_ONE, -1)]
+    expected = [(f"c{i}",) for i in range(19, 19 - POLICY.one_by_one, -1)]
     assert one_by_one == expected and [c.name for c in r.culprits] == ["c19"]
 
     mild = Clamping({}, {("c4",): 0.9})
-    ev = model(BLOWN_RATIO * 0.9, 3)
+    ev = model(POLICY.blown_ratio * 0.9, 3)
     assert rank(ev, list(ev), impact=mild).culprits == [] and mild.clamp_asked == []
 
 

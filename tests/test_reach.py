@@ -16,17 +16,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from accdbg.algorithms.diagnosis.evidence import Evidence
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.ranges import range_outputs, with_ranges
 from accdbg.algorithms.diagnosis.ranking import rank
-from accdbg.algorithms.diagnosis.reach import (
-    LOUD,
-    REACH,
-    OutlierReach,
-    Reach,
-    _flag,
-    _scale,
-    _with_switches,
-)
+from accdbg.algorithms.diagnosis.reach import OutlierReach, Reach, _flag, _scale, _with_switches
 from accdbg.algorithms.diagnosis.sensitivity import Share, scores
 from accdbg.core.onnx_model import with_outputs
 from accdbg.engines.exposure import Exposed
@@ -110,12 +103,12 @@ def test_reach_is_the_layers_whose_range_the_loud_channel_blows_as_numpy_finds()
     values = _numpy(1.0)
     extent = np.abs(values["t1"]).max(axis=1)
     median = float(np.median(extent))
-    assert extent[3] / median >= LOUD  # the planted channel is the loud one
+    assert extent[3] / median >= POLICY.loud  # the planted channel is the loud one
     cut = _numpy(median / float(extent[3]))
     expected = {
         n: np.ptp(values[n]) / np.ptp(cut[n])
         for n in ("r1", "t2", "t3", "s", "out")
-        if np.ptp(values[n]) / np.ptp(cut[n]) >= REACH
+        if np.ptp(values[n]) / np.ptp(cut[n]) >= POLICY.reach
     }
     assert {"r1", "t2"} <= set(expected) and "s" not in expected and "t3" not in expected
 

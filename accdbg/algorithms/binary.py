@@ -35,7 +35,7 @@ from accdbg.algorithms import checkpoint
 from accdbg.algorithms.backend import Backend, PartRun, failure_status
 from accdbg.algorithms.checkpoint import Journal
 from accdbg.algorithms.diagnosis.evidence import SAME_VALUES
-from accdbg.algorithms.diagnosis.ranking import SHARE
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.sensitivity import exposing, judged_at
 from accdbg.algorithms.fragments import QDQ_OPS, Part, QdqModel
 from accdbg.algorithms.golden import Golden, GoldenError
@@ -568,7 +568,7 @@ def _write(
     # a subgraph is a culprit when quantizing it alone costs half the whole model's error, as
     # a layer is in the culprit ranking; the search ends on smaller and smaller parts of a
     # diffuse error too
-    culprits = [sg for sg in leaves if sg.id != 0 and shares[sg.id] >= SHARE]
+    culprits = [sg for sg in leaves if sg.id != 0 and shares[sg.id] >= POLICY.share]
     ranks = {sg.id: i + 1 for i, sg in enumerate(culprits)}
     causes = {}
     for sg in leaves:

@@ -28,7 +28,8 @@ import pandas as pd
 
 from accdbg.algorithms.diagnosis.attribution import Attribution, attribute
 from accdbg.algorithms.diagnosis.culprits import Prefetch, find_culprits, prepared_model
-from accdbg.algorithms.diagnosis.ranking import ABS_DB, Culprit, Ranking
+from accdbg.algorithms.diagnosis.policy import POLICY
+from accdbg.algorithms.diagnosis.ranking import Culprit, Ranking
 from accdbg.core.inputs import (
     InputTensor,
     check_finite,
@@ -461,10 +462,10 @@ class _Annotator:
         # loses its information there (its values use a small part of the ranges calibrated
         # on all inputs) and none can stand out, so the ranking is on the worst input where
         # the layers keep theirs
-        low = (worst, ranking.floor_db) if ranking.floor_db < ABS_DB else None
+        low = (worst, ranking.floor_db) if ranking.floor_db < POLICY.abs_db else None
         for other in order[1:] if low else ():
             found = rank_on(other, None)
-            if found.floor_db >= ABS_DB:
+            if found.floor_db >= POLICY.abs_db:
                 ranking, worst = found, other
                 break
         self.worst = worst
@@ -616,7 +617,7 @@ def _worst_line(
     tail = f" - {', '.join(scores)}" if scores else ""
     files = f"{worst} ({row['Files']})"
     why = (
-        f"under the {ABS_DB:g} dB pass mark: its values use a small part of the ranges "
+        f"under the {POLICY.abs_db:g} dB pass mark: its values use a small part of the ranges "
         "calibrated for all inputs, which is a calibration question, no one layer's doing"
     )
     if low is None:

@@ -7,7 +7,7 @@ what it must not name on clean models. So a planting is kept only when it costs 
 outputs at least :data:`HARM_DB` of SQNR on the debugged input, against the model without it,
 both run on QNN HTP exactly as the engine quantizes them (accdbg's own pre-processing and
 calibration on the ``-l`` lines). The watched outputs are the model's, a Softmax/Sigmoid output
-at its logits, judged as the ranking judges them: one of fewer than ``FEW_VALUES`` values over
+at its logits, judged as the ranking judges them: one of fewer than ``POLICY.few_values`` values over
 the input list (a presence score, a handedness logit) only when no other is watched - the error
 of one number is a signed amount, not a noise power - and not one the clean quantized model
 already destroys (under 0 dB), which moves by chance, many dB either way, with any change
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from accdbg.algorithms.diagnosis.sensitivity import FEW_VALUES
+from accdbg.algorithms.diagnosis.policy import POLICY
 from benchmarks.zoo import models as zoo_models
 from benchmarks.zoo.probe import load_feeds, run
 from benchmarks.zoo.scoring import sqnr_db
@@ -58,11 +58,11 @@ def watched_outputs(model: onnx.ModelProto) -> list[str]:
 
 
 def judged_outputs(golden: dict[str, np.ndarray], inputs: int = 1) -> list[str]:
-    """The watched outputs harm is judged on: those of ``FEW_VALUES`` values or more over the
+    """The watched outputs harm is judged on: those of ``POLICY.few_values`` values or more over the
     ``inputs`` the ranking pools (the input list's lines), else all. One number's error is a
     signed amount: a planting can move a one-value logit by chance while the outputs of many
     values, where the ranking looks, do not feel it."""
-    many = [w for w, g in golden.items() if np.asarray(g).size * inputs >= FEW_VALUES]
+    many = [w for w, g in golden.items() if np.asarray(g).size * inputs >= POLICY.few_values]
     return many or list(golden)
 
 

@@ -31,6 +31,7 @@ from accdbg.algorithms.diagnosis.divergence import (
     local_divergence,
 )
 from accdbg.algorithms.diagnosis.evidence import EvidenceBuilder, float_weights_of
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.ranking import ContextCheck, KernelsAdded, Ranking, rank
 from accdbg.algorithms.diagnosis.ranking.defects import as_culprits, defects_beside
 from accdbg.algorithms.diagnosis.ranking.measures import CONTEXT, CONTEXT_IN
@@ -495,11 +496,6 @@ def _golden_of(builder: EvidenceBuilder):
     return read
 
 
-# the CPU fake-quant with every kernel difference added must part from its own outputs as QNN
-# does, within this factor of error power, for a layer's share of it to mean anything
-REPRODUCED = 2.0
-
-
 class _KernelShare:
     """What one layer's kernel difference costs the outputs, over their error on QNN (the
     worst judged output); measured only for the layers whose difference stands out."""
@@ -556,7 +552,7 @@ class _KernelShare:
             runs = KernelRuns(qdq, layers, feeds, target, order, list(self.errors))
             every = runs.effect(runs.names)  # every difference added: QNN's outputs again?
             off = [v / self.apart[n] for n, v in every.items() if self.apart.get(n, 0) > 0]
-            if not off or not all(1 / REPRODUCED <= r <= REPRODUCED for r in off):
+            if not off or not all(1 / POLICY.reproduced <= r <= POLICY.reproduced for r in off):
                 log.info(
                     "kernel search: the CPU run with every kernel difference does not "
                     "reproduce QNN's outputs (%s): no layer searched",

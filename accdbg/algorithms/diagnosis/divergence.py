@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import exact_session
 from accdbg.core.tensor_store import TensorFolder
@@ -31,8 +32,6 @@ from accdbg.verifiers.base import dot
 
 log = logging.getLogger("accdbg.divergence")
 
-ONE_WAY = 0.9  # this share of the differing values on one side: a bias, not noise
-COPIED = 0.9  # this share of a Concat's far-off values are its inputs' integers: not requantized
 # ops whose output the quantizer gives their input's encoding
 KEEP_ENCODING = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze")
 HELD = 256 << 20  # bytes of the backend's dumps one CPU run of the local divergence is fed
@@ -70,7 +69,7 @@ def how_they_part(steps: np.ndarray) -> str:
     share = 100 * nz / steps.size
     text = f"QNN's integers differ on {share:{'.2g' if share < 10 else '.0f'}}% of the values"
     text += " by one step" if big == 1 else f" by up to {big} steps"
-    if count >= ONE_WAY * nz:
+    if count >= POLICY.one_way * nz:
         text += f", {100 * count / nz:.0f}% of them {side} the fake-quant's"
         if big == 1:
             text += " (a rounding bias)"
@@ -83,7 +82,7 @@ def kept_integers(
     """Where a Concat's backend integers part from the fake-quant's by more than a step, are
     they its inputs' own integers, copied in their encodings instead of requantized to the
     Concat's? ``inputs``: (name, the backend's integers) in the Concat's order. Returns the
-    input holding most of those values and how many, when at least ``COPIED`` of them are
+    input holding most of those values and how many, when at least ``POLICY.copied`` of them are
     copies; None otherwise (or when the shapes do not make one concatenation)."""
     axis = _concat_axis(backend.shape, [v.shape for _, v in inputs])
     if axis is None:
@@ -92,7 +91,7 @@ def kept_integers(
     if not far.any():
         return None
     copied = np.concatenate([v.astype(np.int64) for _, v in inputs], axis) == backend
-    if np.count_nonzero(copied & far) < COPIED * np.count_nonzero(far):
+    if np.count_nonzero(copied & far) < POLICY.copied * np.count_nonzero(far):
         return None
     sizes = np.cumsum([0] + [v.shape[axis] for _, v in inputs])
     counts = [

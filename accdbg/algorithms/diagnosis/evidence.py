@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import stop_if_asked
 from accdbg.core.tensor_store import TensorFolder
@@ -46,9 +47,6 @@ from accdbg.verifiers.channels import (
 
 log = logging.getLogger("accdbg.evidence")
 
-OFFSET_RATIO = 4.0  # an input channel's mean this many times the median channel's RMS
-OUTLIER_RATIO = 4.0  # a weight or weight channel this many times the rest is an outlier
-BLOWN_RATIO = 16.0  # a weight outlier this many times the rest costs 4 of 8 bits: it is the cause
 
 # ops that carry their input's values unchanged (a reshape, a transpose): the same error
 SAME_VALUES = ("Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Cast")
@@ -97,7 +95,7 @@ class Evidence:
     lone_level: float = math.nan
     # the channel that blows the weights' range (``weight_outlier`` an output or input
     # channel): its range over the next widest channel's on the same axis. Under
-    # OUTLIER_RATIO it is the widest of a spread the channels have as trained, which
+    # POLICY.outlier_ratio it is the widest of a spread the channels have as trained, which
     # per-channel encodings answer - not one channel alone beyond the others
     outlier_next: float = math.nan
     output_nsr: float = math.nan  # median channel, clipping included
@@ -111,7 +109,7 @@ class Evidence:
     # (an offset channel counts: it blows the range as much as a wide one)
     loud_channel: int = -1
     loud_ratio: float = math.nan
-    # that channel's reach from zero over the next loudest channel's: under OUTLIER_RATIO the
+    # that channel's reach from zero over the next loudest channel's: under POLICY.outlier_ratio the
     # range is set by several channels as trained (the loudest of a spread), not one alone
     loud_next: float = math.nan
     channels: int = 0
@@ -247,14 +245,14 @@ def _rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _offset_channel(stats_in: np.ndarray | None) -> tuple[int, float] | None:
-    """(index, ratio) of the input channel whose mean is at least ``OFFSET_RATIO`` times the
+    """(index, ratio) of the input channel whose mean is at least ``POLICY.offset_ratio`` times the
     median channel's RMS - a constant a channel carries, not the signal's own mean."""
     if stats_in is None or stats_in.shape[1] < 2:
         return None
     rms = float(np.median(np.sqrt(stats_in[0])))
     loud = int(np.argmax(np.abs(stats_in[1])))
     ratio = abs(float(stats_in[1][loud])) / rms if rms > 0 else math.nan
-    return (loud, ratio) if ratio >= OFFSET_RATIO else None
+    return (loud, ratio) if ratio >= POLICY.offset_ratio else None
 
 
 def _outlier_notes(
@@ -274,10 +272,12 @@ def _outlier_notes(
         note, ratio = _ratio_note(ranges, ranges > 0, what)
         if note and ratio > best[0]:
             best = (ratio, what, note)
-    if not math.isnan(single) and single >= OUTLIER_RATIO and single > best[0]:
+    if not math.isnan(single) and single >= POLICY.outlier_ratio and single > best[0]:
         return "weight", _largest_note(absw, single), single
     return (
-        (best[1], best[2], best[0]) if best[2] and best[0] >= OUTLIER_RATIO else ("", "", math.nan)
+        (best[1], best[2], best[0])
+        if best[2] and best[0] >= POLICY.outlier_ratio
+        else ("", "", math.nan)
     )
 
 
@@ -324,7 +324,7 @@ def _largest_note(absw: np.ndarray, ratio: float) -> str:
 def few_outliers(
     ref: np.ndarray, p99: float | None = None, absw: np.ndarray | None = None
 ) -> tuple[int, float, float, str]:
-    """The weights beyond ``OUTLIER_RATIO`` x the tensor's 99th percentile (``p99``, computed
+    """The weights beyond ``POLICY.outlier_ratio`` x the tensor's 99th percentile (``p99``, computed
     when not given), when they are at most one in a thousand (a channel scaled as a whole is
     not "a few weights"): (how many, the largest magnitude of the rest, the largest's ratio to
     the percentile, a note); (0, nan, nan, "") when there are none or too many."""
@@ -332,14 +332,14 @@ def few_outliers(
     p99 = weight_p99(absw, magnitudes=True) if p99 is None else p99
     if not p99 > 0:  # NaN too: under 100 weights
         return 0, math.nan, math.nan, ""
-    over = absw > OUTLIER_RATIO * p99
+    over = absw > POLICY.outlier_ratio * p99
     count = int(over.sum())
     if not 0 < count <= max(1, absw.size // 1000):
         return 0, math.nan, math.nan, ""
     ratio = float(absw.max()) / p99
     note = _largest_note(absw, ratio)
     if count > 1:
-        note += f" ({count} weights beyond {OUTLIER_RATIO:g}x)"
+        note += f" ({count} weights beyond {POLICY.outlier_ratio:g}x)"
     return count, float(np.max(absw, where=~over, initial=0.0)), ratio, note
 
 
@@ -518,9 +518,9 @@ class EvidenceBuilder:
         depthwise = groups > 1 and ref.shape[axis_in] == 1
         ev.quiet_input, ev.quiet_ratio = _quietest(ranges[axis_out if depthwise else axis_in])
         offset = _offset_channel(stats_in) if dc_share >= 0.5 and ev.inputs else None
-        if offset is not None and not blown >= BLOWN_RATIO:
+        if offset is not None and not blown >= POLICY.blown_ratio:
             # weights whose rounding multiplies an input's offset: its maker is the cause (with
-            # a range of their own blown BLOWN_RATIO times, their coarse step is)
+            # a range of their own blown POLICY.blown_ratio times, their coarse step is)
             loud, ratio = offset
             ev.weight_outlier, ev.offset_from = "input offset", ev.inputs[0]
             note = (

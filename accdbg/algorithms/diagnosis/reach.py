@@ -9,7 +9,7 @@ nothing: the layers after it keep their ranges with or without it.
 
 So the float model (pre-processed as for QNN; onnxruntime CPU, the debugged input) is run as it
 is and once per candidate with that channel brought down to the median channel's size: the
-layers whose range (max - min) narrows by ``REACH`` (one bit of their encoding) or more are
+layers whose range (max - min) narrows by ``POLICY.reach`` (one bit of their encoding) or more are
 its reach. Only ranges leave the session (a ReduceMax and a ReduceMin per tensor), never the
 tensors, and one model and session serve the plain run and every candidate (a boolean input
 and a scale input each; the switches as the sensitivity's).
@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.ranges import range_outputs, session, spans, with_ranges
 from accdbg.algorithms.diagnosis.sensitivity import Feeds, float_tensor
 from accdbg.core.cpu_session import stop_if_asked
@@ -33,9 +34,6 @@ from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.channels import channel_axis, channel_extent
 
 log = logging.getLogger("accdbg.reach")
-
-LOUD = 4.0  # a channel this many times the median channel's extent may reach further
-REACH = 2.0  # a layer whose range is at least this many times what it is without the channel
 
 
 @dataclass(frozen=True)
@@ -62,7 +60,7 @@ class OutlierReach:
         self.op_type = {e.name: e.op_type for e in layers}
 
     def __call__(self, names: Sequence[str]) -> dict[str, Reach]:
-        """The reach of each named layer whose loudest channel is ``LOUD`` times its median
+        """The reach of each named layer whose loudest channel is ``POLICY.loud`` times its median
         channel; layers without one are left out."""
         names = [n for n in dict.fromkeys(names) if n in self.tensor]
         if not names:
@@ -100,7 +98,7 @@ class OutlierReach:
                 if m == n or base[x] <= 0:
                     continue
                 times = base[x] / cut[x] if cut[x] > 0 else math.inf
-                if times >= REACH:
+                if times >= POLICY.reach:
                     layers[m] = times
             reaches[n] = Reach(channel, ratio, layers)
         return reaches
@@ -108,7 +106,7 @@ class OutlierReach:
 
 def _loudest(value: np.ndarray, op_type: str) -> tuple[int, float, np.ndarray] | None:
     """(channel, its extent over the median channel's, the scale bringing it to the median) of
-    a tensor whose loudest channel is ``LOUD`` times the median one."""
+    a tensor whose loudest channel is ``POLICY.loud`` times the median one."""
     axis = channel_axis(value.shape, None, op_type, min_per_channel=1)
     if axis is None:
         return None
@@ -119,7 +117,7 @@ def _loudest(value: np.ndarray, op_type: str) -> tuple[int, float, np.ndarray] |
     median = float(np.median(alive))
     c = int(np.argmax(extent))
     ratio = float(extent[c]) / median
-    if ratio < LOUD:
+    if ratio < POLICY.loud:
         return None
     scale = np.ones(value.shape[axis], np.float32)
     scale[c] = median / float(extent[c])

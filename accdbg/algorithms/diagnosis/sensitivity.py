@@ -44,6 +44,7 @@ from onnxruntime.quantization.quant_utils import (
 )
 
 from accdbg.algorithms.diagnosis.evidence import SAME_VALUES, dequantized_weight, weight_axes
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.ranges import run_with_ranges
 from accdbg.core import onnx_model as om
 from accdbg.core.cpu_session import exact_session, stop_if_asked
@@ -51,12 +52,6 @@ from accdbg.engines.exposure import Exposed
 from accdbg.verifiers.base import dot
 
 log = logging.getLogger("accdbg.sensitivity")
-
-
-# layers whose errors, each measured alone, sum to more than this many times the whole
-# model's do not add up: no one of them is the cause
-ADDS_UP = 2.0
-FEW_VALUES = 16  # an output with fewer values (over the inputs) is checked for that first
 
 
 def _runs(sess: ort.InferenceSession, names: Sequence[str], feeds) -> list[list[np.ndarray]]:
@@ -278,12 +273,12 @@ class Sensitivity:
         noise: each layer's rounding moves it by a signed amount, they cancel, and one layer
         alone can move it several times more than the whole model does. Where the
         ``singles`` (the standouts to be asked, each a layer and the layer of its weights),
-        each alone, cost such an output more than ``ADDS_UP`` times its error in sum, its
+        each alone, cost such an output more than ``POLICY.adds_up`` times its error in sum, its
         shares do not add up and it is not judged on; outputs of many values are (their
         errors average into noise powers that add)."""
         ok = np.ones(len(self.outputs), dtype=bool)
         values = np.sum([[np.asarray(g).size for g in run] for run in self.golden], axis=0)
-        few = np.asarray(values) < FEW_VALUES
+        few = np.asarray(values) < POLICY.few_values
         if not few.any() or len(singles) < 2:
             return ok
         try:
@@ -292,7 +287,7 @@ class Sensitivity:
             log.info("no additivity check: %s", str(exc).splitlines()[0])
             return ok
         with np.errstate(divide="ignore", invalid="ignore"):
-            ok[few] = ~(total[few] > ADDS_UP * self.whole_noise[few])
+            ok[few] = ~(total[few] > POLICY.adds_up * self.whole_noise[few])
         if not ok.all():
             ratio = total / np.maximum(self.whole_noise, 1e-30)
             log.info(

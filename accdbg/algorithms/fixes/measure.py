@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from accdbg.algorithms.diagnosis.sensitivity import FEW_VALUES, exposing
+from accdbg.algorithms.diagnosis.policy import POLICY
+from accdbg.algorithms.diagnosis.sensitivity import exposing
 from accdbg.algorithms.fixes.candidates import ENCODING_OF
 from accdbg.core import onnx_model as om
 from accdbg.engines.base import EngineOptions
@@ -75,13 +76,13 @@ def is_classifier(ref: np.ndarray) -> bool:
 
 
 def judged_outputs(refs: list[list[np.ndarray]]) -> list[int]:
-    """The outputs a candidate is scored on: those of ``FEW_VALUES`` values or more over the
+    """The outputs a candidate is scored on: those of ``POLICY.few_values`` values or more over the
     inputs, when there are any. One of a few values (a presence or handedness logit, one per
     input) is a few signed numbers, not a signal with noise: its SQNR swings with any rounding,
     and a search judged on the worst output would chase it (the ranking and the fault zoo's
     harm gate leave it aside likewise)."""
     sizes = np.sum([[np.asarray(r).size for r in ref_i] for ref_i in refs], axis=0)
-    many = [j for j, n in enumerate(np.atleast_1d(sizes)) if n >= FEW_VALUES]
+    many = [j for j, n in enumerate(np.atleast_1d(sizes)) if n >= POLICY.few_values]
     return many or list(range(len(refs[0]) if refs else 0))
 
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 
 from accdbg.algorithms.diagnosis.culprit import ACTIVATION, CLIPPING, CONCAT, WEIGHT  # noqa: F401
-from accdbg.algorithms.diagnosis.evidence import OUTLIER_RATIO, Evidence, nsr_db
-
-CAUSE_DB = 6.0
+from accdbg.algorithms.diagnosis.evidence import Evidence, nsr_db
+from accdbg.algorithms.diagnosis.policy import POLICY
 
 
 def _parts(ev: Evidence) -> list[tuple[float, str, str]]:
@@ -43,11 +42,11 @@ def _clips(ev: Evidence) -> bool:
 
 
 def _named_parts(ev: Evidence) -> list[tuple[float, str, str]]:
-    """The parts of :func:`_parts` within ``CAUSE_DB`` of the worst: those its cause names (a
+    """The parts of :func:`_parts` within ``POLICY.cause_db`` of the worst: those its cause names (a
     scaled channel blows both its weights' and its output's range)."""
     parts = _parts(ev)
     worst = nsr_db(parts[0][0]) if parts else math.nan
-    return [p for p in parts if nsr_db(p[0]) < worst + CAUSE_DB]
+    return [p for p in parts if nsr_db(p[0]) < worst + POLICY.cause_db]
 
 
 def _named_kinds(ev: Evidence) -> set[str]:
@@ -84,9 +83,9 @@ def _own_rounding(ev: Evidence) -> bool:
 def _trained_spread(ev: Evidence) -> bool:
     """What the layer loses is only the rounding of encodings whose range a spread of channels
     sets as trained, none alone beyond the others: its per-tensor weights' (the widest output
-    or input channel under ``OUTLIER_RATIO`` x the next widest on its axis, ``outlier_next``,
+    or input channel under ``POLICY.outlier_ratio`` x the next widest on its axis, ``outlier_next``,
     or no channel beyond the median's) and its output's (the loudest channel under
-    ``OUTLIER_RATIO`` x the next loudest, ``loud_next``) - nothing clipped, no input offset
+    ``POLICY.outlier_ratio`` x the next loudest, ``loud_next``) - nothing clipped, no input offset
     multiplied, no Concat's inputs. A per-tensor encoding over such a spread crushes the
     narrow channels; per-channel weights, cross-layer equalization or wider activations
     answer it, a change of the model's encodings rather than a fault of this layer: trained
@@ -106,16 +105,16 @@ def _spread_weights(ev: Evidence) -> bool:
     return ev.weight_per_channel is False and (
         not ev.weight_outlier
         or ev.weight_outlier in ("output channel", "input channel")
-        and ev.outlier_next < OUTLIER_RATIO
+        and ev.outlier_next < POLICY.outlier_ratio
     )
 
 
 def _spread_output(ev: Evidence) -> bool:
     """An output whose range the loudest of a trained spread of channels sets: its loudest
-    channels reach ``OUTLIER_RATIO`` x as far as the median channel or more (the spread is
-    what crushes the others), the loudest under ``OUTLIER_RATIO`` x as far as the next. A range
+    channels reach ``POLICY.outlier_ratio`` x as far as the median channel or more (the spread is
+    what crushes the others), the loudest under ``POLICY.outlier_ratio`` x as far as the next. A range
     every channel fills alike (an offset added to all of them) is no spread of channels."""
-    return ev.loud_ratio >= OUTLIER_RATIO and ev.loud_next < OUTLIER_RATIO
+    return ev.loud_ratio >= POLICY.outlier_ratio and ev.loud_next < POLICY.outlier_ratio
 
 
 def _spread_words(ev: Evidence) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from accdbg.algorithms.diagnosis.culprit import Culprit
 from accdbg.algorithms.diagnosis.evidence import Evidence
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.ranking.causes import (
     ACTIVATION,
     CLIPPING,
@@ -19,7 +20,7 @@ from accdbg.algorithms.diagnosis.ranking.causes import (
     _kind,
     _spread_fixes,
 )
-from accdbg.algorithms.diagnosis.ranking.measures import LONE_SHARE, MIN_SHARE, MOST, SHARE, _pct
+from accdbg.algorithms.diagnosis.ranking.measures import _pct
 from accdbg.algorithms.diagnosis.sensitivity import Share
 
 SHOWN = 5  # layers a finding lists by name (the others: their cause says it)
@@ -122,10 +123,10 @@ def _findings(
 ) -> list[str]:
     """``nearest``: the share and name of the standout measured closest to being named;
     ``changes``: the global changes left to try (:func:`_global_changes`); ``named_share``:
-    the most a named culprit was measured to cost the outputs (under ``MOST`` the rest of the
+    the most a named culprit was measured to cost the outputs (under ``POLICY.most`` the rest of the
     error is the model's own, and the global changes are its question too); ``bar``: the share
     a standout needed; ``kernels``: the part of the outputs' error QNN's kernels add (at
-    ``SHARE`` or more, no encoding change is the question); ``masked``: what the layers not
+    ``POLICY.share`` or more, no encoding change is the question); ``masked``: what the layers not
     named because taken out they remove nothing are (:func:`_masked_line`); ``trained``: what
     the layers not named for their encodings over a trained spread cost
     (:func:`_trained_line`)."""
@@ -142,7 +143,7 @@ def _findings(
         if math.isfinite(floor)
         else "no quantization evidence (no quantized layer with a golden value)"
     )
-    if not culprits and kernels >= SHARE:
+    if not culprits and kernels >= POLICY.share:
         most = (
             f"; the most, {nearest[1]}, {_pct(nearest[0])} alone"
             if nearest is not None and math.isfinite(nearest[0])
@@ -162,7 +163,7 @@ def _findings(
         )
     elif not culprits:
         measured = nearest is not None and math.isfinite(nearest[0])
-        if not masked and measured and LONE_SHARE <= nearest[0] < SHARE:
+        if not masked and measured and POLICY.lone_share <= nearest[0] < POLICY.share:
             # a standout costing a quarter or more is no noise at the floor: it comes nearest
             why = (
                 f"the one nearest, {nearest[1]}, costs the outputs {_pct(nearest[0])} of their "
@@ -180,9 +181,9 @@ def _findings(
             near = (
                 f" (the {other}layers that stand out locally cost the outputs less than {bar} of "
                 f"their error - the most, {nearest[1]}, {_pct(nearest[0])}: see its cause)"
-                if measured and nearest[0] >= MIN_SHARE
+                if measured and nearest[0] >= POLICY.min_share
                 else f" (the {other}layers that stand out locally each cost the outputs under "
-                f"{_pct(MIN_SHARE)} of their error)"
+                f"{_pct(POLICY.min_share)} of their error)"
                 if measured
                 else ""
             )
@@ -193,14 +194,14 @@ def _findings(
         lines.append(f"culprit #{c.rank}: {c.name} ({c.op_type}) - {c.cause}")
     lines += _patterns(culprits)
     lines += [line for line in (masked, trained) if line]
-    if culprits and named_share < MOST and kernels >= SHARE:
+    if culprits and named_share < POLICY.most and kernels >= POLICY.share:
         lines.append(
             f"the culprits named cost the outputs at most {_pct(named_share)} of their error, "
             f"and QNN's kernels add {_pct(kernels)} of it: for the rest the backend's computation "
             "at the other layers where QNN parts from the CPU fake-quant is the question (their "
             "causes say how), not the encodings"
         )
-    elif culprits and named_share < MOST:
+    elif culprits and named_share < POLICY.most:
         lines.append(
             f"the culprits named cost the outputs at most {_pct(named_share)} of their error; "
             f"the rest is spread over the model: for it a global change ({changes}) is the "
@@ -231,7 +232,6 @@ PATTERN_FIX = {
     CLIPPING: "a calibration that keeps their whole range",
     CONCAT: "16-bit activations on these concatenations",
 }
-PATTERN_MIN = 3
 
 
 def _patterns(culprits: Sequence[Culprit]) -> list[str]:
@@ -246,5 +246,5 @@ def _patterns(culprits: Sequence[Culprit]) -> list[str]:
         f"{len(names)} culprits lose their {kind} alike ({', '.join(names)}): one change across "
         f"them - {PATTERN_FIX[kind]} - may be the fix rather than one layer"
         for kind, names in kinds.items()
-        if len(names) >= PATTERN_MIN
+        if len(names) >= POLICY.pattern_min
     ]

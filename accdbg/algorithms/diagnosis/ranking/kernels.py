@@ -11,13 +11,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from accdbg.algorithms.diagnosis.evidence import Evidence, nsr_db
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.ranking.causes import ACTIVATION
 from accdbg.algorithms.diagnosis.ranking.measures import (
-    ABS_DB,
     CAUSE,
-    LONE_SHARE,
-    MAX_GAP_DB,
-    SHARE,
     Impact,
     _add_cause,
     _both,
@@ -28,23 +25,12 @@ from accdbg.algorithms.diagnosis.ranking.measures import (
     standout_cut,
     standout_gap,
 )
-from accdbg.algorithms.diagnosis.sensitivity import ADDS_UP
 from accdbg.algorithms.fragments import KERNELS, context_walk
 
-BACKEND_DB = 10.0
 # ops whose slope grows without bound near part of their input range: there a rounding step of
 # their input becomes many steps of their output (a Log near 0, a reciprocal of a variance)
 AMPLIFYING = ("Log", "Reciprocal", "Div", "Sqrt", "Pow", "Exp")
 READ_TWICE = ("Div", "Pow")  # ...only when both their inputs are activations
-
-
-# layers where QNN and the CPU fake-quant differ at all, needed for their floor (many layers
-# of the models measured are bit-exact, and a floor of three rounding steps says nothing)
-MIN_DIVERGING = 8
-# a layer whose differing integers part from the fake-quant's by this many steps (median) or
-# more computes something else; under it, the backend's requantization rounds differently
-DIFFERENT_STEPS = 2.0
-NOTICED = 0.05  # what the kernels add to the outputs' error below this is not stated as a share
 
 
 @dataclass(frozen=True)
@@ -72,7 +58,7 @@ class KernelsAdded:
             f"{self.output}{logits} at {nsr_db(self.qnn):.1f} dB SQNR on QNN, "
             f"{nsr_db(self.cpu):.1f} dB in {cpu_run(self.quantized)}"
         )
-        if self.share < NOTICED:
+        if self.share < POLICY.noticed:
             return f"QNN's kernels add nothing measurable to the outputs' error: {where}"
         return f"QNN's kernels add {_pct(self.share)} to the outputs' error: {where}"
 
@@ -106,16 +92,16 @@ class ContextCheck:
 
 
 def _standing_jumps(jumps: Mapping[str, tuple[float, float]], visible: bool = True) -> list[str]:
-    """Layers whose jump (dB of error beyond what explains it) is at least ``BACKEND_DB`` and
-    stands out among the model's jumps, with an error the pass mark would see (``ABS_DB``;
+    """Layers whose jump (dB of error beyond what explains it) is at least ``POLICY.backend_db`` and
+    stands out among the model's jumps, with an error the pass mark would see (``POLICY.abs_db``;
     not ``visible``: any error, for jumps whose cost to the outputs is measured after)."""
     floor, spread = robust_floor([j for j, _ in jumps.values()])
     return [
         n
         for n, (j, nsr) in jumps.items()
-        if j >= BACKEND_DB
+        if j >= POLICY.backend_db
         and j >= floor + standout_gap(spread)
-        and (not visible or nsr_db(nsr) < ABS_DB)
+        and (not visible or nsr_db(nsr) < POLICY.abs_db)
     ]
 
 
@@ -132,15 +118,13 @@ ALONE_CPU_JUMP = (
 )
 # ...and what that difference costs the outputs (layerwise has no full run on the backend)
 ALONE_COST = "that difference alone, added to the CPU fake-quant of the whole model, {cost}"
-# from ten times their error there a share reads as the SQNR the outputs lose
-TIMES = 10.0
 
 
 def _alone_cost(share: float) -> str:
     """What a layer's difference alone costs the outputs over their error in the CPU
     fake-quant: a share, or - where that error is tiny and the share thousands of percent -
     the dB it takes off their SQNR."""
-    if share >= TIMES:
+    if share >= POLICY.times:
         return ALONE_COST.format(
             cost=f"takes {10 * math.log10(1 + share):.1f} dB off the outputs' SQNR there"
         )
@@ -174,7 +158,7 @@ def _gained(
     (``run_cpu``: whole-tensor errors there): a layer can turn the error brought to it into
     far more - a sigmoid bringing values near 0, a Clip cutting the loud channel that carried
     its input's power - and the factor by which it does so on the CPU, applied to what its
-    inputs bring in the run, must still fall ``BACKEND_DB`` short of its error there for the
+    inputs bring in the run, must still fall ``POLICY.backend_db`` short of its error there for the
     kernel to be blamed. Layer -> why it is not."""
     if run_cpu is None or not jumps:
         return {}
@@ -196,11 +180,11 @@ def _gained(
 
 
 def _beyond(got: float, cpu: float | None) -> bool:
-    """The backend's error ``BACKEND_DB`` or more above the CPU fake-quant's (noise-to-signal
+    """The backend's error ``POLICY.backend_db`` or more above the CPU fake-quant's (noise-to-signal
     powers; a CPU without error: any backend error is beyond it)."""
     if cpu is None or not math.isfinite(got):
         return False
-    return cpu <= 0 < got or (cpu > 0 and 10 * math.log10(got / cpu) >= BACKEND_DB)
+    return cpu <= 0 < got or (cpu > 0 and 10 * math.log10(got / cpu) >= POLICY.backend_db)
 
 
 # a full run's layer whose error jumps beyond what its nearest compared inputs bring plus its
@@ -264,14 +248,16 @@ def _checked_in_context(
     the backend does not make, where its inputs' error there would not hide it, is the cut's
     (its producers fed as graph inputs) - each said in its cause, not named (inputs that hide
     it leave the whole model unable to decide: the candidate stands as measured); one whose
-    difference from the CPU costs the outputs under ``SHARE`` is a note. The others keep their
+    difference from the CPU costs the outputs under ``POLICY.share`` is a note. The others keep their
     figures, and their cost orders them (``costs``). A candidate not run again stands as
-    measured - unless its error there is one the pass mark (``ABS_DB``) would not see: such a
+    measured - unless its error there is one the pass mark (``POLICY.abs_db``) would not see: such a
     jump stands only by the cost it was measured to have."""
     out = []
     for nsr, n, cause in candidates:
         check = ran.get(n)
-        if (check is None or not math.isfinite(check.share)) and nsr_db(jumps[n][0]) >= ABS_DB:
+        if (check is None or not math.isfinite(check.share)) and nsr_db(
+            jumps[n][0]
+        ) >= POLICY.abs_db:
             continue
         if check is None:
             out.append((nsr, n, cause))
@@ -293,11 +279,11 @@ def _checked_in_context(
                 _add_cause(columns, n, CONTEXT_CUT.format(got=got, cpu=cpu, whole=whole))
                 continue
             lift = 10 * math.log10(shown / deployed[0])
-            whole += f" - {CONTEXT_HIDDEN.format(lift=lift, gate=BACKEND_DB)}"
+            whole += f" - {CONTEXT_HIDDEN.format(lift=lift, gate=POLICY.backend_db)}"
         cause += f"; {CONTEXT_CPU.format(cpu=cpu)}" + (f"; {whole}" if whole else "")
         if math.isfinite(check.share):
             cause += f"; {_alone_cost(check.share)}"
-            if check.share < SHARE:
+            if check.share < POLICY.share:
                 _add_cause(columns, n, cause)
                 continue
             costs[n] = check.share
@@ -421,9 +407,9 @@ def _amplifying(
     """Inputs whose rounding an ``AMPLIFYING`` op amplifies: a Log of a power spectrum turns
     the few levels an 8-bit encoding leaves its small values into an error of many dB, while the
     input itself (judged by its power) looks fine. A jumping layer QNN computes as the CPU fake-quant does
-    (or with no CPU comparison), whose inputs pass the pass mark (``ABS_DB``: an error carried
+    (or with no CPU comparison), whose inputs pass the pass mark (``POLICY.abs_db``: an error carried
     in is its maker's), is asked about its inputs' encodings, the worst first: one costing the
-    outputs ``SHARE`` of their error alone is the culprit. Returns those
+    outputs ``POLICY.share`` of their error alone is the culprit. Returns those
     ``(share, input, cause)`` and, for each jumping layer they explain, its input named."""
     if impact is None:
         return [], {}
@@ -438,13 +424,15 @@ def _amplifying(
             continue
         if n in diverging:  # QNN's kernel parts from the fake-quant there: the backend's
             continue
-        if nsr_db(expected) < ABS_DB:  # its inputs fail already: an error carried in, not made
+        if (
+            nsr_db(expected) < POLICY.abs_db
+        ):  # its inputs fail already: an error carried in, not made
             continue
         for x in ins:
             if x in taken or x not in evidence:
                 continue
-            share = impact(x, SHARE)
-            if math.isnan(share.best) or share.best < SHARE:
+            share = impact(x, POLICY.share)
+            if math.isnan(share.best) or share.best < POLICY.share:
                 continue
             op = ev.op_type
             same = " (computed as onnxruntime's CPU fake-quant does)" if divergence else ""
@@ -504,11 +492,15 @@ def _diverging(div: Mapping[str, float], quantized: bool = True) -> dict[str, st
     ``div``) far more than at the model's other layers that differ at all."""
     dbs = {n: nsr_db(d) for n, d in div.items() if d > 0}
     finite = [d for d in dbs.values() if math.isfinite(d)]
-    if len(finite) >= MIN_DIVERGING:
+    if len(finite) >= POLICY.min_diverging:
         floor, _, cut = standout_cut(finite)
         bar = f"the model's median differing layer: {floor:.1f} dB"
     else:  # too few layers differ for a spread: the widest gap, or the pass mark
-        cut = max(ABS_DB, float(np.median(finite)) - MAX_GAP_DB) if finite else ABS_DB
+        cut = (
+            max(POLICY.abs_db, float(np.median(finite)) - POLICY.max_gap_db)
+            if finite
+            else POLICY.abs_db
+        )
         bar = f"too few layers differ for a floor: under {cut:.1f} dB stands out"
     how: Mapping[str, str] = getattr(div, "how", {})
     return {n: _parted(d, how.get(n), quantized, f" ({bar})") for n, d in dbs.items() if d < cut}
@@ -519,8 +511,8 @@ def _not_adding_up(
     shares: Mapping[str, float],
     together: Callable[[Sequence[str]], float] | None,
 ) -> dict[str, str]:
-    """Backend standouts whose kernel differences each cost the outputs ``SHARE`` or more
-    alone but, added at once, far less than their sum (``ADDS_UP``): outputs this sensitive to
+    """Backend standouts whose kernel differences each cost the outputs ``POLICY.share`` or more
+    alone but, added at once, far less than their sum (``POLICY.adds_up``): outputs this sensitive to
     a small change anywhere make no one layer's difference the cause. Layer -> the figures
     (the caller says what they mean for it: :data:`NO_ONE_CAUSE` or :data:`INTERACTING`);
     empty when they add up (or one layer, or not measured)."""
@@ -528,7 +520,7 @@ def _not_adding_up(
         return {}
     whole = together(over)
     parts = sum(shares[n] for n in over)
-    if math.isnan(whole) or parts <= ADDS_UP * whole:
+    if math.isnan(whole) or parts <= POLICY.adds_up * whole:
         return {}
     why = (
         f", but the differences of the {len(over)} layers that each cost half or more "
@@ -594,21 +586,21 @@ def _alone_backend(
 ) -> list[tuple[float, str, str]]:
     """Layerwise's backend candidates ``(nsr, name, cause)``: the layers whose error run alone
     jumps (``jumps``) - those not run in the CPU fake-quant as they stand, those run there
-    (``kernel``: the CPU does not jump) when their difference costs the outputs ``SHARE`` -
+    (``kernel``: the CPU does not jump) when their difference costs the outputs ``POLICY.share`` -
     and those whose error jumps only in context, checked again there (:func:`_in_context`,
     :func:`_checked_in_context`; ``suspects``: the culprits and the ranges an outlier blows).
     A jump the CPU makes too (``on_cpu``) is said in that layer's cause; so is a difference
     costing less. ``costs`` gets what each named one was measured to cost."""
     composed = {n: j for n, j in jumps.items() if n not in on_cpu}  # not run on the CPU
     backend = _as_backend(composed, taken, ALONE_JUMP)
-    # what each measured difference costs the outputs: named from SHARE, as in a full run
+    # what each measured difference costs the outputs: named from POLICY.share, as in a full run
     measured = _as_backend(kernel, taken, ALONE_CPU_JUMP)
     ask = getattr(alone_cpu, "kernel_share", None)
     cost = ask([b[1] for b in measured]) if ask is not None and measured else {}
     for nsr, n, cause in measured:
         if n in cost:
             cause += f"; {_alone_cost(cost[n])}"
-        if cost.get(n, SHARE) >= SHARE:
+        if cost.get(n, POLICY.share) >= POLICY.share:
             backend.append((nsr, n, cause))
             if n in cost:
                 costs[n] = cost[n]
@@ -657,13 +649,13 @@ LONE_BACKEND = (
 
 
 def _lone(standing: Collection[str], divergence: Mapping[str, float]) -> tuple[str, float] | None:
-    """The standing layer QNN parts at ``BACKEND_DB`` further than at any other layer that
+    """The standing layer QNN parts at ``POLICY.backend_db`` further than at any other layer that
     differs at all, and by how much (dB; +inf when no other differs), if there is one."""
     dbs = sorted((nsr_db(d), n) for n, d in divergence.items() if d > 0)
     if not dbs or dbs[0][1] not in standing:
         return None
     gap = dbs[1][0] - dbs[0][0] if len(dbs) > 1 else math.inf
-    return (dbs[0][1], gap) if gap >= BACKEND_DB else None
+    return (dbs[0][1], gap) if gap >= POLICY.backend_db else None
 
 
 def _diverging_backend(
@@ -681,11 +673,11 @@ def _diverging_backend(
 ) -> tuple[list[tuple[float, str, str]], list[str]]:
     """A full run's backend candidates ``(nsr, name, cause)`` where QNN parts from the CPU
     fake-quant fed its own inputs (``divergence``, :func:`_diverging`): named when that
-    difference alone costs the outputs ``SHARE`` (``kernel_share``; asked when the kernels
+    difference alone costs the outputs ``POLICY.share`` (``kernel_share``; asked when the kernels
     add that much - ``added``, their part of the outputs' error - or of a layer computing
     something else), unless those differences do not add up (a rounding that is no one's);
     the others are a note in their cause. With nothing
-    ``named`` at all and the kernels carrying ``SHARE``, the layers where QNN differs are halved
+    ``named`` at all and the kernels carrying ``POLICY.share``, the layers where QNN differs are halved
     down to one whose difference alone costs that much (``kernel_share.search``). Returns the
     candidates and those among them whose effects interact (put in execution order);
     ``costs`` gets what each was measured to cost, ``noted`` what each one left a note cost."""
@@ -695,7 +687,11 @@ def _diverging_backend(
     if standing and kernel_share is not None and not local_observed:
         # not when the kernels together carry less: a rounding difference then is no one's;
         # a layer computing something else (steps apart) is measured whatever they carry
-        asked = [n for n in standing if added >= SHARE or steps.get(n, 1.0) >= DIFFERENT_STEPS]
+        asked = [
+            n
+            for n in standing
+            if added >= POLICY.share or steps.get(n, 1.0) >= POLICY.different_steps
+        ]
         shares = kernel_share(asked) if asked else {}
 
     found: list[tuple[float, str, str]] = []
@@ -708,11 +704,11 @@ def _diverging_backend(
         costs[n] = share
 
     # the kernels carrying most of the error and QNN parting at one layer far more than at
-    # any other: that layer is named from LONE_SHARE, as the model's lone standout is
-    lone, gap = (_lone(standing, divergence or {}) if added >= SHARE else None) or ("", 0.0)
+    # any other: that layer is named from POLICY.lone_share, as the model's lone standout is
+    lone, gap = (_lone(standing, divergence or {}) if added >= POLICY.share else None) or ("", 0.0)
 
     def bar(n: str) -> float:
-        return LONE_SHARE if n == lone else SHARE
+        return POLICY.lone_share if n == lone else POLICY.share
 
     scattered = _not_adding_up(
         [n for n in standing if shares.get(n, 0.0) >= bar(n) and n not in named and n in evidence],
@@ -724,7 +720,7 @@ def _diverging_backend(
         share = shares.get(n, math.nan)
         if not math.isnan(share):
             cause += f"; {_kernel_cost(share, quantized)}"
-            if n == lone and LONE_SHARE <= share < SHARE:
+            if n == lone and POLICY.lone_share <= share < POLICY.share:
                 where = (
                     f"{gap:.1f} dB further than at any other layer"
                     if math.isfinite(gap)
@@ -733,7 +729,7 @@ def _diverging_backend(
                 cause += LONE_BACKEND.format(where=where, added=_pct(added))
         # a rounding (one step) that does not add up is no one layer's; a different
         # computation is the kernel's whatever the others do (its cause says they interact)
-        rounding = n in scattered and steps.get(n, 1.0) < DIFFERENT_STEPS
+        rounding = n in scattered and steps.get(n, 1.0) < POLICY.different_steps
         if share >= bar(n) and n not in named and n in evidence and not rounding:
             if n in scattered:
                 interacting.append(n)
@@ -744,7 +740,13 @@ def _diverging_backend(
             if noted is not None and not math.isnan(share):
                 noted[n] = share
     search = getattr(kernel_share, "search", None)
-    if search is not None and not named and not found and not local_observed and added >= SHARE:
+    if (
+        search is not None
+        and not named
+        and not found
+        and not local_observed
+        and added >= POLICY.share
+    ):
         # the kernels carry most of the error and no layer stands out, for its encodings or
         # its difference: a small difference that does not average out (a rounding bias
         # before a pooling) may
@@ -752,7 +754,7 @@ def _diverging_backend(
             sorted(
                 (n for n, d in (divergence or {}).items() if d > 0), key=lambda n: -divergence[n]
             ),
-            SHARE,
+            POLICY.share,
         )
         how: Mapping[str, str] = getattr(divergence, "how", {})
         for n, share in halved.items():

@@ -9,25 +9,9 @@ from typing import Protocol
 
 import numpy as np
 
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.sensitivity import Share
 from accdbg.core.shares import share_words
-
-Z_MIN = 3.5
-GAP_DB = 10.0
-# a small model's spread is a weak estimate: 15 dB below the floor (30 times the median layer's
-# noise power) always stands out
-MAX_GAP_DB = 15.0
-ABS_DB = 20.0  # the SQNR verifier's pass mark: the layer's own encodings alone fail it
-CLIP_MIN = 0.01  # a layer clipping one value in a hundred goes to the sensitivity step...
-CLIP_RATIO = 10.0  # ...when that is ten times what the model's median layer clips
-DESTROYED_DB = 6.0  # below this the median channel keeps a quarter of noise: information is gone
-SHARE = 0.5  # a culprit alone causes at least this share of the whole model's output error...
-MOST = 0.8  # ...and when none was measured to cause this much, the rest is the model's own
-# the model's only standout (every other layer at the floor) is a culprit from this share: the
-# rest of the error is spread over layers each costing a small part of it
-LONE_SHARE = 0.25
-MIN_SHARE = 0.05  # ...or destroys its information and still reaches the outputs measurably
-
 
 # layerwise's runs of a layer in context (after its producers, as HTP fuses them): its SQNR
 # there and its worst input's, columns of layerwise.csv the ranking reads back
@@ -98,15 +82,15 @@ def standout_cut(values_db: Sequence[float]) -> tuple[float, float, float]:
 
 
 def _clip_bar(clipped: Sequence[float]) -> float:
-    """The share of clipped values at which a layer's clipping stands out: ``CLIP_MIN``, or
-    ``CLIP_RATIO`` times the model's median layer when the calibration clips everywhere."""
+    """The share of clipped values at which a layer's clipping stands out: ``POLICY.clip_min``, or
+    ``POLICY.clip_ratio`` times the model's median layer when the calibration clips everywhere."""
     v = [x for x in clipped if math.isfinite(x)]
-    return max(CLIP_MIN, CLIP_RATIO * float(np.median(v))) if v else math.inf
+    return max(POLICY.clip_min, POLICY.clip_ratio * float(np.median(v))) if v else math.inf
 
 
 def standout_gap(spread: float) -> float:
     """How far from the floor a layer must be: 3.5 robust sigmas, at least 10 dB, at most 15."""
-    return min(max(Z_MIN * spread, GAP_DB), MAX_GAP_DB)
+    return min(max(POLICY.z_min * spread, POLICY.gap_db), POLICY.max_gap_db)
 
 
 def compared_inputs(

@@ -8,11 +8,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from accdbg.algorithms.diagnosis.evidence import OUTLIER_RATIO, Evidence
+from accdbg.algorithms.diagnosis.evidence import Evidence
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.ranking.causes import _cause, _clips
-from accdbg.algorithms.diagnosis.reach import LOUD, Reach
-
-OUTLIER_HOPS = 3  # how far back an activation outlier is looked for before it counts as new
+from accdbg.algorithms.diagnosis.reach import Reach
 
 
 @dataclass
@@ -76,7 +75,7 @@ class _Partners:
         if self.scaling:
             parts.append(
                 f"the weights of {', '.join(self.scaling)} scale its channel {self.channel} back "
-                f"(they span {LOUD:g}x or more less for it than for their other inputs): their "
+                f"(they span {POLICY.loud:g}x or more less for it than for their other inputs): their "
                 "rounding, coarse for such small weights, multiplies the loud channel"
             )
         if self.pair:
@@ -90,16 +89,16 @@ def _scaling_back(n: str, evidence: Mapping[str, Evidence]) -> list[str]:
 
 
 def _scales_back(reader: Evidence, maker: Evidence) -> bool:
-    """``reader`` reads ``maker`` and its weights for the maker's loud channel span ``LOUD``
+    """``reader`` reads ``maker`` and its weights for the maker's loud channel span ``POLICY.loud``
     times less than for its other inputs: it scales that channel back (a compensated pair the
     other way round - the producer made the channel loud), and its weights' rounding, coarse
     against such small weights, is multiplied by the loud channel: the two hurt together."""
     return (
         maker.loud_channel >= 0
-        and maker.loud_ratio >= LOUD
+        and maker.loud_ratio >= POLICY.loud
         and maker.name in reader.inputs
         and reader.quiet_input == maker.loud_channel
-        and reader.quiet_ratio >= LOUD
+        and reader.quiet_ratio >= POLICY.loud
     )
 
 
@@ -118,7 +117,7 @@ def _outlier_source(
     evidence: Mapping[str, Evidence],
     standouts: Sequence[str],
     reaches: Mapping[str, Reach] | None = None,
-    hops: int = OUTLIER_HOPS,
+    hops: int = POLICY.outlier_hops,
 ) -> str | None:
     """The earlier standout an activation-range problem is carried in from, if any.
 
@@ -160,15 +159,15 @@ def _outlier_source(
 
 
 def _made_by_weights(
-    ev: Evidence, evidence: Mapping[str, Evidence], hops: int = OUTLIER_HOPS
+    ev: Evidence, evidence: Mapping[str, Evidence], hops: int = POLICY.outlier_hops
 ) -> str | None:
     """The earlier layer whose own weights make this layer's loud channel, standing out or
-    not: its weights for that output channel span ``OUTLIER_RATIO`` times the median output
+    not: its weights for that output channel span ``POLICY.outlier_ratio`` times the median output
     channel's or more, and only layers that keep channels in place (an activation, an add, a
     pooling: no weights, as many channels) lie between, at most ``hops``. Where the channel
     first appears its encoding may lose little (on this input the other channels reach as far
     the other way); the layers after it lose their ranges - the weights are the cause."""
-    if ev.loud_channel < 0 or not ev.loud_ratio >= LOUD or not math.isnan(ev.weight_nsr):
+    if ev.loud_channel < 0 or not ev.loud_ratio >= POLICY.loud or not math.isnan(ev.weight_nsr):
         return None  # a weighted layer mixes its input channels: its own index means another
     frontier, seen = list(ev.inputs), {ev.name}
     for _ in range(hops):
@@ -188,12 +187,12 @@ def _made_by_weights(
 
 
 def _makes_loud(weights: Evidence, ev: Evidence) -> bool:
-    """``weights``' output channel that spans ``OUTLIER_RATIO`` times the median one's is
+    """``weights``' output channel that spans ``POLICY.outlier_ratio`` times the median one's is
     ``ev``'s loud channel (as many channels: the same one, passed on in place)."""
     return (
         weights.channels == ev.channels
         and weights.loud_weights == ev.loud_channel >= 0
-        and weights.loud_weights_ratio >= OUTLIER_RATIO
+        and weights.loud_weights_ratio >= POLICY.outlier_ratio
     )
 
 
@@ -232,7 +231,7 @@ def _same_channel(
     an activation: the same channel index, as loud): a channel the next layers' biases undo
     (an offset) is carried by the residual adds between them, though taking it away at its
     maker does not narrow them - it breaks the biases' compensation."""
-    if ev.loud_channel < 0 or not ev.loud_ratio >= LOUD:
+    if ev.loud_channel < 0 or not ev.loud_ratio >= POLICY.loud:
         return None
     for x in ev.inputs:
         src = evidence.get(x)
@@ -241,7 +240,7 @@ def _same_channel(
             and src is not None
             and src.channels == ev.channels
             and src.loud_channel == ev.loud_channel
-            and src.loud_ratio >= LOUD
+            and src.loud_ratio >= POLICY.loud
         ):
             return x
     return None

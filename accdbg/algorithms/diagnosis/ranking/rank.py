@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from accdbg.algorithms.diagnosis.culprit import BACKEND, FEW
-from accdbg.algorithms.diagnosis.evidence import BLOWN_RATIO, OUTLIER_RATIO, Evidence, nsr_db
+from accdbg.algorithms.diagnosis.evidence import Evidence, nsr_db
+from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.ranking.causes import (
     ACTIVATION,
     _cause,
@@ -28,7 +29,6 @@ from accdbg.algorithms.diagnosis.ranking.findings import (
     _trained_line,
 )
 from accdbg.algorithms.diagnosis.ranking.kernels import (
-    NOTICED,
     KernelsAdded,
     _alone_backend,
     _amplifying,
@@ -42,18 +42,13 @@ from accdbg.algorithms.diagnosis.ranking.kernels import (
     fused_with,
 )
 from accdbg.algorithms.diagnosis.ranking.measures import (
-    ABS_DB,
     CAUSE,
     COLUMNS,
-    DESTROYED_DB,
     KIND_COL,
     LOCAL,
-    LONE_SHARE,
-    MIN_SHARE,
     PARTNERS_COL,
     RANK,
     REMOVED_COL,
-    SHARE,
     SHARE_COL,
     TEXT_COLUMNS,
     Impact,
@@ -72,13 +67,13 @@ from accdbg.algorithms.diagnosis.ranking.partners import (
     _Partners,
     _upstream_first,
 )
-from accdbg.algorithms.diagnosis.reach import LOUD, Reach
+from accdbg.algorithms.diagnosis.reach import Reach
 from accdbg.algorithms.diagnosis.sensitivity import Share
 
 # a layer costing much alone whose quantizers, taken out of the whole QDQ model, remove nothing:
 # the other layers' error hides its own, so fixing it alone does not show at the outputs - it
 # is not named (its fix is not the answer; the findings say what they remove together) unless
-# its encoding destroys its information (under DESTROYED_DB), which must go whatever masks it
+# its encoding destroys its information (under POLICY.destroyed_db), which must go whatever masks it
 MASKED = (
     "taken out of the quantized model it removes nothing measurable: the other layers' "
     "errors mask its own, so a fix of this layer alone will not show at the outputs"
@@ -88,7 +83,7 @@ MASKED = (
 # error that fix does not carry the model - what it costs alone is the other layers' errors
 # interacting with its own (alone it may cost more than all of them together): it is one of
 # the layers a model-wide change treats. Weights that destroy their information are named
-# from MIN_SHARE taken out (their fix shows), not below it
+# from POLICY.min_share taken out (their fix shows), not below it
 OWN_MASKED = (
     "taken out of the quantized model it removes too little of the error, and its "
     "weights' rounding is all it loses (its output keeps its range), so that is what its fix "
@@ -97,11 +92,9 @@ OWN_MASKED = (
 )
 
 
-ONE_BY_ONE = 8  # layers with outlier weights asked one by one, at most (the farthest first)
-
-
-MAX_CULPRITS = 5
-AFTER_NAMED = f"after the {MAX_CULPRITS} named: not ranked (fix those first, then debug again)"
+AFTER_NAMED = (
+    f"after the {POLICY.max_culprits} named: not ranked (fix those first, then debug again)"
+)
 
 
 @dataclass
@@ -141,7 +134,7 @@ class _Standing:
             """(its local SQNR stands out, its encoding clips)"""
             db = local_db.get(n, math.nan)
             low = db < cut or nsr_db(evidence[n].weight_nsr) < weight_cut
-            weak = math.isfinite(db) and low and db < ABS_DB
+            weak = math.isfinite(db) and low and db < POLICY.abs_db
             return weak, math.isfinite(db) and evidence[n].clipped >= clip_bar
 
         # the layers each standout's outlier channel blows (measured once for all of them)
@@ -249,7 +242,7 @@ def rank(
 
     ``impact(name)`` is the output error with only that layer quantized over the error of the
     whole quantized model (:mod:`accdbg.algorithms.diagnosis.sensitivity`): a standout is a culprit when
-    it alone accounts for at least ``SHARE`` of it - unless all it loses is the rounding of
+    it alone accounts for at least ``POLICY.share`` of it - unless all it loses is the rounding of
     per-tensor weights or an output whose channels spread as trained, none alone beyond the
     others (:func:`_trained_spread`): measured, not named, the findings give its cost and the
     change of the model's encodings that answers it. When it
@@ -266,12 +259,12 @@ def rank(
     and ``kernels_added`` what QNN's kernels add to the outputs' error (stated in the findings);
     ``quantized`` False for a float model QNN ran in fp16 (the CPU ran it in float).
     ``kernel_share(names)`` is, for layers whose divergence stands out, what that layer's
-    kernel difference alone costs the outputs over their error on QNN: at ``SHARE`` or more it
+    kernel difference alone costs the outputs over their error on QNN: at ``POLICY.share`` or more it
     is a backend culprit of a full run, else a note in its ``cause``. It is asked only when the
-    kernels add ``SHARE`` or more: when QNN is less than twice as far from float as the CPU
+    kernels add ``POLICY.share`` or more: when QNN is less than twice as far from float as the CPU
     fake-quant, no one kernel's rounding is measured (a CPU run each) - but a layer QNN
-    computes differently (values ``DIFFERENT_STEPS`` or more apart) is, whatever they add. Its ``search(names, bar)``, when
-    it has one, is asked when the kernels add ``SHARE`` and nothing else is named: the layers
+    computes differently (values ``POLICY.different_steps`` or more apart) is, whatever they add. Its ``search(names, bar)``, when
+    it has one, is asked when the kernels add ``POLICY.share`` and nothing else is named: the layers
     among ``names`` whose difference alone costs ``bar`` of the outputs' error.
     ``reach(names)`` says, of the standouts whose output carries a loud channel, which layers
     that channel blows (:class:`~accdbg.algorithms.diagnosis.reach.OutlierReach`): those layers are its
@@ -279,7 +272,7 @@ def rank(
     ``run_nsr``: a full run's error per layer over the whole tensor (not per channel: a few
     wrong channels show there). A layer whose error there jumps far beyond what its inputs
     bring and its own encodings explain either amplifies its input's rounding (a Log, a
-    reciprocal: its input's encoding, measured, costs the outputs ``SHARE``; that input is
+    reciprocal: its input's encoding, measured, costs the outputs ``POLICY.share``; that input is
     named, :func:`_amplifying`) or computes something else: with ``backend_jumps`` and no
     ``divergence`` (cumulative-layerwise has no CPU comparison) it is then named as the
     backend's (``RUN_JUMP``) - unless ``run_cpu(names)`` (each layer's whole-tensor error in
@@ -287,11 +280,11 @@ def rank(
     ``alone_cpu(names)`` (layerwise): each layer's error in onnxruntime's CPU fake-quant of it
     alone on the golden inputs the backend was fed, measured as ``observed_nsr``: a layer
     whose error jumps beyond what its encodings and its inputs' explain is the backend's only
-    when QNN is ``BACKEND_DB`` worse than that (``ALONE_CPU_JUMP``); when the CPU computes as
+    when QNN is ``POLICY.backend_db`` worse than that (``ALONE_CPU_JUMP``); when the CPU computes as
     much error, the layer multiplies its inputs' rounding (``CPU_TOO``, in its cause). Its
     ``kernel_share(names)``, when it has one: what each such layer's difference from the CPU
     costs the outputs (added to the CPU fake-quant of the whole model, over the outputs'
-    error there); under ``SHARE`` the layer is a note in its cause, not named. Its
+    error there); under ``POLICY.share`` the layer is a note in its cause, not named. Its
     ``in_context(names)``, when it has one, asks the same of a layer whose error jumps only
     run after its producers (``CONTEXT_JUMP``): that cut run again on the backend and in the
     CPU fake-quant, and the model from its inputs on the backend (:class:`ContextCheck`); a
@@ -366,7 +359,7 @@ def rank(
         lone = len(roots) == 1  # every other layer at the floor, or carrying its outlier
         verdict = _matters(n, db, impact, partners[n].names, lone)
         if verdict is None:  # impact unknown: only a layer that destroys its information
-            if db >= DESTROYED_DB:
+            if db >= POLICY.destroyed_db:
                 columns[n][CAUSE] = (
                     f"stands out locally ({_cause(ev)}); its effect on the outputs was not measured"
                 )
@@ -422,7 +415,7 @@ def rank(
                 f"{_pct(group_share.best)} of the whole model's error{_at(group_share, share)} "
                 f"({_both(share)})"
             )
-        elif share.removed > 2 * share.alone and share.removed >= SHARE:
+        elif share.removed > 2 * share.alone and share.removed >= POLICY.share:
             cause += (
                 f"; with every other encoding applied it causes {_pct(share.removed)} of the "
                 f"outputs' error (alone {_pct(share.alone)}{_of(share)}): it hurts together with its "
@@ -433,8 +426,8 @@ def rank(
                 share = impact(n)
                 columns[n][REMOVED_COL] = _nan_none(share.removed)
             own = _own_rounding(ev)  # destroyed, its fix must still show measurably
-            bar = LONE_SHARE if own and db >= DESTROYED_DB else MIN_SHARE
-            if share.removed < bar and (own or db >= DESTROYED_DB):
+            bar = POLICY.lone_share if own and db >= POLICY.destroyed_db else POLICY.min_share
+            if share.removed < bar and (own or db >= POLICY.destroyed_db):
                 masked[n] = share
                 columns[n][CAUSE] = (
                     f"stands out locally ({_cause(ev)}) and costs the outputs "
@@ -443,12 +436,14 @@ def rank(
                 )
                 continue
             cause += f"; it costs the outputs {_pct(share.best)} of the whole model's error ({_both(share)})"
-            if share.removed < MIN_SHARE:  # destroyed: to be fixed whatever masks it
+            if share.removed < POLICY.min_share:  # destroyed: to be fixed whatever masks it
                 cause += f"; {MASKED} until theirs are fixed too"
         costs[n] = _best_cost(share, group_share)
-        if group_share is not None and share.best < SHARE:  # it matters only with them
+        if group_share is not None and share.best < POLICY.share:  # it matters only with them
             grouped[n] = (partners[n].names, share, group_share.best)
-        if costs[n] < SHARE and db >= DESTROYED_DB:  # named by the lone standout's bar
+        if (
+            costs[n] < POLICY.share and db >= POLICY.destroyed_db
+        ):  # named by the lone standout's bar
             cause += "; the model's only standout: every other layer sits at its noise floor"
         candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
     # a layer the outputs are judged at counts, whatever its local SQNR: a loud channel there
@@ -461,8 +456,8 @@ def rank(
         candidates.append((local.get(n, 0.0), n, cause))
     backend: list[tuple[float, str, str]] = []
     inherited: Mapping[str, str] = {}
-    # a range an upstream outlier blows LOUD times or more: that outlier is its cause
-    blown = {x for r in (reaches or {}).values() for x, v in r.layers.items() if v >= LOUD}
+    # a range an upstream outlier blows POLICY.loud times or more: that outlier is its cause
+    blown = {x for r in (reaches or {}).values() for x, v in r.layers.items() if v >= POLICY.loud}
     amplified, explained = _amplifying(
         evidence, jumps, {c[1] for c in candidates} | blown, divergence, quantized, impact
     )
@@ -528,7 +523,7 @@ def rank(
     candidates.sort(key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
     candidates = _in_order(candidates, interacting, order)
     # an upstream culprit that causes most of the error itself goes before those it blows
-    leading = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= SHARE}
+    leading = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= POLICY.share}
     candidates = _upstream_first(candidates, leading)
     by_backend = {b[1] for b in backend}
     culprits = list(defects)
@@ -536,7 +531,7 @@ def rank(
         columns.setdefault(d.name, {}).update({RANK: d.rank, CAUSE: d.cause, KIND_COL: d.kind})
     held = {t for d in defects for t in d.region}  # measured as their defect's, not again
     candidates = [c for c in candidates if c[1] not in held]
-    for r, (_, n, cause) in enumerate(candidates[:MAX_CULPRITS], start=1 + len(defects)):
+    for r, (_, n, cause) in enumerate(candidates[: POLICY.max_culprits], start=1 + len(defects)):
         columns.setdefault(n, {})[RANK] = r
         columns[n][CAUSE] = cause
         kind = (
@@ -573,7 +568,7 @@ def rank(
             )
         )
     beyond = []  # culprits too, past the named: their cause says so
-    for _, n, cause in candidates[MAX_CULPRITS:]:
+    for _, n, cause in candidates[POLICY.max_culprits :]:
         columns.setdefault(n, {})[CAUSE] = f"{cause}; {AFTER_NAMED}"
         beyond.append(n)
     # several layers masking each other: what taking them out together removes (one more run)
@@ -589,7 +584,7 @@ def rank(
         and n not in trained
         and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
     ]
-    if not culprits and added >= SHARE and not local_observed and noted:
+    if not culprits and added >= POLICY.share and not local_observed and noted:
         # the kernels carry the error: the nearest is the layer whose difference costs most
         unnamed = [(share, n) for n, share in noted.items()]
     findings = _findings(
@@ -607,7 +602,7 @@ def rank(
     )
     if divergence and kernels_added is not None:
         line = kernels_added.line()
-        if kernels_added.share < NOTICED and by_backend & {c.name for c in culprits}:
+        if kernels_added.share < POLICY.noticed and by_backend & {c.name for c in culprits}:
             # a named kernel's difference costs the outputs, yet QNN ends no worse overall
             line += (
                 " (each backend culprit's difference is measured alone; with every layer's, "
@@ -635,14 +630,14 @@ def _outlier_weights(
     standing: Collection[str],
     columns: dict[str, dict[str, object]],
 ) -> tuple[dict[str, tuple[float, str]], str]:
-    """Layers whose outlier weights were measured to cost the outputs ``SHARE`` of their error
+    """Layers whose outlier weights were measured to cost the outputs ``POLICY.share`` of their error
     or more: name -> (share, cause); and a finding ("" if none). Two questions of the float
     model, each asked of the layers that have such weights:
 
-    * a few weights ``BLOWN_RATIO`` times the tensor's 99th percentile or more (4 of the 8
+    * a few weights ``POLICY.blown_ratio`` times the tensor's 99th percentile or more (4 of the 8
       bits), brought to the rest's range in the float and the QDQ model (error powers) -
       whether the layer stands out or not;
-    * one output channel ``OUTLIER_RATIO`` times every other channel or more, brought to the
+    * one output channel ``POLICY.outlier_ratio`` times every other channel or more, brought to the
       next widest channel's range, the QDQ model's encodings refitted (noise-to-signal) -
       only of a layer ``standing`` out (its local SQNR or its clipping, or the source of an
       outlier a later standout carries) or one the outputs are judged at.
@@ -658,7 +653,7 @@ def _outlier_weights(
     their inputs bring tens of times (a head whose one output is a difference of large terms)
     fails it however quiet the layer's own encodings are. Each question is asked of its layers
     together first (one run of each model), one by one only when together they matter
-    (``ONE_BY_ONE`` at most, the farthest outliers first) - and when then none does alone, a
+    (``POLICY.one_by_one`` at most, the farthest outliers first) - and when then none does alone, a
     finding says what they cost together."""
     found: dict[str, tuple[float, str]] = {}
     finding = ""
@@ -669,7 +664,7 @@ def _outlier_weights(
         if n in evidence
         and n not in named
         and evidence[n].few_outliers
-        and evidence[n].few_ratio >= BLOWN_RATIO
+        and evidence[n].few_ratio >= POLICY.blown_ratio
     }
     if clamped is not None and few:
         shares, together = _asked(few, clamped, lambda n: evidence[n].few_ratio)
@@ -682,7 +677,7 @@ def _outlier_weights(
                 "this layer removes: clamp or retrain that weight, or keep its input path in 16 "
                 "bits" + _was(columns, n),
             )
-        if together >= SHARE and not shares:
+        if together >= POLICY.share and not shares:
             most = max(evidence[n].few_ratio for n in few)
             finding = (
                 f"the outlier weights of {len(few)} layers ({', '.join(few)}; up to {most:.3g}x "
@@ -698,7 +693,7 @@ def _outlier_weights(
         and n not in named
         and n not in found
         and n in standing
-        and evidence[n].lone_ratio >= OUTLIER_RATIO
+        and evidence[n].lone_ratio >= POLICY.outlier_ratio
     }
     if channels is not None and lone:
         shares, together = _asked(lone, channels, lambda n: evidence[n].lone_ratio)
@@ -715,7 +710,7 @@ def _outlier_weights(
                 "retrain or regularize that channel, or keep its input path in 16 bits"
                 + _was(columns, n),
             )
-        if together >= SHARE and not shares and not finding:
+        if together >= POLICY.share and not shares and not finding:
             most = max(evidence[n].lone_ratio for n in lone)
             finding = (
                 f"the outlier output channels of {len(lone)} layers ({', '.join(lone)}; up to "
@@ -729,17 +724,17 @@ def _outlier_weights(
 def _asked(
     levels: Mapping[str, object], ask: Callable[[Mapping[str, object]], float], ratio
 ) -> tuple[dict[str, float], float]:
-    """(layer -> share, for those costing ``SHARE`` alone; their share together) of a
+    """(layer -> share, for those costing ``POLICY.share`` alone; their share together) of a
     question asked of ``levels``' layers together, then one by one when together they cost
-    ``SHARE`` (``ONE_BY_ONE`` at most, the largest ``ratio`` first): a question is two CPU
+    ``POLICY.share`` (``POLICY.one_by_one`` at most, the largest ``ratio`` first): a question is two CPU
     sessions of the model."""
     together = ask(levels)
-    if not together >= SHARE:
+    if not together >= POLICY.share:
         return {}, together
     shares = {}
-    for n in sorted(levels, key=lambda n: -ratio(n))[:ONE_BY_ONE]:
+    for n in sorted(levels, key=lambda n: -ratio(n))[: POLICY.one_by_one]:
         share = ask({n: levels[n]})  # the question already asked when it is the only one
-        if share >= SHARE:
+        if share >= POLICY.share:
             shares[n] = share
     return shares, together
 
@@ -767,13 +762,19 @@ def _matters(
     (:func:`_pair_of`) hurts only together. So when the layer alone does not matter, it is
     measured again quantized together with its partners (carriers or pair) - and also when a
     layer that destroys its information matters alone by the lower bar: what it costs with
-    them orders it among the culprits. The model's ``lone`` standout needs ``LONE_SHARE``: the
+    them orders it among the culprits. The model's ``lone`` standout needs ``POLICY.lone_share``: the
     rest of the error is spread over layers at the floor, none of which comes near it."""
-    bar = MIN_SHARE if db < DESTROYED_DB else LONE_SHARE if lone else SHARE
+    bar = (
+        POLICY.min_share
+        if db < POLICY.destroyed_db
+        else POLICY.lone_share
+        if lone
+        else POLICY.share
+    )
     share = impact(n, bar) if impact is not None else Share(math.nan)
     if math.isnan(share.best):
         return None
-    if not later or share.best >= SHARE:
+    if not later or share.best >= POLICY.share:
         return share, None, share.best >= bar
     group = impact([n, *later], bar)
     if math.isnan(group.best):

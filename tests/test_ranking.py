@@ -1174,7 +1174,12 @@ def test_the_ranking_prepared_beside_the_run_is_the_ranking_done_after_it(
         return r.findings, r.columns
 
     after = ranked()
-    assert after[0] == res.findings  # oneshot itself ran with the prefetch
+
+    def named(findings):
+        return [f.split(" (")[0] for f in findings if f.startswith("culprit #")]
+
+    # oneshot itself ran with the prefetch (and then verified its culprits on QNN)
+    assert named(after[0]) == named(res.findings)
     assert after[0][1].startswith(f"culprit #1: {built.expected['planted']}")
     measured: list[tuple[str, str]] = []  # (thread, what): the prefetch has its own thread
     real_share, real_reach = sensitivity_mod.Sensitivity.share, culprits_mod.OutlierReach.__call__
@@ -2269,7 +2274,14 @@ def test_weights_of_a_gemm_the_qnn_preprocessing_hides_between_reshapes_are_judg
     others = s.drop(index=planted)["weight SQNR"].dropna()
     assert len(others) >= 5 and (others > s.loc[planted, "weight SQNR"] + 10).all(), others
     ranked = res.summary.dropna(subset=["culprit_rank"]).sort_values("culprit_rank")
-    assert list(ranked["Name"])[:1] == [planted], (ranked[["Name", "cause"]], res.findings)
+    # ranked first by the CPU measures; QNN confirms it (named) or finds its region in fp16
+    # gains under a dB at outputs that meet their thresholds (said so, nothing named instead)
+    first = f"not a culprit on QNN: {planted} - ranked #1"
+    unconfirmed = any(f.startswith(first) for f in res.findings)
+    assert list(ranked["Name"])[:1] == [planted] or (unconfirmed and ranked.empty), (
+        ranked[["Name", "cause"]],
+        res.findings,
+    )
     # the outlier named: the weight, or its row (input channel 5) or column (output channel 9)
     cause = s.loc[planted, "cause"]
     assert any(t in cause for t in ("weight [5, 9]", "input channel 5 ", "output channel 9 ")), (

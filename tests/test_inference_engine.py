@@ -557,13 +557,21 @@ def test_the_qnn_workers_start_without_pandas_or_the_quantizer(tmp_path, monkeyp
 
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "usercustomize.py").write_text(
-        "import atexit, sys\n"
+    # sitecustomize, found on PYTHONPATH, is imported by every Python a venv's included
+    # (usercustomize is not: a venv disables the user site); it then hands over to the
+    # sitecustomize it shadows, if the interpreter has one
+    (hook / "sitecustomize.py").write_text(
+        "import atexit, importlib.machinery, importlib.util, os, sys\n"
         "def _said():\n"
         f"    with open({str(tmp_path / 'loaded.txt')!r}, 'a') as f:\n"
         "        mods = [m for m in ('pandas', 'onnxruntime.quantization') if m in sys.modules]\n"
         "        f.write(' '.join(sys.argv[-2:-1] + mods) + '\\n')\n"
         "atexit.register(_said)\n"
+        "_here = os.path.dirname(os.path.abspath(__file__))\n"
+        "_rest = [p for p in sys.path if os.path.abspath(p or '.') != _here]\n"
+        "_spec = importlib.machinery.PathFinder.find_spec('sitecustomize', _rest)\n"
+        "if _spec is not None:\n"
+        "    _spec.loader.exec_module(importlib.util.module_from_spec(_spec))\n"
     )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]))
     built = models.conv_net(tmp_path, channels=4, size=8, layers=2)

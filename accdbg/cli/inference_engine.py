@@ -43,6 +43,7 @@ IGNORED = (
     "log_level",
     "qnn_netrun_config_file",
     "extra_runtime_args",
+    "extra_contextbin_args",
     "compiler_config",
     "qnn_model_net_json",
 )
@@ -71,6 +72,10 @@ class EngineArgs(A.ArgGroup):
 
     def __init__(self, runtime_required: bool = True):
         self.runtime_required = runtime_required
+        # the --inference_engine component itself (the wrapper shares the rest): the reference
+        # spells --golden_dir_for_mapping also --golden_output_reference_directory and passes
+        # the engine a --default_verifier; the wrapper has flags of those names of its own
+        self.component = runtime_required
 
     def add(self, parser: argparse.ArgumentParser) -> None:
         Q, B, D = QuantOptions, BackendOptions, DumpOptions
@@ -87,6 +92,7 @@ class EngineArgs(A.ArgGroup):
             "-a",
             "--architecture",
             choices=ARCHITECTURES,
+            type=A.spelled_as(ARCHITECTURES),
             default=B.architecture,
             help=f"host/device architecture (default {B.architecture}: HTP emulation on this host)",
         )
@@ -166,6 +172,12 @@ class EngineArgs(A.ArgGroup):
         )
         d.add_argument(
             "--golden_dir_for_mapping",
+            *(
+                ("--golden_output_reference_directory", "--goldenOutputReferenceDirectory")
+                if self.component
+                else ()
+            ),
+            dest="golden_dir_for_mapping",
             help="golden tensors folder, for a best-effort tensor mapping",
         )
         d.add_argument(
@@ -188,6 +200,7 @@ class EngineArgs(A.ArgGroup):
             (("--log_level",), "log_level"),
             (("--qnn_netrun_config_file",), "qnn_netrun_config_file"),
             (("--extra_runtime_args",), "extra_runtime_args"),
+            (("--extra_contextbin_args",), "extra_contextbin_args"),
             (("--compiler_config",), "compiler_config"),
             (("--qnn_model_net_json",), "qnn_model_net_json"),
             (("--extra_converter_args",), "extra_converter_args"),
@@ -196,6 +209,16 @@ class EngineArgs(A.ArgGroup):
         ):
             compat.add_argument(*flags, dest=dest, default=None)
         compat.add_argument("--offline_prepare", action="store_true")
+        if self.component:
+            compat.add_argument(
+                "--default_verifier",
+                "--defaultVerifier",
+                dest="default_verifier",
+                action="append",
+                nargs="+",
+                default=None,
+                help="(verification's: the engine runs no verifier; logged as ignored)",
+            )
         compat.add_argument(
             "-qmb", "--qnn_model_binary_path", help="compiled stage: the EPContext ONNX model"
         )
@@ -206,6 +229,11 @@ class EngineArgs(A.ArgGroup):
         for dest in IGNORED:
             if getattr(args, dest, None) not in (None, False):
                 log.info("ignored: --%s (no effect with onnxruntime-qnn)", dest)
+        if getattr(args, "default_verifier", None):
+            log.info(
+                "ignored: --default_verifier (the inference engine compares nothing; "
+                "--verification or the end-to-end run verify its dumps)"
+            )
         if any(getattr(args, dest) for dest in CONVERTER_ARTEFACTS):
             raise AccdbgError(
                 "-qmcpp/-qmbin/--extra_converter_args are QNN converter artefacts, which onnxruntime-qnn cannot run; "

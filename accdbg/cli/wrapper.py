@@ -18,6 +18,14 @@ from accdbg.errors import AccdbgError
 NAME = "wrapper"
 HELP = "framework diagnosis, QNN inference engine and verification in one run, with the HTML report"
 ALGORITHMS = ("oneshot-layerwise", "cumulative-layerwise", "layerwise", "binary")
+# verification's inputs, which the reference's end-to-end example passes too: the end-to-end
+# run verifies the runs it makes itself, with their side files; accepted and said so
+VERIFICATION_INPUTS = (
+    ("--inference_results", "--inferenceResults"),
+    ("--tensor_mapping", "--tensorMapping"),
+    ("--graph_struct", "--graphStruct"),
+    ("--qnn_model_json_path", "--qnnModelJsonPath"),
+)
 log = logging.getLogger("accdbg")
 
 
@@ -47,10 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--golden_output_reference_directory",
         "--golden_directory",
         "--goldenOutputReferenceDirectory",
+        "--framework_results",
+        "--frameworkResults",
         dest="golden_output_reference_directory",
         default=None,
-        help="golden tensors to use instead of running framework diagnosis",
+        help="golden tensors to use instead of running framework diagnosis (--framework_results, "
+        "as verification spells it, is the same flag)",
     )
+    for flags in VERIFICATION_INPUTS:
+        g.add_argument(*flags, dest=flags[0].lstrip("-"), default=None, help=argparse.SUPPRESS)
     g.add_argument(
         "--enable_tensor_inspection", action="store_true", help="plots and statistics per layer"
     )
@@ -177,7 +190,19 @@ def _dataset_run(
         )
 
 
+def _say_ignored_verification_inputs(args: argparse.Namespace) -> None:
+    given = [f[0] for f in VERIFICATION_INPUTS if getattr(args, f[0].lstrip("-")) is not None]
+    if given:
+        log.info(
+            "ignored: %s (the end-to-end run verifies the framework diagnosis and inference "
+            "engine runs it makes, with their tensor mapping, graph structure and QNN graph "
+            "JSON; verification alone is --verification)",
+            ", ".join(given),
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    _say_ignored_verification_inputs(args)
     if args.deep_analyzer and args.debugging_algorithm != "oneshot-layerwise":
         raise AccdbgError(
             f"--deep_analyzer runs after oneshot-layerwise (on its dumps), not after "

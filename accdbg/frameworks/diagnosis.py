@@ -29,6 +29,7 @@ from accdbg.core.run_dir import RunDir, check_run_folder, options_dict
 from accdbg.core.tensor_store import TensorWriter, records_table
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.base import RunnerOptions, get_runner_class
+from accdbg.frameworks.formats import check_model_format
 from accdbg.frameworks.versions import check_available
 
 log = logging.getLogger("accdbg.framework_diagnosis")
@@ -55,6 +56,7 @@ def check_model_path(model_path: str | Path, framework: str = "onnx") -> None:
     text = str(model_path)
     path = Path(text).expanduser()
     if path.exists():
+        check_model_format(framework, path)
         get_runner_class(framework).check_path(path)
         return
     file, sep, factory = text.rpartition(":")

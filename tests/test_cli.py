@@ -379,3 +379,20 @@ def test_an_output_tensor_the_model_lacks_is_refused_before_anything(tmp_path, c
     line = one_line_error(err)
     assert code == 2 and "-o/--output_tensor 'conv9' is not a tensor of the model" in line, err
     assert "near matches: conv0" in line and not work.exists()
+
+
+def test_dims_of_another_rank_with_an_input_list_create_no_folder(tmp_path, capsys):
+    """The end-to-end run refused for -i dims the model's rank does not take, with -l: the
+    check runs before the wrapper's folder is created (it used to leave wrapper/<ts>.failed)."""
+    built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"x:={built.input_path}\n")
+    work = tmp_path / "w"
+    for component in ([], ["--inference_engine", "-r", "htp"]):
+        code, _, err = run_cli(
+            capsys, *component, "-f", "onnx", "-m", built.path, "-i", "x", "3,8,8",
+            built.input_path, "-l", listing, "-w", work,
+        )  # fmt: skip
+        line = one_line_error(err)
+        assert code == 2 and "'x': dims 3,8,8 have rank 3, the model expects rank 4" in line, err
+        assert not work.exists()

@@ -164,6 +164,35 @@ def test_debug_mode_off_dumps_outputs_only(conv):
 
 
 @pytest.mark.slow
+def test_outputs_named_by_the_list_and_o_are_what_debug_mode_off_dumps(conv, capsys):
+    """qnn-net-run writes the outputs an input list's '#' line names; with --debug_mode_off
+    so does the engine (with -o's), each as QNN produced it - the same values as the full
+    dump of the same model and input."""
+    built, inp, res, tmp = conv
+    listing = tmp / "named.txt"
+    listing.write_text(f"#relu1\nx:={built.input_path}\n")
+    work = tmp / "named_w"
+    code, _, err = run_cli(
+        capsys, "--inference_engine", "-r", "htp", "-m", built.path, "-l", listing,
+        "-o", "relu0", "--debug_mode_off", "-w", work, "--output_dirname", "named",
+    )  # fmt: skip
+    assert code == 0, err
+    named = TensorFolder(work / "inference_engine" / "named" / "output" / "Result_0")
+    assert sorted(named.names()) == ["relu0", "relu1"]
+    full = TensorFolder(res.results[0])
+    for name in ("relu0", "relu1"):
+        np.testing.assert_allclose(named.load(name), full.load(name), atol=1e-6)
+    # a Conv quantized with its Relu has no output of its own on QNN: said, not skipped
+    code, _, err = run_cli(
+        capsys, "--inference_engine", "-r", "htp", "-m", built.path, "-l", listing,
+        "-o", "conv1", "--debug_mode_off", "-w", work,
+    )  # fmt: skip
+    line = one_line_error(err)
+    assert code == 2 and line.startswith("qnn-accuracy-debugger: error: conv1: asked for"), err
+    assert "name a layer output instead: relu0, relu1, relu2, pool" in line
+
+
+@pytest.mark.slow
 def test_input_list_several_inferences_and_bad_lines(tmp_path, capsys):
     built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
     rng = np.random.default_rng(3)

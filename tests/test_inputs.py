@@ -108,3 +108,57 @@ def test_nonfinite_scan_spans_chunks_and_ignores_integer_inputs(tmp_path, monkey
     parse_input_tensor(["ids", "16", str(ints), "int32"]).check()  # no NaN in integers
     clean = _with_bad_values(tmp_path / "c.raw", (10,), {})
     assert inputs.count_nonfinite(clean, np.dtype("float32")) == (0, 0, -1)
+
+
+def test_a_path_with_a_space_is_refused_saying_how_to_give_it(tmp_path, monkeypatch):
+    """qnn-net-run separates a line's entries by spaces: a path holding one is named as
+    such (not as "mixes plain paths and name:=path pairs", what the split makes of it)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my data").mkdir()
+    (tmp_path / "my data" / "in 0.raw").write_bytes(b"\0" * 4)
+    (tmp_path / "b.raw").write_bytes(b"\0" * 4)
+    for line in ("x:=my data/in 0.raw y:=b.raw", "my data/in 0.raw b.raw"):
+        lst = tmp_path / "list.txt"
+        lst.write_text(f"{line}\n")
+        with pytest.raises(AccdbgError) as e:
+            parse_input_list(lst)
+        msg = str(e.value)
+        assert msg.startswith(f"{lst}:1: the path 'my data/in 0.raw' holds a space"), msg
+        assert "separates a line's entries by spaces" in msg and "ln -s" in msg
+        assert "in_0.raw" in msg and "mixes" not in msg
+    # without a file that a space would explain, the errors stay what they were
+    (tmp_path / "list.txt").write_text("x:=a.raw b.raw\n")
+    with pytest.raises(AccdbgError, match="mixes plain paths and name:=path pairs"):
+        parse_input_list(tmp_path / "list.txt")
+
+
+def test_the_requested_outputs_are_o_then_the_hash_line(tmp_path):
+    from accdbg.core.inputs import requested_outputs
+
+    (tmp_path / "a.raw").write_bytes(b"\0" * 4)
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"{tmp_path / 'a.raw'}\n#out2 out1\n")
+    parsed = parse_input_list(lst)
+    assert parsed.output_line == 2 and parsed.outputs_where == f"{lst}:2: '#' output tensor"
+    assert requested_outputs(["out1", "logits"], parsed) == ("out1", "logits", "out2")
+    assert requested_outputs((), None) == ()
+
+
+def test_feeds_check_the_hash_line_and_the_dims_before_any_run(tmp_path):
+    """What the engine, snooping and the quantization checker read an input list with
+    refuses a '#' name the model lacks, and -i dims of another rank, before anything runs."""
+    import onnx
+
+    from accdbg.engines.source import build_feeds
+    from tests import models
+
+    built = models.conv_net(tmp_path, channels=4, size=8, layers=2)
+    model = onnx.load(str(built.path))
+    lst = tmp_path / "list.txt"
+    lst.write_text(f"#conv1 conv7\n{built.input_path}\n")
+    with pytest.raises(AccdbgError) as e:
+        build_feeds(model, parse_input_list(lst), [])
+    assert str(e.value).startswith(f"{lst}:1: '#' output tensor 'conv7' is not a tensor")
+    flat = parse_input_tensor(["x", "192", str(built.input_path)])  # the file's size, rank 1
+    with pytest.raises(AccdbgError, match=r"'x': dims 192 have rank 1, the model expects rank 4"):
+        build_feeds(model, None, [flat])

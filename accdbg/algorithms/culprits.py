@@ -246,8 +246,12 @@ def find_culprits(
     simulated: bool = False,
     alone: Callable[[str], np.ndarray | None] | None = None,
     in_context: Rerun | None = None,
+    verdict_outputs: Sequence[str] = (),
 ) -> Ranking:
     """Evidence for every layer, output sensitivity for the standouts, one verdict.
+
+    ``verdict_outputs``: the outputs the verdict judges (those a run was asked for: ``-o``,
+    an input list's ``#`` line), instead of the graph's.
 
     ``full_run``: the table's output rows are the model's outputs as deployed (oneshot), so
     their verdict is stated; a snooping table's are not (golden inputs upstream). ``target``:
@@ -306,7 +310,11 @@ def find_culprits(
         impact=before.impact,
         observed_nsr=observed_nsr(table, name_col, verifiers),
         local_observed=local_observed,
-        outputs=output_verdicts(table, name_col, verifiers, outputs) if full_run else (),
+        outputs=(
+            output_verdicts(table, name_col, verifiers, list(verdict_outputs) or outputs)
+            if full_run
+            else ()
+        ),
         divergence=div,
         kernel_share=kernels,
         kernels_added=(

@@ -34,6 +34,7 @@ from accdbg.core.inputs import (
     check_finite,
     check_raw_size,
     parse_input_list,
+    requested_outputs,
 )
 from accdbg.core.provenance import recorded_inputs
 from accdbg.core.run_dir import (
@@ -155,10 +156,12 @@ def check_oneshot(
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
+    output_tensors: Sequence[str] = (),
 ) -> None:
     """Everything the three components will need, checked before the first one starts and
     without writing: the model, every ``-i`` and ``-l`` file (size, NaN/Inf), ``-qo``, the
-    verifiers, and every folder the run will write."""
+    outputs asked for (``-o``, the list's ``#`` line), the verifiers, and every folder the run
+    will write."""
     allow = allow_nonfinite_inputs
     if golden_dir is None:
         if not input_tensors:
@@ -185,6 +188,7 @@ def check_oneshot(
             working_dir=working_dir,
             output_dirname=output_dirname,
             allow_nonfinite_inputs=allow,
+            output_tensors=output_tensors,
         )
     else:  # the engine's model is converted later: check what can be checked now
         check_model_path(model_path, framework)
@@ -250,6 +254,7 @@ def run_oneshot(
         working_dir,
         output_dirname,
         allow_nonfinite_inputs,
+        output_tensors,
     )
     with ExitStack() as stack:
         seconds: dict[str, float] = {}
@@ -334,11 +339,17 @@ def run_oneshot(
             allow_nonfinite_inputs=allow_nonfinite_inputs,
             conversion=conversion,
             on_ready=ready,
+            output_tensors=output_tensors if conversion is None else (),
         )
         seconds["inference_engine"] = time.perf_counter() - t
         t = time.perf_counter()
         target = _target(goldens, engine.results, input_list, input_tensors)
-        graph_outputs = [
+        # the outputs judged (the verdict, the table of inputs): those asked for with -o and
+        # the list's '#' line, else the graph's
+        judged = list(
+            requested_outputs(output_tensors, parse_input_list(input_list) if input_list else None)
+        )
+        graph_outputs = judged or [
             o.name for o in onnx.load(str(engine.qdq_model), load_external_data=False).graph.output
         ]
         notes = _Annotator(
@@ -353,6 +364,7 @@ def run_oneshot(
             ),
             inspection=pool,
             prefetch=prefetch[0] if prefetch else None,
+            judged=judged,
         )
         ver = run_verification(
             golden_dir,
@@ -410,6 +422,7 @@ class _Annotator:
     culprits: list[Culprit] = field(default_factory=list)
     worst: str | None = None
     prefetch: Prefetch | None = None  # the ranking's work done beside the engine run
+    judged: Sequence[str] = ()  # the outputs asked for (-o, the list's '#' line), if any
 
     def __call__(self, ver: VerificationResult) -> SummaryAnnotation:
         seconds, engine = self.seconds, self.engine
@@ -443,6 +456,7 @@ class _Annotator:
                     if k != key
                 ),
                 prefetch=prefetch,
+                verdict_outputs=self.judged,
             )
 
         t = time.perf_counter()

@@ -60,6 +60,17 @@ def spelled_as(choices: tuple[str, ...]):
     return convert
 
 
+# what an input list is, said once for every component's -l
+INPUT_LIST_FORMAT = (
+    "; a line holds one inference's files separated by spaces, in the model's input order or "
+    "as name:=path (so a path cannot hold a space: link or rename it), and a line '#out1 "
+    "out2' names output tensors (qnn-net-run's convention): with -o, the run's outputs, "
+    "checked against the model first; the inference engine with --debug_mode_off dumps those "
+    "instead of the graph outputs and the end-to-end verdict judges them (snooping, dataset "
+    "mode and the fix search judge the graph outputs)"
+)
+
+
 def add_allow_nonfinite(group) -> None:
     """``--allow_nonfinite_inputs``, in whichever group declares a component's inputs."""
     group.add_argument(
@@ -429,7 +440,7 @@ class CalibrationArgs(ModelArgs):
             self.add_framework(g, framework_help)
         self.add_inputs(g, input_tensor_help)
         self.add_outputs(g)
-        g.add_argument("-l", "--input_list", help=input_list_help)
+        g.add_argument("-l", "--input_list", help=input_list_help + INPUT_LIST_FORMAT)
         add_allow_nonfinite(g)
         self.group = g
 

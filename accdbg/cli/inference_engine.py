@@ -100,7 +100,7 @@ class EngineArgs(A.ArgGroup):
             "-l",
             "--input_list",
             help="qnn-net-run input list: one inference per line; every line also calibrates the "
-            "quantization (source stage, and layerwise/cumulative-layerwise)",
+            "quantization (source stage, and layerwise/cumulative-layerwise)" + A.INPUT_LIST_FORMAT,
         )
         core.add_argument(
             "--stage",
@@ -142,7 +142,12 @@ class EngineArgs(A.ArgGroup):
             "--algorithms", help="('cle' is not available through onnxruntime quantization)"
         )
         d = parser.add_argument_group("debug output")
-        d.add_argument("--debug_mode_off", action="store_true", help="dump only the graph outputs")
+        d.add_argument(
+            "--debug_mode_off",
+            action="store_true",
+            help="dump only the graph outputs (or, instead, those -o and the input list's '#' "
+            "line name, as QNN produces them)",
+        )
         d.add_argument(
             "-odt", "--output_data_type", choices=OUTPUT_DATA_TYPES, default=D.output_data_type
         )
@@ -318,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
         memory_budget_mb=args.memory_budget_mb,
         options_record=A.options_dict(args),
         allow_nonfinite_inputs=model.allow_nonfinite_inputs,
+        output_tensors=model.output_tensors,
         **place.keywords(),
     )
     log.info("results: %s", ", ".join(str(p) for p in result.results))

@@ -176,7 +176,9 @@ def _dataset_run(
     )
     check_dataset(model.framework, model.model_path, model.input_tensors, args.input_list, **kwargs)
     check_run_folder(place.working_dir, NAME, place.output_dirname, resume=True)
-    with RunDir(place.working_dir, NAME, place.output_dirname, resume=True) as run:
+    with RunDir(
+        place.working_dir, NAME, place.output_dirname, resume=True, discard_refused=True
+    ) as run:
         run.write_options(A.options_dict(args))
         kwargs.pop("verifier_config")
         kwargs.pop("golden_dir")
@@ -276,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
             place.working_dir,
             place.output_dirname,
             allow,
+            model.output_tensors,
         )
     else:
         from accdbg.algorithms import run_cumulative_layerwise, run_layerwise
@@ -312,7 +315,9 @@ def run(args: argparse.Namespace) -> int:
                 },
             ),
         )
-    with RunDir(place.working_dir, NAME, place.output_dirname, resume=not oneshot) as run:
+    with RunDir(
+        place.working_dir, NAME, place.output_dirname, resume=not oneshot, discard_refused=True
+    ) as run:
         run.write_options(A.options_dict(args))
         if oneshot:
             result = run_oneshot(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -148,9 +150,28 @@ class InputListEntry:
 
 @dataclass(frozen=True)
 class InputList:
+    """A parsed input list; ``output_names`` are its ``#`` lines' tensors (``output_line``
+    the first of those lines), qnn-net-run's way of naming the outputs to write."""
+
     path: Path
     entries: tuple[InputListEntry, ...]
     output_names: tuple[str, ...]
+    output_line: int | None = None
+
+    @property
+    def outputs_where(self) -> str:
+        """How a message names the ``#`` line: ``list.txt:1: '#' output tensor``."""
+        return f"{self.path}:{self.output_line}: '#' output tensor"
+
+
+def requested_outputs(
+    output_tensors: Sequence[str] = (), input_list: InputList | None = None
+) -> tuple[str, ...]:
+    """The model's outputs a run is asked for: the ``-o/--output_tensor`` names, then those
+    of the input list's ``#`` lines (qnn-net-run's convention), each once; empty when neither
+    names any (the graph's outputs then)."""
+    names = [*output_tensors, *(input_list.output_names if input_list is not None else ())]
+    return tuple(dict.fromkeys(n for n in names if n))
 
 
 def _resolve(raw: str, base: Path) -> Path:
@@ -164,42 +185,73 @@ def parse_input_list(path: str | os.PathLike) -> InputList:
     """Parse a qnn-net-run input list.
 
     One inference per line: either paths in the model's input order, or ``name:=path`` pairs,
-    separated by spaces. A line starting with ``#`` names output tensors (space separated).
-    Relative paths are taken from the current folder, else from the list's own folder.
+    separated by spaces - so no path can hold a space (such a path is refused, saying so). A
+    line starting with ``#`` names output tensors (space separated): the run's outputs, with
+    ``-o`` (:func:`requested_outputs`). Relative paths are taken from the current folder,
+    else from the list's own folder.
     """
     p = Path(path).expanduser()
     if not p.is_file():
         raise AccdbgError(f"--input_list {str(path)!r} does not exist")
     entries: list[InputListEntry] = []
     outputs: list[str] = []
+    output_line = None
     for no, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
         text = line.strip()
         if not text:
             continue
         if text.startswith("#"):
             outputs.extend(t for t in text[1:].replace(",", " ").split() if t)
+            output_line = output_line or no
             continue
-        items: list[tuple[str | None, Path]] = []
-        for tok in text.split():
-            if ":=" in tok:
-                name, _, file = tok.partition(":=")
-                if not name or not file:
-                    raise AccdbgError(f"{p}:{no}: {tok!r} must be name:=path")
-                items.append((name, _resolve(file, p.parent)))
-            else:
-                items.append((None, _resolve(tok, p.parent)))
-        kinds = {n is None for n, _ in items}
-        if len(kinds) > 1:
-            raise AccdbgError(
-                f"{p}:{no}: mixes plain paths and name:=path pairs; use one form per line"
-            )
-        for _, f in items:
-            if not f.is_file():
-                raise AccdbgError(f"{p}:{no}: input file {str(f)!r} does not exist")
-        entries.append(InputListEntry(no, tuple(items)))
+        entries.append(_list_line(p, no, text))
     if not entries:
         raise AccdbgError(f"--input_list {str(p)!r} has no input lines")
-    return InputList(path=p.absolute(), entries=tuple(entries), output_names=tuple(outputs))
+    return InputList(p.absolute(), tuple(entries), tuple(outputs), output_line)
+
+
+def _list_line(p: Path, no: int, text: str) -> InputListEntry:
+    """One inference line's items; a bad line is one error naming the list and the line."""
+    items: list[tuple[str | None, Path]] = []
+    for tok in text.split():
+        if ":=" in tok:
+            name, _, file = tok.partition(":=")
+            if not name or not file:
+                _refuse_spaced_path(p, no, text)
+                raise AccdbgError(f"{p}:{no}: {tok!r} must be name:=path")
+            items.append((name, _resolve(file, p.parent)))
+        else:
+            items.append((None, _resolve(tok, p.parent)))
+    if len({n is None for n, _ in items}) > 1:
+        _refuse_spaced_path(p, no, text)
+        raise AccdbgError(
+            f"{p}:{no}: mixes plain paths and name:=path pairs; use one form per line"
+        )
+    for _, f in items:
+        if not f.is_file():
+            _refuse_spaced_path(p, no, text)
+            raise AccdbgError(f"{p}:{no}: input file {str(f)!r} does not exist")
+    return InputListEntry(no, tuple(items))
+
+
+def _refuse_spaced_path(p: Path, no: int, text: str) -> None:
+    """A line that does not parse because a path on it holds a space: say that, not what
+    the split made of it. qnn-net-run separates a line's entries by spaces, so a path cannot
+    hold one; the error names the file and what to do (a link or another name)."""
+    spans = [m.span() for m in re.finditer(r"\S+", text)]
+    for i, (start, _) in enumerate(spans):
+        for _, end in spans[i + 1 :]:
+            joined = text[start:end]
+            name, sep, file = joined.partition(":=")
+            candidate = file if sep and name and " " not in name else joined
+            if " " in candidate and _resolve(candidate, p.parent).is_file():
+                link = Path(candidate).name.replace(" ", "_")
+                raise AccdbgError(
+                    f"{p}:{no}: the path {candidate!r} holds a space, and an input list "
+                    "separates a line's entries by spaces (as qnn-net-run reads it), so a path "
+                    f"cannot hold one: rename the file or give a link without spaces (ln -s "
+                    f"{shlex.quote(str(_resolve(candidate, p.parent)))} {link})"
+                )
 
 
 def _same_input(listed: str, given: str) -> bool:

@@ -138,8 +138,12 @@ class RunDir:
         component: str,
         output_dirname: str | None = None,
         resume: bool = False,
+        discard_refused: bool = False,
     ):
         self.root = check_run_folder(working_dir, component, output_dirname, resume)
+        # a run of other components (the end-to-end run): refused in one of them, it leaves
+        # nothing (see _refused)
+        self.discard_refused = discard_refused
         self.component = component
         self.resume = resume
         self._explicit = output_dirname is not None
@@ -169,13 +173,57 @@ class RunDir:
         return self.root / f".{name}.partial"
 
     def __enter__(self) -> RunDir:
+        # the folders this run creates on the way (working dir, component folder): a refused
+        # run removes them again (see _refused)
+        self._created = [f for f in (self.root, *self.root.parents) if not f.exists()]
         make_component_root(self.root.parent, self.component)
         if self._explicit:
             self._claim_name()
         else:
             self._claim_timestamp()
+        self._claimed_at = self.root.stat().st_mtime_ns
         self._log_handler = attach_log_file(self.path / LOG_NAME)
         return self
+
+    def _refused(self, exc: BaseException | None) -> bool:
+        """Whether a run of other components (``discard_refused``) ended refusing its input
+        rather than failing: a bad input (an :class:`AccdbgError`) raised before it wrote
+        anything but its log and options file, in a folder of its own (not one taken over),
+        and before any of its components started (no other component folder of the working
+        folder changed since it claimed its own). A refused command leaves nothing, also
+        when the check that refused it could only run in a component (another framework's
+        model is loaded, in a child process, by framework diagnosis)."""
+        if not self.discard_refused or not isinstance(exc, AccdbgError):
+            return False
+        if self.resumed is not None:
+            return False
+        if self.path == self.final_path or not self.path.is_dir():
+            return False
+        own = {LOG_NAME, LOCK_NAME, f"{self.component}_options.json"}
+        if any(p.name not in own for p in self.path.iterdir()):
+            return False
+        for other in self.root.parent.iterdir():
+            try:
+                if (
+                    other != self.root
+                    and other.is_dir()
+                    and (other.stat().st_mtime_ns >= self._claimed_at)
+                ):
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def _discard(self, lock: FolderLock | None) -> None:
+        """Remove a refused run's folder, and the folders it created on the way if empty."""
+        if lock is not None:
+            lock.release()
+        shutil.rmtree(self.path, ignore_errors=True)
+        for folder in self._created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
     def _claim_timestamp(self) -> None:
         while True:
@@ -270,7 +318,10 @@ class RunDir:
         lock, self._lock = self._lock, None
         try:
             if exc_type is not None:
-                if self.path != self.final_path:
+                if self._refused(exc):
+                    self._discard(lock)
+                    lock = None
+                elif self.path != self.final_path:
                     failed = self.failed_path
                     _retire(self.path, failed, None)
                     self.path = failed

@@ -45,6 +45,11 @@ def build_feeds(
     names = [vi.name for vi in inputs]
     given = {t.name: t for t in input_tensors}
     om.check_given_inputs(model, input_tensors)
+    # the -i dims against the model's rank and fixed dims, here, before any run folder: the
+    # pre-processing that fixes the dims would refuse them only once a run had started
+    om.check_input_dims(model, {t.name: t.dims for t in input_tensors})
+    if input_list is not None:
+        om.check_tensor_names(model, input_list.output_names, input_list.outputs_where)
     dims: dict[str, tuple[int, ...]] = {}
     dtypes: dict[str, np.dtype] = {}
     for vi in inputs:

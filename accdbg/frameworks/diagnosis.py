@@ -165,6 +165,8 @@ def _diagnose(job: _Job) -> DiagnosisResult:
     runner.activate()
     try:
         runner.check_outputs(job.output_tensors)
+        if job.parsed is not None and job.parsed.output_names:
+            runner.check_outputs(job.parsed.output_names, job.parsed.outputs_where)
         lines = (
             inputs_per_line(job.parsed, inputs, runner.model_input_order())
             if job.parsed is not None

@@ -662,26 +662,40 @@ def test_a_busy_child_dies_within_a_second_of_its_parent(sig):
 
 def test_job_folders_of_dead_parents_are_swept(monkeypatch, tmp_path):
     """A parent killed by SIGKILL cannot remove its children's job folder: the next run does,
-    going by the folder's lock (held only while its parent lives), never by a live one."""
+    going by the folder's lock (held only while its parent lives), never by a live one - also
+    a folder killed a moment ago (a job folder is locked before it is named, so no age rule
+    is needed: the rerun right after a kill leaves none behind). Only a folder still being
+    made, not yet locked, is given a minute."""
     import os
     import tempfile
 
     import accdbg.core.isolate as isolate
-    from accdbg.core.folder_lock import LOCK_NAME, FolderLock
+    from accdbg.core.folder_lock import LOCK_NAME, FolderLock, holder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(isolate, "_swept", False)
-    dead, live, young = (tmp_path / f"{isolate.JOB_PREFIX}{n}" for n in ("dead", "live", "young"))
-    for folder in (dead, live, young):
+    dead, live, just_dead = (
+        tmp_path / f"{isolate.JOB_PREFIX}{n}" for n in ("dead", "live", "just_dead")
+    )
+    making, stale = (tmp_path / f"{isolate.NEW_JOB_PREFIX}{n}" for n in ("making", "stale"))
+    for folder in (dead, live, just_dead, making, stale):
         folder.mkdir()
         (folder / LOCK_NAME).touch()
     held = FolderLock.take(live)
     old = time.time() - 3600
-    for folder in (dead, live):
+    for folder in (dead, live, stale):
         os.utime(folder / LOCK_NAME, (old, old))
+        os.utime(folder, (old, old))
     isolate._sweep_dead_jobs()
-    assert not dead.exists() and live.exists() and young.exists()
+    assert not dead.exists() and not just_dead.exists() and not stale.exists()
+    assert live.exists() and making.exists()
     held.release()
+    # a new job folder: named accdbg-job-*, held from the moment it has that name, gone after
+    job = isolate.JobFolder()
+    assert job.path.name.startswith(isolate.JOB_PREFIX) and holder(job.path) is not None
+    assert [f.name for f in tmp_path.glob(f"{isolate.NEW_JOB_PREFIX}*")] == [making.name]
+    job.cleanup()
+    assert not job.path.exists()
 
 
 @pytest.mark.slow  # runs QNN

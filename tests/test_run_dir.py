@@ -260,3 +260,38 @@ def test_a_run_of_components_refused_in_one_of_them_leaves_nothing(tmp_path):
     with pytest.raises(AccdbgError), RunDir(work, "inference_engine", "r4"):
         raise AccdbgError("QNN failed")
     assert (work / "inference_engine" / "r4.failed").is_dir()
+
+
+def test_a_dead_end_to_end_runs_finished_parts_are_replaced_when_taken_over(tmp_path):
+    """The end-to-end run's components all use its name: a rerun taking over a dead one finds
+    some of them finished. Inside ``taking_over`` they start again and replace the dead
+    run's folder only when they finish (until then it stays, and `latest` with it);
+    outside, a finished folder of that name is still refused."""
+    from accdbg.core.run_dir import check_run_folder, taking_over, unfinished_run
+
+    with RunDir(tmp_path, "framework_diagnosis", "run") as run:
+        (run.path / "old.txt").write_text("the dead run's")
+    root = tmp_path / "framework_diagnosis"
+    assert not unfinished_run(tmp_path, "wrapper", "run")  # nothing of that name
+    (tmp_path / "wrapper").mkdir()
+    with pytest.raises(KeyboardInterrupt), RunDir(tmp_path, "wrapper", "run"):
+        raise KeyboardInterrupt  # Ctrl-C: kept as run.failed
+    assert unfinished_run(tmp_path, "wrapper", "run")
+    with pytest.raises(AccdbgError, match="already exists"):
+        check_run_folder(tmp_path, "framework_diagnosis", "run")
+    with taking_over(tmp_path, "run"):
+        check_run_folder(tmp_path, "framework_diagnosis", "run")
+        with RunDir(tmp_path, "framework_diagnosis", "run") as again:
+            assert again.path.name == ".run.partial"
+            assert (root / "run" / "old.txt").is_file() and os.readlink(root / "latest") == "run"
+            (again.path / "new.txt").write_text("this run's")
+    assert sorted(p.name for p in (root / "run").iterdir() if p.suffix == ".txt") == [
+        "log.txt",
+        "new.txt",
+    ]
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "run"]  # nothing set aside left
+    with pytest.raises(AccdbgError, match="already exists"):  # the scope is over
+        RunDir(tmp_path, "framework_diagnosis", "run")
+    with taking_over(tmp_path, "other"):  # another name's takeover changes nothing for this one
+        with pytest.raises(AccdbgError, match="already exists"):
+            RunDir(tmp_path, "framework_diagnosis", "run")

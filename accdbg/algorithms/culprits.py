@@ -189,12 +189,23 @@ class Prefetch:
         golden_name: Mapping[str, str],
         feeds: Mapping[str, np.ndarray],
         more_feeds: Iterable[Mapping[str, np.ndarray]],
+        start: bool = True,
     ):
         self._done: _BeforeBackend | None = None
         args = (qdq_model, golden, golden_name, feeds, prepared_model(qdq_model), more_feeds)
         self.seconds = math.nan
         # on the cores QNN leaves idle, never slowing it
         self._thread = IdleThread(lambda: self._run(*args), "accdbg-ranking-prefetch")
+        self._start_asked = False
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the work. A caller that must close it whatever happens (a stop signal can
+        land between any two steps) makes it with ``start=False``, arranges :meth:`close`,
+        then starts it: a thread left running in onnxruntime while the process ends would
+        abort it (``terminate called without an active exception``)."""
+        self._start_asked = True
         self._thread.start()
 
     def _run(self, *args) -> None:
@@ -225,7 +236,13 @@ class Prefetch:
         in a CPU run while the process ends - onnxruntime torn down under it would crash a run
         that succeeded; one session or run at most, which a starved thread ends slowly)."""
         self._thread.ask_to_stop()
-        self._thread.join()
+        if self._start_asked:  # started, or being started when a signal stopped start()
+            for _ in range(1000):
+                try:
+                    self._thread.join()
+                    break
+                except RuntimeError:  # created, not yet marked started
+                    time.sleep(0.001)
         self._done = None
 
 

@@ -312,16 +312,17 @@ def run_oneshot(
             except Exception as exc:
                 log.info("culprit ranking not prepared beside the run: %s", exc)
                 return
-            prefetch.append(
-                Prefetch(
-                    m.model,
-                    goldens["Result_0"],
-                    m.tensor_mapping,
-                    feeds,
-                    (_feeds_from(f, engine_inputs) for f in rest),
-                )
+            work = Prefetch(
+                m.model,
+                goldens["Result_0"],
+                m.tensor_mapping,
+                feeds,
+                (_feeds_from(f, engine_inputs) for f in rest),
+                start=False,
             )
-            stack.callback(prefetch[0].close)  # done by then, unless the run stopped
+            stack.callback(work.close)  # done by then, unless the run stopped
+            prefetch.append(work)
+            work.start()  # once its close is arranged: a signal may come at any step
 
         engine = run_inference_engine(
             engine_model,

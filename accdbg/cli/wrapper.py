@@ -12,7 +12,7 @@ from accdbg.cli.deep_analyzer import add_dissection_arguments
 from accdbg.cli.fix_search import SEARCH
 from accdbg.cli.inference_engine import EngineArgs
 from accdbg.core.executors import ExecutorConfig
-from accdbg.core.run_dir import RunDir, check_run_folder
+from accdbg.core.run_dir import RunDir, check_run_folder, taking_over, unfinished_run
 from accdbg.errors import AccdbgError
 
 NAME = "wrapper"
@@ -204,6 +204,25 @@ def _say_ignored_verification_inputs(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The end-to-end run. Run again with the same ``--output_dirname`` after it died (SIGKILL,
+    a crash) or failed (SIGTERM, Ctrl-C, an error), it takes that run over: snooping and
+    dataset mode continue where they stopped, and every component run of that name starts
+    again, replacing what the dead run finished of it (``run_dir.taking_over``)."""
+    place = COMMON.parse(args)
+    over = place.output_dirname
+    if not unfinished_run(place.working_dir, NAME, over):
+        over = None
+    else:
+        log.info(
+            "taking over the end-to-end run %r that did not finish: its component runs start "
+            "again under that name",
+            over,
+        )
+    with taking_over(place.working_dir, over):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     _say_ignored_verification_inputs(args)
     if args.deep_analyzer and args.debugging_algorithm != "oneshot-layerwise":
         raise AccdbgError(

@@ -41,9 +41,7 @@ IGNORED = (
     "model_name",
     "input_data_type",
     "log_level",
-    "qnn_netrun_config_file",
     "extra_runtime_args",
-    "extra_contextbin_args",
     "compiler_config",
     "qnn_model_net_json",
 )
@@ -141,6 +139,26 @@ class EngineArgs(A.ArgGroup):
         q.add_argument(
             "--algorithms", help="('cle' is not available through onnxruntime quantization)"
         )
+        q.add_argument(
+            "-rqs",
+            "--restrict_quantization_steps",
+            default=Q.restrict_quantization_steps,
+            metavar="'MIN MAX'",
+            help="two hexadecimal literals, e.g. '-0x80 0x7F' (8-bit) or '-0x8000 0x7F7F' "
+            "(16-bit): the tensors of that bitwidth get scale = (max - min) / (MAX - MIN) steps "
+            "(onnxruntime's own ranges, quantized again with the restricted steps as fixed "
+            "encodings; honoured as is where onnxruntime's steps are the same)",
+        )
+        q.add_argument(
+            "-fbw",
+            "--float_bias_bitwidth",
+            type=int,
+            choices=(16, 32),
+            default=Q.float_bias_bitwidth,
+            help="biases of a float run (--precision fp16): 16 rounds the Conv/Gemm biases to "
+            "fp16 values; 32 keeps them fp32, and HTP's fp16 mode decides (onnxruntime-qnn has "
+            "no bias-precision option)",
+        )
         d = parser.add_argument_group("debug output")
         d.add_argument(
             "--debug_mode_off",
@@ -150,6 +168,15 @@ class EngineArgs(A.ArgGroup):
         )
         d.add_argument(
             "-odt", "--output_data_type", choices=OUTPUT_DATA_TYPES, default=D.output_data_type
+        )
+        d.add_argument(
+            "-nof",
+            "--use_native_output_files",
+            action="store_true",
+            default=D.use_native_output_files,
+            help="the dumped files in the graph's native type (the quantized integers as QNN "
+            "produced them), as qnn-net-run's flag: -odt native_only (with -odt "
+            "float_and_native, both)",
         )
         d.add_argument(
             "--add_layer_outputs",
@@ -170,6 +197,25 @@ class EngineArgs(A.ArgGroup):
             "--perf_profile", help="HTP performance mode, e.g. burst, balanced, high_performance"
         )
         d.add_argument("--soc_model", help="QNN SoC model id (default: one matching -r dspvNN)")
+        d.add_argument(
+            "--extra_contextbin_args",
+            default=B.extra_contextbin_args,
+            metavar="'ARG1=VALUE1;ARG2=VALUE2'",
+            help="qnn-context-binary-generator's arguments: profiling_level and config_file "
+            "(a qnn-net-run config) become the QNN execution provider's options; the others "
+            "have no counterpart (onnxruntime-qnn makes the context itself), said in one line",
+        )
+        d.add_argument(
+            "--qnn_netruntime_config_file",
+            "--qnn_netrun_config_file",
+            dest="qnn_netruntime_config_file",
+            default=B.qnn_netruntime_config_file,
+            metavar="FILE",
+            help="qnn-net-run's JSON config: context_priority and the HTP backend extensions' "
+            "vtcm_mb, O, fp16_relaxed_precision, soc_model, dsp_arch, device_id, perf_profile, "
+            "rpc_control_latency become provider options; what has no counterpart is named "
+            "in one line",
+        )
         d.add_argument(
             "--disable_cpu_fallback",
             action="store_true",
@@ -203,9 +249,7 @@ class EngineArgs(A.ArgGroup):
             (("-qmn", "--model_name"), "model_name"),
             (("-idt", "--input_data_type"), "input_data_type"),
             (("--log_level",), "log_level"),
-            (("--qnn_netrun_config_file",), "qnn_netrun_config_file"),
             (("--extra_runtime_args",), "extra_runtime_args"),
-            (("--extra_contextbin_args",), "extra_contextbin_args"),
             (("--compiler_config",), "compiler_config"),
             (("--qnn_model_net_json",), "qnn_model_net_json"),
             (("--extra_converter_args",), "extra_converter_args"),
@@ -250,7 +294,7 @@ class EngineArgs(A.ArgGroup):
             )
         if args.print_version:
             log.info("%s", qnn_version())
-        return EngineConfig(
+        config = EngineConfig(
             stage=args.stage,
             quant=QuantOptions(
                 act_bitwidth=args.act_bitwidth,
@@ -262,6 +306,8 @@ class EngineArgs(A.ArgGroup):
                 quantization_overrides=args.quantization_overrides,
                 ignore_encodings=args.ignore_encodings,
                 precision=args.precision,
+                restrict_quantization_steps=args.restrict_quantization_steps,
+                float_bias_bitwidth=args.float_bias_bitwidth,
             ),
             backend=BackendOptions(
                 engine=args.engine,
@@ -271,6 +317,8 @@ class EngineArgs(A.ArgGroup):
                 perf_profile=args.perf_profile,
                 profiling_level=args.profiling_level,
                 disable_cpu_fallback=args.disable_cpu_fallback,
+                extra_contextbin_args=args.extra_contextbin_args,
+                qnn_netruntime_config_file=args.qnn_netruntime_config_file,
             ),
             layers=LayerFilter(
                 args.add_layer_outputs,
@@ -282,8 +330,12 @@ class EngineArgs(A.ArgGroup):
                 debug=not args.debug_mode_off,
                 output_data_type=args.output_data_type,
                 golden_dir_for_mapping=args.golden_dir_for_mapping,
+                use_native_output_files=args.use_native_output_files,
             ),
         )
+        for line in config.notes():  # once: the options are made here
+            log.info("%s", line)
+        return config
 
 
 MODEL = A.ModelArgs(required=False, framework_default="onnx")

@@ -305,7 +305,7 @@ def run_inference_engine(
             )
         json_dir = run.path / "qnn_json"
         options.json_graph_dir = None if eng.simulation else str(json_dir)
-        if config.backend.profiling_level:
+        if options.profiling_level:  # --profiling_level, or --extra_contextbin_args
             options.profiling_path = str(run.path / "qnn_profiling.csv")
         job = Job(
             engine=eng.name,
@@ -315,7 +315,7 @@ def run_inference_engine(
             feeds=feeds,
             output_root=str(run.path / "output"),
             native_log=str(run.path / "backend_log.txt"),
-            output_data_type=config.dump.output_data_type,
+            output_data_type=config.dump.data_type,
             memory_budget_bytes=int(memory_budget_mb * 2**20),
             meta={
                 "component": "inference_engine",

@@ -792,16 +792,46 @@ def test_few_ops_inside_control_flow_are_a_recorded_step(tmp_path):
 def test_an_input_read_as_another_type_than_the_models_is_a_one_line_error(
     tmp_path, capsys, component
 ):
-    """magika's input is int32 bytes; -i without a dtype reads float32, which reached
-    onnxruntime as `internal error: ... Unexpected input data type`."""
+    """magika's input is int32 bytes; -i without a dtype reads float32 (qnn-net-run's files
+    without --use_native_input_files), which reached onnxruntime as `internal error: ...
+    Unexpected input data type`. Now the float32 values are converted to int32, and int32
+    bytes read as float32 are no whole numbers: one line names the file and -nif."""
     built = models.one_hot_dense(tmp_path)
     flags = built.flags(framework=not component)
     code, _, err = run_cli(capsys, *component, *flags, "-w", tmp_path / "w")
-    assert code != 0
-    assert one_line_error(err).endswith(
-        "error: --input_tensor 'ids' is read as float32, the model's input is int32: give its "
-        f"type (ids 1,16 {built.input_path} int32)"
-    )
+    assert code == 2
+    line = one_line_error(err)
+    assert line.startswith(
+        f"qnn-accuracy-debugger: error: --input_tensor 'ids': raw file '{built.input_path}' holds "
+        "float32 values that are no int32 (the model's input type), first "
+    ), line
+    assert line.endswith("or the file in int32 with -nif/--use_native_input_files")
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+def test_native_input_files_and_float32_ones_run_the_same(tmp_path, capsys):
+    """The int32 input of a magika-like model, given as qnn-net-run gives it: int32 bytes
+    with -nif, or float32 whole numbers without. Both runs feed QNN the same ids."""
+    built = models.one_hot_dense(tmp_path)
+    as_float = tmp_path / "ids_f32.raw"
+    np.fromfile(built.input_path, np.int32).astype(np.float32).tofile(as_float)
+    runs = {}
+    for name, flags in (
+        ("native", [*built.flags(framework=False), "-nif"]),
+        ("float", ["-m", built.path, "-i", "ids", "1,16", as_float]),
+    ):
+        code, _, err = run_cli(
+            capsys, "--inference_engine", "-r", "htp", *flags, "-w", tmp_path / "w",
+            "--output_dirname", name,
+        )  # fmt: skip
+        assert code == 0, err
+        runs[name] = TensorFolder(
+            tmp_path / "w" / "inference_engine" / name / "output" / "Result_0"
+        )
+    assert runs["native"].names() == runs["float"].names() and "y" in runs["native"].names()
+    for tensor in runs["native"].names():
+        np.testing.assert_array_equal(runs["native"].load(tensor), runs["float"].load(tensor))
 
 
 def test_a_max_with_minus_infinity_is_an_identity_not_an_infinite_encoding(tmp_path):
@@ -849,7 +879,7 @@ def test_the_quantizers_root_warnings_go_to_the_log_not_the_console(tmp_path, ca
     from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
 
     built = models.lstm_after_matmul(tmp_path, bias=False)
-    reader = FeedsReader([{"x": built.input_path}], {"x": built.dims}, {"x": np.dtype(np.float32)})
+    reader = FeedsReader([{"x": (str(built.input_path), built.dims, "float32", "float32")}])
     caplog.set_level(logging.DEBUG)
     quantize_for_qnn(built.path, tmp_path / "q.onnx", reader)
     assert (tmp_path / "q.onnx").is_file()

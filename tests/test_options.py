@@ -26,6 +26,7 @@ from accdbg.engines.options import (
     BackendOptions,
     DumpOptions,
     EngineConfig,
+    InputOptions,
     LayerFilter,
     QuantOptions,
 )
@@ -151,7 +152,9 @@ def test_options_record_is_flat_plain_json(tmp_path):
     assert record["input_tensor"] == [["x", "2,4", str(tmp_path / "x.raw"), "float32"]]
     assert not any(isinstance(v, (QuantOptions, LayerFilter)) for v in record.values())
     names = {
-        f.name for g in (QuantOptions, BackendOptions, LayerFilter, DumpOptions) for f in fields(g)
+        f.name
+        for g in (QuantOptions, BackendOptions, LayerFilter, DumpOptions, InputOptions)
+        for f in fields(g)
     }
     assert names | {"stage", "model_path", "input_tensor"} == set(record)
 

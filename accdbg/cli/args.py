@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 from accdbg.core import run_dir
@@ -230,13 +231,49 @@ class ModelArgs(ArgGroup):
 
         framework = check_framework(args.framework)
         check_model_format(framework, args.model_path)
+        inputs = [parse_input_tensor(v) for v in args.input_tensor or []]
         return ModelSpec(
             framework=framework,
             model_path=args.model_path,
-            input_tensors=[parse_input_tensor(v) for v in args.input_tensor or []],
+            input_tensors=typed_inputs(
+                framework,
+                args.model_path,
+                inputs,
+                bool(getattr(args, "use_native_input_files", False)),
+            ),
             output_tensors=list(args.output_tensor or []),
             allow_nonfinite_inputs=bool(args.allow_nonfinite_inputs),
         )
+
+
+def typed_inputs(
+    framework: str, model_path: str | None, inputs: list[InputTensor], native: bool
+) -> list[InputTensor]:
+    """The ``-i`` files read as the run reads them (``-nif``, see
+    :func:`~accdbg.core.inputs.resolve_input_types`), resolved once against an ONNX model's
+    input types, so every component of the run - framework diagnosis too - reads them alike.
+    Another framework's runner converts its inputs itself: ``-nif`` is said not to apply."""
+    if framework != "onnx":
+        if native:
+            log.info(
+                "-nif/--use_native_input_files: for -f %s each file is read as the type -i names "
+                "(default float32), which its runner converts to the model's",
+                framework,
+            )
+        return inputs
+    if not inputs or model_path is None or not Path(model_path).expanduser().is_file():
+        return inputs
+    import onnx
+
+    from accdbg.core import onnx_model as om
+    from accdbg.core.inputs import resolve_input_types
+
+    try:  # the graph's inputs only: the weights stay on disk
+        model = onnx.load(str(Path(model_path).expanduser()), load_external_data=False)
+    except Exception:  # not a readable model: the component says so, in its own words
+        return inputs
+    types = {vi.name: t for vi in om.real_inputs(model) if (t := om.elem_dtype(vi)) is not None}
+    return resolve_input_types(inputs, types, native)
 
 
 # ---------------------------------------------------------------- framework runtime

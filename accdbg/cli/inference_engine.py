@@ -19,6 +19,7 @@ from accdbg.engines.options import (
     BackendOptions,
     DumpOptions,
     EngineConfig,
+    InputOptions,
     LayerFilter,
     QuantOptions,
 )
@@ -76,7 +77,7 @@ class EngineArgs(A.ArgGroup):
         self.component = runtime_required
 
     def add(self, parser: argparse.ArgumentParser) -> None:
-        Q, B, D = QuantOptions, BackendOptions, DumpOptions
+        B = BackendOptions
         core = parser.add_argument_group("core arguments")
         core.add_argument(
             "-r",
@@ -101,6 +102,16 @@ class EngineArgs(A.ArgGroup):
             "quantization (source stage, and layerwise/cumulative-layerwise)" + A.INPUT_LIST_FORMAT,
         )
         core.add_argument(
+            "-nif",
+            "--use_native_input_files",
+            action="store_true",
+            default=InputOptions.use_native_input_files,
+            help="the input files (-i, -l) hold the ONNX model inputs' own types (int64 token "
+            "ids, float16...), as qnn-net-run's flag; without it they are float32 - unless -i "
+            "names a type - and are converted to the model's (whole numbers checked for an "
+            "integer input). A QDQ model's inputs are float: its files are float32 either way",
+        )
+        core.add_argument(
             "--stage",
             choices=STAGES,
             default=EngineConfig.stage,
@@ -112,6 +123,12 @@ class EngineArgs(A.ArgGroup):
             type=str.lower,
             help="qnn (default, the real QNN runtime) or simulation (onnxruntime CPU fake-quant, not QNN)",
         )
+        self._add_quantization(parser)
+        self._add_dump(parser)
+        self._add_compatibility(parser)
+
+    def _add_quantization(self, parser: argparse.ArgumentParser) -> None:
+        Q = QuantOptions
         q = parser.add_argument_group("quantization (source stage)")
         add_quantizer_arguments(q)
         q.add_argument(
@@ -159,6 +176,9 @@ class EngineArgs(A.ArgGroup):
             "fp16 values; 32 keeps them fp32, and HTP's fp16 mode decides (onnxruntime-qnn has "
             "no bias-precision option)",
         )
+
+    def _add_dump(self, parser: argparse.ArgumentParser) -> None:
+        B, D = BackendOptions, DumpOptions
         d = parser.add_argument_group("debug output")
         d.add_argument(
             "--debug_mode_off",
@@ -236,6 +256,8 @@ class EngineArgs(A.ArgGroup):
             help="the float model, for the tensor mapping in the converted stage",
         )
         d.add_argument("--print_version", action="store_true", help="print the QNN version used")
+
+    def _add_compatibility(self, parser: argparse.ArgumentParser) -> None:
         compat = parser.add_argument_group(
             "accepted for compatibility (no effect with onnxruntime-qnn)"
         )
@@ -332,6 +354,7 @@ class EngineArgs(A.ArgGroup):
                 golden_dir_for_mapping=args.golden_dir_for_mapping,
                 use_native_output_files=args.use_native_output_files,
             ),
+            inputs=InputOptions(use_native_input_files=args.use_native_input_files),
         )
         for line in config.notes():  # once: the options are made here
             log.info("%s", line)

@@ -351,11 +351,21 @@ class DumpOptions:
             )
 
 
+@dataclass(frozen=True)
+class InputOptions:
+    """How the input files are read (qnn-net-run's convention)."""
+
+    # -nif: the files hold the model inputs' own types; without it they are float32 (unless
+    # -i names a type) and converted to them
+    use_native_input_files: bool = False
+
+
 GROUPS = {
     "quant": QuantOptions,
     "backend": BackendOptions,
     "layers": LayerFilter,
     "dump": DumpOptions,
+    "inputs": InputOptions,
 }
 
 
@@ -368,6 +378,7 @@ class EngineConfig:
     backend: BackendOptions = field(default_factory=BackendOptions)
     layers: LayerFilter = field(default_factory=LayerFilter)
     dump: DumpOptions = field(default_factory=DumpOptions)
+    inputs: InputOptions = field(default_factory=InputOptions)
 
     @classmethod
     def keyword_names(cls) -> tuple[str, ...]:

@@ -54,17 +54,19 @@ class Calibration:
         input_list: str | Path | None = None,
         input_tensors: Sequence[InputTensor] = (),
         allow_nonfinite: bool = False,
+        native: bool = False,
     ) -> Calibration:
-        """Every ``-l`` line (else the ``-i`` files), each file checked, as the engine reads them."""
+        """Every ``-l`` line (else the ``-i`` files), each file checked, as the engine reads them
+        (``native``: the files in the model's input types, ``--use_native_input_files``)."""
         parsed = parse_input_list(input_list) if input_list else None
-        return cls(*build_feeds(model, parsed, input_tensors, allow_nonfinite))
+        return cls(*build_feeds(model, parsed, input_tensors, allow_nonfinite, native))
 
     @classmethod
     def from_feeds(cls, feeds: Feeds) -> Calibration:
-        """Feeds already built (name -> (path, dims, dtype name) per inference), e.g. sent
-        to a child process: the dims and dtypes are theirs."""
-        dims = {n: tuple(d) for f in feeds for n, (_, d, _) in f.items()}
-        dtypes = {n: np.dtype(t) for f in feeds for n, (_, _, t) in f.items()}
+        """Feeds already built (name -> (path, dims, dtype name, file dtype name) per
+        inference), e.g. sent to a child process: the dims and dtypes are theirs."""
+        dims = {n: tuple(d) for f in feeds for n, (_, d, *_) in f.items()}
+        dtypes = {n: np.dtype(t) for f in feeds for n, (_, _, t, _) in f.items()}
         return cls(list(feeds), dims, dtypes)
 
 
@@ -183,11 +185,7 @@ def quantize_prepared(
             quantize_for_qnn(
                 scratch,
                 target,
-                FeedsReader(
-                    [{n: Path(p) for n, (p, _, _) in f.items()} for f in calibration.feeds],
-                    calibration.dims,
-                    calibration.dtypes,
-                ),
+                FeedsReader(calibration.feeds),
                 quant.act_bitwidth,
                 quant.weights_bitwidth,
                 quant.bias_bitwidth,

@@ -162,7 +162,13 @@ def check_inference_engine(
             f"{str(model_path)!r} is already quantized (QDQ); run it with --stage converted"
         )
     parsed_list = parse_input_list(input_list) if input_list else None
-    feeds, dims, dtypes = build_feeds(model, parsed_list, input_tensors, allow_nonfinite_inputs)
+    feeds, dims, dtypes = build_feeds(
+        model,
+        parsed_list,
+        input_tensors,
+        allow_nonfinite_inputs,
+        config.inputs.use_native_input_files,
+    )
     om.check_tensor_names(model, output_tensors, "-o/--output_tensor")
     requested = requested_outputs(output_tensors, parsed_list)
     instead = requested if requested and not config.dump.debug and stage != "compiled" else ()
@@ -323,7 +329,7 @@ def run_inference_engine(
                 "runtime": runtime,
                 "model": target.name,
             },
-            inputs=[inputs_record({n: p for n, (p, _, _) in f.items()}) for f in feeds],
+            inputs=[inputs_record({n: p for n, (p, *_) in f.items()}) for f in feeds],
         )
         mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
         if on_ready is not None and conversion is None and prepared.stage == "source":
@@ -331,7 +337,7 @@ def run_inference_engine(
                 ModelReady(
                     target,
                     dict(mapping),
-                    [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds],
+                    [{n: Path(p) for n, (p, *_) in f.items()} for f in feeds],
                 )
             )
         plain, report, diffs = _execute(eng, job, workers)

@@ -276,3 +276,123 @@ def test_help_draws_nothing_so_loads_no_plotting_library():
         "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))\n"
     )
     assert fresh_python(code).strip().splitlines()[-1] == "[]"
+
+
+# ---------------------------------------------------------------- -f against the model file
+
+
+def _tflite_like(path) -> str:
+    """A file with a TFLite flatbuffer's header (root offset, then the identifier TFL3)."""
+    path.write_bytes(b"\x1c\x00\x00\x00TFL3" + bytes(56))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "component",
+    [
+        ["--framework_diagnosis"],
+        ["--inference_engine", "-r", "htp"],
+        [],
+        ["--fix_search"],
+        ["--quant_checker"],
+    ],  # fmt: skip
+    ids=["framework_diagnosis", "inference_engine", "wrapper", "fix_search", "quant_checker"],
+)
+def test_the_framework_flag_is_checked_against_the_model_file(tmp_path, capsys, component):
+    built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
+    fake = _tflite_like(tmp_path / "model.tflite")
+    work = tmp_path / "w"
+    inputs = ["-i", "x", "1,3,8,8", built.input_path, "-w", work]
+    code, _, err = run_cli(capsys, *component, "-f", "onnx", "-m", fake, *inputs)
+    line = one_line_error(err)
+    assert code == 2 and f"'{fake}' is a TFLite model" in line, err
+    assert "-f/--framework says onnx: give -f tflite" in line
+    code, _, err = run_cli(capsys, *component, "-f", "tflite", "-m", built.path, *inputs)
+    line = one_line_error(err)
+    assert code == 2 and f"'{built.path}' is an ONNX model" in line, err
+    assert "-f/--framework says tflite: give -f onnx" in line
+    assert not work.exists()
+
+
+def test_model_formats_are_told_from_their_bytes(tmp_path):
+    from accdbg.frameworks.formats import model_format
+
+    built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
+    renamed = tmp_path / "model.bin"
+    renamed.write_bytes(built.path.read_bytes())
+    zipped = tmp_path / "net.pt2"
+    import zipfile
+
+    with zipfile.ZipFile(zipped, "w") as zf:
+        zf.writestr("net/data.pkl", b"x")
+    graph = tmp_path / "frozen.pb"
+    graph.write_bytes(b"\x0a\x05\x0a\x01x\x12\x00")  # GraphDef: node { name: "x" op: "" }
+    assert model_format(built.path) == "onnx" and model_format(renamed) is None
+    assert model_format(_tflite_like(tmp_path / "odd.onnx")) == "tflite"  # the bytes win
+    assert model_format(zipped) == "pytorch" and model_format(graph) == "tensorflow"
+    assert model_format(tmp_path / "absent.onnx") is None
+
+
+# ---------------------------------------------------------------- -o in every component
+
+
+def test_the_oneshot_command_takes_any_component_flag(tmp_path):
+    """A component flag added to the end-to-end command the user already has parses: the
+    model's flags (-f -m -i -o, -l) are every model-running component's."""
+    from accdbg.cli.main import parse_command
+
+    built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{built.input_path}\n")
+    oneshot = ["-f", "onnx", "-m", str(built.path), "-i", "x", "1,3,8,8", str(built.input_path),
+               "-o", "conv0", "-l", str(listing)]  # fmt: skip
+    for component, extra in (
+        ("--framework_diagnosis", []),
+        ("--inference_engine", ["-r", "htp"]),
+        ("--fix_search", ["-r", "htp"]),
+        ("--quant_checker", []),
+    ):
+        module, args = parse_command([*oneshot, *extra, component])
+        assert module.NAME == component[2:] and args.output_tensor == ["conv0"], component
+    module, args = parse_command(
+        [
+            *oneshot[:8],
+            "-o",
+            "conv0",
+            "--deep_analyzer",
+            "modelDissectionAnalyzer",
+            "--inference_results",
+            str(tmp_path),
+            "--framework_results",
+            str(tmp_path),
+        ]
+    )
+    assert module.NAME == "deep_analyzer" and args.output_tensor == ["conv0"]
+
+
+@pytest.mark.parametrize("component", ["--fix_search", "--quant_checker"])
+def test_an_output_tensor_the_model_lacks_is_refused_before_anything(tmp_path, capsys, component):
+    built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
+    work = tmp_path / "w"
+    argv = [component, "-m", built.path, "-i", "x", "1,3,8,8", built.input_path, "-w", work]
+    code, _, err = run_cli(capsys, *argv, "-o", "conv9")
+    line = one_line_error(err)
+    assert code == 2 and "-o/--output_tensor 'conv9' is not a tensor of the model" in line, err
+    assert "near matches: conv0" in line and not work.exists()
+
+
+def test_dims_of_another_rank_with_an_input_list_create_no_folder(tmp_path, capsys):
+    """The end-to-end run refused for -i dims the model's rank does not take, with -l: the
+    check runs before the wrapper's folder is created (it used to leave wrapper/<ts>.failed)."""
+    built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"x:={built.input_path}\n")
+    work = tmp_path / "w"
+    for component in ([], ["--inference_engine", "-r", "htp"]):
+        code, _, err = run_cli(
+            capsys, *component, "-f", "onnx", "-m", built.path, "-i", "x", "3,8,8",
+            built.input_path, "-l", listing, "-w", work,
+        )  # fmt: skip
+        line = one_line_error(err)
+        assert code == 2 and "'x': dims 3,8,8 have rank 3, the model expects rank 4" in line, err
+        assert not work.exists()

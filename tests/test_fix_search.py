@@ -248,8 +248,10 @@ def test_bad_diagnosis_and_options_are_one_line_errors(tmp_path, capsys):
         "--target_gap", "2", "-w", tmp_path / "w",
     )  # fmt: skip
     assert code == 2 and "--target_gap 2" in one_line_error(err)
+    tflite = tmp_path / "model.tflite"  # a TFLite flatbuffer's header: -f tflite fits it
+    tflite.write_bytes(b"\x1c\x00\x00\x00TFL3" + bytes(56))
     code, _, err = run_cli(
-        capsys, "--fix_search", "-f", "tflite", "-m", built.path, "-i", "x", "1,3,16,16",
+        capsys, "--fix_search", "-f", "tflite", "-m", tflite, "-i", "x", "1,3,16,16",
         built.input_path, "-w", tmp_path / "w",
     )  # fmt: skip
     assert code == 2 and "-f tflite: give -m the ONNX model oneshot converted" in one_line_error(

@@ -164,6 +164,35 @@ def test_debug_mode_off_dumps_outputs_only(conv):
 
 
 @pytest.mark.slow
+def test_outputs_named_by_the_list_and_o_are_what_debug_mode_off_dumps(conv, capsys):
+    """qnn-net-run writes the outputs an input list's '#' line names; with --debug_mode_off
+    so does the engine (with -o's), each as QNN produced it - the same values as the full
+    dump of the same model and input."""
+    built, inp, res, tmp = conv
+    listing = tmp / "named.txt"
+    listing.write_text(f"#relu1\nx:={built.input_path}\n")
+    work = tmp / "named_w"
+    code, _, err = run_cli(
+        capsys, "--inference_engine", "-r", "htp", "-m", built.path, "-l", listing,
+        "-o", "relu0", "--debug_mode_off", "-w", work, "--output_dirname", "named",
+    )  # fmt: skip
+    assert code == 0, err
+    named = TensorFolder(work / "inference_engine" / "named" / "output" / "Result_0")
+    assert sorted(named.names()) == ["relu0", "relu1"]
+    full = TensorFolder(res.results[0])
+    for name in ("relu0", "relu1"):
+        np.testing.assert_allclose(named.load(name), full.load(name), atol=1e-6)
+    # a Conv quantized with its Relu has no output of its own on QNN: said, not skipped
+    code, _, err = run_cli(
+        capsys, "--inference_engine", "-r", "htp", "-m", built.path, "-l", listing,
+        "-o", "conv1", "--debug_mode_off", "-w", work,
+    )  # fmt: skip
+    line = one_line_error(err)
+    assert code == 2 and line.startswith("qnn-accuracy-debugger: error: conv1: asked for"), err
+    assert "name a layer output instead: relu0, relu1, relu2, pool" in line
+
+
+@pytest.mark.slow
 def test_input_list_several_inferences_and_bad_lines(tmp_path, capsys):
     built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
     rng = np.random.default_rng(3)
@@ -557,13 +586,21 @@ def test_the_qnn_workers_start_without_pandas_or_the_quantizer(tmp_path, monkeyp
 
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "usercustomize.py").write_text(
-        "import atexit, sys\n"
+    # sitecustomize, found on PYTHONPATH, is imported by every Python a venv's included
+    # (usercustomize is not: a venv disables the user site); it then hands over to the
+    # sitecustomize it shadows, if the interpreter has one
+    (hook / "sitecustomize.py").write_text(
+        "import atexit, importlib.machinery, importlib.util, os, sys\n"
         "def _said():\n"
         f"    with open({str(tmp_path / 'loaded.txt')!r}, 'a') as f:\n"
         "        mods = [m for m in ('pandas', 'onnxruntime.quantization') if m in sys.modules]\n"
         "        f.write(' '.join(sys.argv[-2:-1] + mods) + '\\n')\n"
         "atexit.register(_said)\n"
+        "_here = os.path.dirname(os.path.abspath(__file__))\n"
+        "_rest = [p for p in sys.path if os.path.abspath(p or '.') != _here]\n"
+        "_spec = importlib.machinery.PathFinder.find_spec('sitecustomize', _rest)\n"
+        "if _spec is not None:\n"
+        "    _spec.loader.exec_module(importlib.util.module_from_spec(_spec))\n"
     )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]))
     built = models.conv_net(tmp_path, channels=4, size=8, layers=2)
@@ -625,26 +662,40 @@ def test_a_busy_child_dies_within_a_second_of_its_parent(sig):
 
 def test_job_folders_of_dead_parents_are_swept(monkeypatch, tmp_path):
     """A parent killed by SIGKILL cannot remove its children's job folder: the next run does,
-    going by the folder's lock (held only while its parent lives), never by a live one."""
+    going by the folder's lock (held only while its parent lives), never by a live one - also
+    a folder killed a moment ago (a job folder is locked before it is named, so no age rule
+    is needed: the rerun right after a kill leaves none behind). Only a folder still being
+    made, not yet locked, is given a minute."""
     import os
     import tempfile
 
     import accdbg.core.isolate as isolate
-    from accdbg.core.folder_lock import LOCK_NAME, FolderLock
+    from accdbg.core.folder_lock import LOCK_NAME, FolderLock, holder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(isolate, "_swept", False)
-    dead, live, young = (tmp_path / f"{isolate.JOB_PREFIX}{n}" for n in ("dead", "live", "young"))
-    for folder in (dead, live, young):
+    dead, live, just_dead = (
+        tmp_path / f"{isolate.JOB_PREFIX}{n}" for n in ("dead", "live", "just_dead")
+    )
+    making, stale = (tmp_path / f"{isolate.NEW_JOB_PREFIX}{n}" for n in ("making", "stale"))
+    for folder in (dead, live, just_dead, making, stale):
         folder.mkdir()
         (folder / LOCK_NAME).touch()
     held = FolderLock.take(live)
     old = time.time() - 3600
-    for folder in (dead, live):
+    for folder in (dead, live, stale):
         os.utime(folder / LOCK_NAME, (old, old))
+        os.utime(folder, (old, old))
     isolate._sweep_dead_jobs()
-    assert not dead.exists() and live.exists() and young.exists()
+    assert not dead.exists() and not just_dead.exists() and not stale.exists()
+    assert live.exists() and making.exists()
     held.release()
+    # a new job folder: named accdbg-job-*, held from the moment it has that name, gone after
+    job = isolate.JobFolder()
+    assert job.path.name.startswith(isolate.JOB_PREFIX) and holder(job.path) is not None
+    assert [f.name for f in tmp_path.glob(f"{isolate.NEW_JOB_PREFIX}*")] == [making.name]
+    job.cleanup()
+    assert not job.path.exists()
 
 
 @pytest.mark.slow  # runs QNN
@@ -741,16 +792,46 @@ def test_few_ops_inside_control_flow_are_a_recorded_step(tmp_path):
 def test_an_input_read_as_another_type_than_the_models_is_a_one_line_error(
     tmp_path, capsys, component
 ):
-    """magika's input is int32 bytes; -i without a dtype reads float32, which reached
-    onnxruntime as `internal error: ... Unexpected input data type`."""
+    """magika's input is int32 bytes; -i without a dtype reads float32 (qnn-net-run's files
+    without --use_native_input_files), which reached onnxruntime as `internal error: ...
+    Unexpected input data type`. Now the float32 values are converted to int32, and int32
+    bytes read as float32 are no whole numbers: one line names the file and -nif."""
     built = models.one_hot_dense(tmp_path)
     flags = built.flags(framework=not component)
     code, _, err = run_cli(capsys, *component, *flags, "-w", tmp_path / "w")
-    assert code != 0
-    assert one_line_error(err).endswith(
-        "error: --input_tensor 'ids' is read as float32, the model's input is int32: give its "
-        f"type (ids 1,16 {built.input_path} int32)"
-    )
+    assert code == 2
+    line = one_line_error(err)
+    assert line.startswith(
+        f"qnn-accuracy-debugger: error: --input_tensor 'ids': raw file '{built.input_path}' holds "
+        "float32 values that are no int32 (the model's input type), first "
+    ), line
+    assert line.endswith("or the file in int32 with -nif/--use_native_input_files")
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+def test_native_input_files_and_float32_ones_run_the_same(tmp_path, capsys):
+    """The int32 input of a magika-like model, given as qnn-net-run gives it: int32 bytes
+    with -nif, or float32 whole numbers without. Both runs feed QNN the same ids."""
+    built = models.one_hot_dense(tmp_path)
+    as_float = tmp_path / "ids_f32.raw"
+    np.fromfile(built.input_path, np.int32).astype(np.float32).tofile(as_float)
+    runs = {}
+    for name, flags in (
+        ("native", [*built.flags(framework=False), "-nif"]),
+        ("float", ["-m", built.path, "-i", "ids", "1,16", as_float]),
+    ):
+        code, _, err = run_cli(
+            capsys, "--inference_engine", "-r", "htp", *flags, "-w", tmp_path / "w",
+            "--output_dirname", name,
+        )  # fmt: skip
+        assert code == 0, err
+        runs[name] = TensorFolder(
+            tmp_path / "w" / "inference_engine" / name / "output" / "Result_0"
+        )
+    assert runs["native"].names() == runs["float"].names() and "y" in runs["native"].names()
+    for tensor in runs["native"].names():
+        np.testing.assert_array_equal(runs["native"].load(tensor), runs["float"].load(tensor))
 
 
 def test_a_max_with_minus_infinity_is_an_identity_not_an_infinite_encoding(tmp_path):
@@ -798,7 +879,7 @@ def test_the_quantizers_root_warnings_go_to_the_log_not_the_console(tmp_path, ca
     from accdbg.engines.quantize import FeedsReader, quantize_for_qnn
 
     built = models.lstm_after_matmul(tmp_path, bias=False)
-    reader = FeedsReader([{"x": built.input_path}], {"x": built.dims}, {"x": np.dtype(np.float32)})
+    reader = FeedsReader([{"x": (str(built.input_path), built.dims, "float32", "float32")}])
     caplog.set_level(logging.DEBUG)
     quantize_for_qnn(built.path, tmp_path / "q.onnx", reader)
     assert (tmp_path / "q.onnx").is_file()

@@ -720,7 +720,7 @@ def test_pooled_lines_skip_the_debugged_input_and_stop_at_the_cap(tmp_path):
         p = tmp_path / f"x{i}.raw"
         if i < 5:  # the last line's file does not exist: past the cap it must not be read
             np.full((2, 3), i, np.float32).tofile(p)
-        lines.append({"x": (str(p), (2, 3), "float32")})
+        lines.append({"x": (str(p), (2, 3), "float32", "float32")})
     inputs = [parse_input_tensor(["x", "2,3", str(debugged)])]
     got = pooled_feeds(lines, inputs, most=3)
     assert [float(f["x"][0, 0]) for f in got] == [1.0, 2.0, 3.0]

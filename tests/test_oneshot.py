@@ -694,3 +694,23 @@ def test_a_clip_with_computed_bounds_is_no_folded_activation(tmp_path):
     relu = helper.make_node("Relu", ["db"], ["r"])
     model.graph.node.append(relu)
     assert folded_activations(model, {"r": made_by_dq["y"]}) == {"r": (0.0, None)}
+
+
+@pytest.mark.slow
+def test_the_outputs_an_input_list_names_are_the_ones_judged(tmp_path, capsys):
+    """The input list's '#' line (qnn-net-run's convention, with -o's) names the outputs the
+    end-to-end run judges: the verdict and the table of inputs are about logits_pre (the
+    logits the example's softmax hides; they fail SQNR where probs pass), not the graph's."""
+    example = REPO / "examples" / "tiny_cnn"
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"#logits_pre\nimage:={example / 'input.raw'}\n")
+    code, _, err = run_cli(
+        capsys, "-f", "onnx", "-m", example / "model.onnx", "-i", "image", "1,3,32,32",
+        example / "input.raw", "-l", listing, "-r", "htp", "-w", tmp_path / "w",
+        "--no_model_explorer",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "outputs failing their threshold: logits_pre SQNR" in err, err
+    summary = pd.read_csv(tmp_path / "w" / "verification" / "latest" / "summary.csv")
+    row = summary[summary["Name"] == "logits_pre"].iloc[0]
+    assert f"logits_pre SQNR {row['SQNR']:.4g}" in err  # the verdict is that row's score

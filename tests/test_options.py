@@ -26,6 +26,7 @@ from accdbg.engines.options import (
     BackendOptions,
     DumpOptions,
     EngineConfig,
+    InputOptions,
     LayerFilter,
     QuantOptions,
 )
@@ -151,7 +152,9 @@ def test_options_record_is_flat_plain_json(tmp_path):
     assert record["input_tensor"] == [["x", "2,4", str(tmp_path / "x.raw"), "float32"]]
     assert not any(isinstance(v, (QuantOptions, LayerFilter)) for v in record.values())
     names = {
-        f.name for g in (QuantOptions, BackendOptions, LayerFilter, DumpOptions) for f in fields(g)
+        f.name
+        for g in (QuantOptions, BackendOptions, LayerFilter, DumpOptions, InputOptions)
+        for f in fields(g)
     }
     assert names | {"stage", "model_path", "input_tensor"} == set(record)
 
@@ -308,3 +311,148 @@ def test_overrides_naming_only_tensors_pre_processing_removes_say_so(tmp_path):
     message = str(err.value)
     assert "'after_identity'" in message and "as prepared for QNN (net.prepared.onnx" in message
     assert "\n" not in message
+
+
+# ---------------------------------------------------------------- the reference's other flags
+
+
+def test_restricted_quantization_steps_spread_onnxruntimes_ranges_over_them(tmp_path):
+    """-rqs '-0x7F 0x7F' (254 steps) on 8-bit tensors, whose onnxruntime grids have 255 (and
+    254 for symmetric weights): each encoding covers onnxruntime's range over 254 steps -
+    the scale grows by 255/254, the zero point scales with it; the signed symmetric weights'
+    grid is already 254 steps and its scale stays. '-0x80 0x7F' is onnxruntime's own 255:
+    the model is the one quantized without the flag."""
+    from accdbg.encodings.qdq import qdq_encodings
+
+    built = models.conv_net(tmp_path, layers=2)
+    model = onnx.load(str(built.path))
+    calib = _calibration(model, built)
+    base = EngineConfig()
+    plain = qdq_encodings(prepare_model(model, "net", calib, base, tmp_path / "plain").path)
+    rqs = base.with_quant(restrict_quantization_steps="-0x7F 0x7F")
+    assert rqs.quant.restricts_steps and rqs.quant.own_steps() == {
+        "activations": 255,
+        "weights": 255,
+    }
+    got = qdq_encodings(prepare_model(model, "net", calib, rqs, tmp_path / "rqs").path)
+    eight = [n for n, e in plain.items() if e.bitwidth == 8]
+    assert len(eight) >= 5 and set(eight) <= set(got)
+    for name in eight:
+        a, b = plain[name], got[name]
+        np.testing.assert_allclose(np.array(b.scale), np.array(a.scale) * 255 / 254, rtol=1e-6)
+        want = [-round(-o * 254 / 255) for o in a.offset]  # unsigned: offset = -zero point
+        assert list(b.offset) == want, name
+    same = base.with_quant(restrict_quantization_steps="-0x80 0x7F")
+    assert not same.quant.restricts_steps
+    sym = base.with_quant(param_quantizer="symmetric", restrict_quantization_steps="-0x7F 0x7F")
+    assert sym.quant.own_steps() == {"activations": 255, "weights": 254}
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["-rqs", "0x80"], "-rqs/--restrict_quantization_steps '0x80': expected 'MIN MAX'"),
+        (["-rqs", "-0x80 zz"], "two hexadecimal literals"),
+        (["-rqs", "0x7F -0x80"], "MAX - MIN must be 1 to 65535 steps; got -255"),
+        (["-rqs", "-0x8000 0x7F7F"], "65407 steps, a 16-bit range; -abw 8 and -wbw 8 quantize no"),
+        (["-fbw", "8"], "argument -fbw/--float_bias_bitwidth: invalid choice: 8"),
+        (["--extra_contextbin_args", "op_packages"], "'op_packages' is not arg=value"),
+        (["--extra_contextbin_args", "profiling_level=max"], "profiling_level 'max' is not known"),
+        (
+            ["--qnn_netruntime_config_file", "nope.json"],
+            "qnn-net-run config file 'nope.json' does not exist",
+        ),
+    ],
+)
+def test_the_reference_flags_bad_values_are_one_line_errors(tmp_path, capsys, flags, error):
+    from tests.helpers import one_line_error, run_cli
+
+    built = models.conv_net(tmp_path, channels=4, size=8, layers=1)
+    work = tmp_path / "w"
+    code, _, err = run_cli(
+        capsys, "--inference_engine", "-r", "htp", "-m", built.path, "-i", "x", "1,3,8,8",
+        built.input_path, "-w", work, *flags,
+    )  # fmt: skip
+    assert code == 2 and error in one_line_error(err), err
+    assert not work.exists()
+
+
+def test_qnn_net_run_config_and_contextbin_args_become_provider_options(tmp_path, caplog):
+    """qnn-net-run's config and its HTP backend extensions map onto the QNN execution
+    provider's options; what has no counterpart is named, all in one line per flag; a mapped
+    value contradicting a flag is refused."""
+    import json
+
+    ext = tmp_path / "htp_config.json"
+    ext.write_text(json.dumps({
+        "graphs": [{"graph_names": ["qnn_model"], "vtcm_mb": 8, "O": 3, "hvx_threads": 4}],
+        "devices": [{"soc_model": 57, "dsp_arch": "v75", "cores": [{"perf_profile": "burst",
+                     "rpc_control_latency": 100}]}],
+    }))  # fmt: skip
+    cfg = tmp_path / "netrun.json"
+    cfg.write_text(json.dumps({
+        "backend_extensions": {"shared_library_path": "libQnnHtpNetRunExtensions.so",
+                               "config_file_path": "htp_config.json"},
+        "context_configs": {"context_priority": "high", "async_execute_queue_depth": 4},
+    }))  # fmt: skip
+    with caplog.at_level("INFO", logger="accdbg"):
+        config = EngineConfig.from_keywords(
+            qnn_netruntime_config_file=str(cfg),
+            extra_contextbin_args="profiling_level=detailed;op_packages=lib.so:Provider",
+        )
+    options = config.engine_options()
+    assert options.extra_provider_options == {
+        "qnn_context_priority": "high",
+        "vtcm_mb": "8",
+        "htp_graph_finalization_optimization_mode": "3",
+        "soc_model": "57",
+        "htp_arch": "75",
+        "htp_performance_mode": "burst",
+        "rpc_control_latency": "100",
+    }
+    assert options.profiling_level == "detailed"  # written to qnn_profiling.csv as the flag's
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    netrun, contextbin = lines
+    assert netrun.startswith("--qnn_netruntime_config_file: mapped onto the QNN execution")
+    assert "context_priority -> qnn_context_priority=high" in netrun
+    assert "graphs.hvx_threads" in netrun and "context_configs.async_execute_queue_depth" in netrun
+    assert "backend_extensions.shared_library_path" in netrun
+    assert contextbin.startswith("--extra_contextbin_args: mapped onto")
+    assert "op_packages (onnxruntime-qnn registers no QNN op package" in contextbin
+    with pytest.raises(
+        AccdbgError, match=r"devices.soc_model \(-> soc_model 57\) contradicts --soc_model"
+    ):
+        EngineConfig.from_keywords(qnn_netruntime_config_file=str(cfg), soc_model="43").check()
+    with pytest.raises(
+        AccdbgError, match=r"devices.dsp_arch \(-> htp_arch 75\) contradicts -r dspv73"
+    ):
+        EngineConfig.from_keywords(qnn_netruntime_config_file=str(cfg), runtime="dspv73").check()
+
+
+def test_float_bias_bitwidth_16_rounds_the_biases_of_the_fp16_model(tmp_path, caplog):
+    built = models.conv_net(tmp_path, layers=2)
+    model = onnx.load(str(built.path))
+    calib = _calibration(model, built)
+    with caplog.at_level("INFO", logger="accdbg"):
+        fp16 = EngineConfig.from_keywords(precision="fp16", float_bias_bitwidth=16)
+        EngineConfig.from_keywords(float_bias_bitwidth=32)  # an int8 run: said to do nothing
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("-fbw/--float_bias_bitwidth 16: the Conv/ConvTranspose/Gemm biases")
+    assert said[1].startswith("ignored: -fbw/--float_bias_bitwidth 32 (applies to a float run")
+    prepared = prepare_model(model, "net", calib, fp16, tmp_path / "f")
+    assert any("2 Conv/ConvTranspose/Gemm biases rounded to fp16" in s for s in prepared.steps)
+    inits = {i.name: numpy_helper.to_array(i) for i in prepared.load().graph.initializer}
+    original = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for b in ("b0", "b1"):
+        assert inits[b].dtype == np.float32
+        np.testing.assert_array_equal(inits[b], original[b].astype(np.float16).astype(np.float32))
+        assert not np.array_equal(inits[b], original[b])  # rounded: it changed
+    np.testing.assert_array_equal(inits["w0"], original["w0"])  # weights untouched
+
+
+def test_native_output_files_are_odt_native_only():
+    assert DumpOptions(use_native_output_files=True).data_type == "native_only"
+    assert DumpOptions().data_type == "float_only"
+    both = DumpOptions(use_native_output_files=True, output_data_type="float_and_native")
+    assert both.data_type == "float_and_native"

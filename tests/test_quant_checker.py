@@ -345,12 +345,19 @@ def test_moments_over_chunks_match_numpy():
             ["-qo", "missing.encodings"],
             r"-qo/--quantization_overrides 'missing.encodings' does not exist",
         ),
-        (["-f", "tflite"], r"-f tflite: give the inputs' names, dims and files with -i"),
+        (
+            ["-f", "tflite", "-m", "TFLITE"],
+            r"-f tflite: give the inputs' names, dims and files with -i",
+        ),
+        (["-f", "tflite"], r"'.*planted.onnx' is an ONNX model, but -f/--framework says tflite"),
         (["-f", "caffe"], r"-f/--framework 'caffe' is not supported"),
     ],
 )
 def test_bad_flags_are_one_line_errors(planted, tmp_path, capsys, args, expected):
     _, built = planted
+    tflite = tmp_path / "model.tflite"  # a TFLite flatbuffer's header: -f tflite fits it
+    tflite.write_bytes(b"\x1c\x00\x00\x00TFL3" + bytes(56))
+    args = [str(tflite) if a == "TFLITE" else a for a in args]
     code, _, err = run_cli(capsys, "--quant_checker", "-m", built.path, "-w", tmp_path, *args)
     assert code == 2
     assert re.search(expected, one_line_error(err))

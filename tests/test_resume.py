@@ -415,3 +415,67 @@ def test_sigterm_stops_cleanly_leaves_no_child_and_logs_the_signal(small, cumula
         log = (work / component / "run.failed" / "log.txt").read_text().strip().splitlines()
         assert log[-1].endswith("ERROR   accdbg.run: interrupted by SIGTERM"), log[-3:]
     _resumed_to_the_end(small, work, cumulative_ref)
+
+
+# ---------------------------------------------------------------- the end-to-end run, killed
+
+TINY = REPO / "examples" / "tiny_cnn"
+
+
+def _tiny_command(work: Path, *component: str) -> list[str]:
+    model = ["-m", str(TINY / "model.onnx"), "-i", "image", "1,3,32,32", str(TINY / "input.raw")]
+    if not component:
+        model = ["-f", "onnx", *model, "-r", "htp"]
+    return [sys.executable, "-m", "accdbg.cli.main", *component, *model, "-w", str(work),
+            "--output_dirname", "run", "--no_model_explorer"]  # fmt: skip
+
+
+def _tiny_env(tmp: Path) -> dict[str, str]:
+    """The tool's environment, with a temporary folder of its own: the job folders left
+    behind are this test's to count (other runs on the machine have theirs)."""
+    tmp.mkdir(exist_ok=True)
+    return {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp), "ACCDBG_NO_PROGRESS": "1"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_the_end_to_end_run_killed_mid_run_is_taken_over_by_the_same_command(tmp_path, sig):
+    """Killed while its inference engine runs (its QDQ model written, its QNN children up),
+    the end-to-end run is taken over by the same command with the same --output_dirname:
+    exit 0, every component finished under that name (framework diagnosis, which the killed
+    run finished, done again and replaced), no staging folder and no job folder left."""
+    work, tmp = tmp_path / "w", tmp_path / "tmp"
+    env = _tiny_env(tmp)
+    cmd = _tiny_command(work)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, start_new_session=True,
+                            preexec_fn=_default_sigint, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    mark = work / "inference_engine" / ".run.partial" / "model.qdq.onnx"
+    deadline = time.monotonic() + 240
+    try:
+        while not mark.exists():
+            assert proc.poll() is None, (
+                f"the run ended before it could be killed: {proc.stderr.read()}"
+            )
+            assert time.monotonic() < deadline, "the engine never wrote its QDQ model"
+            time.sleep(0.02)
+        golden = work / "framework_diagnosis" / "run" / "tensors.json"
+        first_golden = golden.stat().st_mtime_ns
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode in (-sig, 128 + sig), proc.returncode
+    again = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "taking over the end-to-end run 'run'" in again.stderr
+    for component in ("wrapper", "framework_diagnosis", "inference_engine", "verification"):
+        names = sorted(p.name for p in (work / component).iterdir())
+        assert "run" in names and "latest" in names, (component, names)
+        assert not [n for n in names if n.startswith(".")], (component, names)  # no staging
+        assert os.readlink(work / component / "latest") == "run"
+    assert golden.stat().st_mtime_ns > first_golden  # started again, not kept from the dead run
+    assert (work / "verification" / "run" / "summary.csv").is_file()
+    assert not list(tmp.glob("accdbg-job-*")) and not list(tmp.glob(".accdbg-newjob-*"))

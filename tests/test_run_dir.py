@@ -231,3 +231,67 @@ def test_an_error_naming_a_file_of_the_run_names_it_where_it_ends_up(tmp_path):
     assert where.read_text() == "FinalizeGraphs started\n"
     last = (where.parent / "log.txt").read_text().splitlines()[-1]
     assert last.endswith(f"(full backend log: {where})")
+
+
+def test_a_run_of_components_refused_in_one_of_them_leaves_nothing(tmp_path):
+    """The end-to-end run (``discard_refused``) refused by a check only a component can make
+    (another framework's model, loaded in a child): no folder stays, not even the working
+    folder it created. Once a component started, or with anything else written, it failed:
+    it stays as NAME.failed with its log."""
+    work = tmp_path / "w"
+    with pytest.raises(AccdbgError), RunDir(work, "wrapper", discard_refused=True) as run:
+        run.write_options({"a": 1})
+        raise AccdbgError("--input_tensor 'x': dims 3,8,8 have rank 3, the model expects rank 4")
+    assert not work.exists()
+    (work / "framework_diagnosis").mkdir(parents=True)
+    with pytest.raises(AccdbgError), RunDir(work, "wrapper", "r1", discard_refused=True):
+        with RunDir(work, "framework_diagnosis", "r1"):
+            pass
+        raise AccdbgError("the verifier config is wrong")
+    assert (work / "wrapper" / "r1.failed" / "log.txt").is_file()
+    with pytest.raises(AccdbgError), RunDir(work, "wrapper", "r2", discard_refused=True) as run:
+        (run.path / "report.html").write_text("half")
+        raise AccdbgError("late")
+    assert (work / "wrapper" / "r2.failed" / "report.html").is_file()
+    with pytest.raises(RuntimeError), RunDir(work, "wrapper", "r3", discard_refused=True):
+        raise RuntimeError("a bug is a failure")
+    assert (work / "wrapper" / "r3.failed").is_dir()
+    # without discard_refused (a component: its checks run before its folder) it is kept
+    with pytest.raises(AccdbgError), RunDir(work, "inference_engine", "r4"):
+        raise AccdbgError("QNN failed")
+    assert (work / "inference_engine" / "r4.failed").is_dir()
+
+
+def test_a_dead_end_to_end_runs_finished_parts_are_replaced_when_taken_over(tmp_path):
+    """The end-to-end run's components all use its name: a rerun taking over a dead one finds
+    some of them finished. Inside ``taking_over`` they start again and replace the dead
+    run's folder only when they finish (until then it stays, and `latest` with it);
+    outside, a finished folder of that name is still refused."""
+    from accdbg.core.run_dir import check_run_folder, taking_over, unfinished_run
+
+    with RunDir(tmp_path, "framework_diagnosis", "run") as run:
+        (run.path / "old.txt").write_text("the dead run's")
+    root = tmp_path / "framework_diagnosis"
+    assert not unfinished_run(tmp_path, "wrapper", "run")  # nothing of that name
+    (tmp_path / "wrapper").mkdir()
+    with pytest.raises(KeyboardInterrupt), RunDir(tmp_path, "wrapper", "run"):
+        raise KeyboardInterrupt  # Ctrl-C: kept as run.failed
+    assert unfinished_run(tmp_path, "wrapper", "run")
+    with pytest.raises(AccdbgError, match="already exists"):
+        check_run_folder(tmp_path, "framework_diagnosis", "run")
+    with taking_over(tmp_path, "run"):
+        check_run_folder(tmp_path, "framework_diagnosis", "run")
+        with RunDir(tmp_path, "framework_diagnosis", "run") as again:
+            assert again.path.name == ".run.partial"
+            assert (root / "run" / "old.txt").is_file() and os.readlink(root / "latest") == "run"
+            (again.path / "new.txt").write_text("this run's")
+    assert sorted(p.name for p in (root / "run").iterdir() if p.suffix == ".txt") == [
+        "log.txt",
+        "new.txt",
+    ]
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "run"]  # nothing set aside left
+    with pytest.raises(AccdbgError, match="already exists"):  # the scope is over
+        RunDir(tmp_path, "framework_diagnosis", "run")
+    with taking_over(tmp_path, "other"):  # another name's takeover changes nothing for this one
+        with pytest.raises(AccdbgError, match="already exists"):
+            RunDir(tmp_path, "framework_diagnosis", "run")

@@ -78,23 +78,23 @@ class Golden:
 
     def feed(
         self, tensor: str, shape: tuple[int, ...] | None, dtype: np.dtype | None, *aliases: str
-    ) -> tuple[str, tuple, str]:
-        """``(raw file, dims, dtype)`` feeding ``tensor`` (a model input or an activation;
-        ``aliases``: other names it may have in the golden folder)."""
+    ) -> tuple[str, tuple, str, str]:
+        """``(raw file, dims, dtype, the file's dtype)`` feeding ``tensor`` (a model input or
+        an activation; ``aliases``: other names it may have in the golden folder)."""
         if tensor in self.inputs:
             t = self.inputs[tensor]
-            return str(t.path), tuple(t.dims), t.dtype.name
+            return str(t.path), tuple(t.dims), t.dtype.name, t.stored.name
         name, rec = self._record(tensor, shape, *aliases)
         dims = tuple(shape) if shape is not None else tuple(rec.shape)
         want = np.dtype(dtype or np.float32)
         if np.dtype(rec.dtype) == want:
-            return str(self.folder.path(name)), dims, want.name
+            return str(self.folder.path(name)), dims, want.name, want.name
         # a file of another dtype is converted once into the scratch folder
         path = self.scratch / "golden" / (safe_relpath(name) + ".raw")
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             np.asarray(self.folder.load(name), dtype=want).tofile(path)
-        return str(path), dims, want.name
+        return str(path), dims, want.name, want.name
 
     def load(self, tensor: str, shape: tuple[int, ...] | None, *aliases: str | None) -> np.ndarray:
         if tensor in self.inputs:

@@ -35,6 +35,7 @@ from accdbg.core.inputs import (
     check_finite,
     check_raw_size,
     parse_input_list,
+    requested_outputs,
 )
 from accdbg.core.provenance import recorded_inputs
 from accdbg.core.run_dir import (
@@ -159,10 +160,12 @@ def check_oneshot(
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
+    output_tensors: Sequence[str] = (),
 ) -> None:
     """Everything the three components will need, checked before the first one starts and
     without writing: the model, every ``-i`` and ``-l`` file (size, NaN/Inf), ``-qo``, the
-    verifiers, and every folder the run will write."""
+    outputs asked for (``-o``, the list's ``#`` line), the verifiers, and every folder the run
+    will write."""
     allow = allow_nonfinite_inputs
     if golden_dir is None:
         if not input_tensors:
@@ -189,6 +192,7 @@ def check_oneshot(
             working_dir=working_dir,
             output_dirname=output_dirname,
             allow_nonfinite_inputs=allow,
+            output_tensors=output_tensors,
         )
     else:  # the engine's model is converted later: check what can be checked now
         check_model_path(model_path, framework)
@@ -254,6 +258,7 @@ def run_oneshot(
         working_dir,
         output_dirname,
         allow_nonfinite_inputs,
+        output_tensors,
     )
     with ExitStack() as stack:
         seconds: dict[str, float] = {}
@@ -311,16 +316,17 @@ def run_oneshot(
             except Exception as exc:
                 log.info("culprit ranking not prepared beside the run: %s", exc)
                 return
-            prefetch.append(
-                Prefetch(
-                    m.model,
-                    goldens["Result_0"],
-                    m.tensor_mapping,
-                    feeds,
-                    (_feeds_from(f, engine_inputs) for f in rest),
-                )
+            work = Prefetch(
+                m.model,
+                goldens["Result_0"],
+                m.tensor_mapping,
+                feeds,
+                (_feeds_from(f, engine_inputs) for f in rest),
+                start=False,
             )
-            stack.callback(prefetch[0].close)  # done by then, unless the run stopped
+            stack.callback(work.close)  # done by then, unless the run stopped
+            prefetch.append(work)
+            work.start()  # once its close is arranged: a signal may come at any step
 
         engine = run_inference_engine(
             engine_model,
@@ -338,11 +344,17 @@ def run_oneshot(
             allow_nonfinite_inputs=allow_nonfinite_inputs,
             conversion=conversion,
             on_ready=ready,
+            output_tensors=output_tensors if conversion is None else (),
         )
         seconds["inference_engine"] = time.perf_counter() - t
         t = time.perf_counter()
         target = _target(goldens, engine.results, input_list, input_tensors)
-        graph_outputs = [
+        # the outputs judged (the verdict, the table of inputs): those asked for with -o and
+        # the list's '#' line, else the graph's
+        judged = list(
+            requested_outputs(output_tensors, parse_input_list(input_list) if input_list else None)
+        )
+        graph_outputs = judged or [
             o.name for o in onnx.load(str(engine.qdq_model), load_external_data=False).graph.output
         ]
         notes = _Annotator(
@@ -362,6 +374,7 @@ def run_oneshot(
             )
             if VERIFY
             else None,
+            judged=judged,
         )
         ver = run_verification(
             golden_dir,
@@ -421,6 +434,7 @@ class _Annotator:
     prefetch: Prefetch | None = None  # the ranking's work done beside the engine run
     # what the culprits' fixes are measured with on QNN (None: not verified, e.g. simulation)
     verify: VerifyPlan | None = None
+    judged: Sequence[str] = ()  # the outputs asked for (-o, the list's '#' line), if any
 
     def __call__(self, ver: VerificationResult) -> SummaryAnnotation:
         seconds, engine = self.seconds, self.engine
@@ -454,6 +468,7 @@ class _Annotator:
                     if k != key
                 ),
                 prefetch=prefetch,
+                verdict_outputs=self.judged,
             )
 
         t = time.perf_counter()

@@ -296,16 +296,15 @@ def check_request(algorithm: str, args: SnoopArgs) -> Request:
         listed = parse_input_list(input_list) if input_list else None
         if qdq is not None and listed is not None:  # nothing to calibrate: the pooled lines only
             listed = replace(listed, entries=listed.entries[: POOLED_LINES + 1])
-        feeds, dims, dtypes = build_feeds(model, listed, args.input_tensors)
+        feeds, dims, dtypes = build_feeds(
+            model, listed, args.input_tensors, native=config.inputs.use_native_input_files
+        )
     record = {
         "algorithm": algorithm.replace("_", "-"),
         "model_path": str(model_path),
         "qdq_model": str(qdq) if qdq else None,
         "golden_dir": str(golden) if golden else None,
-        "input_tensor": [
-            [t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name]
-            for t in args.input_tensors
-        ],
+        "input_tensor": [t.record() for t in args.input_tensors],
         "input_list": str(input_list) if input_list else None,
         "verifiers": [v.label for v in judge.verifiers.values()],
         "start_layer": args.start_layer,

@@ -15,12 +15,16 @@ in :data:`accdbg.cli.main.COMPONENTS`.
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 from accdbg.core import run_dir
 from accdbg.core.inputs import InputTensor, parse_input_tensor
 from accdbg.errors import AccdbgError
+
+log = logging.getLogger("accdbg")
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,6 +42,34 @@ class ArgGroup:
 
     def parse(self, args: argparse.Namespace) -> Any:
         raise NotImplementedError
+
+
+def spelled_as(choices: tuple[str, ...]):
+    """An argparse ``type`` taking a choice with ``_`` for ``-`` or the other way round, in
+    any case (``aarch64_android`` for ``aarch64-android``, as the reference guide spells it
+    once): the value becomes the choice; anything else stays as given, for argparse to refuse
+    with the list of choices."""
+
+    def key(text: str) -> str:
+        return text.replace("_", "-").lower()
+
+    by_key = {key(c): c for c in choices}
+
+    def convert(value: str) -> str:
+        return value if value in choices else by_key.get(key(value), value)
+
+    return convert
+
+
+# what an input list is, said once for every component's -l
+INPUT_LIST_FORMAT = (
+    "; a line holds one inference's files separated by spaces, in the model's input order or "
+    "as name:=path (so a path cannot hold a space: link or rename it), and a line '#out1 "
+    "out2' names output tensors (qnn-net-run's convention): with -o, the run's outputs, "
+    "checked against the model first; the inference engine with --debug_mode_off dumps those "
+    "instead of the graph outputs and the end-to-end verdict judges them (snooping, dataset "
+    "mode and the fix search judge the graph outputs)"
+)
 
 
 def add_allow_nonfinite(group) -> None:
@@ -147,13 +179,7 @@ class ModelArgs(ArgGroup):
         self.add_framework(g)
         self.add_model(g)
         self.add_inputs(g)
-        g.add_argument(
-            "-o",
-            "--output_tensor",
-            action="append",
-            default=[],
-            help="name of a graph output tensor that must be produced; repeatable",
-        )
+        self.add_outputs(g)
         add_allow_nonfinite(g)
         self.group = g
 
@@ -168,6 +194,17 @@ class ModelArgs(ArgGroup):
             metavar="FRAMEWORK",
             help=help
             or "framework and optional version, e.g. 'onnx' or 'onnx 1.17' (case insensitive)",
+        )
+
+    def add_outputs(self, g) -> None:
+        g.add_argument(
+            "-o",
+            "--output_tensor",
+            action="append",
+            default=[],
+            help="name of an output tensor of the model, checked before anything runs; "
+            "repeatable. The outputs named here and on the input list's '#' line are the "
+            "model's outputs for the run (see -l)",
         )
 
     def add_model(self, g, help: str = "path to the model file", required: bool | None = None):
@@ -189,15 +226,54 @@ class ModelArgs(ArgGroup):
         )
 
     def parse(self, args: argparse.Namespace) -> ModelSpec:
+        from accdbg.frameworks.formats import check_model_format
         from accdbg.frameworks.versions import check_framework
 
+        framework = check_framework(args.framework)
+        check_model_format(framework, args.model_path)
+        inputs = [parse_input_tensor(v) for v in args.input_tensor or []]
         return ModelSpec(
-            framework=check_framework(args.framework),
+            framework=framework,
             model_path=args.model_path,
-            input_tensors=[parse_input_tensor(v) for v in args.input_tensor or []],
+            input_tensors=typed_inputs(
+                framework,
+                args.model_path,
+                inputs,
+                bool(getattr(args, "use_native_input_files", False)),
+            ),
             output_tensors=list(args.output_tensor or []),
             allow_nonfinite_inputs=bool(args.allow_nonfinite_inputs),
         )
+
+
+def typed_inputs(
+    framework: str, model_path: str | None, inputs: list[InputTensor], native: bool
+) -> list[InputTensor]:
+    """The ``-i`` files read as the run reads them (``-nif``, see
+    :func:`~accdbg.core.inputs.resolve_input_types`), resolved once against an ONNX model's
+    input types, so every component of the run - framework diagnosis too - reads them alike.
+    Another framework's runner converts its inputs itself: ``-nif`` is said not to apply."""
+    if framework != "onnx":
+        if native:
+            log.info(
+                "-nif/--use_native_input_files: for -f %s each file is read as the type -i names "
+                "(default float32), which its runner converts to the model's",
+                framework,
+            )
+        return inputs
+    if not inputs or model_path is None or not Path(model_path).expanduser().is_file():
+        return inputs
+    import onnx
+
+    from accdbg.core import onnx_model as om
+    from accdbg.core.inputs import resolve_input_types
+
+    try:  # the graph's inputs only: the weights stay on disk
+        model = onnx.load(str(Path(model_path).expanduser()), load_external_data=False)
+    except Exception:  # not a readable model: the component says so, in its own words
+        return inputs
+    types = {vi.name: t for vi in om.real_inputs(model) if (t := om.elem_dtype(vi)) is not None}
+    return resolve_input_types(inputs, types, native)
 
 
 # ---------------------------------------------------------------- framework runtime
@@ -359,6 +435,21 @@ class CalibrationSpec:
     input_tensors: list[InputTensor] = field(default_factory=list)
     input_list: str | None = None
     allow_nonfinite_inputs: bool = False
+    output_tensors: list[str] = field(default_factory=list)
+
+    def check_output_tensors(self, instead: str) -> None:
+        """``-o`` where the component judges no chosen output (so that it can be added to the
+        command of another component): each name checked to be a tensor of the model (an
+        ONNX one; another framework's is checked by its conversion) before anything runs,
+        and one line says what the component does instead."""
+        if not self.output_tensors:
+            return
+        if self.framework == "onnx":
+            from accdbg.core import onnx_model as om
+
+            model = om.load_model(self.model_path)
+            om.check_tensor_names(model, self.output_tensors, "-o/--output_tensor")
+        log.info("-o/--output_tensor %s: %s", ", ".join(self.output_tensors), instead)
 
 
 class CalibrationArgs(ModelArgs):
@@ -385,18 +476,23 @@ class CalibrationArgs(ModelArgs):
         if framework_help is not None:
             self.add_framework(g, framework_help)
         self.add_inputs(g, input_tensor_help)
-        g.add_argument("-l", "--input_list", help=input_list_help)
+        self.add_outputs(g)
+        g.add_argument("-l", "--input_list", help=input_list_help + INPUT_LIST_FORMAT)
         add_allow_nonfinite(g)
         self.group = g
 
     def parse(self, args: argparse.Namespace) -> CalibrationSpec:
+        from accdbg.frameworks.formats import check_model_format
         from accdbg.frameworks.versions import check_framework
 
-        framework = getattr(args, "framework", None)
+        given = getattr(args, "framework", None)
+        framework = check_framework(given) if given else "onnx"
+        check_model_format(framework, args.model_path)
         return CalibrationSpec(
             model_path=args.model_path,
-            framework=check_framework(framework) if framework else "onnx",
+            framework=framework,
             input_tensors=[parse_input_tensor(v) for v in args.input_tensor or []],
             input_list=args.input_list,
             allow_nonfinite_inputs=bool(args.allow_nonfinite_inputs),
+            output_tensors=list(args.output_tensor or []),
         )

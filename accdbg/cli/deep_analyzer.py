@@ -83,6 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     VERIFIERS.add(parser, g)
     add_dissection_arguments(g)
+    m = parser.add_argument_group(
+        "the model flags of the end-to-end command this joins (accepted; the dissection cuts "
+        "the QDQ model of --inference_results)"
+    )
+    m.add_argument("-f", "--framework", nargs="+", default=None, metavar="FRAMEWORK")
+    m.add_argument("-m", "--model_path", default=None)
+    m.add_argument("-o", "--output_tensor", action="append", default=[])
     e = parser.add_argument_group("backend")
     e.add_argument("-r", "--runtime", default="htp", help="QNN runtime (default htp)")
     e.add_argument("--engine", default="qnn", type=str.lower, help="qnn (default) or simulation")
@@ -109,8 +116,25 @@ def run(args: argparse.Namespace) -> int:
     from accdbg.algorithms.dissection import run_dissection
 
     inputs = [parse_input_tensor(v) for v in args.input_tensor or []]
+    qdq = engine_qdq_model(args.inference_results)
+    given = [
+        flag
+        for flag, value in (
+            ("-f", args.framework),
+            ("-m", args.model_path),
+            ("-o", args.output_tensor),
+        )
+        if value
+    ]
+    if given:
+        log.info(
+            "%s: the model dissection cuts the inference engine run's QDQ model %s, from the "
+            "problem tensor back",
+            "/".join(given),
+            qdq,
+        )
     result = run_dissection(
-        engine_qdq_model(args.inference_results),
+        qdq,
         args.framework_results,
         inputs,
         verification_dir=args.verification_results,

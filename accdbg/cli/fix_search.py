@@ -142,6 +142,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if not model.input_list and not model.input_tensors:
         raise AccdbgError("--fix_search needs -l/--input_list or -i/--input_tensor")
+    model.check_output_tensors(
+        "the search measures every candidate on the model's graph outputs (those a deployed "
+        "model returns)"
+    )
     run_fix_search(
         model.model_path,
         model.input_tensors,

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--input_list",
         default=None,
         help="qnn-net-run input list: one golden per line, in Result_N/ (-i gives the names, "
-        "dims and types; plain paths follow the model's input order)",
+        "dims and types; plain paths follow the model's input order)" + A.INPUT_LIST_FORMAT,
     )
     FRAMEWORK.add(parser)
     COMMON.add(parser)

@@ -19,6 +19,7 @@ from accdbg.engines.options import (
     BackendOptions,
     DumpOptions,
     EngineConfig,
+    InputOptions,
     LayerFilter,
     QuantOptions,
 )
@@ -41,7 +42,6 @@ IGNORED = (
     "model_name",
     "input_data_type",
     "log_level",
-    "qnn_netrun_config_file",
     "extra_runtime_args",
     "compiler_config",
     "qnn_model_net_json",
@@ -78,9 +78,13 @@ class EngineArgs(A.ArgGroup):
 
     def __init__(self, runtime_required: bool = True):
         self.runtime_required = runtime_required
+        # the --inference_engine component itself (the wrapper shares the rest): the reference
+        # spells --golden_dir_for_mapping also --golden_output_reference_directory and passes
+        # the engine a --default_verifier; the wrapper has flags of those names of its own
+        self.component = runtime_required
 
     def add(self, parser: argparse.ArgumentParser) -> None:
-        Q, B, D = QuantOptions, BackendOptions, DumpOptions
+        B = BackendOptions
         core = parser.add_argument_group("core arguments")
         core.add_argument(
             "-r",
@@ -94,6 +98,7 @@ class EngineArgs(A.ArgGroup):
             "-a",
             "--architecture",
             choices=ARCHITECTURES,
+            type=A.spelled_as(ARCHITECTURES),
             default=B.architecture,
             help=f"host/device architecture (default {B.architecture}: HTP emulation on this host)",
         )
@@ -101,7 +106,17 @@ class EngineArgs(A.ArgGroup):
             "-l",
             "--input_list",
             help="qnn-net-run input list: one inference per line; every line also calibrates the "
-            "quantization (source stage, and layerwise/cumulative-layerwise)",
+            "quantization (source stage, and layerwise/cumulative-layerwise)" + A.INPUT_LIST_FORMAT,
+        )
+        core.add_argument(
+            "-nif",
+            "--use_native_input_files",
+            action="store_true",
+            default=InputOptions.use_native_input_files,
+            help="the input files (-i, -l) hold the ONNX model inputs' own types (int64 token "
+            "ids, float16...), as qnn-net-run's flag; without it they are float32 - unless -i "
+            "names a type - and are converted to the model's (whole numbers checked for an "
+            "integer input). A QDQ model's inputs are float: its files are float32 either way",
         )
         core.add_argument(
             "--stage",
@@ -115,6 +130,12 @@ class EngineArgs(A.ArgGroup):
             type=str.lower,
             help="qnn (default, the real QNN runtime) or simulation (onnxruntime CPU fake-quant, not QNN)",
         )
+        self._add_quantization(parser)
+        self._add_dump(parser)
+        self._add_compatibility(parser)
+
+    def _add_quantization(self, parser: argparse.ArgumentParser) -> None:
+        Q = QuantOptions
         q = parser.add_argument_group("quantization (source stage)")
         add_quantizer_arguments(q)
         q.add_argument(
@@ -142,10 +163,47 @@ class EngineArgs(A.ArgGroup):
         q.add_argument(
             "--algorithms", help="('cle' is not available through onnxruntime quantization)"
         )
+        q.add_argument(
+            "-rqs",
+            "--restrict_quantization_steps",
+            default=Q.restrict_quantization_steps,
+            metavar="'MIN MAX'",
+            help="two hexadecimal literals, e.g. '-0x80 0x7F' (8-bit) or '-0x8000 0x7F7F' "
+            "(16-bit): the tensors of that bitwidth get scale = (max - min) / (MAX - MIN) steps "
+            "(onnxruntime's own ranges, quantized again with the restricted steps as fixed "
+            "encodings; honoured as is where onnxruntime's steps are the same)",
+        )
+        q.add_argument(
+            "-fbw",
+            "--float_bias_bitwidth",
+            type=int,
+            choices=(16, 32),
+            default=Q.float_bias_bitwidth,
+            help="biases of a float run (--precision fp16): 16 rounds the Conv/Gemm biases to "
+            "fp16 values; 32 keeps them fp32, and HTP's fp16 mode decides (onnxruntime-qnn has "
+            "no bias-precision option)",
+        )
+
+    def _add_dump(self, parser: argparse.ArgumentParser) -> None:
+        B, D = BackendOptions, DumpOptions
         d = parser.add_argument_group("debug output")
-        d.add_argument("--debug_mode_off", action="store_true", help="dump only the graph outputs")
+        d.add_argument(
+            "--debug_mode_off",
+            action="store_true",
+            help="dump only the graph outputs (or, instead, those -o and the input list's '#' "
+            "line name, as QNN produces them)",
+        )
         d.add_argument(
             "-odt", "--output_data_type", choices=OUTPUT_DATA_TYPES, default=D.output_data_type
+        )
+        d.add_argument(
+            "-nof",
+            "--use_native_output_files",
+            action="store_true",
+            default=D.use_native_output_files,
+            help="the dumped files in the graph's native type (the quantized integers as QNN "
+            "produced them), as qnn-net-run's flag: -odt native_only (with -odt "
+            "float_and_native, both)",
         )
         d.add_argument(
             "--add_layer_outputs",
@@ -167,12 +225,37 @@ class EngineArgs(A.ArgGroup):
         )
         d.add_argument("--soc_model", help="QNN SoC model id (default: one matching -r dspvNN)")
         d.add_argument(
+            "--extra_contextbin_args",
+            default=B.extra_contextbin_args,
+            metavar="'ARG1=VALUE1;ARG2=VALUE2'",
+            help="qnn-context-binary-generator's arguments: profiling_level and config_file "
+            "(a qnn-net-run config) become the QNN execution provider's options; the others "
+            "have no counterpart (onnxruntime-qnn makes the context itself), said in one line",
+        )
+        d.add_argument(
+            "--qnn_netruntime_config_file",
+            "--qnn_netrun_config_file",
+            dest="qnn_netruntime_config_file",
+            default=B.qnn_netruntime_config_file,
+            metavar="FILE",
+            help="qnn-net-run's JSON config: context_priority and the HTP backend extensions' "
+            "vtcm_mb, O, fp16_relaxed_precision, soc_model, dsp_arch, device_id, perf_profile, "
+            "rpc_control_latency become provider options; what has no counterpart is named "
+            "in one line",
+        )
+        d.add_argument(
             "--disable_cpu_fallback",
             action="store_true",
             help="fail when any node would fall back to the CPU instead of running on QNN",
         )
         d.add_argument(
             "--golden_dir_for_mapping",
+            *(
+                ("--golden_output_reference_directory", "--goldenOutputReferenceDirectory")
+                if self.component
+                else ()
+            ),
+            dest="golden_dir_for_mapping",
             help="golden tensors folder, for a best-effort tensor mapping",
         )
         d.add_argument(
@@ -180,6 +263,8 @@ class EngineArgs(A.ArgGroup):
             help="the float model, for the tensor mapping in the converted stage",
         )
         d.add_argument("--print_version", action="store_true", help="print the QNN version used")
+
+    def _add_compatibility(self, parser: argparse.ArgumentParser) -> None:
         compat = parser.add_argument_group(
             "accepted for compatibility (no effect with onnxruntime-qnn)"
         )
@@ -193,7 +278,6 @@ class EngineArgs(A.ArgGroup):
             (("-qmn", "--model_name"), "model_name"),
             (("-idt", "--input_data_type"), "input_data_type"),
             (("--log_level",), "log_level"),
-            (("--qnn_netrun_config_file",), "qnn_netrun_config_file"),
             (("--extra_runtime_args",), "extra_runtime_args"),
             (("--compiler_config",), "compiler_config"),
             (("--qnn_model_net_json",), "qnn_model_net_json"),
@@ -203,6 +287,16 @@ class EngineArgs(A.ArgGroup):
         ):
             compat.add_argument(*flags, dest=dest, default=None)
         compat.add_argument("--offline_prepare", action="store_true")
+        if self.component:
+            compat.add_argument(
+                "--default_verifier",
+                "--defaultVerifier",
+                dest="default_verifier",
+                action="append",
+                nargs="+",
+                default=None,
+                help="(verification's: the engine runs no verifier; logged as ignored)",
+            )
         compat.add_argument(
             "-qmb", "--qnn_model_binary_path", help="compiled stage: the EPContext ONNX model"
         )
@@ -213,6 +307,11 @@ class EngineArgs(A.ArgGroup):
         for dest in IGNORED:
             if getattr(args, dest, None) not in (None, False):
                 log.info("ignored: --%s (no effect with onnxruntime-qnn)", dest)
+        if getattr(args, "default_verifier", None):
+            log.info(
+                "ignored: --default_verifier (the inference engine compares nothing; "
+                "--verification or the end-to-end run verify its dumps)"
+            )
         if any(getattr(args, dest) for dest in CONVERTER_ARTEFACTS):
             raise AccdbgError(
                 "-qmcpp/-qmbin/--extra_converter_args are QNN converter artefacts, which onnxruntime-qnn cannot run; "
@@ -224,7 +323,7 @@ class EngineArgs(A.ArgGroup):
             )
         if args.print_version:
             log.info("%s", qnn_version())
-        return EngineConfig(
+        config = EngineConfig(
             stage=args.stage,
             quant=QuantOptions(
                 act_bitwidth=args.act_bitwidth,
@@ -237,6 +336,8 @@ class EngineArgs(A.ArgGroup):
                 quantization_overrides=args.quantization_overrides,
                 ignore_encodings=args.ignore_encodings,
                 precision=args.precision,
+                restrict_quantization_steps=args.restrict_quantization_steps,
+                float_bias_bitwidth=args.float_bias_bitwidth,
             ),
             backend=BackendOptions(
                 engine=args.engine,
@@ -246,6 +347,8 @@ class EngineArgs(A.ArgGroup):
                 perf_profile=args.perf_profile,
                 profiling_level=args.profiling_level,
                 disable_cpu_fallback=args.disable_cpu_fallback,
+                extra_contextbin_args=args.extra_contextbin_args,
+                qnn_netruntime_config_file=args.qnn_netruntime_config_file,
             ),
             layers=LayerFilter(
                 args.add_layer_outputs,
@@ -257,8 +360,13 @@ class EngineArgs(A.ArgGroup):
                 debug=not args.debug_mode_off,
                 output_data_type=args.output_data_type,
                 golden_dir_for_mapping=args.golden_dir_for_mapping,
+                use_native_output_files=args.use_native_output_files,
             ),
+            inputs=InputOptions(use_native_input_files=args.use_native_input_files),
         )
+        for line in config.notes():  # once: the options are made here
+            log.info("%s", line)
+        return config
 
 
 MODEL = A.ModelArgs(required=False, framework_default="onnx")
@@ -298,6 +406,7 @@ def run(args: argparse.Namespace) -> int:
         memory_budget_mb=args.memory_budget_mb,
         options_record=A.options_dict(args),
         allow_nonfinite_inputs=model.allow_nonfinite_inputs,
+        output_tensors=model.output_tensors,
         **place.keywords(),
     )
     log.info("results: %s", ", ".join(str(p) for p in result.results))

@@ -269,35 +269,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir.LOG_TRACEBACKS = traces
 
 
-def _main(argv: list[str]) -> int:
+def component_module(argv: Sequence[str]):
+    """The module of the component ``argv`` selects (the wrapper without a component flag)
+    and the arguments left for its parser."""
     component, rest = split_component(argv)
     asks_help = any(a in ("-h", "--help") for a in rest)
     if component is None and (
         standalone_deep_analyzer(rest) or (asks_help and "--deep_analyzer" in rest)
     ):
-        module = importlib.import_module(DEEP_ANALYZER)
-        component = module.NAME
-    elif component is None:
+        return importlib.import_module(DEEP_ANALYZER), rest
+    if component is None:
+        return importlib.import_module(WRAPPER), rest
+    return importlib.import_module(COMPONENTS[component]), rest
+
+
+def parse_command(argv: Sequence[str]) -> tuple[object, argparse.Namespace]:
+    """A command line (without the program name) parsed as a run would parse it - component,
+    ``--config`` file, flags - without running anything: ``(component module, arguments)``.
+    ``--help`` raises ``SystemExit`` (argparse's)."""
+    module, rest = component_module(argv)
+    parser = build_parser(module.NAME, module)
+    rest, config = take_config(list(rest))
+    appended = apply_config(parser, config) if config else {}
+    args = parser.parse_args(rest)
+    for dest, value in appended.items():  # list options: the command line replaces the file's
+        if not getattr(args, dest):
+            setattr(args, dest, value)
+    return module, args
+
+
+def _main(argv: list[str]) -> int:
+    component, rest = split_component(argv)
+    if component is None and not (standalone_deep_analyzer(rest) or "--deep_analyzer" in rest):
         if not rest or any(a in ("-h", "--help") for a in rest):
             print(top_level_help())
             wrapper = importlib.import_module(WRAPPER)
             print("\nWithout a component flag (" + wrapper.HELP + "):\n")
             print(build_parser(wrapper.NAME, wrapper).format_help())
             return 0
-        module = importlib.import_module(WRAPPER)
-        component = module.NAME
-    else:
-        module = importlib.import_module(COMPONENTS[component])
-    parser = build_parser(component, module)
-    rest, config = take_config(rest)
-    appended = apply_config(parser, config) if config else {}
     try:
-        args = parser.parse_args(rest)
+        module, args = parse_command(argv)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
-    for dest, value in appended.items():  # list options: the command line replaces the file's
-        if not getattr(args, dest):
-            setattr(args, dest, value)
     return int(module.run(args) or 0)
 
 

@@ -211,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
     from accdbg.algorithms.quant_checker import run_quant_checker
 
     model = MODEL.parse(args)
+    model.check_output_tensors(
+        "the quantization checker checks every weight, bias and activation of the model"
+    )
     result = run_quant_checker(
         model.model_path,
         framework=model.framework,

@@ -12,12 +12,20 @@ from accdbg.cli.deep_analyzer import add_dissection_arguments
 from accdbg.cli.fix_search import SEARCH
 from accdbg.cli.inference_engine import EngineArgs
 from accdbg.core.executors import ExecutorConfig
-from accdbg.core.run_dir import RunDir, check_run_folder
+from accdbg.core.run_dir import RunDir, check_run_folder, taking_over, unfinished_run
 from accdbg.errors import AccdbgError
 
 NAME = "wrapper"
 HELP = "framework diagnosis, QNN inference engine and verification in one run, with the HTML report"
 ALGORITHMS = ("oneshot-layerwise", "cumulative-layerwise", "layerwise", "binary")
+# verification's inputs, which the reference's end-to-end example passes too: the end-to-end
+# run verifies the runs it makes itself, with their side files; accepted and said so
+VERIFICATION_INPUTS = (
+    ("--inference_results", "--inferenceResults"),
+    ("--tensor_mapping", "--tensorMapping"),
+    ("--graph_struct", "--graphStruct"),
+    ("--qnn_model_json_path", "--qnnModelJsonPath"),
+)
 log = logging.getLogger("accdbg")
 
 
@@ -47,10 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--golden_output_reference_directory",
         "--golden_directory",
         "--goldenOutputReferenceDirectory",
+        "--framework_results",
+        "--frameworkResults",
         dest="golden_output_reference_directory",
         default=None,
-        help="golden tensors to use instead of running framework diagnosis",
+        help="golden tensors to use instead of running framework diagnosis (--framework_results, "
+        "as verification spells it, is the same flag)",
     )
+    for flags in VERIFICATION_INPUTS:
+        g.add_argument(*flags, dest=flags[0].lstrip("-"), default=None, help=argparse.SUPPRESS)
     g.add_argument(
         "--enable_tensor_inspection", action="store_true", help="plots and statistics per layer"
     )
@@ -163,7 +176,9 @@ def _dataset_run(
     )
     check_dataset(model.framework, model.model_path, model.input_tensors, args.input_list, **kwargs)
     check_run_folder(place.working_dir, NAME, place.output_dirname, resume=True)
-    with RunDir(place.working_dir, NAME, place.output_dirname, resume=True) as run:
+    with RunDir(
+        place.working_dir, NAME, place.output_dirname, resume=True, discard_refused=True
+    ) as run:
         run.write_options(A.options_dict(args))
         kwargs.pop("verifier_config")
         kwargs.pop("golden_dir")
@@ -177,7 +192,38 @@ def _dataset_run(
         )
 
 
+def _say_ignored_verification_inputs(args: argparse.Namespace) -> None:
+    given = [f[0] for f in VERIFICATION_INPUTS if getattr(args, f[0].lstrip("-")) is not None]
+    if given:
+        log.info(
+            "ignored: %s (the end-to-end run verifies the framework diagnosis and inference "
+            "engine runs it makes, with their tensor mapping, graph structure and QNN graph "
+            "JSON; verification alone is --verification)",
+            ", ".join(given),
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    """The end-to-end run. Run again with the same ``--output_dirname`` after it died (SIGKILL,
+    a crash) or failed (SIGTERM, Ctrl-C, an error), it takes that run over: snooping and
+    dataset mode continue where they stopped, and every component run of that name starts
+    again, replacing what the dead run finished of it (``run_dir.taking_over``)."""
+    place = COMMON.parse(args)
+    over = place.output_dirname
+    if not unfinished_run(place.working_dir, NAME, over):
+        over = None
+    else:
+        log.info(
+            "taking over the end-to-end run %r that did not finish: its component runs start "
+            "again under that name",
+            over,
+        )
+    with taking_over(place.working_dir, over):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    _say_ignored_verification_inputs(args)
     if args.deep_analyzer and args.debugging_algorithm != "oneshot-layerwise":
         raise AccdbgError(
             f"--deep_analyzer runs after oneshot-layerwise (on its dumps), not after "
@@ -251,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
             place.working_dir,
             place.output_dirname,
             allow,
+            model.output_tensors,
         )
     else:
         from accdbg.algorithms import run_cumulative_layerwise, run_layerwise
@@ -287,7 +334,9 @@ def run(args: argparse.Namespace) -> int:
                 },
             ),
         )
-    with RunDir(place.working_dir, NAME, place.output_dirname, resume=not oneshot) as run:
+    with RunDir(
+        place.working_dir, NAME, place.output_dirname, resume=not oneshot, discard_refused=True
+    ) as run:
         run.write_options(A.options_dict(args))
         if oneshot:
             result = run_oneshot(

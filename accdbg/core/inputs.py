@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,31 +17,113 @@ from accdbg.errors import AccdbgError
 
 @dataclass(frozen=True)
 class InputTensor:
-    """One ``--input_tensor``: name, dims, raw file and element type."""
+    """One ``--input_tensor``: name, dims, raw file and element type.
+
+    ``dtype`` is what the model is fed; ``file_dtype``, when set, what the file holds (float32
+    read and converted: qnn-net-run's files without ``--use_native_input_files``, see
+    :func:`resolve_input_types`). ``dtype_given``: ``-i`` named the type (else float32 by
+    default)."""
 
     name: str
     dims: tuple[int, ...]
     path: Path
     dtype: np.dtype
+    file_dtype: np.dtype | None = None
+    dtype_given: bool = True
+
+    @property
+    def stored(self) -> np.dtype:
+        """The element type of the file."""
+        return np.dtype(self.file_dtype if self.file_dtype is not None else self.dtype)
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.dims)) * self.dtype.itemsize
+        return int(np.prod(self.dims)) * self.stored.itemsize
 
     def record(self) -> list[str]:
-        """As the flag spells it, for options records: ``[name, "1,3,8,8", path, dtype]``."""
-        return [self.name, ",".join(map(str, self.dims)), str(self.path), self.dtype.name]
+        """As the flag spells it, for options records: ``[name, "1,3,8,8", path, dtype]`` (the
+        file's type)."""
+        return [self.name, ",".join(map(str, self.dims)), str(self.path), self.stored.name]
 
     def load(self) -> np.ndarray:
-        """Read the raw file, checking its size against dims x dtype."""
-        check_raw_size(self.path, self.dims, self.dtype, f"--input_tensor {self.name!r}")
-        return np.fromfile(self.path, dtype=self.dtype).reshape(self.dims)
+        """Read the raw file (its size checked against dims x its type), as the model's type."""
+        what = f"--input_tensor {self.name!r}"
+        return read_input(self.path, self.dims, self.dtype, self.stored, what)
 
     def check(self, allow_nonfinite: bool = False) -> None:
         """Size, then NaN/Inf (:func:`check_finite`), without loading the tensor."""
         what = f"--input_tensor {self.name!r}"
-        check_raw_size(self.path, self.dims, self.dtype, what)
-        check_finite(self.path, self.dtype, what, allow_nonfinite, self.dims)
+        check_raw_size(self.path, self.dims, self.stored, what)
+        check_finite(self.path, self.stored, what, allow_nonfinite, self.dims)
+
+
+NATIVE_FLAG = "-nif/--use_native_input_files"
+
+
+def read_input(
+    path: str | os.PathLike, dims, dtype: np.dtype, stored: np.dtype | None, what: str
+) -> np.ndarray:
+    """A raw input file of type ``stored`` (its size checked), as ``dtype``: float32 values
+    converted to the model's integer or float type, refused when they do not fit (not whole
+    numbers, out of range), naming the file and the first bad element."""
+    stored = np.dtype(stored if stored is not None else dtype)
+    check_raw_size(Path(path), dims, stored, what)
+    values = np.fromfile(path, dtype=stored).reshape(dims)
+    dtype = np.dtype(dtype)
+    if stored == dtype:
+        return values
+    with np.errstate(over="ignore", invalid="ignore"):  # what does not fit is named below
+        converted = values.astype(dtype)
+    if dtype.kind == "b":
+        bad = (values != 0) & (values != 1)
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        bad = (values != np.round(values)) | (values < info.min) | (values > info.max)
+    else:
+        bad = np.isfinite(values) & ~np.isfinite(converted)
+    if bad.any():
+        first = int(np.argmax(bad.ravel()))
+        raise AccdbgError(
+            f"{what}: raw file {str(path)!r} holds {stored.name} values that are no {dtype.name} "
+            f"(the model's input type), first {values.ravel()[first]!r} at element {first}; give "
+            f"the values in {dtype.name}'s range, or the file in {dtype.name} with {NATIVE_FLAG}"
+        )
+    return converted
+
+
+def resolve_input_types(
+    tensors: Sequence[InputTensor], model_types: dict[str, np.dtype], native: bool = False
+) -> list[InputTensor]:
+    """The ``-i`` tensors read as qnn-net-run reads input files: without ``native`` (``-nif``)
+    a file is float32 (unless ``-i`` names its type) and is converted to the model input's
+    type; with it a file is in the model input's type, and an ``-i`` type saying otherwise is
+    refused. A tensor already resolved, or whose model type is unknown, stays as it is."""
+    out = []
+    for t in tensors:
+        want = model_types.get(t.name)
+        if want is None or t.file_dtype is not None:
+            out.append(t)
+            continue
+        want = np.dtype(want)
+        if native:
+            if t.dtype_given and t.dtype != want:
+                raise AccdbgError(
+                    f"--input_tensor {t.name!r} names its file's type {t.dtype.name}, but "
+                    f"{NATIVE_FLAG} reads files in the model input's type, {want.name}: drop the "
+                    f"type from -i, or give the file in {want.name}"
+                )
+            out.append(replace(t, dtype=want))
+        elif t.dtype == want:
+            out.append(t)
+        elif t.dtype == np.float32:
+            out.append(replace(t, dtype=want, file_dtype=np.dtype(np.float32)))
+        else:
+            raise AccdbgError(
+                f"--input_tensor {t.name!r} is read as {t.dtype.name}, the model's input is "
+                f"{want.name}: give its type ({' '.join(t.record()[:3])} {want.name}), a "
+                f"float32 file, or {NATIVE_FLAG}"
+            )
+    return out
 
 
 def parse_dims(text: str, what: str) -> tuple[int, ...]:
@@ -66,7 +150,13 @@ def parse_input_tensor(values: list[str]) -> InputTensor:
     p = Path(path).expanduser()
     if not p.is_file():
         raise AccdbgError(f"{what}: raw file {path!r} does not exist")
-    return InputTensor(name=name, dims=parse_dims(dims, what), path=p.absolute(), dtype=dtype)
+    return InputTensor(
+        name=name,
+        dims=parse_dims(dims, what),
+        path=p.absolute(),
+        dtype=dtype,
+        dtype_given=len(values) == 4,
+    )
 
 
 def check_raw_size(path: Path, dims, dtype: np.dtype, what: str) -> None:
@@ -148,9 +238,28 @@ class InputListEntry:
 
 @dataclass(frozen=True)
 class InputList:
+    """A parsed input list; ``output_names`` are its ``#`` lines' tensors (``output_line``
+    the first of those lines), qnn-net-run's way of naming the outputs to write."""
+
     path: Path
     entries: tuple[InputListEntry, ...]
     output_names: tuple[str, ...]
+    output_line: int | None = None
+
+    @property
+    def outputs_where(self) -> str:
+        """How a message names the ``#`` line: ``list.txt:1: '#' output tensor``."""
+        return f"{self.path}:{self.output_line}: '#' output tensor"
+
+
+def requested_outputs(
+    output_tensors: Sequence[str] = (), input_list: InputList | None = None
+) -> tuple[str, ...]:
+    """The model's outputs a run is asked for: the ``-o/--output_tensor`` names, then those
+    of the input list's ``#`` lines (qnn-net-run's convention), each once; empty when neither
+    names any (the graph's outputs then)."""
+    names = [*output_tensors, *(input_list.output_names if input_list is not None else ())]
+    return tuple(dict.fromkeys(n for n in names if n))
 
 
 def _resolve(raw: str, base: Path) -> Path:
@@ -164,42 +273,73 @@ def parse_input_list(path: str | os.PathLike) -> InputList:
     """Parse a qnn-net-run input list.
 
     One inference per line: either paths in the model's input order, or ``name:=path`` pairs,
-    separated by spaces. A line starting with ``#`` names output tensors (space separated).
-    Relative paths are taken from the current folder, else from the list's own folder.
+    separated by spaces - so no path can hold a space (such a path is refused, saying so). A
+    line starting with ``#`` names output tensors (space separated): the run's outputs, with
+    ``-o`` (:func:`requested_outputs`). Relative paths are taken from the current folder,
+    else from the list's own folder.
     """
     p = Path(path).expanduser()
     if not p.is_file():
         raise AccdbgError(f"--input_list {str(path)!r} does not exist")
     entries: list[InputListEntry] = []
     outputs: list[str] = []
+    output_line = None
     for no, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
         text = line.strip()
         if not text:
             continue
         if text.startswith("#"):
             outputs.extend(t for t in text[1:].replace(",", " ").split() if t)
+            output_line = output_line or no
             continue
-        items: list[tuple[str | None, Path]] = []
-        for tok in text.split():
-            if ":=" in tok:
-                name, _, file = tok.partition(":=")
-                if not name or not file:
-                    raise AccdbgError(f"{p}:{no}: {tok!r} must be name:=path")
-                items.append((name, _resolve(file, p.parent)))
-            else:
-                items.append((None, _resolve(tok, p.parent)))
-        kinds = {n is None for n, _ in items}
-        if len(kinds) > 1:
-            raise AccdbgError(
-                f"{p}:{no}: mixes plain paths and name:=path pairs; use one form per line"
-            )
-        for _, f in items:
-            if not f.is_file():
-                raise AccdbgError(f"{p}:{no}: input file {str(f)!r} does not exist")
-        entries.append(InputListEntry(no, tuple(items)))
+        entries.append(_list_line(p, no, text))
     if not entries:
         raise AccdbgError(f"--input_list {str(p)!r} has no input lines")
-    return InputList(path=p.absolute(), entries=tuple(entries), output_names=tuple(outputs))
+    return InputList(p.absolute(), tuple(entries), tuple(outputs), output_line)
+
+
+def _list_line(p: Path, no: int, text: str) -> InputListEntry:
+    """One inference line's items; a bad line is one error naming the list and the line."""
+    items: list[tuple[str | None, Path]] = []
+    for tok in text.split():
+        if ":=" in tok:
+            name, _, file = tok.partition(":=")
+            if not name or not file:
+                _refuse_spaced_path(p, no, text)
+                raise AccdbgError(f"{p}:{no}: {tok!r} must be name:=path")
+            items.append((name, _resolve(file, p.parent)))
+        else:
+            items.append((None, _resolve(tok, p.parent)))
+    if len({n is None for n, _ in items}) > 1:
+        _refuse_spaced_path(p, no, text)
+        raise AccdbgError(
+            f"{p}:{no}: mixes plain paths and name:=path pairs; use one form per line"
+        )
+    for _, f in items:
+        if not f.is_file():
+            _refuse_spaced_path(p, no, text)
+            raise AccdbgError(f"{p}:{no}: input file {str(f)!r} does not exist")
+    return InputListEntry(no, tuple(items))
+
+
+def _refuse_spaced_path(p: Path, no: int, text: str) -> None:
+    """A line that does not parse because a path on it holds a space: say that, not what
+    the split made of it. qnn-net-run separates a line's entries by spaces, so a path cannot
+    hold one; the error names the file and what to do (a link or another name)."""
+    spans = [m.span() for m in re.finditer(r"\S+", text)]
+    for i, (start, _) in enumerate(spans):
+        for _, end in spans[i + 1 :]:
+            joined = text[start:end]
+            name, sep, file = joined.partition(":=")
+            candidate = file if sep and name and " " not in name else joined
+            if " " in candidate and _resolve(candidate, p.parent).is_file():
+                link = Path(candidate).name.replace(" ", "_")
+                raise AccdbgError(
+                    f"{p}:{no}: the path {candidate!r} holds a space, and an input list "
+                    "separates a line's entries by spaces (as qnn-net-run reads it), so a path "
+                    f"cannot hold one: rename the file or give a link without spaces (ln -s "
+                    f"{shlex.quote(str(_resolve(candidate, p.parent)))} {link})"
+                )
 
 
 def _same_input(listed: str, given: str) -> bool:
@@ -255,6 +395,6 @@ def inputs_per_line(
         )
         line = [replace(given[n], path=files[n]) for n in given]
         for t in line:
-            check_raw_size(t.path, t.dims, t.dtype, f"{where}: input {t.name!r}")
+            check_raw_size(t.path, t.dims, t.stored, f"{where}: input {t.name!r}")
         out.append(line)
     return out

@@ -39,6 +39,7 @@ from accdbg.errors import AccdbgError
 native_log = logging.getLogger("accdbg.native")
 PR_SET_PDEATHSIG = 1
 JOB_PREFIX = "accdbg-job-"
+NEW_JOB_PREFIX = ".accdbg-newjob-"  # a job folder being made, not yet locked
 MAX_NATIVE_LINES = 400  # per child; the rest is summarised in one line
 LOG_PREFIX = "##accdbg-log##"  # a child's log record in its output: prefix, logger, level, text
 _swept = False  # the job folders of dead parents are swept once per process
@@ -105,6 +106,34 @@ def exit_description(code: int | None) -> str:
     return f"crashed with {name}"
 
 
+class JobFolder:
+    """A folder of this process's children (their job, result and output files) under the
+    temporary folder, held (:class:`FolderLock`) for as long as this process lives.
+
+    It is locked before it gets its ``accdbg-job-`` name (made as ``.accdbg-newjob-*``,
+    locked, renamed): a job folder nobody holds is a dead process's at once, so the sweep of
+    the next run removes it (:func:`_sweep_dead_jobs`) - also right after a SIGKILL."""
+
+    def __init__(self) -> None:
+        made = Path(tempfile.mkdtemp(prefix=NEW_JOB_PREFIX))
+        lock = FolderLock.take(made, create=True)
+        self.path = made.with_name(JOB_PREFIX + made.name.removeprefix(NEW_JOB_PREFIX))
+        os.rename(made, self.path)
+        self._lock: FolderLock | None = lock
+
+    @property
+    def name(self) -> str:
+        return str(self.path)
+
+    def cleanup(self) -> None:
+        """Remove the folder and let go of it; once."""
+        if self._lock is None:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._lock.release()
+        self._lock = None
+
+
 class Isolated:
     """A child Python computing ``fn(*args)``; :meth:`result` waits and returns or raises.
 
@@ -123,9 +152,8 @@ class Isolated:
         who: str = "the QNN backend",
     ):
         self.what, self.log_hint, self.who = what, log_hint, who
-        self._tmp = tempfile.TemporaryDirectory(prefix=JOB_PREFIX)
         # held while this parent lives: a job folder whose holder died is swept by later runs
-        self._owner = FolderLock.take(Path(self._tmp.name), create=True)
+        self._tmp = JobFolder()
         _sweep_dead_jobs()
         self._job = Path(self._tmp.name) / "job.pkl"
         self._result = Path(self._tmp.name) / "result.pkl"
@@ -178,7 +206,6 @@ class Isolated:
     def _cleanup(self) -> None:
         self._log_output()
         self._tmp.cleanup()
-        self._owner.release()
 
     def _log_output(self) -> None:
         """What the child printed (native libraries' chatter, crash messages) into the log."""
@@ -240,19 +267,24 @@ def guarded_module_command(module: str, *args: str) -> list[str]:
 
 def _sweep_dead_jobs() -> None:
     """Remove the job folders of parents that died without cleaning up (SIGKILL): their
-    children were killed with them (``PR_SET_PDEATHSIG``) before they could. A folder younger
-    than a minute is left alone: its parent may be between creating its lock and taking it."""
+    children were killed with them (``PR_SET_PDEATHSIG``) before they could. A job folder is
+    locked before it is named (:class:`JobFolder`), so one nobody holds is dead, however
+    young; a folder still being made (``.accdbg-newjob-*``) is left alone for a minute."""
     global _swept
     if _swept:
         return
     _swept = True
+    tmp = Path(tempfile.gettempdir())
+    for folder in tmp.glob(f"{JOB_PREFIX}*"):
+        if (folder / LOCK_NAME).exists() and holder(folder) is None:
+            shutil.rmtree(folder, ignore_errors=True)
     now = time.time()
-    for folder in Path(tempfile.gettempdir()).glob(f"{JOB_PREFIX}*"):
+    for folder in tmp.glob(f"{NEW_JOB_PREFIX}*"):
         try:
-            young = now - (folder / LOCK_NAME).stat().st_mtime < 60
+            young = now - folder.stat().st_mtime < 60
         except OSError:
             continue
-        if not young and holder(folder) is None:
+        if not young:
             shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -18,6 +18,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,53 @@ def make_component_root(working_dir: str | os.PathLike, component: str) -> Path:
     return root
 
 
+# (working dir, run name) pairs whose finished component runs are parts of a dead
+# end-to-end run being taken over (see taking_over)
+_TAKEN_OVER: ContextVar[frozenset[tuple[str, str]]] = ContextVar(
+    "accdbg_taken_over", default=frozenset()
+)
+
+
+def _over_key(working_dir: str | os.PathLike, name: str) -> tuple[str, str]:
+    return str(Path(working_dir).expanduser().absolute()), name
+
+
+@contextmanager
+def taking_over(working_dir: str | os.PathLike, name: str | None) -> Iterator[None]:
+    """Within this block, the component runs named ``name`` under ``working_dir`` are the
+    parts of an end-to-end run of that name that died (or failed) before it finished, which
+    the same command, run again, takes over: a component run of that name starts again, and
+    when it finishes it replaces the dead run's finished folder of that name (instead of
+    being refused because the name is taken). Nothing changes for ``name`` None."""
+    if name is None:
+        yield
+        return
+    token = _TAKEN_OVER.set(_TAKEN_OVER.get() | {_over_key(working_dir, name)})
+    try:
+        yield
+    finally:
+        _TAKEN_OVER.reset(token)
+
+
+def replaces_finished(working_dir: str | os.PathLike, name: str | None) -> bool:
+    """Whether a finished component run named ``name`` may be replaced (:func:`taking_over`)."""
+    return name is not None and _over_key(working_dir, name) in _TAKEN_OVER.get()
+
+
+def unfinished_run(working_dir: str | os.PathLike, component: str, name: str | None) -> bool:
+    """Whether ``<working_dir>/<component>/<name>`` is a run that did not finish: its staging
+    folder, left by a run that died (no live holder), or its ``NAME.failed``, and no finished
+    folder of that name."""
+    if name is None:
+        return False
+    root = component_root(working_dir, component)
+    if (root / name).exists():
+        return False
+    staging = root / f".{name}.partial"
+    dead = staging.is_dir() and (staging / LOCK_NAME).exists() and holder(staging) is None
+    return dead or (root / f"{name}.failed").is_dir()
+
+
 def check_run_folder(
     working_dir: str | os.PathLike,
     component: str,
@@ -83,13 +131,14 @@ def check_run_folder(
     resume: bool = False,
 ) -> Path:
     """Everything :class:`RunDir` will need, checked without writing anything: the name, the
-    folder's writability, and (for an explicit name) that no finished or live run holds it."""
+    folder's writability, and (for an explicit name) that no finished or live run holds it -
+    a finished one may, when it is a part of a dead run being taken over (:func:`taking_over`)."""
     name = _check_dirname(output_dirname) if output_dirname is not None else None
     root = component_root(working_dir, component)
     check_writable(root)
     if name is not None:
         final = root / name
-        if final.exists() and not resume:
+        if final.exists() and not resume and not replaces_finished(working_dir, name):
             raise AccdbgError(
                 f"output folder {str(final)!r} already exists; pick another --output_dirname or remove it"
             )
@@ -138,8 +187,14 @@ class RunDir:
         component: str,
         output_dirname: str | None = None,
         resume: bool = False,
+        discard_refused: bool = False,
     ):
         self.root = check_run_folder(working_dir, component, output_dirname, resume)
+        # a finished run of this name is a dead end-to-end run's part: start again, replace it
+        self.replace = not resume and replaces_finished(working_dir, output_dirname)
+        # a run of other components (the end-to-end run): refused in one of them, it leaves
+        # nothing (see _refused)
+        self.discard_refused = discard_refused
         self.component = component
         self.resume = resume
         self._explicit = output_dirname is not None
@@ -169,13 +224,60 @@ class RunDir:
         return self.root / f".{name}.partial"
 
     def __enter__(self) -> RunDir:
+        # the folders this run creates on the way (working dir, component folder): a refused
+        # run removes them again (see _refused)
+        self._created = [f for f in (self.root, *self.root.parents) if not f.exists()]
         make_component_root(self.root.parent, self.component)
         if self._explicit:
             self._claim_name()
         else:
             self._claim_timestamp()
+        self._claimed_at = self.root.stat().st_mtime_ns
+        if self._explicit:  # what a run killed while replacing a folder of this name left
+            for left in self.root.glob(f".{self.name}.replaced-*"):
+                shutil.rmtree(left, ignore_errors=True)
         self._log_handler = attach_log_file(self.path / LOG_NAME)
         return self
+
+    def _refused(self, exc: BaseException | None) -> bool:
+        """Whether a run of other components (``discard_refused``) ended refusing its input
+        rather than failing: a bad input (an :class:`AccdbgError`) raised before it wrote
+        anything but its log and options file, in a folder of its own (not one taken over),
+        and before any of its components started (no other component folder of the working
+        folder changed since it claimed its own). A refused command leaves nothing, also
+        when the check that refused it could only run in a component (another framework's
+        model is loaded, in a child process, by framework diagnosis)."""
+        if not self.discard_refused or not isinstance(exc, AccdbgError):
+            return False
+        if self.resumed is not None:
+            return False
+        if self.path == self.final_path or not self.path.is_dir():
+            return False
+        own = {LOG_NAME, LOCK_NAME, f"{self.component}_options.json"}
+        if any(p.name not in own for p in self.path.iterdir()):
+            return False
+        for other in self.root.parent.iterdir():
+            try:
+                if (
+                    other != self.root
+                    and other.is_dir()
+                    and (other.stat().st_mtime_ns >= self._claimed_at)
+                ):
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def _discard(self, lock: FolderLock | None) -> None:
+        """Remove a refused run's folder, and the folders it created on the way if empty."""
+        if lock is not None:
+            lock.release()
+        shutil.rmtree(self.path, ignore_errors=True)
+        for folder in self._created:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
     def _claim_timestamp(self) -> None:
         while True:
@@ -217,7 +319,7 @@ class RunDir:
                     continue
                 self._lock, self.path, self.resumed = lock, staging, FAILED
                 return
-            if final.exists():
+            if final.exists() and not self.replace:
                 if not self.resume:
                     raise AccdbgError(
                         f"output folder {str(final)!r} already exists; pick another --output_dirname or remove it"
@@ -270,7 +372,10 @@ class RunDir:
         lock, self._lock = self._lock, None
         try:
             if exc_type is not None:
-                if self.path != self.final_path:
+                if self._refused(exc):
+                    self._discard(lock)
+                    lock = None
+                elif self.path != self.final_path:
                     failed = self.failed_path
                     _retire(self.path, failed, None)
                     self.path = failed
@@ -278,6 +383,8 @@ class RunDir:
                     raise lost
                 return
             if self.path != self.final_path:
+                if self.replace and self.final_path.exists():
+                    self._set_aside_the_replaced()
                 while True:
                     try:
                         # rename(2) never replaces a non-empty folder: a name another run
@@ -291,9 +398,19 @@ class RunDir:
                         self.final_path = self.root / self.name
                 self.path = self.final_path
             update_latest(self.root, self.final_path)
+            replaced = getattr(self, "_replaced", None)
+            if replaced is not None:
+                shutil.rmtree(replaced, ignore_errors=True)
         finally:
             if lock is not None:
                 lock.release(self.path)
+
+    def _set_aside_the_replaced(self) -> None:
+        """The dead run's finished folder of this name, which this run replaces: renamed
+        aside (then removed) just before this one takes the name."""
+        aside = self.root / f".{self.name}.replaced-{os.getpid()}-{time.monotonic_ns()}"
+        os.rename(self.final_path, aside)
+        self._replaced = aside
 
     def _follow_the_rename(self, exc: BaseException) -> None:
         """An error naming a file of the staging folder (a backend log) names it where the

@@ -8,13 +8,17 @@ runs or prepares a model - the inference engine, the snooping algorithms, onesho
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from accdbg.engines.base import Engine, EngineOptions, get_engine
+from accdbg.engines.provider_options import Mapped, contextbin_args, netrun_config
 from accdbg.errors import AccdbgError
+
+log = logging.getLogger("accdbg")
 
 STAGES = ("source", "converted", "compiled")
 OUTPUT_DATA_TYPES = ("float_only", "native_only", "float_and_native")
@@ -44,10 +48,50 @@ class QuantOptions:
     quantization_overrides: str | None = None  # -qo: AIMET encodings applied as overrides
     ignore_encodings: bool = False
     precision: str = "int8"  # fp16: no quantization, the float model on HTP in fp16
+    # -rqs 'MIN MAX' (hex literals): scale = (max - min) / (MAX - MIN) steps
+    restrict_quantization_steps: str | None = None
+    float_bias_bitwidth: int | None = None  # -fbw 16|32: biases of a float (fp16) run
+
+    def __post_init__(self) -> None:
+        """The flags whose bad values need no model to be told: one line at once (the CLI's
+        parse, the API's keywords)."""
+        if self.float_bias_bitwidth is not None and self.float_bias_bitwidth not in (16, 32):
+            raise AccdbgError(
+                f"-fbw/--float_bias_bitwidth {self.float_bias_bitwidth!r}: expected 16 or 32"
+            )
+        if self.restrict_quantization_steps is not None:
+            parse_steps(self.restrict_quantization_steps)
 
     @property
     def quantizes(self) -> bool:
         return self.precision != "fp16"
+
+    @property
+    def quantization_steps(self) -> int | None:
+        """``MAX - MIN`` of ``-rqs`` (checked), or None."""
+        if self.restrict_quantization_steps is None:
+            return None
+        low, high = parse_steps(self.restrict_quantization_steps)
+        return high - low
+
+    @property
+    def restricted_bits(self) -> int | None:
+        """The bitwidth whose tensors ``-rqs`` applies to: the fewest bits holding its steps."""
+        steps = self.quantization_steps
+        return None if steps is None else (8 if steps <= 255 else 16)
+
+    def own_steps(self) -> dict[str, int]:
+        """The steps onnxruntime's quantizer gives the tensors ``-rqs`` applies to, by kind:
+        2**bits - 1 on its unsigned (asymmetric) grids, 2**bits - 2 on its signed symmetric
+        ones (-(2**(bits-1) - 1) .. 2**(bits-1) - 1)."""
+        bits, out = self.restricted_bits, {}
+        for kind, width, symmetric in (
+            ("activations", self.act_bitwidth, False),  # symmetric activations stay unsigned
+            ("weights", self.weights_bitwidth, self.param_quantizer == "symmetric"),
+        ):
+            if width == bits:
+                out[kind] = 2**bits - (2 if symmetric else 1)
+        return out
 
     @property
     def overrides(self) -> Path | None:
@@ -62,6 +106,13 @@ class QuantOptions:
             raise AccdbgError(f"--precision {self.precision!r} is not known; expected int8 or fp16")
         if not self.quantizes:
             return
+        if self.restrict_quantization_steps is not None and not self.own_steps():
+            raise AccdbgError(
+                f"-rqs/--restrict_quantization_steps {self.restrict_quantization_steps!r} is "
+                f"{self.quantization_steps} steps, a {self.restricted_bits}-bit range; -abw "
+                f"{self.act_bitwidth} and -wbw {self.weights_bitwidth} quantize no "
+                f"{self.restricted_bits}-bit tensor"
+            )
         from accdbg.engines.quantize import check_quantizer_options
 
         check_quantizer_options(
@@ -84,7 +135,87 @@ class QuantOptions:
         return (
             f"A{self.act_bitwidth}W{self.weights_bitwidth}, {self.act_quantizer}/{self.param_quantizer}"
             f"{', per-channel' if self.per_channel else ''}"
+            f"{f', {self.quantization_steps} steps' if self.restricts_steps else ''}"
         )
+
+    @property
+    def restricts_steps(self) -> bool:
+        """``-rqs`` asks for steps onnxruntime's own encodings do not have (a second pass)."""
+        steps = self.quantization_steps
+        return (
+            self.quantizes
+            and steps is not None
+            and any(own != steps for own in self.own_steps().values())
+        )
+
+    def notes(self, stage: str) -> list[str]:
+        """What ``-rqs`` and ``-fbw`` do here, one line each (logged once by the caller)."""
+        out = []
+        if self.restrict_quantization_steps is not None:
+            flag = f"-rqs/--restrict_quantization_steps {self.restrict_quantization_steps!r}"
+            if stage != "source" or not self.quantizes:
+                why = "the model is not quantized here" if stage == "source" else (
+                    f"--stage {stage} runs the model's own encodings"
+                )  # fmt: skip
+                out.append(f"ignored: {flag} ({why})")
+            else:
+                own = self.own_steps()
+                steps, bits = self.quantization_steps, self.restricted_bits
+                kinds = " and ".join(own)
+                if not self.restricts_steps:
+                    out.append(
+                        f"{flag}: {steps} steps for the {bits}-bit {kinds}, what onnxruntime's "
+                        "encodings already have (honoured as they are)"
+                    )
+                else:
+                    mine = ", ".join(f"{k} {v}" for k, v in own.items())
+                    out.append(
+                        f"{flag}: the {bits}-bit {kinds} get scale = (max - min) / {steps} "
+                        f"(onnxruntime's steps: {mine}): quantized once for onnxruntime's "
+                        "ranges, then again with those ranges over the restricted steps as "
+                        "fixed encodings; the integers span the steps from the grid's lowest "
+                        "value (a symmetric grid keeps its zero point)"
+                    )
+        fbw = self.float_bias_bitwidth
+        if fbw is not None:
+            flag = f"-fbw/--float_bias_bitwidth {fbw}"
+            if self.quantizes or stage != "source":
+                out.append(
+                    f"ignored: {flag} (applies to a float run, --precision fp16; quantized "
+                    "biases are int32, -bbw)"
+                )
+            elif fbw == 16:
+                out.append(
+                    f"{flag}: the Conv/ConvTranspose/Gemm biases are rounded to fp16 values in "
+                    "the model HTP runs (onnxruntime-qnn has no bias-precision option; HTP's "
+                    "fp16 mode, enable_htp_fp16_precision, runs the rest in fp16)"
+                )
+            else:
+                out.append(
+                    f"{flag}: the biases stay fp32 in the model HTP runs; onnxruntime-qnn has "
+                    "no bias-precision option, and HTP's fp16 mode (enable_htp_fp16_precision) "
+                    "computes the graph in fp16 - a 32-bit bias cannot be asked of it"
+                )
+        return out
+
+
+def parse_steps(text: str) -> tuple[int, int]:
+    """``'-0x80 0x7F'`` -> ``(-128, 127)``: two hex literals (a negative one with its minus
+    sign, as the reference guide asks), MIN below MAX, at most 16 bits of steps apart."""
+    flag = "-rqs/--restrict_quantization_steps"
+    parts = str(text).replace(",", " ").split()
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        low, high = (int(p, 16) for p in parts)
+    except ValueError:
+        raise AccdbgError(
+            f"{flag} {text!r}: expected 'MIN MAX', two hexadecimal literals, e.g. '-0x80 0x7F' "
+            "(8 bits) or '-0x8000 0x7F7F' (16 bits)"
+        ) from None
+    if not low < high or high - low > 2**16 - 1:
+        raise AccdbgError(f"{flag} {text!r}: MAX - MIN must be 1 to 65535 steps; got {high - low}")
+    return low, high
 
 
 # what HTP's integer kernels take (Qualcomm's HTP op definitions; onnxruntime-qnn's QDQ path):
@@ -156,17 +287,73 @@ class BackendOptions:
     perf_profile: str | None = None
     profiling_level: str | None = None
     disable_cpu_fallback: bool = False
+    # the reference's arguments of qnn-context-binary-generator ('k=v;k2=v2') and qnn-net-run's
+    # config file: mapped onto provider options where onnxruntime-qnn has them
+    extra_contextbin_args: str | None = None
+    qnn_netruntime_config_file: str | None = None
+
+    def mapped(self) -> Mapped:
+        """The provider options the two QNN-tool flags map to (files read, values checked)."""
+        out = Mapped()
+        if self.qnn_netruntime_config_file:
+            out.merge(
+                netrun_config(self.qnn_netruntime_config_file), "--qnn_netruntime_config_file"
+            )
+        if self.extra_contextbin_args:
+            out.merge(contextbin_args(self.extra_contextbin_args), "--extra_contextbin_args")
+        return out
+
+    def provider_options(self, precision: str) -> tuple[dict[str, str], str | None]:
+        """The mapped provider options that the run's flags do not set themselves, and the
+        profiling level (``--profiling_level``, else a mapped one); a mapped value that
+        contradicts a flag is a one-line error naming both."""
+        mapped = self.mapped()
+        options = dict(mapped.options)
+        profiling = options.pop("profiling_level", None)
+        arch = self.runtime[len("dspv") :] if self.runtime.startswith("dspv") else None
+        flags = {
+            "soc_model": (self.soc_model, "--soc_model"),
+            "htp_performance_mode": (self.perf_profile, "--perf_profile"),
+            "htp_arch": (arch, f"-r {self.runtime}"),
+            "enable_htp_fp16_precision": ("1" if precision == "fp16" else None, "--precision fp16"),
+        }
+        for option, (given, flag) in flags.items():
+            if given is not None and option in options and options[option] != str(given):
+                raise AccdbgError(
+                    f"{mapped.sources[option]} (-> {option} {options[option]}) contradicts "
+                    f"{flag} ({option} {given}); give one"
+                )
+        if profiling is not None and self.profiling_level and profiling != self.profiling_level:
+            raise AccdbgError(
+                f"--extra_contextbin_args profiling_level={profiling} contradicts "
+                f"--profiling_level {self.profiling_level}; give one"
+            )
+        level = self.profiling_level or (profiling if profiling != "off" else None)
+        return options, level
+
+    def notes(self) -> list[str]:
+        """What the two QNN-tool flags became, one line each (logged once by the caller)."""
+        out = []
+        for flag, given, read in (
+            ("--qnn_netruntime_config_file", self.qnn_netruntime_config_file, netrun_config),
+            ("--extra_contextbin_args", self.extra_contextbin_args, contextbin_args),
+        ):
+            if given:
+                out.append(read(given).line(flag))
+        return out
 
     def engine_options(self, precision: str) -> EngineOptions:
         """The picklable options a worker process builds its session from."""
+        extra, profiling = self.provider_options(precision)
         return EngineOptions(
             runtime=self.runtime,
             architecture=self.architecture,
             precision=precision,
             soc_model=self.soc_model,
-            profiling_level=self.profiling_level,
+            profiling_level=profiling,
             disable_cpu_fallback=self.disable_cpu_fallback,
             perf_profile=self.perf_profile,
+            extra_provider_options=extra,
         )
 
 
@@ -177,6 +364,15 @@ class DumpOptions:
     debug: bool = True  # every intermediate activation, not only the graph outputs
     output_data_type: str = "float_only"
     golden_dir_for_mapping: str | None = None
+    use_native_output_files: bool = False  # -nof: qnn-net-run's name for -odt native_only
+
+    @property
+    def data_type(self) -> str:
+        """What the dumps hold: ``-odt``, where ``-nof`` makes the default float_only
+        native_only (with float_and_native both stay)."""
+        if self.use_native_output_files and self.output_data_type == "float_only":
+            return "native_only"
+        return self.output_data_type
 
     def check(self) -> None:
         if self.output_data_type not in OUTPUT_DATA_TYPES:
@@ -186,11 +382,21 @@ class DumpOptions:
             )
 
 
+@dataclass(frozen=True)
+class InputOptions:
+    """How the input files are read (qnn-net-run's convention)."""
+
+    # -nif: the files hold the model inputs' own types; without it they are float32 (unless
+    # -i names a type) and converted to them
+    use_native_input_files: bool = False
+
+
 GROUPS = {
     "quant": QuantOptions,
     "backend": BackendOptions,
     "layers": LayerFilter,
     "dump": DumpOptions,
+    "inputs": InputOptions,
 }
 
 
@@ -203,6 +409,7 @@ class EngineConfig:
     backend: BackendOptions = field(default_factory=BackendOptions)
     layers: LayerFilter = field(default_factory=LayerFilter)
     dump: DumpOptions = field(default_factory=DumpOptions)
+    inputs: InputOptions = field(default_factory=InputOptions)
 
     @classmethod
     def keyword_names(cls) -> tuple[str, ...]:
@@ -223,7 +430,10 @@ class EngineConfig:
                 )
             if value is not None:
                 per_group[owner[key]][key] = str(value) if isinstance(value, Path) else value
-        return cls(stage=stage, **{g: GROUPS[g](**kw) for g, kw in per_group.items()})
+        config = cls(stage=stage, **{g: GROUPS[g](**kw) for g, kw in per_group.items()})
+        for line in config.notes():
+            log.info("%s", line)
+        return config
 
     @classmethod
     def coerce(cls, value: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:
@@ -264,3 +474,9 @@ class EngineConfig:
         if self.stage == "source":
             self.quant.check()
         return eng
+
+    def notes(self) -> list[str]:
+        """One line for each option of the reference tool that does something other than
+        there (or nothing): what is done instead. Logged once per run, where the options
+        are made (the command line's parse, :meth:`from_keywords`)."""
+        return [*self.quant.notes(self.stage), *self.backend.notes()]

@@ -35,7 +35,7 @@ from accdbg.engines.legalize import clamp_constants, keep_float, legalize
 from accdbg.engines.options import EngineConfig, LayerFilter, QuantOptions
 from accdbg.engines.prepare import fix_shapes, prepare_float_model
 from accdbg.engines.quantize import FeedsReader, overrides_for_ort, quantize_for_qnn
-from accdbg.engines.source import Feeds, build_feeds
+from accdbg.engines.source import Feeds, build_feeds, load_feed
 from accdbg.errors import AccdbgError
 
 log = logging.getLogger("accdbg.inference_engine")
@@ -57,17 +57,19 @@ class Calibration:
         input_list: str | Path | None = None,
         input_tensors: Sequence[InputTensor] = (),
         allow_nonfinite: bool = False,
+        native: bool = False,
     ) -> Calibration:
-        """Every ``-l`` line (else the ``-i`` files), each file checked, as the engine reads them."""
+        """Every ``-l`` line (else the ``-i`` files), each file checked, as the engine reads them
+        (``native``: the files in the model's input types, ``--use_native_input_files``)."""
         parsed = parse_input_list(input_list) if input_list else None
-        return cls(*build_feeds(model, parsed, input_tensors, allow_nonfinite))
+        return cls(*build_feeds(model, parsed, input_tensors, allow_nonfinite, native))
 
     @classmethod
     def from_feeds(cls, feeds: Feeds) -> Calibration:
-        """Feeds already built (name -> (path, dims, dtype name) per inference), e.g. sent
-        to a child process: the dims and dtypes are theirs."""
-        dims = {n: tuple(d) for f in feeds for n, (_, d, _) in f.items()}
-        dtypes = {n: np.dtype(t) for f in feeds for n, (_, _, t) in f.items()}
+        """Feeds already built (name -> (path, dims, dtype name, file dtype name) per
+        inference), e.g. sent to a child process: the dims and dtypes are theirs."""
+        dims = {n: tuple(d) for f in feeds for n, (_, d, *_) in f.items()}
+        dtypes = {n: np.dtype(t) for f in feeds for n, (_, _, t, _) in f.items()}
         return cls(list(feeds), dims, dtypes)
 
 
@@ -169,9 +171,10 @@ def quantize_prepared(
     if not quant.quantizes:
         target = out_dir / f"{stem}.fp16.onnx"
         shutil.copyfile(prepared, target)
-        return PreparedModel(
-            target, "source", ["no quantization: float model on HTP in fp16"], prepared
-        )
+        steps = ["no quantization: float model on HTP in fp16"]
+        if quant.float_bias_bitwidth == 16:
+            steps.append(round_biases_to_fp16(target))
+        return PreparedModel(target, "source", steps, prepared)
     target = out_dir / f"{stem}.qdq.onnx"
     work = work_dir or out_dir / f".quantize-{stem}"
     work.mkdir(parents=True, exist_ok=True)
@@ -223,24 +226,32 @@ def _quantize(
 ) -> onnx.ModelProto:
     """One quantization of ``float_path`` into ``target``, legalized for QNN HTP (its edits
     added to ``notes``); returns the QDQ model written."""
-    quantize_for_qnn(
-        float_path,
-        target,
-        FeedsReader(
-            [{n: Path(p) for n, (p, _, _) in f.items()} for f in calibration.feeds],
-            calibration.dims,
-            calibration.dtypes,
-        ),
-        quant.act_bitwidth,
-        quant.weights_bitwidth,
-        quant.bias_bitwidth,
-        quant.act_quantizer,
-        quant.param_quantizer,
-        quant.per_channel,
-        overrides or None,
-        notes=notes,
-        keep_activations=quant.keep_activations,
-    )
+
+    def run_quantizer(fixed: dict, said: list[str]) -> None:
+        quantize_for_qnn(
+            float_path,
+            target,
+            FeedsReader(calibration.feeds),
+            quant.act_bitwidth,
+            quant.weights_bitwidth,
+            quant.bias_bitwidth,
+            quant.act_quantizer,
+            quant.param_quantizer,
+            quant.per_channel,
+            fixed or None,
+            notes=said,
+            keep_activations=quant.keep_activations,
+        )
+
+    if quant.restricts_steps:  # onnxruntime's ranges first, then the restricted steps
+        run_quantizer(overrides, [])
+        restricted = restricted_steps(target, quant, float_path, set(overrides))
+        notes.append(
+            f"-rqs: {len(restricted)} {quant.restricted_bits}-bit tensors quantized again "
+            f"with {quant.quantization_steps} steps over onnxruntime's ranges"
+        )
+        overrides = {**restricted, **overrides}  # given encodings stay as given
+    run_quantizer(overrides, notes)
     qdq = onnx.load(str(target), load_external_data=False)
     steps = legalize(qdq)
     if steps:
@@ -273,10 +284,73 @@ def _first_feed(calibration: Calibration) -> dict[str, np.ndarray] | None:
     """The first calibration input, loaded (what the quantized model's CPU check runs)."""
     if not calibration.feeds:
         return None
-    return {
-        n: np.fromfile(p, dtype=calibration.dtypes[n]).reshape(calibration.dims[n])
-        for n, (p, _, _) in calibration.feeds[0].items()
-    }
+    return load_feed(calibration.feeds[0])
+
+
+def restricted_steps(
+    qdq_path: Path, quant: QuantOptions, float_path: Path, keep: set[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """``-rqs``: fixed encodings (onnxruntime tensor overrides) for every tensor of the
+    restricted bitwidth that onnxruntime quantized (``keep``: tensors whose encodings were
+    given, left alone), each spreading its range over the restricted steps: QNN's
+    ``scale = (max - min) / steps``. The range is the one onnxruntime's encoding covers; the
+    grid keeps its lowest value at the lowest integer (an unsigned zero point scales with the
+    steps) and a signed symmetric grid its zero point 0."""
+    from onnxruntime.quantization import QuantType
+
+    from accdbg.encodings.model import PER_BLOCK, zero_point_from_offset
+    from accdbg.encodings.overrides import storage
+    from accdbg.encodings.qdq import qdq_encodings
+
+    steps, bits = quant.quantization_steps, quant.restricted_bits
+    assert steps is not None and bits is not None
+    known = {i.name for i in onnx.load(str(float_path), load_external_data=False).graph.initializer}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, enc in qdq_encodings(qdq_path).items():
+        if enc.bitwidth != bits or enc.is_float or enc.enc_type == PER_BLOCK or name in keep:
+            continue
+        _, signed = storage(enc)
+        own = 2**bits - (2 if signed else 1)
+        qtype = {(8, False): QuantType.QUInt8, (8, True): QuantType.QInt8,
+                 (16, False): QuantType.QUInt16, (16, True): QuantType.QInt16}[(bits, signed)]  # fmt: skip
+        np_type = onnx.helper.tensor_dtype_to_np_dtype(qtype.tensor_type)
+        entries = []
+        for scale, offset in zip(enc.scale, enc.offset, strict=True):
+            zp = zero_point_from_offset(offset, bits, signed)
+            entries.append(
+                {
+                    "quant_type": qtype,
+                    "scale": np.array(scale * own / steps, np.float32),
+                    "zero_point": np.array(zp if signed else round(zp * steps / own), np_type),
+                }
+            )
+        if len(entries) > 1:
+            if name not in known:
+                continue
+            for e in entries:
+                e["axis"] = enc.axis
+        out[name] = entries
+    return out
+
+
+def round_biases_to_fp16(model_path: Path) -> str:
+    """``-fbw 16``: every Conv/ConvTranspose/Gemm bias rounded to the nearest fp16 value,
+    kept as float32 (the type the QNN execution provider takes); returns the step's note."""
+    model = onnx.load(str(model_path))
+    inits = {i.name: i for i in model.graph.initializer}
+    rounded = 0
+    for node in model.graph.node:
+        bias = node.input[2] if node.op_type in ("Conv", "ConvTranspose", "Gemm") and len(
+            node.input
+        ) > 2 else ""  # fmt: skip
+        if bias in inits and inits[bias].data_type == onnx.TensorProto.FLOAT:
+            values = onnx.numpy_helper.to_array(inits[bias])
+            inits[bias].CopyFrom(
+                onnx.numpy_helper.from_array(values.astype(np.float16).astype(np.float32), bias)
+            )
+            rounded += 1
+    onnx.save(model, str(model_path))
+    return f"-fbw 16: {rounded} Conv/ConvTranspose/Gemm biases rounded to fp16 values"
 
 
 def load_overrides(quant: QuantOptions, model_path: Path) -> dict | None:

@@ -36,6 +36,7 @@ from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, Q
 from accdbg.core.imports import qnn_quantization
 from accdbg.core.inputs import count_nonfinite
 from accdbg.engines.integrity import check_wiring, own_biases
+from accdbg.engines.source import load_feed
 from accdbg.engines.static_inputs import (
     constant_inputs_to_keep,
     name_unnamed_nodes,
@@ -55,22 +56,18 @@ QUANTIZERS = tuple(ACT_CALIBRATION)
 
 
 class FeedsReader(CalibrationDataReader):
-    """Calibration data: one feed dict per input-list line, loaded lazily."""
+    """Calibration data: one feed per input-list line (:data:`~accdbg.engines.source.Feeds`),
+    loaded lazily, as the engine feeds it (:func:`~accdbg.engines.source.load_feed`)."""
 
-    def __init__(
-        self, feeds: Sequence[dict[str, Path]], dims: dict[str, tuple], dtypes: dict[str, np.dtype]
-    ):
+    def __init__(self, feeds: Sequence[dict[str, tuple]]):
         self.feeds = list(feeds)
-        self.dims, self.dtypes = dims, dtypes
         self._it = iter(self.feeds)
 
     def get_next(self):
         item = next(self._it, None)
         if item is None:
             return None
-        return {
-            n: np.fromfile(p, dtype=self.dtypes[n]).reshape(self.dims[n]) for n, p in item.items()
-        }
+        return load_feed(item)
 
     def rewind(self):
         self._it = iter(self.feeds)
@@ -85,8 +82,8 @@ class FeedsReader(CalibrationDataReader):
     def nonfinite_note(self) -> str:
         """Why calibration may have failed: the first input file holding NaN or Inf."""
         for item in self.feeds:
-            for n, p in item.items():
-                nan, inf, _ = count_nonfinite(p, self.dtypes[n])
+            for p, _, _, stored in item.values():
+                nan, inf, _ = count_nonfinite(p, np.dtype(stored))
                 if nan or inf:
                     return f" (calibration input {str(p)!r} holds {nan} NaN and {inf} Inf value(s))"
         return ""

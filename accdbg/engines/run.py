@@ -25,14 +25,14 @@ import onnx
 import pandas as pd
 
 from accdbg.core import onnx_model as om
-from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.inputs import InputTensor, parse_input_list, requested_outputs
 from accdbg.core.isolate import Isolated
 from accdbg.core.provenance import inputs_record
 from accdbg.core.run_dir import RunDir, check_run_folder, options_dict, write_json_atomic
 from accdbg.core.tensor_store import TensorFolder, TensorRecord, records_table, update_manifest
 from accdbg.engines import artifacts, exposure, partitioning
 from accdbg.engines.base import Engine
-from accdbg.engines.options import OUTPUT_DATA_TYPES, STAGES, EngineConfig
+from accdbg.engines.options import OUTPUT_DATA_TYPES, STAGES, EngineConfig, LayerFilter
 from accdbg.engines.pipeline import Calibration, prepare_model, select_layers
 from accdbg.engines.source import build_feeds
 from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
@@ -109,6 +109,8 @@ class EngineRequest:
     dims: dict
     dtypes: dict
     fw_names: set[str] | None
+    # outputs asked for that --debug_mode_off dumps instead of the graph outputs
+    dumped_instead: tuple[str, ...] = ()
 
     @property
     def calibration(self) -> Calibration:
@@ -124,11 +126,17 @@ def check_inference_engine(
     working_dir: str | Path = "working_directory",
     output_dirname: str | None = None,
     allow_nonfinite_inputs: bool = False,
+    output_tensors: Sequence[str] = (),
     **keywords: object,
 ) -> EngineRequest:
     """Every input of an engine run checked - options, run folder, model, each input file's
-    size and NaN/Inf, ``-qo`` - without writing anything. Options: ``config``, or the API's
-    flat keywords (``runtime='htp', act_bitwidth=16``), or both (keywords win)."""
+    size and NaN/Inf, ``-qo``, the outputs asked for (``-o`` and the list's ``#`` line) -
+    without writing anything. Options: ``config``, or the API's flat keywords
+    (``runtime='htp', act_bitwidth=16``), or both (keywords win).
+
+    Outputs asked for with ``--debug_mode_off`` are what the run dumps, as qnn-net-run writes
+    the outputs an input list's ``#`` line names: the request's config dumps those layer
+    outputs (as QNN produced them) instead of the graph outputs."""
     config = _config(config, keywords)
     stage, precision = config.stage, config.quant.precision
     eng = config.check()
@@ -154,7 +162,27 @@ def check_inference_engine(
             f"{str(model_path)!r} is already quantized (QDQ); run it with --stage converted"
         )
     parsed_list = parse_input_list(input_list) if input_list else None
-    feeds, dims, dtypes = build_feeds(model, parsed_list, input_tensors, allow_nonfinite_inputs)
+    feeds, dims, dtypes = build_feeds(
+        model,
+        parsed_list,
+        input_tensors,
+        allow_nonfinite_inputs,
+        config.inputs.use_native_input_files,
+    )
+    om.check_tensor_names(model, output_tensors, "-o/--output_tensor")
+    requested = requested_outputs(output_tensors, parsed_list)
+    instead = requested if requested and not config.dump.debug and stage != "compiled" else ()
+    if instead:
+        log.info(
+            "--debug_mode_off with outputs named (-o, the input list's '#' line): %s are "
+            "dumped, as QNN produces them, instead of the graph outputs",
+            ", ".join(requested),
+        )
+        config = replace(
+            config,
+            dump=replace(config.dump, debug=True),
+            layers=LayerFilter(add_layer_outputs=requested),
+        )
     fw_path = (
         Path(framework_model_path)
         if framework_model_path
@@ -168,7 +196,7 @@ def check_inference_engine(
         om.check_tensor_names(model, config.layers.skip_layer_outputs, "--skip_layer_outputs")
     else:
         fw_names = set(om.all_tensor_names(om.load_model(fw_path, "--framework_model_path")))
-    return EngineRequest(eng, config, model_path, model, feeds, dims, dtypes, fw_names)
+    return EngineRequest(eng, config, model_path, model, feeds, dims, dtypes, fw_names, instead)
 
 
 def _config(config: EngineConfig | dict | None, keywords: dict) -> EngineConfig:
@@ -203,6 +231,7 @@ def run_inference_engine(
     allow_nonfinite_inputs: bool = False,
     conversion: Conversion | None = None,
     on_ready: Callable[[ModelReady], None] | None = None,
+    output_tensors: Sequence[str] = (),
     **keywords: object,
 ) -> EngineResult:
     """Run the model on the chosen engine and dump its intermediate tensors.
@@ -223,6 +252,7 @@ def run_inference_engine(
         working_dir=working_dir,
         output_dirname=output_dirname,
         allow_nonfinite_inputs=allow_nonfinite_inputs,
+        output_tensors=output_tensors,
         **keywords,
     )
     config = req.config
@@ -270,6 +300,11 @@ def run_inference_engine(
         selected = (
             [] if stage == "compiled" else select_layers(target_model, config.layers, fw_names)
         )
+        _check_dumped_instead(
+            req.dumped_instead,
+            selected,
+            lambda: select_layers(target_model, LayerFilter(), fw_names),
+        )
         if debug and stage != "compiled" and not selected:
             raise AccdbgError(
                 "no layer output left to dump: --add_layer_outputs/--add_layer_types and "
@@ -278,7 +313,7 @@ def run_inference_engine(
             )
         json_dir = run.path / "qnn_json"
         options.json_graph_dir = None if eng.simulation else str(json_dir)
-        if config.backend.profiling_level:
+        if options.profiling_level:  # --profiling_level, or --extra_contextbin_args
             options.profiling_path = str(run.path / "qnn_profiling.csv")
         job = Job(
             engine=eng.name,
@@ -288,7 +323,7 @@ def run_inference_engine(
             feeds=feeds,
             output_root=str(run.path / "output"),
             native_log=str(run.path / "backend_log.txt"),
-            output_data_type=config.dump.output_data_type,
+            output_data_type=config.dump.data_type,
             memory_budget_bytes=int(memory_budget_mb * 2**20),
             meta={
                 "component": "inference_engine",
@@ -296,7 +331,7 @@ def run_inference_engine(
                 "runtime": runtime,
                 "model": target.name,
             },
-            inputs=[inputs_record({n: p for n, (p, _, _) in f.items()}) for f in feeds],
+            inputs=[inputs_record({n: p for n, (p, *_) in f.items()}) for f in feeds],
         )
         mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
         if prepared.float_model is not None and fw_names is not None:
@@ -306,7 +341,7 @@ def run_inference_engine(
                 ModelReady(
                     target,
                     dict(mapping),
-                    [{n: Path(p) for n, (p, _, _) in f.items()} for f in feeds],
+                    [{n: Path(p) for n, (p, *_) in f.items()} for f in feeds],
                 )
             )
         plain, report, diffs = _execute(eng, job, workers)
@@ -385,6 +420,26 @@ def _renamed(
             else "",
         )
     return out
+
+
+def _check_dumped_instead(
+    asked: Sequence[str],
+    selected: list[exposure.Exposed],
+    every_layer: Callable[[], list[exposure.Exposed]],
+) -> None:
+    """Outputs asked for with --debug_mode_off that the quantized model does not produce as
+    a layer output of its own: named, with the reason, rather than dumped silently short."""
+    found = {e.name for e in selected}
+    missing = [n for n in asked if n not in found]
+    if missing:
+        layers = [e.name for e in every_layer()]
+        shown = ", ".join(layers[:8]) + (" ..." if len(layers) > 8 else "")
+        raise AccdbgError(
+            f"{', '.join(missing)}: asked for as output(s) (-o, the input list's '#' line) but "
+            "no layer of the quantized model outputs it as QNN runs it (an op quantized with "
+            "the next, e.g. a Conv with its Relu, or folded by the pre-processing); name a "
+            f"layer output instead: {shown or 'none'}"
+        )
 
 
 def _annotate_manifests(

@@ -44,7 +44,7 @@ class Job:
     exposed: list[Exposed]
     feeds: list[
         dict[str, tuple[str, tuple[int, ...], str]]
-    ]  # per inference: name -> (path, dims, dtype)
+    ]  # per inference: name -> (path, dims, dtype, the file's dtype)
     output_root: str
     native_log: str
     output_data_type: str = "float_only"

@@ -87,7 +87,7 @@ class FrameworkRunner(ABC):
         follow it); by default the order they were given in."""
         return [t.name for t in self.inputs]
 
-    def check_outputs(self, names: Sequence[str]) -> None:  # noqa: B027 - optional hook
+    def check_outputs(self, names: Sequence[str], what: str = "-o/--output_tensor") -> None:  # noqa: B027 - optional hook
         """Raise when a requested output tensor does not exist."""
 
     def deactivate(self) -> None:  # noqa: B027 - optional hook

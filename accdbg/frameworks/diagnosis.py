@@ -25,10 +25,17 @@ from accdbg.core.inputs import InputTensor, inputs_per_line, parse_input_list
 from accdbg.core.isolate import run_isolated
 from accdbg.core.progress import progress
 from accdbg.core.provenance import inputs_record
-from accdbg.core.run_dir import RunDir, check_run_folder, options_dict
+from accdbg.core.run_dir import (
+    RunDir,
+    check_run_folder,
+    options_dict,
+    replaces_finished,
+    taking_over,
+)
 from accdbg.core.tensor_store import TensorWriter, records_table
 from accdbg.errors import AccdbgError
 from accdbg.frameworks.base import RunnerOptions, get_runner_class
+from accdbg.frameworks.formats import check_model_format
 from accdbg.frameworks.versions import check_available
 
 log = logging.getLogger("accdbg.framework_diagnosis")
@@ -55,6 +62,7 @@ def check_model_path(model_path: str | Path, framework: str = "onnx") -> None:
     text = str(model_path)
     path = Path(text).expanduser()
     if path.exists():
+        check_model_format(framework, path)
         get_runner_class(framework).check_path(path)
         return
     file, sep, factory = text.rpartition(":")
@@ -124,7 +132,8 @@ def run_framework_diagnosis(
         input_list=input_list,
     )
     job = _Job(framework, str(model_path), list(inputs), options, list(output_tensors), parsed,
-               int(memory_budget_mb * 2**20), Path(working_dir), output_dirname, record)  # fmt: skip
+               int(memory_budget_mb * 2**20), Path(working_dir), output_dirname, record,
+               replaces_finished(working_dir, output_dirname))  # fmt: skip
     if get_runner_class(framework).isolated(options):
         result = run_isolated(
             _diagnose, job, what=f"running {str(model_path)!r} for its golden tensors",
@@ -150,6 +159,9 @@ class _Job:
     working_dir: Path
     output_dirname: str | None
     record: dict  # the options file's content
+    # the run replaces a dead end-to-end run's part of this name (run_dir.taking_over, which
+    # does not reach a child process by itself)
+    replace: bool = False
 
 
 def _diagnose(job: _Job) -> DiagnosisResult:
@@ -163,6 +175,8 @@ def _diagnose(job: _Job) -> DiagnosisResult:
     runner.activate()
     try:
         runner.check_outputs(job.output_tensors)
+        if job.parsed is not None and job.parsed.output_names:
+            runner.check_outputs(job.parsed.output_names, job.parsed.outputs_where)
         lines = (
             inputs_per_line(job.parsed, inputs, runner.model_input_order())
             if job.parsed is not None
@@ -170,7 +184,8 @@ def _diagnose(job: _Job) -> DiagnosisResult:
         )
         infos = runner.tensors()
         batches = plan_batches(infos, lambda i: i.nbytes, job.budget)
-        with RunDir(job.working_dir, "framework_diagnosis", job.output_dirname) as run:
+        over = taking_over(job.working_dir, job.output_dirname if job.replace else None)
+        with over, RunDir(job.working_dir, "framework_diagnosis", job.output_dirname) as run:
             options.scratch_dir = run.path / ".scratch"
             run.write_options(job.record)
             log.info(

@@ -76,8 +76,8 @@ class OnnxRunner(FrameworkRunner):
     def model_input_order(self) -> list[str]:
         return list(self._order)
 
-    def check_outputs(self, names: Sequence[str]) -> None:
-        om.check_tensor_names(self.model, names, "-o/--output_tensor")
+    def check_outputs(self, names: Sequence[str], what: str = "-o/--output_tensor") -> None:
+        om.check_tensor_names(self.model, names, what)
 
     def infer(self, feeds, outputs):
         key = tuple(outputs)

@@ -163,12 +163,12 @@ class TensorFlowRunner(FrameworkRunner):
     def tensors(self) -> list[LaidOutTensorInfo]:
         return self._tensors
 
-    def check_outputs(self, names: Sequence[str]) -> None:
+    def check_outputs(self, names: Sequence[str], what: str = "-o/--output_tensor") -> None:
         known = [t.name for op in self.graph.get_operations() for t in op.outputs]
         for name in names:
             if match_name(tensor_name(name), known) is None:
                 raise AccdbgError(
-                    f"-o/--output_tensor {name!r} is not a tensor of the model{near(name, known)}"
+                    f"{what} {name!r} is not a tensor of the model{near(name, known)}"
                 )
 
     def infer(self, feeds, outputs):

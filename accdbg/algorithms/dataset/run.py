@@ -172,11 +172,19 @@ def check_dataset(
                 f"--keep_input {line!r}: expected an input-list line number from 1 to {n} "
                 f"({str(input_list)!r} has {n} lines)"
             )
-    feeds, dims, dtypes = build_feeds(model, parsed, input_tensors, allow_nonfinite_inputs)
+    feeds, dims, dtypes = build_feeds(
+        model, parsed, input_tensors, allow_nonfinite_inputs, config.inputs.use_native_input_files
+    )
     get_runner_class(framework)
     tensors = list(input_tensors) or [
-        InputTensor(name, tuple(dims[name]), Path(feeds[0][name][0]), np.dtype(dtypes[name]))
-        for name in feeds[0]
+        InputTensor(
+            name,
+            tuple(dims[name]),
+            Path(path),
+            np.dtype(dtypes[name]),
+            None if stored == dtype else np.dtype(stored),
+        )
+        for name, (path, _, dtype, stored) in feeds[0].items()
     ]
     return _Request(config, path, model, Calibration(feeds, dims, dtypes), tensors, n)
 
@@ -495,7 +503,7 @@ def _worst_first(state: _State) -> list[str]:
 
 
 def _files(feed: dict) -> str:
-    return ", ".join(str(p) for p, _, _ in feed.values())
+    return ", ".join(str(p) for p, *_ in feed.values())
 
 
 def _finish(

@@ -260,7 +260,7 @@ class DatasetWorker:
         """The input's golden and QNN tensors, in framework diagnosis' and the engine's
         ``Result_N`` format, so verification and tensor inspection run on them as they are."""
         key = item["key"]
-        files = {n: p for n, (p, _, _) in item["feed"].items()}
+        files = {n: p for n, (p, *_) in item["feed"].items()}
         meta = {"component": "dataset", "result": item["index"], "inputs": inputs_record(files)}
         gw = TensorWriter(self.root / GOLDEN_DIR / key, meta=meta)
         layout = getattr(self.runner, "layout", None)

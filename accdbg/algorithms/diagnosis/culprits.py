@@ -191,12 +191,23 @@ class Prefetch:
         golden_name: Mapping[str, str],
         feeds: Mapping[str, np.ndarray],
         more_feeds: Iterable[Mapping[str, np.ndarray]],
+        start: bool = True,
     ):
         self._done: _BeforeBackend | None = None
         args = (qdq_model, golden, golden_name, feeds, prepared_model(qdq_model), more_feeds)
         self.seconds = math.nan
         # on the cores QNN leaves idle, never slowing it
         self._thread = IdleThread(lambda: self._run(*args), "accdbg-ranking-prefetch")
+        self._start_asked = False
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the work. A caller that must close it whatever happens (a stop signal can
+        land between any two steps) makes it with ``start=False``, arranges :meth:`close`,
+        then starts it: a thread left running in onnxruntime while the process ends would
+        abort it (``terminate called without an active exception``)."""
+        self._start_asked = True
         self._thread.start()
 
     def _run(self, *args) -> None:
@@ -227,7 +238,13 @@ class Prefetch:
         in a CPU run while the process ends - onnxruntime torn down under it would crash a run
         that succeeded; one session or run at most, which a starved thread ends slowly)."""
         self._thread.ask_to_stop()
-        self._thread.join()
+        if self._start_asked:  # started, or being started when a signal stopped start()
+            for _ in range(1000):
+                try:
+                    self._thread.join()
+                    break
+                except RuntimeError:  # created, not yet marked started
+                    time.sleep(0.001)
         self._done = None
 
 
@@ -248,8 +265,12 @@ def find_culprits(
     simulated: bool = False,
     alone: Callable[[str], np.ndarray | None] | None = None,
     in_context: Rerun | None = None,
+    verdict_outputs: Sequence[str] = (),
 ) -> Ranking:
     """Evidence for every layer, output sensitivity for the standouts, one verdict.
+
+    ``verdict_outputs``: the outputs the verdict judges (those a run was asked for: ``-o``,
+    an input list's ``#`` line), instead of the graph's.
 
     ``full_run``: the table's output rows are the model's outputs as deployed (oneshot), so
     their verdict is stated; a snooping table's are not (golden inputs upstream). ``target``:
@@ -308,7 +329,11 @@ def find_culprits(
         impact=before.impact,
         observed_nsr=observed_nsr(table, name_col, verifiers),
         local_observed=local_observed,
-        outputs=output_verdicts(table, name_col, verifiers, outputs) if full_run else (),
+        outputs=(
+            output_verdicts(table, name_col, verifiers, list(verdict_outputs) or outputs)
+            if full_run
+            else ()
+        ),
         divergence=div,
         kernel_share=kernels,
         kernels_added=(

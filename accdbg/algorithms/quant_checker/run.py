@@ -86,7 +86,7 @@ def _random_feeds(model: onnx.ModelProto, work: Path, seed: int):
         arr = rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt)
         path = work / f"random_{len(feeds)}.raw"
         arr.tofile(path)
-        feeds[vi.name] = (str(path), tuple(shape), dt.name)
+        feeds[vi.name] = (str(path), tuple(shape), dt.name, dt.name)
         dims[vi.name], dtypes[vi.name] = tuple(shape), dt
     return [feeds], dims, dtypes
 
@@ -174,9 +174,7 @@ def run_quant_checker(
         "model_path": str(model_path),
         "framework": framework,
         "input_list": str(input_list) if input_list is not None else None,
-        "input_tensor": [
-            [t.name, ",".join(map(str, t.dims)), str(t.path), t.dtype.name] for t in input_tensors
-        ],
+        "input_tensor": [t.record() for t in input_tensors],
         "quantizers": [v.quantizer for v in variants],
         "per_channel_variants": per_channel_variants,
         "act_bitwidth": act_bitwidth,
@@ -331,7 +329,10 @@ def _run(
         tensors = [c for c in tensors if c.kind == collect.WEIGHT]
     collect.check_params(prepared, tensors)
     lines = [
-        [InputTensor(n, tuple(d), Path(p), np.dtype(t)) for n, (p, d, t) in f.items()]
+        [
+            InputTensor(n, tuple(d), Path(p), np.dtype(t), None if st == t else np.dtype(st))
+            for n, (p, d, t, st) in f.items()
+        ]
         for f in feeds
     ]
     runs = collect.check_activations(

@@ -16,7 +16,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import tempfile
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -32,10 +31,9 @@ from accdbg.core.executors.base import (
     WorkerSpec,
     register_executor,
 )
-from accdbg.core.folder_lock import FolderLock
 from accdbg.core.isolate import (
-    JOB_PREFIX,
     MAX_NATIVE_LINES,
+    JobFolder,
     _sweep_dead_jobs,
     child_env,
     exit_description,
@@ -141,16 +139,14 @@ class LocalExecutor(Executor):
         self._spec: WorkerSpec | None = None
         self._procs: list[_Process] = []
         self._started = 0
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        self._owner: FolderLock | None = None
+        self._tmp: JobFolder | None = None
         # a forgotten executor (a notebook) still stops its processes
         self._finalizer = weakref.finalize(self, _kill_all, self._procs)
 
     def _start(self, spec: WorkerSpec) -> _Process:
         if self._tmp is None:  # the processes' output files; also after a close()
-            self._tmp = tempfile.TemporaryDirectory(prefix=JOB_PREFIX)
             # held while this process lives: the folder of a killed parent is swept later
-            self._owner = FolderLock.take(Path(self._tmp.name), create=True)
+            self._tmp = JobFolder()
             _sweep_dead_jobs()
         folder = Path(self._tmp.name)
         proc = _Process(spec, f"worker-{self._started}", folder)
@@ -256,6 +252,3 @@ class LocalExecutor(Executor):
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
-        if self._owner is not None:
-            self._owner.release()
-            self._owner = None

@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 
 from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.progress import Progress, stage
 from accdbg.encodings.defects import MASK, Defect, defects_path, find_defects, write_defects
 from accdbg.engines import exposure
 from accdbg.engines.integrity import check_runs_on_cpu
@@ -136,7 +137,8 @@ def prepare_float(
     work = work_dir or out_dir / ".prepare"
     work.mkdir(parents=True, exist_ok=True)
     try:
-        prepared, steps = prepare_float_model(model, calibration.dims, work)
+        with stage("pre-processing", line=False):  # its steps are logged by the caller
+            prepared, steps = prepare_float_model(model, calibration.dims, work)
         target = out_dir / f"{stem}.prepared.onnx"
         shutil.copyfile(prepared, target)
     finally:
@@ -223,24 +225,33 @@ def _quantize(
 ) -> onnx.ModelProto:
     """One quantization of ``float_path`` into ``target``, legalized for QNN HTP (its edits
     added to ``notes``); returns the QDQ model written."""
-    quantize_for_qnn(
-        float_path,
-        target,
-        FeedsReader(
-            [{n: Path(p) for n, (p, _, _) in f.items()} for f in calibration.feeds],
-            calibration.dims,
-            calibration.dtypes,
-        ),
-        quant.act_bitwidth,
-        quant.weights_bitwidth,
-        quant.bias_bitwidth,
-        quant.act_quantizer,
-        quant.param_quantizer,
-        quant.per_channel,
-        overrides or None,
-        notes=notes,
-        keep_activations=quant.keep_activations,
+    reader = FeedsReader(
+        [{n: Path(p) for n, (p, _, _) in f.items()} for f in calibration.feeds],
+        calibration.dims,
+        calibration.dtypes,
     )
+    # counted as the calibrator reads the inputs; its line is the step "quantized ... in"
+    with Progress(
+        f"quantization ({target.name.split('.')[0]})",
+        len(calibration.feeds),
+        "calibration inputs",
+        line=False,
+        count=lambda: reader.served,
+    ):
+        quantize_for_qnn(
+            float_path,
+            target,
+            reader,
+            quant.act_bitwidth,
+            quant.weights_bitwidth,
+            quant.bias_bitwidth,
+            quant.act_quantizer,
+            quant.param_quantizer,
+            quant.per_channel,
+            overrides or None,
+            notes=notes,
+            keep_activations=quant.keep_activations,
+        )
     qdq = onnx.load(str(target), load_external_data=False)
     steps = legalize(qdq)
     if steps:

@@ -63,17 +63,20 @@ class FeedsReader(CalibrationDataReader):
         self.feeds = list(feeds)
         self.dims, self.dtypes = dims, dtypes
         self._it = iter(self.feeds)
+        self.served = 0  # inputs handed out since the last rewind: the calibration's progress
 
     def get_next(self):
         item = next(self._it, None)
         if item is None:
             return None
+        self.served += 1
         return {
             n: np.fromfile(p, dtype=self.dtypes[n]).reshape(self.dims[n]) for n, p in item.items()
         }
 
     def rewind(self):
         self._it = iter(self.feeds)
+        self.served = 0
 
     def __len__(self) -> int:
         return len(self.feeds)

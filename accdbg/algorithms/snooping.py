@@ -37,6 +37,7 @@ from accdbg.algorithms.statuses import ERRORS, MEANING, SKIP
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.progress import Progress
 from accdbg.core.run_dir import (
     FINISHED,
     check_run_folder,
@@ -649,8 +650,18 @@ def snoop(
             len(skipped),
         )
         if todo and not journal.of_kind("done"):
+            # counted as the loop journals rows; its lines (per batch or step) say the rest
+            wanted = [layer.position for layer in todo]  # read by the ticker thread: no dict walk
+            bar = Progress(
+                algorithm,
+                len(todo),
+                "layers",
+                line=False,
+                count=lambda: sum(1 for p in wanted if p in ctx.rows),
+            )
             try:
-                loop(ctx)
+                with bar:
+                    loop(ctx)
             finally:  # the worker processes stop with the loop, however it ended
                 backend.close()
         if not journal.of_kind("done"):

@@ -80,15 +80,13 @@ class Progress:
         *,
         line: bool = True,
         count: Callable[[], int] | None = None,
-        force: str | None = None,
     ):
         self.desc, self.total, self.unit, self.line = desc, total, unit, line
         self.n = 0
         self._count = count
         self._base = count() if count is not None else 0
         self._start = time.perf_counter()
-        self._mode = force or mode()
-        self._note = ""
+        self._mode = mode()
         self._bar: tqdm | None = None
         self._closed = False
         self._sent = 0.0  # when the last count event went out (events mode)
@@ -117,7 +115,6 @@ class Progress:
 
     def note(self, text: str) -> None:
         """What the stage is doing now (``graph finalize``), shown after the counts."""
-        self._note = text
         if self._bar is not None:
             self._bar.set_postfix_str(text, refresh=False)
         elif self._mode == "events":

@@ -210,7 +210,8 @@ def quantize_prepared(
             f"float (fp16 on HTP; no backend takes such a scale): {', '.join(fatal[:3])}"
             + (" and more" if len(fatal) > 3 else "")
         )
-    check_runs_on_cpu(target, _first_feed(calibration))
+    with stage("QDQ model: a CPU run", line=False):  # a big model's session takes seconds
+        check_runs_on_cpu(target, _first_feed(calibration))
     write_defects(defects_path(target), defects)  # beside the model: who reads it
     return PreparedModel(target, "source", kept, prepared, defects)
 

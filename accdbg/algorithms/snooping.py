@@ -415,6 +415,17 @@ def set_up(req: Request, run_path: Path, journal: Journal, working_dir) -> tuple
     return golden, qdq
 
 
+def _layers_bar(algorithm: str, todo: list[Layer], ctx: Context) -> Progress:
+    """The loop's bar, counted as it journals rows (read by the ticker thread: a walk of the
+    list, not of the dict the loop fills); its own lines, per batch or step, say the rest."""
+    wanted = [layer.position for layer in todo]
+
+    def count() -> int:
+        return sum(1 for p in wanted if p in ctx.rows)
+
+    return Progress(algorithm, len(todo), "layers", line=False, count=count)
+
+
 @dataclass
 class Context:
     """Everything an algorithm's loop needs; ``rows`` holds finished rows by position."""
@@ -650,17 +661,8 @@ def snoop(
             len(skipped),
         )
         if todo and not journal.of_kind("done"):
-            # counted as the loop journals rows; its lines (per batch or step) say the rest
-            wanted = [layer.position for layer in todo]  # read by the ticker thread: no dict walk
-            bar = Progress(
-                algorithm,
-                len(todo),
-                "layers",
-                line=False,
-                count=lambda: sum(1 for p in wanted if p in ctx.rows),
-            )
             try:
-                with bar:
+                with _layers_bar(algorithm, todo, ctx):
                     loop(ctx)
             finally:  # the worker processes stop with the loop, however it ended
                 backend.close()

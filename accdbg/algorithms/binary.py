@@ -44,6 +44,7 @@ from accdbg.algorithms.snooping import OPTION_KEYS, SnoopArgs, check_request, se
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor
+from accdbg.core.progress import progress
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.core.shares import share_words
 from accdbg.errors import AccdbgError
@@ -231,7 +232,10 @@ class _Search:
                 yield PartRun((sg, notes, names), part, self._feeds(), names, label)
 
         if todo:
-            for (sg, notes, names), report, values in self.backend.run_many(runs()):
+            # each model logs its line as it is scored
+            models = self.backend.run_many(runs())
+            scored = progress(models, "binary snooping", len(todo), "models", line=False)
+            for (sg, notes, names), report, values in scored:
                 rec: dict[str, Any] = {
                     "kind": "subgraph",
                     "key": sg.key,

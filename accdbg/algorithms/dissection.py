@@ -42,6 +42,7 @@ from accdbg.algorithms.judging import Judge, finalize_row, judge_layer, restore_
 from accdbg.algorithms.snooping import find_layer, one_input_golden
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.inputs import InputTensor, parse_input_tensor
+from accdbg.core.progress import Progress
 from accdbg.core.shares import share_words
 from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.options import EngineConfig
@@ -300,17 +301,16 @@ def run_dissection(
         for it in iterations:
             if it.number in done:
                 it.row = restore_row(done[it.number]["row"], judge.labels)
+        todo = [it for it in iterations if not it.row]
+        bar = Progress(
+            "model dissection",
+            len(todo),
+            "iterations",
+            count=lambda: sum(1 for it in todo if it.row),  # _score judges them all at once
+        )
         try:
-            _score(
-                [it for it in iterations if not it.row],
-                qdq,
-                problem,
-                golden,
-                judge,
-                backend,
-                journal,
-                run.path,
-            )
+            with bar:
+                _score(todo, qdq, problem, golden, judge, backend, journal, run.path)
         finally:  # its worker process stops with the scoring, however it ended
             backend.close()
         kept = _auto_stop(iterations, judge, auto_stop_iterations)

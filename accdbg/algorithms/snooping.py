@@ -37,6 +37,7 @@ from accdbg.algorithms.statuses import ERRORS, MEANING, SKIP
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.progress import Progress
 from accdbg.core.run_dir import (
     FINISHED,
     check_run_folder,
@@ -413,6 +414,17 @@ def set_up(req: Request, run_path: Path, journal: Journal, working_dir) -> tuple
     return golden, qdq
 
 
+def _layers_bar(algorithm: str, todo: list[Layer], ctx: Context) -> Progress:
+    """The loop's bar, counted as it journals rows (read by the ticker thread: a walk of the
+    list, not of the dict the loop fills); its own lines, per batch or step, say the rest."""
+    wanted = [layer.position for layer in todo]
+
+    def count() -> int:
+        return sum(1 for p in wanted if p in ctx.rows)
+
+    return Progress(algorithm, len(todo), "layers", line=False, count=count)
+
+
 @dataclass
 class Context:
     """Everything an algorithm's loop needs; ``rows`` holds finished rows by position."""
@@ -649,7 +661,8 @@ def snoop(
         )
         if todo and not journal.of_kind("done"):
             try:
-                loop(ctx)
+                with _layers_bar(algorithm, todo, ctx):
+                    loop(ctx)
             finally:  # the worker processes stop with the loop, however it ended
                 backend.close()
         if not journal.of_kind("done"):

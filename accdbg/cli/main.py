@@ -24,6 +24,7 @@ import yaml
 
 from accdbg.cli.args import Parser
 from accdbg.core import run_dir
+from accdbg.core.progress import paused
 from accdbg.errors import (
     AccdbgError,
     Interrupted,
@@ -58,7 +59,8 @@ def standalone_deep_analyzer(argv: Sequence[str]) -> bool:
 
 
 class StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is now (pytest and notebooks swap it)."""
+    """Writes to whatever ``sys.stderr`` is now (pytest and notebooks swap it), above the
+    progress bars drawn there (cleared for the line, then drawn again)."""
 
     @property  # type: ignore[override]
     def stream(self):
@@ -67,6 +69,10 @@ class StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:
         pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with paused(sys.stderr):
+            super().emit(record)
 
 
 # loggers whose records go to the run's log.txt but reach the console only with -v

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from accdbg.core import progress
 from accdbg.core.folder_lock import LOCK_NAME, FolderLock, holder
 from accdbg.core.run_dir import write_bytes_atomic
 from accdbg.errors import AccdbgError
@@ -86,8 +87,12 @@ def source_tree() -> Path | None:
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment (the parent's, or ``base``) of a child Python that imports this very
-    ``accdbg``: the source tree first on PYTHONPATH when there is one."""
+    ``accdbg``: the source tree first on PYTHONPATH when there is one. A child draws no bar
+    (its output goes to a file): it relays its stages only where given a channel
+    (:class:`Isolated`)."""
     env = dict(os.environ if base is None else base)
+    env.pop(progress.MODE_ENV, None)
+    env.pop(progress.EVENTS_ENV, None)
     tree = source_tree()
     if tree is not None:
         rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(tree)]
@@ -140,6 +145,8 @@ class Isolated:
     ``Isolated(fn, *args)`` starts the work at once. :meth:`prestart` starts a child that
     first runs ``warm`` (``"module"`` or ``"module:function"``: imports and set-up) and then
     waits for :meth:`submit`, so its start-up overlaps whatever the parent does meanwhile.
+    The child's progress bars are shown here (:class:`~accdbg.core.progress.Relay`); with
+    ``shown``, ``what`` is a spinner while it has work and no bar of its own.
     """
 
     def __init__(
@@ -150,6 +157,7 @@ class Isolated:
         log_hint: str = "",
         warm: str = "",
         who: str = "the QNN backend",
+        shown: bool = True,
     ):
         self.what, self.log_hint, self.who = what, log_hint, who
         # held while this parent lives: a job folder whose holder died is swept by later runs
@@ -159,9 +167,13 @@ class Isolated:
         self._result = Path(self._tmp.name) / "result.pkl"
         self._output = Path(self._tmp.name) / "output.txt"
         self._submitted = False
+        # the child's stages (QNN session, runs per input) shown here while it runs
+        events = Path(self._tmp.name) / "progress.jsonl"
+        self._relay = progress.Relay(events, what if shown else None)
         if fn is not None:
             self.submit(fn, *args)
         env = child_env()
+        env[progress.EVENTS_ENV] = str(events)
         cmd = [
             sys.executable,
             "-W",
@@ -173,17 +185,26 @@ class Isolated:
             warm,
             str(os.getpid()),
         ]
-        with open(self._output, "wb") as out:
-            self._proc = subprocess.Popen(
-                cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-            )
+        try:
+            with open(self._output, "wb") as out:
+                self._proc = subprocess.Popen(
+                    cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+                )
+        except BaseException:
+            self._relay.stop()
+            raise
 
     @classmethod
     def prestart(
-        cls, warm: str, what: str, log_hint: str = "", who: str = "the QNN backend"
+        cls,
+        warm: str,
+        what: str,
+        log_hint: str = "",
+        who: str = "the QNN backend",
+        shown: bool = True,
     ) -> Isolated:
         """A child that runs ``warm`` now and its work once :meth:`submit` gives it."""
-        return cls(None, what=what, log_hint=log_hint, warm=warm, who=who)
+        return cls(None, what=what, log_hint=log_hint, warm=warm, who=who, shown=shown)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Isolated:
         """Give the child its work: ``fn`` must be a module-level function, args picklable."""
@@ -191,6 +212,7 @@ class Isolated:
             raise RuntimeError(f"this child already has its work ({self.what})")
         write_bytes_atomic(self._job, pickle.dumps((fn.__module__, fn.__qualname__, args)))
         self._submitted = True
+        self._relay.working()
         return self
 
     @property
@@ -204,6 +226,7 @@ class Isolated:
         self._cleanup()
 
     def _cleanup(self) -> None:
+        self._relay.stop()
         self._log_output()
         self._tmp.cleanup()
 

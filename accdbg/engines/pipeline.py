@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 
 from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.progress import Progress, stage
 from accdbg.encodings.defects import MASK, Defect, defects_path, find_defects, write_defects
 from accdbg.engines import exposure
 from accdbg.engines.integrity import check_runs_on_cpu
@@ -138,7 +139,8 @@ def prepare_float(
     work = work_dir or out_dir / ".prepare"
     work.mkdir(parents=True, exist_ok=True)
     try:
-        prepared, steps = prepare_float_model(model, calibration.dims, work)
+        with stage("pre-processing", line=False):  # its steps are logged by the caller
+            prepared, steps = prepare_float_model(model, calibration.dims, work)
         target = out_dir / f"{stem}.prepared.onnx"
         shutil.copyfile(prepared, target)
     finally:
@@ -211,7 +213,8 @@ def quantize_prepared(
             f"float (fp16 on HTP; no backend takes such a scale): {', '.join(fatal[:3])}"
             + (" and more" if len(fatal) > 3 else "")
         )
-    check_runs_on_cpu(target, _first_feed(calibration))
+    with stage("QDQ model: a CPU run", line=False):  # a big model's session takes seconds
+        check_runs_on_cpu(target, _first_feed(calibration))
     write_defects(defects_path(target), defects)  # beside the model: who reads it
     return PreparedModel(target, "source", kept, prepared, defects)
 
@@ -228,20 +231,29 @@ def _quantize(
     added to ``notes``); returns the QDQ model written."""
 
     def run_quantizer(fixed: dict, said: list[str]) -> None:
-        quantize_for_qnn(
-            float_path,
-            target,
-            FeedsReader(calibration.feeds),
-            quant.act_bitwidth,
-            quant.weights_bitwidth,
-            quant.bias_bitwidth,
-            quant.act_quantizer,
-            quant.param_quantizer,
-            quant.per_channel,
-            fixed or None,
-            notes=said,
-            keep_activations=quant.keep_activations,
-        )
+        reader = FeedsReader(calibration.feeds)
+        # counted as the calibrator reads the inputs; its line is the step "quantized ... in"
+        with Progress(
+            f"quantization ({target.name.split('.')[0]})",
+            len(calibration.feeds),
+            "calibration inputs",
+            line=False,
+            count=lambda: reader.served,
+        ):
+            quantize_for_qnn(
+                float_path,
+                target,
+                reader,
+                quant.act_bitwidth,
+                quant.weights_bitwidth,
+                quant.bias_bitwidth,
+                quant.act_quantizer,
+                quant.param_quantizer,
+                quant.per_channel,
+                fixed or None,
+                notes=said,
+                keep_activations=quant.keep_activations,
+            )
 
     if quant.restricts_steps:  # onnxruntime's ranges first, then the restricted steps
         run_quantizer(overrides, [])

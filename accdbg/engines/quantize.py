@@ -62,15 +62,18 @@ class FeedsReader(CalibrationDataReader):
     def __init__(self, feeds: Sequence[dict[str, tuple]]):
         self.feeds = list(feeds)
         self._it = iter(self.feeds)
+        self.served = 0  # inputs handed out since the last rewind: the calibration's progress
 
     def get_next(self):
         item = next(self._it, None)
         if item is None:
             return None
+        self.served += 1
         return load_feed(item)
 
     def rewind(self):
         self._it = iter(self.feeds)
+        self.served = 0
 
     def __len__(self) -> int:
         return len(self.feeds)

@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 from accdbg.core import onnx_model as om
 from accdbg.core.batching import plan_batches
+from accdbg.core.progress import Progress
 from accdbg.core.tensor_store import TensorWriter
 from accdbg.engines.base import EngineOptions, get_engine
 from accdbg.engines.exposure import Exposed
@@ -169,20 +170,26 @@ def plain_job(job: Job, write_outputs: bool) -> JobReport:
     report = JobReport()
     model = onnx.load(job.model_path, load_external_data=False)
     outputs = [o.name for o in model.graph.output]
-    sess = checked_session(
-        job, job.model_path, job.options, "session creation", report, COMPILES_ALONE
-    )
-    scratch = Path(job.output_root) / ".scratch"
-    for i, feed in enumerate(job.feeds):
-        values = checked_run(sess, outputs, feed, job, report)
-        report.finals.append(_save_finals(scratch / f"plain_{i}.npz", values))
-        if write_outputs:
-            w = TensorWriter(Path(job.output_root) / f"Result_{i}", meta=job.result_meta(i))
-            for j, (name, arr) in enumerate(values.items()):
-                w.write(name, arr, index=j, op_type="output")
-                report.shapes[name] = list(arr.shape)
-            w.save_manifest()
-            report.results.append(str(w.root))
+    # in a child process the bar is shown by the parent (core/progress.Relay); the engine
+    # logs its own line at the end
+    with Progress("QNN graph", len(job.feeds), "inputs", line=False) as bar:
+        bar.note("session creation")
+        sess = checked_session(
+            job, job.model_path, job.options, "session creation", report, COMPILES_ALONE
+        )
+        bar.note("")
+        scratch = Path(job.output_root) / ".scratch"
+        for i, feed in enumerate(job.feeds):
+            values = checked_run(sess, outputs, feed, job, report)
+            report.finals.append(_save_finals(scratch / f"plain_{i}.npz", values))
+            if write_outputs:
+                w = TensorWriter(Path(job.output_root) / f"Result_{i}", meta=job.result_meta(i))
+                for j, (name, arr) in enumerate(values.items()):
+                    w.write(name, arr, index=j, op_type="output")
+                    report.shapes[name] = list(arr.shape)
+                w.save_manifest()
+                report.results.append(str(w.root))
+            bar.update()
     return report
 
 
@@ -215,26 +222,31 @@ def debug_job(job: Job) -> JobReport:
     )
     options = replace(job.options, json_graph_dir=None, profiling_level=None)
     finals: list[dict[str, np.ndarray]] = [{} for _ in job.feeds]
-    for batch in batches:
-        names = list(dict.fromkeys([*outputs, *(e.graph_tensor for e in batch)]))
-        exposed_model = om.serialize(om.with_outputs(model, names), out_root / ".scratch")
-        sess = checked_session(job, exposed_model, options, "debug session creation", report)
-        for i, feed in enumerate(job.feeds):
-            values = checked_run(sess, names, feed, job, report)
-            finals[i] = {n: values[n] for n in outputs}
-            for e in batch:
-                raw = values[e.graph_tensor]
-                arr = e.dequantize(raw) if store is not None else e.native(raw)
-                writers[i].write(
-                    e.name, arr, node=e.node, op_type=e.op_type, index=e.index, **e.encoding()
-                )
-                if natives is not None:
-                    natives[i].write(
-                        e.name, e.native(raw), node=e.node, op_type=e.op_type, index=e.index
+    runs = len(batches) * len(job.feeds)
+    with Progress("QNN debug graph", runs, "runs", line=False) as bar:
+        for k, batch in enumerate(batches):
+            names = list(dict.fromkeys([*outputs, *(e.graph_tensor for e in batch)]))
+            exposed_model = om.serialize(om.with_outputs(model, names), out_root / ".scratch")
+            bar.note("session creation" + (f" {k + 1}/{len(batches)}" if len(batches) > 1 else ""))
+            sess = checked_session(job, exposed_model, options, "debug session creation", report)
+            bar.note("")
+            for i, feed in enumerate(job.feeds):
+                values = checked_run(sess, names, feed, job, report)
+                finals[i] = {n: values[n] for n in outputs}
+                for e in batch:
+                    raw = values[e.graph_tensor]
+                    arr = e.dequantize(raw) if store is not None else e.native(raw)
+                    writers[i].write(
+                        e.name, arr, node=e.node, op_type=e.op_type, index=e.index, **e.encoding()
                     )
-                report.shapes[e.name] = list(raw.shape)
-            del values
-        del sess
+                    if natives is not None:
+                        natives[i].write(
+                            e.name, e.native(raw), node=e.node, op_type=e.op_type, index=e.index
+                        )
+                    report.shapes[e.name] = list(raw.shape)
+                del values
+                bar.update()
+            del sess
     for w in writers + (natives or []):
         w.save_manifest()
     report.finals = [

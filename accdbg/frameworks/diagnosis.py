@@ -23,7 +23,7 @@ import pandas as pd
 from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor, inputs_per_line, parse_input_list
 from accdbg.core.isolate import run_isolated
-from accdbg.core.progress import progress
+from accdbg.core.progress import Progress, stage
 from accdbg.core.provenance import inputs_record
 from accdbg.core.run_dir import (
     RunDir,
@@ -172,7 +172,8 @@ def _diagnose(job: _Job) -> DiagnosisResult:
     runner = get_runner_class(job.framework)(
         Path(model_path).expanduser().absolute(), inputs, options
     )
-    runner.activate()
+    with stage(f"framework diagnosis: loading the model in {job.framework}", line=False):
+        runner.activate()  # a big framework's import and model load: many seconds
     try:
         runner.check_outputs(job.output_tensors)
         if job.parsed is not None and job.parsed.output_names:
@@ -211,21 +212,27 @@ def _diagnose(job: _Job) -> DiagnosisResult:
                 )
                 for i, line in enumerate(lines)
             ]
-            for batch in progress(batches, "framework diagnosis", total=len(batches)):
-                for line, writer in zip(lines, writers, strict=True):
-                    values = runner.infer({t.name: t.load() for t in line}, [i.name for i in batch])
-                    for info in batch:
-                        arr = values.pop(info.name)
-                        writer.write(
-                            info.name,
-                            arr,
-                            node=info.node,
-                            op_type=info.op_type,
-                            index=info.index,
-                            layout=getattr(info, "layout", runner.layout),
-                            **getattr(info, "extra", {}),
+            # one run per batch and input; the stage's line is "wrote N tensors" below
+            runs = len(batches) * len(lines)
+            with Progress("framework diagnosis", runs, "runs", line=False) as bar:
+                for batch in batches:
+                    for line, writer in zip(lines, writers, strict=True):
+                        values = runner.infer(
+                            {t.name: t.load() for t in line}, [i.name for i in batch]
                         )
-                    del values
+                        for info in batch:
+                            arr = values.pop(info.name)
+                            writer.write(
+                                info.name,
+                                arr,
+                                node=info.node,
+                                op_type=info.op_type,
+                                index=info.index,
+                                layout=getattr(info, "layout", runner.layout),
+                                **getattr(info, "extra", {}),
+                            )
+                        del values
+                        bar.update()
             for writer in writers:
                 writer.save_manifest()
             _cleanup(options.scratch_dir)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from accdbg.core.progress import progress
+from accdbg.core.progress import Progress, progress
 from accdbg.core.run_dir import RunDir, options_dict, write_json_atomic
 from accdbg.core.tensor_store import MANIFEST_NAME, TensorFolder, TensorRecord, safe_relpath
 from accdbg.errors import AccdbgError
@@ -462,11 +462,22 @@ def _claim(claims: Path | None, job: Job) -> bool:
     return True
 
 
+def _claimed(claims: Path) -> int:
+    """How many tensors the processes sharing ``claims`` have started."""
+    try:
+        return len(os.listdir(claims))
+    except OSError:  # removed with the pool
+        return 0
+
+
 def _run_shard(
     settings: Settings, jobs: list[Job], claims: Path | None = None, show_progress: bool = False
 ) -> list[Outcome]:
-    """Inspect the jobs this process claims (all of them without ``claims``)."""
-    items = progress(jobs, "tensor inspection", total=len(jobs)) if show_progress else jobs
+    """Inspect the jobs this process claims (all of them without ``claims``); the run's
+    "tensor inspection: N tensors in S s" line ends the stage."""
+    items = (
+        progress(jobs, "tensor inspection", unit="tensors", line=False) if show_progress else jobs
+    )
     return [inspect_tensor(settings, job) for job in items if _claim(claims, job)]
 
 
@@ -488,8 +499,11 @@ class Workers:
         self.folder = Path(self._tmp.name)
         (self.folder / "claims").mkdir()
         self._children = [
-            Isolated.prestart(
-                f"{__name__}:_plotter", what="inspecting tensors", who="an inspection worker"
+            Isolated.prestart(  # not shown: the parent's bar counts every process's tensors
+                f"{__name__}:_plotter",
+                what="inspecting tensors",
+                who="an inspection worker",
+                shown=False,
             )
             for _ in range(count)
         ]
@@ -521,19 +535,25 @@ class Workers:
         self._used = True
         by_size = sorted(jobs, key=lambda j: -j.size)
         started = time.perf_counter()
+        claims = self.folder / "claims"
         for child in self._children:
-            child.submit(_run_shard, settings, by_size, self.folder / "claims")
-        try:
-            outcomes = _run_shard(settings, by_size, self.folder / "claims", show_progress=True)
-        except BaseException:
-            self.close()
-            raise
-        mine = len(outcomes)
-        for child in self._children:
+            child.submit(_run_shard, settings, by_size, claims)
+        # every process claims a tensor as it starts it: the claims are the count
+        bar = Progress(
+            "tensor inspection", len(jobs), "tensors", line=False, count=lambda: _claimed(claims)
+        )
+        with bar:
             try:
-                outcomes += child.result()
-            except (AccdbgError, RuntimeError) as exc:
-                log.warning("a tensor inspection worker process failed: %s", exc)
+                outcomes = _run_shard(settings, by_size, claims)
+            except BaseException:
+                self.close()
+                raise
+            mine = len(outcomes)
+            for child in self._children:
+                try:
+                    outcomes += child.result()
+                except (AccdbgError, RuntimeError) as exc:
+                    log.warning("a tensor inspection worker process failed: %s", exc)
         log.debug(
             "%d of %d tensors inspected in this process, the rest in %d workers; %.1f s",
             mine,

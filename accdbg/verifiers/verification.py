@@ -431,7 +431,8 @@ def _verify_rows(golden, target, plan, pairs, by_name, writer, everywhere, singl
     rows: list[dict[str, Any]] = []
     passed: dict[str, list[bool | None]] = {label: [] for label in labels}
     row_of: dict[str, int] = {}
-    for g_name, t_name in progress(pairs, "verification", total=len(pairs)):
+    # the run's line ("verification: N rows, M inputs in S s") ends the stage
+    for g_name, t_name in progress(pairs, "verification", len(pairs), "tensors", line=False):
         extra = [cv for n in dict.fromkeys((g_name, t_name)) if n for cv in single.get(n, [])]
         row, results = _verify_pair(golden, target, g_name, t_name, everywhere + extra, plan)
         for label in labels:
@@ -676,7 +677,10 @@ def run_verification(
             write_tensor_mapping(run.path / MAPPING_FILE, mapping)
         per_input: dict[str, pd.DataFrame] = {}
         several = len(folders) > 1
-        for key, (g_folder, t_folder) in folders.items():
+        each = folders.items()
+        if several:  # one bar over the inputs, one over each input's tensors
+            each = progress(each, "verification: inputs", len(folders), "inputs", line=False)
+        for key, (g_folder, t_folder) in each:
             out = run.path / key if several else run.path
             title = f"Verification {key}" if several else "Verification"
             df, _, page = verify_input(g_folder, t_folder, plan, out, title)

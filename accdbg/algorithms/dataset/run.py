@@ -44,6 +44,7 @@ from accdbg.algorithms.diagnosis.ranking import Culprit
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig, WorkerSpec, get_executor
 from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.progress import progress
 from accdbg.core.run_dir import check_run_folder, options_dict, write_json_atomic
 from accdbg.engines import artifacts
 from accdbg.engines.base import get_engine
@@ -325,7 +326,11 @@ def run_dataset(
                     )
 
             with get_executor(executor) as ex:
-                for outcome in ex.map(spec, items()):
+                # the first item waits for the worker's start-up and its two sessions; the
+                # findings' "N of M inputs scored" is the stage's line
+                outcomes = ex.map(spec, items())
+                scored = progress(outcomes, "dataset", len(todo), "inputs scored", line=False)
+                for outcome in scored:
                     index = int(outcome.key.removeprefix("Result_"))
                     if outcome.ok:
                         record = _record(outcome.value, outcome.attempts)

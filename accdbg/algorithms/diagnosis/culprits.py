@@ -38,7 +38,8 @@ from accdbg.algorithms.diagnosis.ranking.measures import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.diagnosis.reach import OutlierReach, Reach
 from accdbg.algorithms.diagnosis.sensitivity import Sensitivity, Share, judged_outputs
 from accdbg.core import onnx_model as om
-from accdbg.core.cpu_session import IdleThread, cpu_threads, exact_session
+from accdbg.core.cpu_session import IdleThread, cpu_threads, exact_session, sessions_made
+from accdbg.core.progress import stage
 from accdbg.core.tensor_store import TensorFolder
 from accdbg.verifiers.base import Verifier
 from accdbg.verifiers.configured import ConfiguredVerifier
@@ -248,6 +249,7 @@ class Prefetch:
         self._done = None
 
 
+@stage("culprit ranking", line=False, unit="CPU sessions", count=sessions_made)
 def find_culprits(
     qdq_model: Path,
     golden: Path,

@@ -41,6 +41,7 @@ from accdbg.algorithms.fixes.measure import (
 from accdbg.core.executors import Executor, ExecutorConfig, get_executor
 from accdbg.core.executors.calls import function_spec
 from accdbg.core.inputs import InputTensor
+from accdbg.core.progress import progress, stage
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.encodings.model import zero_point_from_offset
 from accdbg.encodings.qdq import qdq_encodings
@@ -187,11 +188,13 @@ def run_fix_search(
         journal = Journal(run.path / checkpoint.JOURNAL)
         work = run.path / ".work"
         work.mkdir(exist_ok=True)
-        prepared_path = prepare_float(model, "model", calibration, work, work / ".prepare").path
-        prepared = onnx.load(str(prepared_path))
-        reference = run.path / "float_outputs.npz"
-        judged = scores(prepared)  # a Softmax/Sigmoid output at its logits, for every candidate
-        save_reference(reference, float_outputs(prepared, judged, feeds))
+        with stage("fix search: preparation (float model and its outputs)"):
+            prepared_path = prepare_float(model, "model", calibration, work, work / ".prepare").path
+            prepared = onnx.load(str(prepared_path))
+            reference = run.path / "float_outputs.npz"
+            # a Softmax/Sigmoid output at its logits, for every candidate
+            judged = scores(prepared)
+            save_reference(reference, float_outputs(prepared, judged, feeds))
         wtype = weight_type(quant)
         setup = Setup(
             model_path, prepared, prepared_path, feeds, reference, options, quant, axes_of(prepared),
@@ -498,7 +501,8 @@ class Search:
             # measure_many looked up here, at call time: tests replace it with a crasher
             worker = function_spec(measure_many)
             items = [(folder, [spec]) for folder, (_, _, spec, _) in todo.items()]
-            for o in self._executor.map(worker, items):
+            measured = self._executor.map(worker, items)
+            for o in progress(measured, "fix search", len(items), "candidates measured"):
                 i, key, spec, extra = todo[o.key]
                 if o.ok:
                     res = o.value[0]

@@ -42,6 +42,7 @@ from accdbg.algorithms.fixes.measure import float_outputs, save_reference
 from accdbg.algorithms.fixes.search import Search, Setup, axes_of, weight_type
 from accdbg.core.executors import ExecutorConfig
 from accdbg.core.inputs import InputTensor
+from accdbg.core.progress import stage
 from accdbg.core.run_dir import final_of
 from accdbg.core.tensor_store import safe_relpath
 from accdbg.encodings.qdq import export_qdq_encodings
@@ -120,6 +121,7 @@ class FixContext:
         )
 
 
+@stage("culprit verification on QNN", line=False)  # its line: "verification on QNN: N session(s)"
 def verify_ranking(ranking, ctx: FixContext):
     """A :class:`~accdbg.algorithms.diagnosis.ranking.Ranking` with its culprits measured on
     QNN (:class:`Verifier`) and what was measured applied (:func:`applied`); the scratch

@@ -24,7 +24,7 @@ from accdbg.algorithms.quant_checker.grid import Grid
 from accdbg.algorithms.quant_checker.stats import ErrorSums, Moments
 from accdbg.core.batching import plan_batches
 from accdbg.core.inputs import InputTensor
-from accdbg.core.progress import progress
+from accdbg.core.progress import Progress
 from accdbg.encodings.model import ACTIVATION, Encoding
 from accdbg.encodings.qdq import QUANT_SUFFIX
 from accdbg.frameworks.base import RunnerOptions, get_runner_class
@@ -252,18 +252,22 @@ def check_activations(
                 c.shape = info.shape
         budget = int(memory_budget_mb * 2**20)
         batches = plan_batches(infos, lambda i: i.nbytes, budget)
-        for batch in progress(batches, "quant checker: activations", total=len(batches)):
-            for line in lines:
-                values = runner.infer({t.name: t.load() for t in line}, [i.name for i in batch])
-                for info in batch:
-                    arr = values.pop(info.name)
-                    c = acts[info.name]
-                    if tuple(arr.shape) != tuple(c.shape):
-                        c.shape = tuple(arr.shape)
-                        c.ch_axis = channel_axis(c.shape, None, c.op_type)
-                    c.update(arr, chunks=len(lines))
-                    del arr
-                del values
+        # the run's "checked ... (N float runs)" line ends the stage
+        runs = len(batches) * len(lines)
+        with Progress("quant checker: activations", runs, "float runs", line=False) as bar:
+            for batch in batches:
+                for line in lines:
+                    values = runner.infer({t.name: t.load() for t in line}, [i.name for i in batch])
+                    for info in batch:
+                        arr = values.pop(info.name)
+                        c = acts[info.name]
+                        if tuple(arr.shape) != tuple(c.shape):
+                            c.shape = tuple(arr.shape)
+                            c.ch_axis = channel_axis(c.shape, None, c.op_type)
+                        c.update(arr, chunks=len(lines))
+                        del arr
+                    del values
+                    bar.update()
         missing = [n for n, c in acts.items() if c.moments.n == 0]
         for n in missing:
             acts[n].note = "not computed by the float model: not checked"

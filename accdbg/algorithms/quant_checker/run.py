@@ -36,6 +36,7 @@ from accdbg.algorithms.quant_checker import collect, tables
 from accdbg.algorithms.quant_checker.variants import Variant, parse_variants, quantize_variants
 from accdbg.core import onnx_model as om
 from accdbg.core.inputs import InputTensor, parse_input_list
+from accdbg.core.progress import progress
 from accdbg.core.run_dir import RunDir, check_run_folder, write_json_atomic
 from accdbg.encodings.aimet import aimet_dict
 from accdbg.encodings.model import ACTIVATION
@@ -431,7 +432,7 @@ def _plots(
     rng = np.random.default_rng(seed)
     links: dict[str, list[tuple[str, str]]] = {}
     t = time.perf_counter()
-    for c in chosen:
+    for c in progress(chosen, "quant checker: plots", unit="tensors", line=False):
         folder = out / "plots" / folders[c.name]
         full = positions = None
         if c.kind != ACTIVATION and c.source in inits:

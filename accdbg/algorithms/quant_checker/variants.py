@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from accdbg.core.progress import progress
 from accdbg.encodings.model import Encoding
 from accdbg.encodings.qdq import qdq_encodings
 from accdbg.engines.options import QuantOptions
@@ -98,7 +99,7 @@ def quantize_variants(
     encodings: dict[Variant, dict[str, Encoding]] = {}
     paths: dict[Variant, Path] = {}
     steps: list[str] = []
-    for v in variants:
+    for v in progress(variants, "quant checker: variants", unit="variants", line=False):
         chatter = io.StringIO()  # onnxruntime's calibrators print(); that goes to the log
         with contextlib.redirect_stdout(chatter), root_records_to_log():
             done = quantize_prepared(prepared, v.name, calibration, v.quant(base), out_dir)

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from accdbg.core.imports import without
+from accdbg.core.progress import stage
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.errors import AccdbgError
 
@@ -179,6 +180,7 @@ def _safe_file(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("._") or "score"
 
 
+@stage("model explorer overlays", line=False)  # its line: "model explorer overlays (S s)"
 def write_overlays(
     run_dir: str | Path,
     source_model: str | Path,

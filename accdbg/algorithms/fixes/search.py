@@ -363,6 +363,7 @@ class Search:
             wtype,
         )
         self.done = {r["config"]: r["result"] for r in journal.of_kind("measured")}
+        self.label = "fix search"  # what its progress bar and line say it is
         self.sessions = 0
         self.count = len(self.done)
         # candidates are measured by worker processes kept for the whole search
@@ -502,7 +503,7 @@ class Search:
             worker = function_spec(measure_many)
             items = [(folder, [spec]) for folder, (_, _, spec, _) in todo.items()]
             measured = self._executor.map(worker, items)
-            for o in progress(measured, "fix search", len(items), "candidates measured"):
+            for o in progress(measured, self.label, len(items), "candidates measured"):
                 i, key, spec, extra = todo[o.key]
                 if o.ok:
                     res = o.value[0]

@@ -227,6 +227,7 @@ class Verifier:
             weight_type(quant),
             ctx.executor,
         )
+        self.search.label = "culprits verified on QNN"
 
     def close(self) -> None:
         self.search.close()

@@ -281,3 +281,24 @@ def test_a_share_over_the_whole_error_is_said_in_db_not_as_a_percentage():
     assert share_words(0.42) == "42%" and share_words(1.0) == "100%"
     assert share_words(2.56) == f"all (+{10 * math.log10(2.56):.1f} dB)" == "all (+4.1 dB)"
     assert share_words(math.nan) == "?%"
+
+
+def test_the_debug_graph_parting_from_a_plain_run_is_one_record_per_output_worst_input():
+    """Two inputs, two outputs: the first output's debug values part from the plain run's on
+    both inputs (the worst, by SQNR between them, is kept), the second only rounds otherwise."""
+    from accdbg.engines.run import OBSERVER_DB, _apart, observer_effects
+
+    rng = np.random.default_rng(0)
+    plain = rng.normal(size=1000)
+    off = plain + rng.normal(size=1000) * 0.2  # ~14 dB apart
+    close = plain + rng.normal(size=1000) * 1e-4  # ~80 dB apart: rounding
+    worse = plain + rng.normal(size=1000) * 0.5  # ~6 dB apart
+    diffs = [
+        [_apart(plain, off), _apart(plain, close)],
+        [_apart(plain, worse), _apart(plain, close)],
+    ]
+    effects = observer_effects(diffs, ["scores", "boxes"])
+    assert [e.output for e in effects] == ["scores"] and effects[0].inputs == 2
+    expected = 10 * np.log10(np.dot(plain, plain) / np.dot(plain - worse, plain - worse))
+    assert effects[0].sqnr_db == pytest.approx(expected) and effects[0].sqnr_db < OBSERVER_DB
+    assert effects[0].max_diff == pytest.approx(np.max(np.abs(plain - worse)))

@@ -487,6 +487,14 @@ class _Annotator:
         golden_w, target_w = ver.folders[worst]
         seconds["culprit ranking"] = time.perf_counter() - t
         worst_line = _worst_line(ver.inputs, worst, verifiers, low) if several else ""
+        if engine.observer:  # once, after the outputs' verdict: what the debug graph changed
+            ranking.findings.insert(
+                1,
+                f"the debug graph's outputs differ from a plain run of the same model on "
+                f"{engine.engine_label}: {'; '.join(e.line() for e in engine.observer)} - "
+                "exposing every tensor changed what the backend fuses: the layers' rows are the "
+                "debug graph's, the outputs as deployed are the plain run's",
+            )
         if self.verify is not None and (ranking.culprits or ranking.outputs_pass is False):
             t = time.perf_counter()
             ranking = self.verify.run(ranking, ver.run_dir, worst_line)

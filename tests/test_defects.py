@@ -302,3 +302,66 @@ def test_the_debug_graph_parting_from_a_plain_run_is_one_record_per_output_worst
     expected = 10 * np.log10(np.dot(plain, plain) / np.dot(plain - worse, plain - worse))
     assert effects[0].sqnr_db == pytest.approx(expected) and effects[0].sqnr_db < OBSERVER_DB
     assert effects[0].max_diff == pytest.approx(np.max(np.abs(plain - worse)))
+
+
+def test_an_input_its_encodings_were_not_calibrated_for_names_the_calibration(tmp_path):
+    """Encodings calibrated on an input ten times dimmer: the debugged input is clipped at the
+    graph input (numpy: its share beyond the input encoding's range) and at the layers after."""
+    from accdbg.algorithms.diagnosis.coverage import coverage_culprit, input_clipping
+    from accdbg.algorithms.diagnosis.culprit import CALIBRATION
+
+    built = models.conv_net(tmp_path, layers=3)
+    x = np.fromfile(built.input_path, np.float32).reshape(built.dims)
+    dim = tmp_path / "dim.raw"
+    (x / 10).tofile(dim)
+    model = onnx.load(str(built.path))
+    dim_in = [InputTensor(built.input_name, built.dims, dim, np.dtype(np.float32))]
+    calib = Calibration.from_inputs(model, None, dim_in)
+    prepared = prepare_float(model, "m", calib, tmp_path / "p")
+    qdq = quantize_prepared(prepared.path, "m", calib, QuantOptions(), tmp_path / "q").load()
+    clipped = input_clipping(qdq, {built.input_name: x})
+    q = next(n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
+    inits = {i.name: numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    scale, zp = float(inits[q.input[1]]), int(inits[q.input[2]])
+    lo, hi = -zp * scale, (255 - zp) * scale
+    expected = float(np.mean((x < lo - scale / 2) | (x > hi + scale / 2)))
+    assert clipped == {"x": pytest.approx(expected)} and expected > 0.5
+    c = coverage_culprit(qdq, {}, {built.input_name: x}, rank=1)
+    assert c is not None and c.kind == CALIBRATION and c.region[0] == "x"
+    assert "input x:" in c.cause and "not calibrated on inputs like this one" in c.cause
+    # the inputs it was calibrated on: nothing clipped, nothing named
+    assert coverage_culprit(qdq, {}, {built.input_name: x / 10}, rank=1) is None
+
+
+@pytest.mark.slow
+def test_oneshot_names_a_calibration_that_misses_the_input_and_measures_recalibration(tmp_path):
+    """-qo encodings calibrated on a dim input, a normal one debugged: the calibration is
+    culprit #1 and its fix, recalibration on the debugged input, gains on QNN."""
+    from accdbg.algorithms.oneshot import run_oneshot
+    from accdbg.core.inputs import parse_input_tensor
+    from accdbg.encodings.qdq import export_qdq_encodings
+
+    built = models.conv_net(tmp_path, layers=3)
+    x = np.fromfile(built.input_path, np.float32).reshape(built.dims)
+    dim = tmp_path / "dim.raw"
+    (x / 10).tofile(dim)
+    model = onnx.load(str(built.path))
+    calib = Calibration.from_inputs(
+        model, None, [InputTensor(built.input_name, built.dims, dim, np.dtype(np.float32))]
+    )
+    prepared = prepare_float(model, "m", calib, tmp_path / "p")
+    q = quantize_prepared(prepared.path, "m", calib, QuantOptions(), tmp_path / "q")
+    enc = export_qdq_encodings(q.path, tmp_path / "dim.encodings")
+    dims = ",".join(map(str, built.dims))
+    res = run_oneshot(
+        "onnx",
+        built.path,
+        [parse_input_tensor([built.input_name, dims, str(built.input_path)])],
+        working_dir=tmp_path / "w",
+        engine_kwargs={"quantization_overrides": str(enc)},
+    )
+    first = res.culprits[0]
+    assert first.kind == "calibration coverage" and first.rank == 1, res.findings
+    v = first.verified
+    assert v is not None and v.confirmed and v.fix.startswith("recalibrated") and v.gain_db > 3
+    assert res.findings[-1].startswith("fix: recalibrated") and "-qo" not in res.findings[-1]

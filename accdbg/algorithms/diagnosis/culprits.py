@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
+from accdbg.algorithms.diagnosis.coverage import coverage_culprit
 from accdbg.algorithms.diagnosis.divergence import (
     HELD,
     KernelRuns,
@@ -351,12 +352,20 @@ def find_culprits(
         alone_cpu=alone_cpu if local_observed else None,
         run_cpu=alone_cpu.in_run if alone_cpu is not None and not local_observed else None,
         judged=judged,
-        defects=as_culprits(
-            defects_beside(qdq_model), {o: n.op_type for n in qdq.graph.node for o in n.output}
-        ),
+        defects=_found_first(qdq_model, qdq, before.evidence, feeds),
     )
     log.info("culprit ranking in %.1f s%s", time.perf_counter() - t, beside)
     return ranking
+
+
+def _found_first(qdq_model: Path, qdq: onnx.ModelProto, evidence, feeds) -> list:
+    """The culprits named before any layer is measured: the quantized model's defects, then a
+    calibration that does not cover the debugged input."""
+    first = as_culprits(
+        defects_beside(qdq_model), {o: n.op_type for n in qdq.graph.node for o in n.output}
+    )
+    calibration = coverage_culprit(qdq, evidence, feeds, len(first) + 1)
+    return first + ([calibration] if calibration is not None else [])
 
 
 class Rerun(Protocol):

@@ -112,6 +112,11 @@ class Policy:
     # an output with fewer values (over the inputs) is checked for that first
     few_values: int = 16
 
+    # the debugged input clipped at this many layers (clip_min of their values or more each),
+    # or at a graph input, says its encodings were calibrated on other data: a calibration
+    # culprit (one layer clipping is its own range's problem)
+    coverage_layers: int = 3
+
     # A culprit must be confirmed on the backend: its region (the layer and the tensors that
     # carry its error) kept in fp16 on HTP must raise the outputs' SQNR by this much. Under it
     # the layer, whatever the CPU measures said, is not what the outputs lose (1 dB: the

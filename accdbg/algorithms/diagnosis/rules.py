@@ -24,6 +24,11 @@ _ALL = [
         "its tensor, an activation the quantizer dropped) is named first",
     ),
     Rule(
+        "calibration",
+        "the debugged input clipped at a graph input or at coverage_layers layers names the "
+        "calibration: its encodings were made for other data",
+    ),
+    Rule(
         "standout",
         "a layer whose own encodings lose far more than the model's noise floor (z_min spreads "
         "and gap_db under it, and under abs_db), or clip clip_ratio times the median layer, stands out",

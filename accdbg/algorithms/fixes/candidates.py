@@ -24,6 +24,7 @@ import pandas as pd
 from accdbg.algorithms.diagnosis.culprit import (
     ACTIVATION,
     BACKEND,
+    CALIBRATION,
     CALIBRATIONS,
     CLIPPING,
     CONCAT,
@@ -225,6 +226,8 @@ def changes_for(
     if c.kind == MASK and c.source:  # the sentinel clamped, or its tensors in 16 bits
         act = [] if act_bitwidth == 16 else [Change("act16", t, c.name, why) for t in c.region]
         return [Change("clamp_mask", c.source, c.name, why), *act[:1]], ""
+    if c.kind == CALIBRATION:  # calibrated on the debugged inputs, the given encodings dropped
+        return [Change("recalibrate", "", c.name, why)], ""
     if c.kind == DROPPED:
         return [Change("keep_activation", c.source or c.name, c.name, why)], ""
     if c.backend:
@@ -364,6 +367,9 @@ def settings(
         elif c.kind == "region16":  # a culprit's region in 16-bit integers
             for t in c.target.split(","):
                 out["overrides"][t] = [{"quant_type": "QUInt16"}]
+        elif c.kind == "recalibrate":
+            out["recalibrate"] = True
+            out["act_quantizer"] = "tf"
         elif c.kind == "keep_activation":
             out["keep_activations"] = True
         elif c.kind == "w16":

@@ -108,7 +108,10 @@ class Setup:
         """The quantizer options of a candidate's settings (:func:`C.settings`) over the
         baseline's; its per-tensor overrides go beside them."""
         keys = ("per_channel", "act_bitwidth", "act_quantizer", "keep_activations")
-        return replace(self.quant, **{k: settings[k] for k in keys if k in settings})
+        quant = replace(self.quant, **{k: settings[k] for k in keys if k in settings})
+        if settings.get("recalibrate"):  # the given encodings dropped: calibrated here
+            quant = replace(quant, quantization_overrides=None)
+        return quant
 
 
 def run_fix_search(

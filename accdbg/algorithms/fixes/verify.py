@@ -34,7 +34,14 @@ import numpy as np
 import onnx
 
 from accdbg.algorithms.checkpoint import JOURNAL, Journal
-from accdbg.algorithms.diagnosis.culprit import MASK, Change, Culprit, Verified
+from accdbg.algorithms.diagnosis.culprit import (
+    BEFORE_RUN,
+    CALIBRATION,
+    MASK,
+    Change,
+    Culprit,
+    Verified,
+)
 from accdbg.algorithms.diagnosis.policy import POLICY, Policy
 from accdbg.algorithms.diagnosis.sensitivity import scores
 from accdbg.algorithms.fixes import candidates as C
@@ -304,7 +311,7 @@ class Verifier:
             None,
         )
         float_gain = math.nan if counter is None else float(counter)
-        before_run = c.rules[:1] == ("before-run",)
+        before_run = c.kind in (*BEFORE_RUN, CALIBRATION)  # found, not ranked: its fix decides
         best_gain = max((t["gain_db"] for t in tried if t["gain_db"] is not None), default=None)
         if best_gain is not None and best_gain < p.confirm_db:
             best_gain = None
@@ -367,6 +374,8 @@ class Verifier:
             return shlex.join(cmd + flags[x.kind])
         if x.kind == "calibration":
             return shlex.join(cmd + ["--act_quantizer", x.target])
+        if x.kind == "recalibrate":  # the given encodings dropped, min/max on the inputs
+            return shlex.join(_without(cmd, ("-qo", "--quantization_overrides", "--act_quantizer")))
         fixes = self.ctx.out / FIXES_DIR
         fixes.mkdir(parents=True, exist_ok=True)
         stem = safe_relpath(f"{c.name if c else 'global'}.{x.kind}").replace("/", "_")
@@ -437,6 +446,18 @@ def _db(x: float | None) -> str:
     if x is None or not math.isfinite(x):
         return "not measured"
     return f"{x:+.1f} dB"
+
+
+def _without(cmd: list[str], flags: tuple[str, ...]) -> list[str]:
+    """The command without these flags and their values."""
+    out, i = [], 0
+    while i < len(cmd):
+        if cmd[i] in flags and i + 1 < len(cmd):
+            i += 2
+            continue
+        out.append(cmd[i])
+        i += 1
+    return out
 
 
 def _with_model(cmd: list[str], model: Path) -> list[str]:

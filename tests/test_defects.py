@@ -365,3 +365,44 @@ def test_oneshot_names_a_calibration_that_misses_the_input_and_measures_recalibr
     v = first.verified
     assert v is not None and v.confirmed and v.fix.startswith("recalibrated") and v.gain_db > 3
     assert res.findings[-1].startswith("fix: recalibrated") and "-qo" not in res.findings[-1]
+
+
+def test_tensors_the_preprocessing_renamed_are_found_again_by_their_values(tmp_path):
+    """A tf2onnx-style model (names ending in ``:0``) and the same computation built otherwise
+    with new names (as onnxruntime's folding and fusions leave it): each renamed tensor maps to
+    the one source tensor of its shape and values; a tensor two source tensors equal (a value
+    with an Identity copy) and one no source tensor holds stay unmapped."""
+    from accdbg.engines.renamed import match_by_value
+
+    w = np.random.default_rng(1).normal(size=(4, 4)).astype(np.float32)
+    src = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x:0", "w:0"], ["dense/MatMul:0"]),
+            helper.make_node("Relu", ["dense/MatMul:0"], ["dense/Relu:0"]),
+            helper.make_node("Identity", ["dense/Relu:0"], ["copy:0"]),
+            helper.make_node("Neg", ["copy:0"], ["y:0"]),
+        ],
+        "src",
+        [helper.make_tensor_value_info("x:0", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y:0", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(w, "w:0")],
+    )
+    prep = helper.make_graph(
+        [
+            helper.make_node("Gemm", ["x:0", "w:0"], ["gemm_out_token_3"]),
+            helper.make_node("Relu", ["gemm_out_token_3"], ["relu_token_4"]),
+            helper.make_node("Neg", ["relu_token_4"], ["y:0"]),
+            helper.make_node("Abs", ["y:0"], ["nowhere"]),
+        ],
+        "prep",
+        [helper.make_tensor_value_info("x:0", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y:0", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(w, "w:0")],
+    )
+    make = lambda g: helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])  # noqa: E731
+    x = np.random.default_rng(2).normal(size=(2, 4)).astype(np.float32)
+    found = match_by_value(
+        make(prep), make(src), ["gemm_out_token_3", "relu_token_4", "nowhere"], {"y:0"}, {"x:0": x}
+    )
+    # the Relu's value is in dense/Relu:0 and its Identity copy: ambiguous, not guessed
+    assert found == {"gemm_out_token_3": "dense/MatMul:0"}

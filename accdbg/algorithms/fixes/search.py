@@ -211,6 +211,14 @@ def run_fix_search(
         shared = {c.layer for c in cands if c.kind == "encoding"}
         if shared:
             setup.encodings = _baseline_encodings(setup, calibration, shared, work)
+        if any(c.kind == "clamp_mask" for c in cands):  # the mask's clamp, from the baseline
+            base = quantize_prepared(prepared_path, "baseline", calibration, quant, work)
+            setup.clamps = {
+                d.constant: float(d.extra["clamp"])
+                for d in base.defects
+                if d.extra.get("clamp") is not None
+            }
+            cands = [c for c in cands if c.kind != "clamp_mask" or c.target in setup.clamps]
         search = Search(setup, run.path, journal, workers, wtype, executor)
         try:
             rows, accepted = search.greedy(

@@ -332,16 +332,19 @@ def test_a_qnn_session_per_worker_gives_the_same_bytes_on_every_executor(
 def test_the_command_line_hands_its_executor_to_snooping(tmp_path, monkeypatch, flags, expected):
     """--executor/--workers/--ray_address reach the snooping API as one ExecutorConfig, and
     nothing given leaves the algorithm its own default (None)."""
-    import accdbg.algorithms as algorithms
+    import accdbg.algorithms.layerwise as layerwise
     from accdbg.cli.main import main
 
     seen = {}
 
     def fake_layerwise(model_path, inputs, **kwargs):
         seen.update(kwargs)
-        return types.SimpleNamespace(html=tmp_path / "fake.html")
+        html = tmp_path / "fake.html"
+        return types.SimpleNamespace(
+            html=html, run_dir=tmp_path, report=None, findings=[], culprits=[]
+        )
 
-    monkeypatch.setattr(algorithms, "run_layerwise", fake_layerwise)
+    monkeypatch.setattr(layerwise, "run_layerwise", fake_layerwise)
     argv = ["-f", "onnx", "-m", str(TINY_CNN / "model.onnx"), "-i", "image", "1,3,32,32"]
     argv += [str(TINY_CNN / "input.raw"), "-r", "htp", "-w", str(tmp_path / "wd")]
     argv += ["--debugging_algorithm", "layerwise", *flags]

@@ -40,6 +40,7 @@ from accdbg.algorithms.diagnosis.sensitivity import exposing, judged_at
 from accdbg.algorithms.fragments import QDQ_OPS, Part, QdqModel
 from accdbg.algorithms.golden import Golden, GoldenError
 from accdbg.algorithms.mixed import FloatModel, op_list, partly_quantized
+from accdbg.algorithms.protocol import Algorithm, AlgorithmRequest, AlgorithmResult, register
 from accdbg.algorithms.snooping import OPTION_KEYS, SnoopArgs, check_request, set_up
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
@@ -706,3 +707,61 @@ def _write(
         + "<h2>Subgraphs</h2>",
     )
     return BinaryResult(folder, layers, subs, iters, sessions, 0.0, csv, html, json_path, findings)
+
+
+@register("binary")
+class Binary(Algorithm):
+    """Binary snooping behind the protocol (:func:`run_binary`); its options ``verifier``,
+    ``subgraph_relative_weight`` and ``min_graph_size``."""
+
+    def check(self, req: AlgorithmRequest) -> None:
+        from accdbg.algorithms.snooping import SnoopArgs, check_request
+
+        o = req.options
+        verifier = o.get("verifier", "mse")
+        check_binary_options(
+            verifier,
+            o.get("subgraph_relative_weight", DEFAULT_WEIGHT),
+            o.get("min_graph_size", DEFAULT_MIN_SIZE),
+        )
+        check_request(
+            "binary",
+            SnoopArgs(
+                req.model_path,
+                req.input_tensors,
+                req.input_list,
+                req.golden_dir,
+                qdq_model=None,
+                verifiers=[verifier.upper()],
+                start_layer=None,
+                end_layer=None,
+                engine_kwargs=req.config,
+                working_dir=req.working_dir,
+                output_dirname=req.output_dirname,
+                memory_budget_mb=0,
+                workers=None,
+                dump_qnn_json=False,
+                allow_nonfinite_inputs=req.allow_nonfinite_inputs,
+                model_explorer=req.model_explorer,
+            ),
+        )
+
+    def run(self, req: AlgorithmRequest) -> AlgorithmResult:
+        o = req.options
+        res = run_binary(
+            req.model_path,
+            req.input_tensors,
+            input_list=req.input_list,
+            golden_dir=req.golden_dir,
+            verifier=o.get("verifier", "mse"),
+            subgraph_relative_weight=o.get("subgraph_relative_weight", DEFAULT_WEIGHT),
+            min_graph_size=o.get("min_graph_size", DEFAULT_MIN_SIZE),
+            engine_kwargs=req.config,
+            working_dir=req.working_dir,
+            output_dirname=req.output_dirname,
+            allow_nonfinite_inputs=req.allow_nonfinite_inputs,
+            model_explorer=req.model_explorer,
+            executor=req.executor,
+        )
+        log.info("report: %s", res.html)
+        return AlgorithmResult(self.name, res.run_dir, res.html, res.report, res.findings, [], res)

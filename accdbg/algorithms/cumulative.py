@@ -26,7 +26,8 @@ from accdbg.algorithms.backend import PartReport, failure_status
 from accdbg.algorithms.fragments import Layer, Part, SurgeryError
 from accdbg.algorithms.golden import GoldenError
 from accdbg.algorithms.judging import error_row, failing, judge_layer, orig_outputs_text
-from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, snoop
+from accdbg.algorithms.protocol import AlgorithmRequest, AlgorithmResult, register
+from accdbg.algorithms.snooping import Context, SnoopArgs, Snooping, SnoopingResult, snoop
 from accdbg.algorithms.statuses import ERR_PART, PART
 from accdbg.core.batching import plan_batches
 from accdbg.core.executors import ExecutorConfig
@@ -266,3 +267,14 @@ def run_cumulative_layerwise(
     """
     # locals() here are exactly the arguments above
     return snoop("cumulative_layerwise", _loop, SnoopArgs(**locals()))
+
+
+@register("cumulative-layerwise")
+class Cumulative(Snooping):
+    """Layers from partition point to partition point (:func:`run_cumulative_layerwise`)."""
+
+    snoop_name = "cumulative_layerwise"
+    default_memory_budget_mb = 1024
+
+    def run(self, req: AlgorithmRequest) -> AlgorithmResult:
+        return self._call(run_cumulative_layerwise, req)

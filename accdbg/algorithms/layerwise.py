@@ -31,7 +31,15 @@ from accdbg.algorithms.diagnosis.ranking.measures import CONTEXT, CONTEXT_IN
 from accdbg.algorithms.fragments import KERNELS, Layer, Part, SurgeryError, context_walk, merge
 from accdbg.algorithms.golden import GoldenError
 from accdbg.algorithms.judging import error_row, judge_layer
-from accdbg.algorithms.snooping import Context, SnoopArgs, SnoopingResult, has_golden, snoop
+from accdbg.algorithms.protocol import AlgorithmRequest, AlgorithmResult, register
+from accdbg.algorithms.snooping import (
+    Context,
+    SnoopArgs,
+    Snooping,
+    SnoopingResult,
+    has_golden,
+    snoop,
+)
 from accdbg.algorithms.statuses import ERR_PART
 from accdbg.core.batching import plan_batches
 from accdbg.core.cpu_session import exact_session
@@ -472,3 +480,14 @@ def run_layerwise(
     """
     # locals() here are exactly the arguments above
     return snoop("layerwise", _loop, SnoopArgs(**locals()), ContextRuns)
+
+
+@register("layerwise")
+class Layerwise(Snooping):
+    """Every layer alone on golden inputs (:func:`run_layerwise`)."""
+
+    snoop_name = "layerwise"
+    default_memory_budget_mb = DEFAULT_MEMORY_BUDGET_MB
+
+    def run(self, req: AlgorithmRequest) -> AlgorithmResult:
+        return self._call(run_layerwise, req)

@@ -30,6 +30,7 @@ from accdbg.algorithms.diagnosis.attribution import Attribution, attribute
 from accdbg.algorithms.diagnosis.culprits import Prefetch, find_culprits, prepared_model
 from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.algorithms.diagnosis.ranking import Culprit, Ranking
+from accdbg.algorithms.protocol import Algorithm, AlgorithmRequest, AlgorithmResult, register
 from accdbg.core.inputs import (
     InputTensor,
     check_finite,
@@ -430,6 +431,7 @@ class _Annotator:
     marks: list[Attribution] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
     culprits: list[Culprit] = field(default_factory=list)
+    unconfirmed: list[Culprit] = field(default_factory=list)
     worst: str | None = None
     prefetch: Prefetch | None = None  # the ranking's work done beside the engine run
     # what the culprits' fixes are measured with on QNN (None: not verified, e.g. simulation)
@@ -503,6 +505,7 @@ class _Annotator:
             ranking.findings.insert(len(ranking.findings), worst_line)
         summary = ranking.apply(summary, "Name")
         self.culprits = ranking.culprits
+        self.unconfirmed = ranking.unconfirmed
         self.findings = list(ranking.findings)
         labels = [v["label"] for v in ver.verifiers]
         links = _detail_links(ver.run_dir, summary, labels, several)
@@ -551,6 +554,7 @@ class _Annotator:
             "attribution": [m.__dict__ for m in self.marks],
             "findings": list(self.findings),
             "culprits": [c.as_dict() for c in self.culprits],
+            "unconfirmed": [c.as_dict() for c in self.unconfirmed],
         }
         if several:
             extra["culprit_ranking_input"] = worst
@@ -676,3 +680,57 @@ def _detail_links(
                 text = f"{label} ({where})" if several else label
                 links.setdefault(name, []).append((text, f"{sub}/{rel}.html"))
     return links
+
+
+@register("oneshot-layerwise")
+class Oneshot(Algorithm):
+    """Oneshot-layerwise behind the protocol (:func:`run_oneshot`); its options
+    ``enable_tensor_inspection`` and ``framework_kwargs``. It runs another framework's model
+    in that framework (its golden) and on QNN as converted: not on the ONNX conversion only."""
+
+    on_onnx = False
+
+    def check(self, req: AlgorithmRequest) -> None:
+        check_oneshot(
+            req.framework,
+            req.model_path,
+            req.input_tensors,
+            req.input_list,
+            req.verifiers,
+            req.verifier_config,
+            req.golden_dir,
+            req.config,
+            req.working_dir,
+            req.output_dirname,
+            req.allow_nonfinite_inputs,
+            req.output_tensors,
+        )
+
+    def run(self, req: AlgorithmRequest) -> AlgorithmResult:
+        o = req.options
+        res = run_oneshot(
+            req.framework,
+            req.model_path,
+            req.input_tensors,
+            input_list=req.input_list,
+            output_tensors=req.output_tensors,
+            default_verifiers=req.verifiers,
+            verifier_config=req.verifier_config,
+            golden_dir=req.golden_dir,
+            enable_tensor_inspection=o.get("enable_tensor_inspection", False),
+            engine_kwargs=req.config,
+            framework_kwargs=o.get("framework_kwargs"),
+            allow_nonfinite_inputs=req.allow_nonfinite_inputs,
+            model_explorer=req.model_explorer,
+            working_dir=req.working_dir,
+            output_dirname=req.output_dirname,
+        )
+        return AlgorithmResult(
+            self.name,
+            res.verification_run,
+            res.report,
+            res.summary,
+            res.findings,
+            res.culprits,
+            res,
+        )

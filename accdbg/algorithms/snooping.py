@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import onnx
@@ -29,10 +29,12 @@ import pandas as pd
 from accdbg.algorithms import checkpoint
 from accdbg.algorithms.backend import Backend
 from accdbg.algorithms.checkpoint import Journal
+from accdbg.algorithms.diagnosis.culprit import Culprit
 from accdbg.algorithms.diagnosis.ranking import NONE_STANDS, Ranking
 from accdbg.algorithms.fragments import Layer, QdqModel
 from accdbg.algorithms.golden import Golden
 from accdbg.algorithms.judging import CPU_INFO, Judge, base_row, finalize_row, restore_row
+from accdbg.algorithms.protocol import Algorithm, AlgorithmRequest, AlgorithmResult
 from accdbg.algorithms.statuses import ERRORS, MEANING, SKIP
 from accdbg.core import onnx_model as om
 from accdbg.core.executors import ExecutorConfig
@@ -70,6 +72,7 @@ class SnoopingResult:
     html: Path | None = None
     backend_peak_rss_mb: float | None = None  # the largest backend child process's own peak
     findings: list[str] = field(default_factory=list)
+    culprits: list[Culprit] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- set-up
@@ -715,6 +718,7 @@ def snoop(
         run.path / html_path.name,
         backend.peak_rss_mb,
         findings,
+        list(ctx.ranking.culprits) if ctx.ranking is not None else [],
     )
 
 
@@ -776,3 +780,63 @@ def _notes(judge: Judge, cumulative: bool) -> list[str]:
         f"encodings ({marks}).",
         statuses,
     ]
+
+
+class Snooping(Algorithm):
+    """Layerwise and cumulative-layerwise behind the protocol: one request, their run."""
+
+    snoop_name: ClassVar[str]
+    default_memory_budget_mb: ClassVar[float]
+
+    def _args(self, req: AlgorithmRequest) -> SnoopArgs:
+        o = req.options
+        return SnoopArgs(
+            req.model_path,
+            req.input_tensors,
+            req.input_list,
+            req.golden_dir,
+            qdq_model=None,
+            verifiers=req.verifiers,
+            start_layer=o.get("start_layer"),
+            end_layer=o.get("end_layer"),
+            engine_kwargs=req.config,
+            working_dir=req.working_dir,
+            output_dirname=req.output_dirname,
+            memory_budget_mb=o.get("memory_budget_mb") or self.default_memory_budget_mb,
+            workers=None,
+            dump_qnn_json=False,
+            allow_nonfinite_inputs=req.allow_nonfinite_inputs,
+            model_explorer=req.model_explorer,
+            executor=req.executor,
+        )
+
+    def check(self, req: AlgorithmRequest) -> None:
+        check_request(self.snoop_name, replace(self._args(req), executor=None))
+
+    def _call(self, fn: Callable[..., SnoopingResult], req: AlgorithmRequest) -> AlgorithmResult:
+        a = self._args(req)
+        res = fn(a.model_path, a.input_tensors, **{k: getattr(a, k) for k in RUN_KEYWORDS})
+        return self._result(res)
+
+    def _result(self, res: SnoopingResult) -> AlgorithmResult:
+        log.info("report: %s", res.html)
+        return AlgorithmResult(
+            self.name, res.run_dir, res.html, res.report, res.findings, res.culprits, res
+        )
+
+
+# the keywords a request's SnoopArgs gives run_layerwise / run_cumulative_layerwise
+RUN_KEYWORDS = (
+    "input_list",
+    "golden_dir",
+    "verifiers",
+    "start_layer",
+    "end_layer",
+    "engine_kwargs",
+    "working_dir",
+    "output_dirname",
+    "memory_budget_mb",
+    "allow_nonfinite_inputs",
+    "model_explorer",
+    "executor",
+)

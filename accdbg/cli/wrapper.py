@@ -6,6 +6,8 @@ import argparse
 import logging
 from dataclasses import replace
 
+from accdbg.algorithms.protocol import NAMES as ALGORITHMS
+from accdbg.algorithms.protocol import AlgorithmRequest, get_algorithm
 from accdbg.cli import args as A
 from accdbg.cli.deep_analyzer import ANALYZERS as DEEP_ANALYZERS
 from accdbg.cli.deep_analyzer import add_dissection_arguments
@@ -17,7 +19,6 @@ from accdbg.errors import AccdbgError
 
 NAME = "wrapper"
 HELP = "framework diagnosis, QNN inference engine and verification in one run, with the HTML report"
-ALGORITHMS = ("oneshot-layerwise", "cumulative-layerwise", "layerwise", "binary")
 # verification's inputs, which the reference's end-to-end example passes too: the end-to-end
 # run verifies the runs it makes itself, with their side files; accepted and said so
 VERIFICATION_INPUTS = (
@@ -229,18 +230,13 @@ def _run(args: argparse.Namespace) -> int:
             f"--deep_analyzer runs after oneshot-layerwise (on its dumps), not after "
             f"--debugging_algorithm {args.debugging_algorithm}"
         )
-    binary = args.debugging_algorithm == "binary"
-    if binary:
-        from accdbg.algorithms.binary import check_binary_options
-
-        check_binary_options(args.verifier, args.subgraph_relative_weight, args.min_graph_size)
     if args.start_layer or args.end_layer:
         if args.debugging_algorithm in ("oneshot-layerwise", "binary"):
             raise AccdbgError(
                 "--start_layer/--end_layer apply to layerwise and cumulative-layerwise only"
             )
     model, config, place = MODEL.parse(args), ENGINE.parse(args), COMMON.parse(args)
-    framework, inputs = model.framework, model.input_tensors
+    framework = model.framework
     verifiers = VERIFIERS.parse(args)
     explorer = EXPLORER.parse(args)
     executor = EXECUTOR.parse(args)
@@ -282,113 +278,51 @@ def _run(args: argparse.Namespace) -> int:
     check_run_folder(place.working_dir, NAME, place.output_dirname, resume=not oneshot)
     if args.suggest_fixes:
         _check_suggest_fixes(args, framework, config, place)
-    if oneshot:
-        from accdbg.algorithms.oneshot import check_oneshot, run_oneshot
-
-        check_oneshot(
-            framework,
-            model.model_path,
-            inputs,
-            args.input_list,
-            verifiers,
-            args.verifier_config,
-            args.golden_output_reference_directory,
-            config,
-            place.working_dir,
-            place.output_dirname,
-            allow,
-            model.output_tensors,
-        )
-    else:
-        from accdbg.algorithms import run_cumulative_layerwise, run_layerwise
-        from accdbg.algorithms.snooping import SnoopArgs, check_request
-
-        if framework != "onnx":
-            model = _as_onnx(args.debugging_algorithm, model, place)
-            inputs = model.input_tensors
-        layerwise = args.debugging_algorithm == "layerwise"
-        snoop_kwargs = dict(
-            input_list=args.input_list,
-            golden_dir=args.golden_output_reference_directory,
-            verifiers=verifiers,
-            start_layer=args.start_layer,
-            end_layer=args.end_layer,
-            engine_kwargs=config,
-            allow_nonfinite_inputs=allow,
-            model_explorer=explorer,
-            executor=executor,
-            **place.keywords(),
-        )
-        check_request(
-            "binary" if binary else "layerwise" if layerwise else "cumulative_layerwise",
-            SnoopArgs(
-                model.model_path,
-                inputs,
-                qdq_model=None,
-                memory_budget_mb=args.memory_budget_mb,
-                workers=None,
-                dump_qnn_json=False,
-                **{
-                    **{k: v for k, v in snoop_kwargs.items() if k != "executor"},
-                    "verifiers": [args.verifier.upper()] if binary else verifiers,
-                },
-            ),
-        )
+    algorithm = get_algorithm(args.debugging_algorithm)
+    if framework != "onnx" and algorithm.on_onnx:
+        model = _as_onnx(args.debugging_algorithm, model, place)
+    req = AlgorithmRequest(
+        model.framework,
+        model.model_path,
+        model.input_tensors,
+        config,
+        input_list=args.input_list,
+        output_tensors=model.output_tensors,
+        golden_dir=args.golden_output_reference_directory,
+        verifiers=verifiers,
+        verifier_config=args.verifier_config,
+        allow_nonfinite_inputs=allow,
+        model_explorer=explorer,
+        executor=executor,
+        options={
+            "enable_tensor_inspection": args.enable_tensor_inspection,
+            "framework_kwargs": FRAMEWORK.parse(args).keywords(),
+            "start_layer": args.start_layer,
+            "end_layer": args.end_layer,
+            "memory_budget_mb": getattr(args, "memory_budget_mb", None),
+            "verifier": args.verifier,
+            "subgraph_relative_weight": args.subgraph_relative_weight,
+            "min_graph_size": args.min_graph_size,
+        },
+        **place.keywords(),
+    )
+    algorithm.check(req)
     with RunDir(
         place.working_dir, NAME, place.output_dirname, resume=not oneshot, discard_refused=True
     ) as run:
         run.write_options(A.options_dict(args))
-        if oneshot:
-            result = run_oneshot(
-                framework,
-                model.model_path,
-                inputs,
-                input_list=args.input_list,
-                output_tensors=model.output_tensors,
-                default_verifiers=verifiers,
-                verifier_config=args.verifier_config,
-                golden_dir=args.golden_output_reference_directory,
-                enable_tensor_inspection=args.enable_tensor_inspection,
-                engine_kwargs=config,
-                framework_kwargs=FRAMEWORK.parse(args).keywords(),
-                allow_nonfinite_inputs=allow,
-                model_explorer=explorer,
-                **place.keywords(),
-            )
-            if args.deep_analyzer:
-                _dissect(args, result, inputs, verifiers, config, place, explorer)
-        elif binary:
-            from accdbg.algorithms.binary import run_binary
-
-            result = run_binary(
-                model.model_path,
-                inputs,
-                input_list=args.input_list,
-                golden_dir=args.golden_output_reference_directory,
-                verifier=args.verifier,
-                subgraph_relative_weight=args.subgraph_relative_weight,
-                min_graph_size=args.min_graph_size,
-                engine_kwargs=config,
-                allow_nonfinite_inputs=allow,
-                model_explorer=explorer,
-                executor=executor,
-                **place.keywords(),
-            )
-            log.info("report: %s", result.html)
-        else:
-            fn = run_layerwise if layerwise else run_cumulative_layerwise
-            result = fn(model.model_path, inputs, **snoop_kwargs)
-            log.info("report: %s", result.html)
+        result = algorithm.run(req)
+        if args.deep_analyzer:
+            _dissect(args, result.own, model.input_tensors, verifiers, config, place, explorer)
         if args.suggest_fixes:
-            diagnosis = result.summary if oneshot else result.report
-            if oneshot and result.converted_model is not None:
+            own = result.own
+            if oneshot and own.converted_model is not None:
                 # another framework's model: the search measures the ONNX model QNN ran
                 model = replace(
-                    model,
-                    model_path=str(result.converted_model),
-                    input_tensors=result.converted_inputs,
+                    model, model_path=str(own.converted_model), input_tensors=own.converted_inputs
                 )
-            _suggest_fixes(args, model, config, place, explorer, diagnosis, executor)
+            # the run's folder: its culprits, structured (kind, region, what QNN measured)
+            _suggest_fixes(args, model, config, place, explorer, result.run_dir, executor)
     return 0
 
 

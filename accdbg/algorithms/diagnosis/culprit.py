@@ -87,6 +87,9 @@ class Verified:
     confirmed: bool = False  # the counterfactual gains what the policy asks of a culprit
     tried: list[dict[str, Any]] = field(default_factory=list)  # label, gain_db, status, cost
     command: str = ""  # the command applying the fix
+    # QNN ran none of its counterfactuals (the region in fp16, in 16 bits, the layer alone):
+    # not verifiable on the backend, named as the CPU measures ranked it (its cause says so)
+    refused: bool = False
 
 
 @dataclass

@@ -260,21 +260,26 @@ class Verifier:
         base, rest = results[0], iter(results[1:])
         baseline = float(base["SQNR mean"]) if base.get("status") == "ok" else math.nan
         measured = [[(x, next(rest)) for x in changes] for changes in per]
-        # a region QNN cannot run in fp16 (a Quantize it cannot place after a float op):
-        # the same region in 16-bit integers is the counterfactual then, measured in a
-        # second batch
-        again = [
-            (i, Change("region16", rows[0][0].target, rows[0][0].layer, rows[0][0].why))
-            for i, rows in enumerate(measured)
-            if rows[0][1].get("status") != "ok"
-        ]
-        if again:
-            for (i, x), res in zip(again, self.search._many([[x] for _, x in again]), strict=True):
-                measured[i].insert(1, (x, res))
+        # a region QNN cannot run in fp16 (a Quantize it cannot place after a float op, an op
+        # it cannot finalize in fp16): the same region in 16-bit integers is the
+        # counterfactual, in one more batch
+        for fallback in ("region16",):
+            again = [
+                (i, self._fallback(fallback, rows[0][0]))
+                for i, rows in enumerate(measured)
+                if not any(
+                    res.get("status") == "ok" for x, res in rows if x.kind in COUNTERFACTUALS
+                )
+            ]
+            if again:
+                results = self.search._many([[x] for _, x in again])
+                for (i, x), res in zip(again, results, strict=True):
+                    measured[i].insert(1, (x, res))
         confirmed, dropped = [], []
         for c, rows in zip(chosen, measured, strict=True):
             c.verified = self._judge(c, rows, base)
-            (confirmed if c.verified.confirmed else dropped).append(c)
+            kept = c.verified.confirmed or c.verified.refused  # unverifiable: as the CPU ranked
+            (confirmed if kept else dropped).append(c)
         confirmed += [c for c in culprits[len(chosen) :]]  # past the verified: as ranked
         for r, c in enumerate(confirmed, start=1):
             c.rank = r
@@ -284,6 +289,13 @@ class Verifier:
             out.sessions = self.search.sessions
         out.findings = self._lines(out)
         return out
+
+    @staticmethod
+    def _fallback(kind: str, first: Change) -> Change:
+        """The next counterfactual after ``first`` (the region in fp16) was refused: the same
+        region in 16-bit integers (not the layer alone: an outlier's error is in the ranges of
+        the layers it reaches, which the layer alone in fp16 keeps)."""
+        return Change(kind, first.target, first.layer, first.why)
 
     def _judge(self, c: Culprit, rows: list[tuple[Change, dict]], base: dict) -> Verified:
         """The counterfactual's gain decides; the cheapest change near it is the fix."""
@@ -337,6 +349,10 @@ class Verifier:
             t, x = min(near, key=lambda tx: (tx[0]["cost"], -tx[0]["gain_db"]))
             fix, gain = x.label, float(t["gain_db"])
             command = self._command(c, x, t["folder"])
+        refused = (
+            not any(t["status"] == "ok" for t in tried if t["kind"] in COUNTERFACTUALS)
+            and base.get("status") == "ok"
+        )
         return Verified(
             float(base["SQNR mean"]) if base.get("status") == "ok" else math.nan,
             float_gain,
@@ -345,6 +361,7 @@ class Verifier:
             bool(confirmed),
             tried,
             command,
+            refused=refused and not confirmed,
         )
 
     def _globals(self, base: dict) -> list[dict[str, Any]]:
@@ -482,7 +499,14 @@ def verified_columns(culprits: Sequence[Culprit]) -> dict[str, dict[str, object]
         if v is None:
             continue
         out[c.name] = {
-            VERIFIED_FIX: v.fix or ("none within reach" if v.confirmed else "not confirmed"),
+            VERIFIED_FIX: v.fix
+            or (
+                "none within reach"
+                if v.confirmed
+                else "not verifiable on QNN"
+                if v.refused
+                else "not confirmed"
+            ),
             VERIFIED_GAIN: v.gain_db if math.isfinite(v.gain_db) else None,
         }
     return out
@@ -547,6 +571,7 @@ def applied(ranking, out: Verification):
         )
     lines += out.findings
     ranking.culprits = list(out.culprits)
+    ranking.unconfirmed = list(out.unconfirmed)
     ranking.findings = lines
     return ranking
 
@@ -554,6 +579,11 @@ def applied(ranking, out: Verification):
 def _verified_words(v: Verified | None) -> str:
     if v is None:
         return ""
+    if v.refused:
+        return (
+            "; not verified on QNN HTP: QNN runs its region neither in fp16 nor in 16 bits - "
+            "named as the CPU measures rank it"
+        )
     if math.isnan(v.baseline_db) and v.confirmed:
         return "; on QNN HTP: the model as quantized does not run"
     fix = f", fix {v.fix} {_db(v.gain_db)}" if v.fix else ""

@@ -204,6 +204,8 @@ class Ranking:
     findings: list[str]
     columns: dict[str, dict[str, object]] = field(default_factory=dict)  # name -> column values
     outputs_pass: bool | None = None  # the outputs' verdicts (None: none judged)
+    # named by the CPU measures, not confirmed on QNN (their fp16 region gains too little)
+    unconfirmed: list[Culprit] = field(default_factory=list)
 
     def apply(self, df: pd.DataFrame, name_col: str) -> pd.DataFrame:
         """The table with the ranking columns appended (the reference's columns keep their

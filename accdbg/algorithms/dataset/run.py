@@ -99,6 +99,8 @@ class _Request:
     calibration: Calibration
     input_tensors: list[InputTensor]
     lines: int
+    input_list: str | Path | None = None
+    framework: str = "onnx"
 
 
 def wants_dataset_mode(input_list: str | Path | None, dataset_mode: bool) -> bool:
@@ -187,7 +189,9 @@ def check_dataset(
         )
         for name, (path, _, dtype, stored) in feeds[0].items()
     ]
-    return _Request(config, path, model, Calibration(feeds, dims, dtypes), tensors, n)
+    return _Request(
+        config, path, model, Calibration(feeds, dims, dtypes), tensors, n, input_list, framework
+    )
 
 
 def run_dataset(
@@ -561,6 +565,8 @@ def _finish(
             target=root / TARGET_DIR / ranking_input,
             simulated=get_engine(req.config.backend.engine).simulation,
         )
+        if ranking.culprits or ranking.outputs_pass is False:
+            ranking = _verified(ranking, req, prepared, root, [w, *worst_kept[1:]])
         findings.extend(ranking.findings)
         culprits = list(ranking.culprits)
         column = f"final {labels[0]}"
@@ -582,6 +588,7 @@ def _finish(
     failed = {f"Result_{i}": e for i, e in sorted(state.failed.items())}
     for key, error in failed.items():
         findings.append(f"{key} failed, not scored: {error}")
+    layer_df = _with_culprits(layer_df, culprits)
     write_csv(scores, root / "scores.csv")
     write_csv(layer_df, root / "layers.csv")
     write_csv(inputs, root / "inputs.csv")
@@ -595,6 +602,7 @@ def _finish(
             "failed": failed,
             "top_contributor_verifier": label,
             "figures": figures,
+            "culprits": [c.as_dict() for c in culprits],
         },
     )
     report = write_dataset_report(
@@ -628,6 +636,50 @@ def _finish(
         seconds=seconds,
         figures=figures,
     )
+
+
+# inputs the culprits' fixes are measured on at most (the worst kept first, then the first
+# lines): a dataset's every line for each candidate would cost its QNN runs many times over
+VERIFY_INPUTS = 8
+
+
+def _verified(ranking, req: _Request, prepared: PreparedModel, root: Path, worst: list[int]):
+    """The ranking's culprits confirmed on QNN by their fixes, measured on the worst kept
+    inputs and the first lines (:data:`VERIFY_INPUTS` at most)."""
+    from accdbg.algorithms.fixes.verify import FixContext, run_command, verify_ranking
+
+    if get_engine(req.config.backend.engine).simulation or prepared.float_model is None:
+        return ranking
+    order = list(dict.fromkeys([*worst, *range(req.lines)]))[:VERIFY_INPUTS]
+    feeds = [req.calibration.feeds[i] for i in order]
+    command = run_command(
+        req.framework, req.model_path, req.input_tensors, req.input_list, req.config
+    )
+    return verify_ranking(
+        ranking, FixContext.of_run(prepared.path, feeds, req.config, root, command)
+    )
+
+
+def _with_culprits(layers: pd.DataFrame, culprits: Sequence[Culprit]) -> pd.DataFrame:
+    """The layer table with each culprit's rank, kind and what QNN verified of its fix."""
+    from accdbg.algorithms.diagnosis.ranking.measures import (
+        KIND_COL,
+        RANK,
+        VERIFIED_FIX,
+        VERIFIED_GAIN,
+    )
+    from accdbg.algorithms.fixes.verify import verified_columns
+
+    if "Name" not in layers.columns:
+        return layers
+    out = layers.copy()
+    verified = verified_columns(culprits)
+    by = {c.name: c for c in culprits}
+    out[RANK] = pd.array([by[n].rank if n in by else None for n in out["Name"]], dtype="Int64")
+    out[KIND_COL] = [by[n].kind if n in by else "" for n in out["Name"]]
+    out[VERIFIED_FIX] = [verified.get(n, {}).get(VERIFIED_FIX, "") for n in out["Name"]]
+    out[VERIFIED_GAIN] = [verified.get(n, {}).get(VERIFIED_GAIN) for n in out["Name"]]
+    return out
 
 
 def _inputs_table(req: _Request, state: _State, outputs, labels, top) -> pd.DataFrame:

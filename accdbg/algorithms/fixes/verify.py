@@ -429,10 +429,12 @@ class Verifier:
         if best is not None:
             what, gain, cmd = best
             n = len(self.ctx.feeds)
+            outputs = {o.name for o in self.setup.prepared.graph.output}
+            at = "outputs" if set(self.setup.judged) <= outputs else "outputs' logits"
             where = (
                 f"the median over {n} inputs"
                 if n > 1
-                else f"outputs at {out.baseline_db + gain:.1f} dB SQNR"
+                else f"{at} {out.baseline_db:.1f} -> {out.baseline_db + gain:.1f} dB SQNR"
             )
             lines.append(
                 f"fix: {what}: {_db(gain)} on QNN HTP (measured, {where})"

@@ -117,3 +117,18 @@ def test_no_import_circle_between_modules(lazy):
         if m not in state:
             visit(m)
     assert cycles == []
+
+
+MAX_FUNCTION_LINES = 150  # the style guide's bound: a function one reads on a screen or two
+
+
+def test_no_function_is_longer_than_the_bound():
+    """Every function of ``accdbg/``, signature and docstring included, within the bound."""
+    long = [
+        f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for name, tree in _trees().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert long == []

@@ -135,7 +135,10 @@ def test_a_child_process_stage_is_one_line_without_a_terminal(lines, console) ->
     run_isolated(progress_child.counted, 2, 0.0, what="a child")
     err = console()
     assert "\r" not in err
-    assert re.findall(r"^child stage.*$", err, re.M) == ["child stage: 2 items in 0.0 s"]
+    # one line, its figures the child's own (the time a loaded host may stretch)
+    assert re.findall(r"^child stage.*$", err, re.M) == [
+        re.search(r"^child stage: 2 items in \d+\.\d s$", err, re.M).group(0)
+    ]
 
 
 @pytest.mark.slow

@@ -597,43 +597,7 @@ def _write(
     layers = _layer_table(search, ranked, causes, nsr)
     sessions = sum(sg.sessions for sg in search.subgraphs)
     cpu = sorted({op for sg in search.subgraphs for op in sg.cpu_ops})
-    findings = []
-    if whole.score == 0:
-        findings.append("the quantized model's outputs equal the float ones: nothing to search")
-    for sg in leaves:
-        if sg.id in ranks and ranks[sg.id] <= 5:
-            inside = layers[layers["Subgraph"] == sg.id].sort_values("culprit_rank")
-            order = (
-                f"; by their own encodings, most likely first: {', '.join(inside['O/P Name'][:3])}"
-                if len(inside) > 1
-                else ""
-            )
-            findings.append(
-                f"culprit #{ranks[sg.id]}: {_describe(search, sg)} - {causes[sg.id]}{order}"
-            )
-    if not ranks and whole.score > 0 and whole.size <= search.min_size:
-        findings.append(
-            f"the model has {whole.size} ops, no more than min_graph_size {search.min_size}: "
-            f"nothing to split ({_score_text(label, whole)})"
-        )
-    elif not ranks and whole.score > 0 and not any(sg.id != 0 for sg in leaves):
-        findings.append(
-            f"no half carries the error alone: the whole model ({_score_text(label, whole)}) "
-            "is not split further"
-        )
-    elif not ranks and whole.score > 0:
-        top = max((sg for sg in leaves if sg.id != 0), key=lambda sg: shares[sg.id])
-        findings.append(
-            f"no part of the model stands out: quantized alone, no subgraph the search ended on "
-            f"costs half of the whole model's error ({_score_text(label, whole)}); the most, "
-            f"{_describe(search, top)}, {share_words(shares[top.id])}. The error is spread over the model: "
-            "a global change (per-channel weights, 16-bit activations, calibration data) is the "
-            "question, not a layer"
-        )
-    findings.append(
-        f"cost: {len(search.subgraphs)} models, {sessions} QNN session(s); the float part ran in "
-        f"fp16 on HTP" + (f", {len(cpu)} op(s) on the CPU" if cpu else ", nothing on the CPU")
-    )
+    findings = _findings(search, label, leaves, ranks, shares, causes, layers, sessions, cpu)
     sub_rows = []
     for sg in search.subgraphs:
         sub_rows.append(
@@ -707,6 +671,49 @@ def _write(
         + "<h2>Subgraphs</h2>",
     )
     return BinaryResult(folder, layers, subs, iters, sessions, 0.0, csv, html, json_path, findings)
+
+
+def _findings(search, label, leaves, ranks, shares, causes, layers, sessions, cpu) -> list[str]:
+    """The culprits (the five first), or why none stands out, and what the search cost."""
+    whole = search.subgraphs[0]
+    findings = []
+    if whole.score == 0:
+        findings.append("the quantized model's outputs equal the float ones: nothing to search")
+    for sg in leaves:
+        if sg.id in ranks and ranks[sg.id] <= 5:
+            inside = layers[layers["Subgraph"] == sg.id].sort_values("culprit_rank")
+            order = (
+                f"; by their own encodings, most likely first: {', '.join(inside['O/P Name'][:3])}"
+                if len(inside) > 1
+                else ""
+            )
+            findings.append(
+                f"culprit #{ranks[sg.id]}: {_describe(search, sg)} - {causes[sg.id]}{order}"
+            )
+    if not ranks and whole.score > 0 and whole.size <= search.min_size:
+        findings.append(
+            f"the model has {whole.size} ops, no more than min_graph_size {search.min_size}: "
+            f"nothing to split ({_score_text(label, whole)})"
+        )
+    elif not ranks and whole.score > 0 and not any(sg.id != 0 for sg in leaves):
+        findings.append(
+            f"no half carries the error alone: the whole model ({_score_text(label, whole)}) "
+            "is not split further"
+        )
+    elif not ranks and whole.score > 0:
+        top = max((sg for sg in leaves if sg.id != 0), key=lambda sg: shares[sg.id])
+        findings.append(
+            f"no part of the model stands out: quantized alone, no subgraph the search ended on "
+            f"costs half of the whole model's error ({_score_text(label, whole)}); the most, "
+            f"{_describe(search, top)}, {share_words(shares[top.id])}. The error is spread over the model: "
+            "a global change (per-channel weights, 16-bit activations, calibration data) is the "
+            "question, not a layer"
+        )
+    findings.append(
+        f"cost: {len(search.subgraphs)} models, {sessions} QNN session(s); the float part ran in "
+        f"fp16 on HTP" + (f", {len(cpu)} op(s) on the CPU" if cpu else ", nothing on the CPU")
+    )
+    return findings
 
 
 @register("binary")

@@ -222,6 +222,84 @@ def _check_list_files(
             check_finite(path, dtype, what, allow_nonfinite, t.dims if t is not None else None)
 
 
+def _golden(
+    framework,
+    model_path,
+    input_tensors,
+    input_list,
+    output_tensors,
+    working_dir,
+    output_dirname,
+    allow_nonfinite_inputs,
+    framework_kwargs,
+) -> Path:
+    """The framework diagnosis run: one float golden per input."""
+    if not input_tensors:
+        raise AccdbgError(
+            "framework diagnosis needs -i/--input_tensor (or give --golden_output_reference_directory)"
+        )
+    if input_list is not None:
+        _note_input_list(input_list, input_tensors)
+    gold = run_framework_diagnosis(
+        framework,
+        model_path,
+        input_tensors,
+        output_tensors,
+        working_dir=working_dir,
+        output_dirname=output_dirname,
+        input_list=input_list,
+        allow_nonfinite_inputs=allow_nonfinite_inputs,
+        **(framework_kwargs or {}),
+    )
+    return gold.run_dir
+
+
+def _prefetcher(stack: ExitStack, goldens, engine_inputs, prefetch: list):
+    """The engine's ``on_ready``: the ranking's work that needs no backend result starts beside
+    the run (appended to ``prefetch``; closed with ``stack``)."""
+
+    def ready(m: ModelReady) -> None:
+        if not (PREFETCH and "Result_0" in goldens and m.inputs):
+            return
+        first, *rest = m.inputs
+        try:  # never the run's failure: the ranking then does it all after the run
+            feeds = _feeds_from(first, engine_inputs)
+        except Exception as exc:
+            log.info("culprit ranking not prepared beside the run: %s", exc)
+            return
+        work = Prefetch(
+            m.model,
+            goldens["Result_0"],
+            m.tensor_mapping,
+            feeds,
+            (_feeds_from(f, engine_inputs) for f in rest),
+            start=False,
+        )
+        stack.callback(work.close)  # done by then, unless the run stopped
+        prefetch.append(work)
+        work.start()  # once its close is arranged: a signal may come at any step
+
+    return ready
+
+
+def _converted(framework, model_path, input_tensors, output_tensors, working_dir, name):
+    """Another framework's model as ONNX, for the engine: (conversion, model, its inputs)."""
+    from accdbg.frameworks.convert import convert_to_onnx
+
+    out = Path(working_dir) / "conversion" / name
+    conversion = convert_to_onnx(framework, model_path, input_tensors, out, output_tensors)
+    return conversion, conversion.onnx_path, conversion.renamed(input_tensors)
+
+
+def _judged(output_tensors, input_list, qdq_model: Path) -> tuple[list[str], list[str]]:
+    """The outputs judged (the verdict, the table of inputs): those asked for with -o and the
+    list's '#' line (else none), and the graph's outputs when none is asked for."""
+    listed = parse_input_list(input_list) if input_list else None
+    judged = list(requested_outputs(output_tensors, listed))
+    graph = onnx.load(str(qdq_model), load_external_data=False).graph
+    return judged, judged or [o.name for o in graph.output]
+
+
 def run_oneshot(
     framework: str,
     model_path: str | Path,
@@ -265,37 +343,27 @@ def run_oneshot(
         seconds: dict[str, float] = {}
         t = time.perf_counter()
         if golden_dir is None:
-            if not input_tensors:
-                raise AccdbgError(
-                    "framework diagnosis needs -i/--input_tensor (or give --golden_output_reference_directory)"
-                )
-            if input_list is not None:
-                _note_input_list(input_list, input_tensors)
-            gold = run_framework_diagnosis(
+            golden_dir = _golden(
                 framework,
                 model_path,
                 input_tensors,
+                input_list,
                 output_tensors,
-                working_dir=working_dir,
-                output_dirname=output_dirname,
-                input_list=input_list,
-                allow_nonfinite_inputs=allow_nonfinite_inputs,
-                **(framework_kwargs or {}),
+                working_dir,
+                output_dirname,
+                allow_nonfinite_inputs,
+                framework_kwargs,
             )
-            golden_dir = gold.run_dir
             seconds["framework_diagnosis"] = time.perf_counter() - t
         golden_dir = Path(golden_dir)
         goldens, _ = find_results(golden_dir, "--golden_output_reference_directory")
-        conversion = None
-        engine_model, engine_inputs = Path(model_path), list(input_tensors)
+        conversion, engine_model, engine_inputs = None, Path(model_path), list(input_tensors)
         if framework != "onnx":
             t = time.perf_counter()
-            from accdbg.frameworks.convert import convert_to_onnx
-
-            out = Path(working_dir) / "conversion" / (output_dirname or golden_dir.name)
-            conversion = convert_to_onnx(framework, model_path, input_tensors, out, output_tensors)
-            engine_model = conversion.onnx_path
-            engine_inputs = conversion.renamed(input_tensors)
+            conversion, engine_model, engine_inputs = _converted(
+                framework, model_path, input_tensors, output_tensors, working_dir,
+                output_dirname or golden_dir.name,
+            )  # fmt: skip
             seconds["conversion to ONNX"] = time.perf_counter() - t
         pool = None
         if enable_tensor_inspection:
@@ -306,29 +374,7 @@ def run_oneshot(
         t = time.perf_counter()
         mapping_dir = next(iter(goldens.values())) if conversion is None else None
         prefetch: list[Prefetch] = []
-
-        def ready(m: ModelReady) -> None:
-            """The ranking's work that needs no backend result starts beside the run."""
-            if not (PREFETCH and "Result_0" in goldens and m.inputs):
-                return
-            first, *rest = m.inputs
-            try:  # never the run's failure: the ranking then does it all after the run
-                feeds = _feeds_from(first, engine_inputs)
-            except Exception as exc:
-                log.info("culprit ranking not prepared beside the run: %s", exc)
-                return
-            work = Prefetch(
-                m.model,
-                goldens["Result_0"],
-                m.tensor_mapping,
-                feeds,
-                (_feeds_from(f, engine_inputs) for f in rest),
-                start=False,
-            )
-            stack.callback(work.close)  # done by then, unless the run stopped
-            prefetch.append(work)
-            work.start()  # once its close is arranged: a signal may come at any step
-
+        ready = _prefetcher(stack, goldens, engine_inputs, prefetch)
         engine = run_inference_engine(
             engine_model,
             input_list=input_list,
@@ -350,14 +396,7 @@ def run_oneshot(
         seconds["inference_engine"] = time.perf_counter() - t
         t = time.perf_counter()
         target = _target(goldens, engine.results, input_list, input_tensors)
-        # the outputs judged (the verdict, the table of inputs): those asked for with -o and
-        # the list's '#' line, else the graph's
-        judged = list(
-            requested_outputs(output_tensors, parse_input_list(input_list) if input_list else None)
-        )
-        graph_outputs = judged or [
-            o.name for o in onnx.load(str(engine.qdq_model), load_external_data=False).graph.output
-        ]
+        judged, graph_outputs = _judged(output_tensors, input_list, engine.qdq_model)
         notes = _Annotator(
             engine=engine,
             engine_inputs=engine_inputs,
@@ -370,11 +409,10 @@ def run_oneshot(
             ),
             inspection=pool,
             prefetch=prefetch[0] if prefetch else None,
-            verify=_verify_plan(
+            verify=VERIFY
+            and _verify_plan(
                 engine, engine_model, engine_inputs, input_list, config, framework, model_path
-            )
-            if VERIFY
-            else None,
+            ),
             judged=judged,
         )
         ver = run_verification(
@@ -497,7 +535,7 @@ class _Annotator:
                 "exposing every tensor changed what the backend fuses: the layers' rows are the "
                 "debug graph's, the outputs as deployed are the plain run's",
             )
-        if self.verify is not None and (ranking.culprits or ranking.outputs_pass is False):
+        if self.verify and (ranking.culprits or ranking.outputs_pass is False):
             t = time.perf_counter()
             ranking = self.verify.run(ranking, ver.run_dir, worst_line)
             seconds["verification on QNN"] = time.perf_counter() - t

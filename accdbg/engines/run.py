@@ -304,42 +304,12 @@ def run_inference_engine(
         for d in prepared.defects:  # before the backend is asked: what no encoding can hold
             log.warning("encodings: %s", d.line())
         target_model = onnx.load(str(target), load_external_data=False)
-        selected = (
-            [] if stage == "compiled" else select_layers(target_model, config.layers, fw_names)
-        )
-        _check_dumped_instead(
-            req.dumped_instead,
-            selected,
-            lambda: select_layers(target_model, LayerFilter(), fw_names),
-        )
-        if debug and stage != "compiled" and not selected:
-            raise AccdbgError(
-                "no layer output left to dump: --add_layer_outputs/--add_layer_types and "
-                "--skip_layer_outputs/--skip_layer_types leave none (--debug_mode_off dumps "
-                "the model outputs only)"
-            )
+        selected = _selected(target_model, config, fw_names, req.dumped_instead)
         json_dir = run.path / "qnn_json"
         options.json_graph_dir = None if eng.simulation else str(json_dir)
         if options.profiling_level:  # --profiling_level, or --extra_contextbin_args
             options.profiling_path = str(run.path / "qnn_profiling.csv")
-        job = Job(
-            engine=eng.name,
-            options=options,
-            model_path=str(target),
-            exposed=selected,
-            feeds=feeds,
-            output_root=str(run.path / "output"),
-            native_log=str(run.path / "backend_log.txt"),
-            output_data_type=config.dump.data_type,
-            memory_budget_bytes=int(memory_budget_mb * 2**20),
-            meta={
-                "component": "inference_engine",
-                "engine": eng.label,
-                "runtime": runtime,
-                "model": target.name,
-            },
-            inputs=[inputs_record({n: p for n, (p, *_) in f.items()}) for f in feeds],
-        )
+        job = _job(eng, options, target, selected, feeds, run.path, config, memory_budget_mb)
         mapping = artifacts.tensor_mapping(selected, fw_names if fw_names is not None else gold)
         if prepared.float_model is not None and fw_names is not None:
             mapping.update(_renamed(prepared.float_model, model, selected, mapping, feeds))
@@ -396,6 +366,46 @@ def run_inference_engine(
         seconds=time.perf_counter() - start,
         simulated=eng.simulation,
         observer=effects,
+    )
+
+
+def _selected(target_model: onnx.ModelProto, config: EngineConfig, fw_names, dumped_instead):
+    """The layer outputs to dump; none left while debugging is refused (the filters ate them)."""
+    stage, debug = config.stage, config.dump.debug
+    selected = [] if stage == "compiled" else select_layers(target_model, config.layers, fw_names)
+    _check_dumped_instead(
+        dumped_instead,
+        selected,
+        lambda: select_layers(target_model, LayerFilter(), fw_names),
+    )
+    if debug and stage != "compiled" and not selected:
+        raise AccdbgError(
+            "no layer output left to dump: --add_layer_outputs/--add_layer_types and "
+            "--skip_layer_outputs/--skip_layer_types leave none (--debug_mode_off dumps "
+            "the model outputs only)"
+        )
+    return selected
+
+
+def _job(eng, options, target: Path, selected, feeds, run_path: Path, config, budget_mb) -> Job:
+    """The backend's job: the model, what to expose, every input, where to write."""
+    return Job(
+        engine=eng.name,
+        options=options,
+        model_path=str(target),
+        exposed=selected,
+        feeds=feeds,
+        output_root=str(run_path / "output"),
+        native_log=str(run_path / "backend_log.txt"),
+        output_data_type=config.dump.data_type,
+        memory_budget_bytes=int(budget_mb * 2**20),
+        meta={
+            "component": "inference_engine",
+            "engine": eng.label,
+            "runtime": config.backend.runtime,
+            "model": target.name,
+        },
+        inputs=[inputs_record({n: p for n, (p, *_) in f.items()}) for f in feeds],
     )
 
 

@@ -143,33 +143,7 @@ def figure(
             col=1,
         )
         fig.update_yaxes(title_text=escape(label + unit), row=row, col=1, secondary_y=False)
-        drop_col = f"{label} drop"
-        if drop_col in df.columns:
-            fig.add_trace(
-                go.Bar(
-                    x=x,
-                    y=finite(df[drop_col]),
-                    opacity=0.35,
-                    marker_color=COLORS["drop"],
-                    hovertext=hover,
-                    hovertemplate="%{hovertext}<br>drop %{y:.4g}<extra></extra>",
-                    **legend("drop (error the layer adds)"),
-                ),
-                row=row,
-                col=1,
-                secondary_y=True,
-            )
-            fig.update_yaxes(
-                title_text=escape(f"{label} drop"),
-                row=row,
-                col=1,
-                secondary_y=True,
-                showgrid=False,
-                zeroline=True,
-                tickmode="auto",
-                nticks=5,
-                tickformat="~g",
-            )
+        _drops(fig, df, label, x, hover, legend, row)
         thr = v.pass_mark
         if thr is not None and math.isfinite(thr):
             fig.add_hline(
@@ -215,30 +189,7 @@ def figure(
                 col=1,
             )
         if ranked:
-            idx = [i for i, _ in ranked]
-            fig.add_trace(
-                go.Scatter(
-                    x=idx,
-                    y=[scores[i] for i in idx],
-                    mode="markers+text",
-                    text=[f"#{r}" for _, r in ranked],
-                    textposition="top center",
-                    textfont={"color": COLORS["culprit"], "size": 13},
-                    marker={
-                        "symbol": "circle-open",
-                        "size": 18,
-                        "line": {"width": 2.5},
-                        "color": COLORS["culprit"],
-                    },
-                    hovertext=[
-                        f"{hover[i]}<br>culprit #{r}: {escape(causes[i])}" for i, r in ranked
-                    ],
-                    hoverinfo="text",
-                    **legend("culprit"),
-                ),
-                row=row,
-                col=1,
-            )
+            fig.add_trace(_culprit_marks(ranked, scores, hover, causes, legend), row=row, col=1)
     tickvals, ticktext = ticks(names, [i for i, _ in ranked] or _marked(marks, position))
     fig.update_xaxes(tickmode="array", tickvals=tickvals, ticktext=ticktext, tickangle=-50)
     fig.update_xaxes(showticklabels=True, row=panels, col=1)
@@ -255,6 +206,60 @@ def figure(
         bargap=0.1,
     )
     return fig
+
+
+def _drops(fig: go.Figure, df: pd.DataFrame, label: str, x, hover, legend, row: int) -> None:
+    """The error each layer adds (``<label> drop``), as bars on the panel's second axis."""
+    drop_col = f"{label} drop"
+    if drop_col not in df.columns:
+        return
+    fig.add_trace(
+        go.Bar(
+            x=x,
+            y=finite(df[drop_col]),
+            opacity=0.35,
+            marker_color=COLORS["drop"],
+            hovertext=hover,
+            hovertemplate="%{hovertext}<br>drop %{y:.4g}<extra></extra>",
+            **legend("drop (error the layer adds)"),
+        ),
+        row=row,
+        col=1,
+        secondary_y=True,
+    )
+    fig.update_yaxes(
+        title_text=escape(f"{label} drop"),
+        row=row,
+        col=1,
+        secondary_y=True,
+        showgrid=False,
+        zeroline=True,
+        tickmode="auto",
+        nticks=5,
+        tickformat="~g",
+    )
+
+
+def _culprit_marks(ranked, scores, hover, causes, legend) -> go.Scatter:
+    """The culprits' rings, labelled with their rank, their cause on hover."""
+    idx = [i for i, _ in ranked]
+    return go.Scatter(
+        x=idx,
+        y=[scores[i] for i in idx],
+        mode="markers+text",
+        text=[f"#{r}" for _, r in ranked],
+        textposition="top center",
+        textfont={"color": COLORS["culprit"], "size": 13},
+        marker={
+            "symbol": "circle-open",
+            "size": 18,
+            "line": {"width": 2.5},
+            "color": COLORS["culprit"],
+        },
+        hovertext=[f"{hover[i]}<br>culprit #{r}: {escape(causes[i])}" for i, r in ranked],
+        hoverinfo="text",
+        **legend("culprit"),
+    )
 
 
 def _marked(marks: Sequence[Marks], position: Mapping[str, int]) -> list[int]:

@@ -546,6 +546,109 @@ def _overlays(
     )
 
 
+def _side_files(
+    target_run: Path | None,
+    discover: bool,
+    tensor_mapping,
+    graph_struct,
+    qnn_model_json_path,
+    find_mapping: bool,
+) -> tuple[Any, Any, Any, dict[str, str]]:
+    """The mapping, graph structure and QNN graph JSON: as given, else (``discover``) the
+    files the engine wrote beside its results; with where each came from, for the log."""
+    sources: dict[str, str] = {}
+    found_words = "(found beside the inference results)"
+    if tensor_mapping is None and discover and find_mapping:
+        found = side_file(target_run, MAPPING_FILE)
+        if found:
+            tensor_mapping, sources["tensor_mapping"] = found, f"{found} {found_words}"
+    if graph_struct is None and discover:
+        found = side_file(target_run, "*graph_struct.json")
+        if found:
+            graph_struct, sources["graph_struct"] = found, f"{found} {found_words}"
+    if qnn_model_json_path is None and discover:
+        found = side_file(target_run, "model_net.json") or side_file(target_run, "*_net.json")
+        if found:
+            qnn_model_json_path, sources["qnn_model_json_path"] = found, f"{found} {found_words}"
+    for key, value in (
+        ("tensor_mapping", tensor_mapping),
+        ("graph_struct", graph_struct),
+        ("qnn_model_json_path", qnn_model_json_path),
+    ):
+        if value is not None and key not in sources:
+            sources[key] = str(value) if not isinstance(value, Mapping) else "(given as a dict)"
+    return tensor_mapping, graph_struct, qnn_model_json_path, sources
+
+
+def _mapping(
+    tensor_mapping, model_path, framework, folders, sources
+) -> dict[str, str | None] | None:
+    """Golden name -> target name: given, loaded, or built from the model (said in ``sources``)."""
+    if isinstance(tensor_mapping, Mapping):
+        return dict(tensor_mapping)
+    if tensor_mapping is not None:
+        return load_tensor_mapping(tensor_mapping)
+    if model_path is None:
+        return None
+    first_g, first_t = next(iter(folders.values()))
+    mapping = build_tensor_mapping(
+        model_path, first_g.names(), first_t.names(), framework or "onnx"
+    )
+    sources["tensor_mapping"] = f"built from {model_path}: {len(mapping)} pairs"
+    return mapping
+
+
+def _aggregate_page(aggregate, passed, per_input, folders, verifiers, plan, table) -> SummaryPage:
+    """The top-level page of several inputs: the worst value per verifier over the inputs,
+    with the table of inputs above it."""
+    meta = {
+        "format": SUMMARY_FORMAT,
+        "aggregate_of": list(per_input),
+        "inputs": {
+            k: {"golden": recorded_inputs(g.meta), "target": recorded_inputs(t.meta)}
+            for k, (g, t) in folders.items()
+        },
+        "verifiers": [
+            {**cv.verifier.describe(), "label": cv.label, "tensors": cv.tensors} for cv in verifiers
+        ],
+        "sources": plan.sources,
+    }
+    notes = [
+        f"Aggregate over {len(per_input)} inputs ({', '.join(per_input)}): each verifier "
+        "column is the worst value over the inputs, <verifier>_median the median, "
+        "<verifier>_worst_input the input it came from; each input's own summary is in "
+        "its Result_N folder (linked in the table of inputs)."
+    ]
+    notes += _notes(plan, aggregate, passed)
+    return SummaryPage(
+        aggregate,
+        "Verification (all inputs)",
+        meta,
+        passed,
+        notes,
+        before=inputs_html(table, {k: f"{k}/summary.html" for k in per_input}),
+    )
+
+
+def _verify_each(folders, plan: Plan, root: Path) -> tuple[dict[str, pd.DataFrame], SummaryPage]:
+    """Each input's pairs, compared; with several inputs each gets its own folder and page
+    (the last page returned is the single input's, written by the caller)."""
+    per_input: dict[str, pd.DataFrame] = {}
+    several = len(folders) > 1
+    each = folders.items()
+    if several:  # one bar over the inputs, one over each input's tensors
+        each = progress(each, "verification: inputs", len(folders), "inputs", line=False)
+    page = None
+    for key, (g_folder, t_folder) in each:
+        out = root / key if several else root
+        title = f"Verification {key}" if several else "Verification"
+        df, _, page = verify_input(g_folder, t_folder, plan, out, title)
+        per_input[key] = df
+        if several:
+            page.write(out)
+    return per_input, page
+
+
 def run_verification(
     golden_dir: str | os.PathLike,
     inference_results: str | os.PathLike,
@@ -603,50 +706,15 @@ def run_verification(
     folders, input_notes = match_inputs(
         {key: (folder(g), folder(t)) for key, (g, t) in inputs.items()}, len(golden_inputs) == 1
     )
-    sources: dict[str, str] = {}
-
-    if tensor_mapping is None and discover and not engine_vs_engine and model_path is None:
-        found = side_file(target_run, MAPPING_FILE)
-        if found:
-            tensor_mapping, sources["tensor_mapping"] = (
-                found,
-                f"{found} (found beside the inference results)",
-            )
-    if graph_struct is None and discover:
-        found = side_file(target_run, "*graph_struct.json")
-        if found:
-            graph_struct, sources["graph_struct"] = (
-                found,
-                f"{found} (found beside the inference results)",
-            )
-    if qnn_model_json_path is None and discover:
-        found = side_file(target_run, "model_net.json") or side_file(target_run, "*_net.json")
-        if found:
-            qnn_model_json_path, sources["qnn_model_json_path"] = (
-                found,
-                f"{found} (found beside the inference results)",
-            )
-    for key, value in (
-        ("tensor_mapping", tensor_mapping),
-        ("graph_struct", graph_struct),
-        ("qnn_model_json_path", qnn_model_json_path),
-    ):
-        if value is not None and key not in sources:
-            sources[key] = str(value) if not isinstance(value, Mapping) else "(given as a dict)"
-
-    mapping: dict[str, str | None] | None
-    if isinstance(tensor_mapping, Mapping):
-        mapping = dict(tensor_mapping)
-    elif tensor_mapping is not None:
-        mapping = load_tensor_mapping(tensor_mapping)
-    elif model_path is not None:
-        first_g, first_t = next(iter(folders.values()))
-        mapping = build_tensor_mapping(
-            model_path, first_g.names(), first_t.names(), framework or "onnx"
-        )
-        sources["tensor_mapping"] = f"built from {model_path}: {len(mapping)} pairs"
-    else:
-        mapping = None
+    tensor_mapping, graph_struct, qnn_model_json_path, sources = _side_files(
+        target_run,
+        discover,
+        tensor_mapping,
+        graph_struct,
+        qnn_model_json_path,
+        find_mapping=not engine_vs_engine and model_path is None,
+    )
+    mapping = _mapping(tensor_mapping, model_path, framework, folders, sources)
     layers = load_graph_struct(graph_struct) if graph_struct is not None else []
     qnn = QnnGraph(qnn_model_json_path) if qnn_model_json_path is not None else None
     plan = Plan(verifiers, mapping, execution_order(layers), qnn, sources)
@@ -675,18 +743,8 @@ def run_verification(
         )
         if mapping is not None and model_path is not None and tensor_mapping is None:
             write_tensor_mapping(run.path / MAPPING_FILE, mapping)
-        per_input: dict[str, pd.DataFrame] = {}
         several = len(folders) > 1
-        each = folders.items()
-        if several:  # one bar over the inputs, one over each input's tensors
-            each = progress(each, "verification: inputs", len(folders), "inputs", line=False)
-        for key, (g_folder, t_folder) in each:
-            out = run.path / key if several else run.path
-            title = f"Verification {key}" if several else "Verification"
-            df, _, page = verify_input(g_folder, t_folder, plan, out, title)
-            per_input[key] = df
-            if several:
-                page.write(out)
+        per_input, page = _verify_each(folders, plan, run.path)
         table = inputs_table(
             per_input,
             {k: (g.meta, t.meta) for k, (g, t) in folders.items()},
@@ -696,34 +754,7 @@ def run_verification(
         aggregate = None
         if several:
             aggregate, passed = aggregate_inputs(per_input, verifiers)
-            meta = {
-                "format": SUMMARY_FORMAT,
-                "aggregate_of": list(per_input),
-                "inputs": {
-                    k: {"golden": recorded_inputs(g.meta), "target": recorded_inputs(t.meta)}
-                    for k, (g, t) in folders.items()
-                },
-                "verifiers": [
-                    {**cv.verifier.describe(), "label": cv.label, "tensors": cv.tensors}
-                    for cv in verifiers
-                ],
-                "sources": sources,
-            }
-            notes = [
-                f"Aggregate over {len(per_input)} inputs ({', '.join(per_input)}): each verifier "
-                "column is the worst value over the inputs, <verifier>_median the median, "
-                "<verifier>_worst_input the input it came from; each input's own summary is in "
-                "its Result_N folder (linked in the table of inputs)."
-            ]
-            notes += _notes(plan, aggregate, passed)
-            page = SummaryPage(
-                aggregate,
-                "Verification (all inputs)",
-                meta,
-                passed,
-                notes,
-                before=inputs_html(table, {k: f"{k}/summary.html" for k in per_input}),
-            )
+            page = _aggregate_page(aggregate, passed, per_input, folders, verifiers, plan, table)
         summary = page.df
         folder_pairs = {k: (g.root, t.root) for k, (g, t) in folders.items()}
         info = [{**cv.verifier.describe(), "label": cv.label} for cv in verifiers]

@@ -282,23 +282,18 @@ def run_dataset(
         write_graph_struct(struct, struct.stem, artifacts.graph_struct_layers(selected, {}))
         outputs = [o.name for o in target_model.graph.output]
         columns = score_columns(list(default_verifiers))
-        spec = WorkerSpec(
-            WORKER,
-            {
-                "framework": framework.strip().lower(),
-                "model_path": str(req.model_path),
-                "input_tensors": req.input_tensors,
-                "runner_options": runner_options,
-                "memory_budget_mb": memory_budget_mb,
-                "target_model": str(prepared.path),
-                "engine": config.backend.engine,
-                "engine_options": config.engine_options(),
-                "exposed": selected,
-                "golden_name": mapping,
-                "verifiers": list(default_verifiers),
-                "outputs": outputs,
-                "output_root": str(run.path),
-            },
+        spec = _spec(
+            framework,
+            req,
+            runner_options,
+            memory_budget_mb,
+            prepared,
+            config,
+            exposed=selected,
+            golden_name=mapping,
+            verifiers=list(default_verifiers),
+            outputs=outputs,
+            output_root=str(run.path),
         )
         t = time.perf_counter()
         state = _State(run.path, req, keep_worst, keep_inputs, [e.name for e in selected])
@@ -313,42 +308,7 @@ def run_dataset(
             executor.name,
             executor.workers,
         )
-        scored_now = 0
-        if todo:
-            journal = _Journal(run.path / JOURNAL)
-
-            def items():
-                for i in todo:
-                    yield (
-                        f"Result_{i}",
-                        {
-                            "index": i,
-                            "key": f"Result_{i}",
-                            "feed": req.calibration.feeds[i],
-                            **state.keep.item_fields(i),
-                        },
-                    )
-
-            with get_executor(executor) as ex:
-                # the first item waits for the worker's start-up and its two sessions; the
-                # findings' "N of M inputs scored" is the stage's line
-                outcomes = ex.map(spec, items())
-                scored = progress(outcomes, "dataset", len(todo), "inputs scored", line=False)
-                for outcome in scored:
-                    index = int(outcome.key.removeprefix("Result_"))
-                    if outcome.ok:
-                        record = _record(outcome.value, outcome.attempts)
-                    else:
-                        record = {
-                            "index": index,
-                            "key": outcome.key,
-                            "error": outcome.error,
-                            "attempts": outcome.attempts,
-                        }
-                        log.warning("%s failed: %s", outcome.key, outcome.error)
-                    journal.append(record)
-                    state.absorb(record)
-                    scored_now += int(outcome.ok)
+        scored_now = _score(run.path, spec, executor, req, state, todo) if todo else 0
         seconds["scoring"] = time.perf_counter() - t
         state.keep.prune()
         for scratch in (run.path / "logs").glob(".scratch-*"):
@@ -376,6 +336,57 @@ def run_dataset(
         log.info("%s", line)
     log.info("report: %s", result.report)
     return result
+
+
+def _spec(framework, req, runner_options, memory_budget_mb, prepared, config, **rest) -> WorkerSpec:
+    """What every worker needs to score one input (the model, the engine, the options)."""
+    return WorkerSpec(
+        WORKER,
+        {
+            "framework": framework.strip().lower(),
+            "model_path": str(req.model_path),
+            "input_tensors": req.input_tensors,
+            "runner_options": runner_options,
+            "memory_budget_mb": memory_budget_mb,
+            "target_model": str(prepared.path),
+            "engine": config.backend.engine,
+            "engine_options": config.engine_options(),
+            **rest,
+        },
+    )
+
+
+def _score(run_path: Path, spec: WorkerSpec, executor, req, state, todo: list[int]) -> int:
+    """Score the inputs left on the executor, journaling each outcome as it comes (a rerun
+    continues from the journal); returns how many scored."""
+    journal = _Journal(run_path / JOURNAL)
+    scored_now = 0
+
+    def items():
+        for i in todo:
+            fields = {"index": i, "key": f"Result_{i}", "feed": req.calibration.feeds[i]}
+            yield f"Result_{i}", {**fields, **state.keep.item_fields(i)}
+
+    with get_executor(executor) as ex:
+        # the first item waits for the worker's start-up and its two sessions; the
+        # findings' "N of M inputs scored" is the stage's line
+        outcomes = ex.map(spec, items())
+        for outcome in progress(outcomes, "dataset", len(todo), "inputs scored", line=False):
+            index = int(outcome.key.removeprefix("Result_"))
+            if outcome.ok:
+                record = _record(outcome.value, outcome.attempts)
+            else:
+                record = {
+                    "index": index,
+                    "key": outcome.key,
+                    "error": outcome.error,
+                    "attempts": outcome.attempts,
+                }
+                log.warning("%s failed: %s", outcome.key, outcome.error)
+            journal.append(record)
+            state.absorb(record)
+            scored_now += int(outcome.ok)
+    return scored_now
 
 
 def _prepare(req: _Request, out: Path) -> PreparedModel:

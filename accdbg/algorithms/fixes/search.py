@@ -157,13 +157,7 @@ def run_fix_search(
     options = config.engine_options()
     quant = config.quant
     model_path = Path(model_path).expanduser().absolute()
-    from accdbg.core import onnx_model as om
-
-    model = om.load_model(model_path)
-    if any(n.op_type == "QuantizeLinear" for n in model.graph.node):
-        raise AccdbgError(
-            f"--fix_search: {str(model_path)!r} is already quantized (QDQ); give the float model"
-        )
+    model = _float_model(model_path)
     calibration = Calibration.from_inputs(model, input_list, input_tensors, allow_nonfinite_inputs)
     feeds = calibration.feeds
     culprits = C.read_diagnosis(diagnosis)
@@ -208,17 +202,7 @@ def run_fix_search(
         )
         for n in notes:
             log.info("fix search: %s", n)
-        shared = {c.layer for c in cands if c.kind == "encoding"}
-        if shared:
-            setup.encodings = _baseline_encodings(setup, calibration, shared, work)
-        if any(c.kind == "clamp_mask" for c in cands):  # the mask's clamp, from the baseline
-            base = quantize_prepared(prepared_path, "baseline", calibration, quant, work)
-            setup.clamps = {
-                d.constant: float(d.extra["clamp"])
-                for d in base.defects
-                if d.extra.get("clamp") is not None
-            }
-            cands = [c for c in cands if c.kind != "clamp_mask" or c.target in setup.clamps]
+        cands = _baseline_state(setup, cands, calibration, prepared_path, quant, work)
         search = Search(setup, run.path, journal, workers, wtype, executor)
         try:
             rows, accepted = search.greedy(
@@ -279,6 +263,36 @@ def run_fix_search(
         seconds,
         notes,
     )
+
+
+def _float_model(model_path: Path):
+    """The user's model, refused when it is already quantized (the search makes the QDQ)."""
+    from accdbg.core import onnx_model as om
+
+    model = om.load_model(model_path)
+    if any(n.op_type == "QuantizeLinear" for n in model.graph.node):
+        raise AccdbgError(
+            f"--fix_search: {str(model_path)!r} is already quantized (QDQ); give the float model"
+        )
+    return model
+
+
+def _baseline_state(setup: Setup, cands: list, calibration, prepared_path, quant, work: Path):
+    """What some candidates need of the baseline's quantization: the shared encodings an
+    ``encoding`` candidate edits, and the clamp a mask's defect calls for (a mask candidate
+    without one is dropped). Returns the candidates kept."""
+    shared = {c.layer for c in cands if c.kind == "encoding"}
+    if shared:
+        setup.encodings = _baseline_encodings(setup, calibration, shared, work)
+    if any(c.kind == "clamp_mask" for c in cands):
+        base = quantize_prepared(prepared_path, "baseline", calibration, quant, work)
+        setup.clamps = {
+            d.constant: float(d.extra["clamp"])
+            for d in base.defects
+            if d.extra.get("clamp") is not None
+        }
+        cands = [c for c in cands if c.kind != "clamp_mask" or c.target in setup.clamps]
+    return cands
 
 
 def _baseline_encodings(

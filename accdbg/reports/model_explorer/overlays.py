@@ -246,14 +246,7 @@ def write_overlays(
     for label, score in scores.items():
         if label not in table.columns:
             continue
-        values: dict[str, float] = {}
-        for node, v in zip(nodes, table[label], strict=True):
-            v = _finite(v)
-            if node is None or v is None:
-                continue
-            old = values.get(node)
-            worse = old is None or (v < old if score.higher_is_better else v > old)
-            values[node] = v if worse else old
+        values = _worst_per_node(nodes, table[label], score)
         if not values:
             continue
         results = score_results(values, score.higher_is_better)
@@ -269,27 +262,7 @@ def write_overlays(
 
     culprits: dict[str, str] = {}
     if rank_col in table.columns:
-        results = {}
-        best_rank: dict[str, int] = {}
-        ranks = pd.to_numeric(table[rank_col], errors="coerce").astype("float64")
-        causes = table[cause_col] if cause_col in table.columns else [""] * len(table)
-        for row, node, rank, cause in zip(rows, nodes, ranks, causes, strict=True):
-            if node is None:
-                continue
-            cause = cause if isinstance(cause, str) else ""
-            if math.isfinite(rank):
-                r = int(rank)
-                culprits[str(row[name_col])] = f"#{r}" + (f": {cause}" if cause else "")
-                if best_rank.get(node, math.inf) < r:  # several rows on one node: the best
-                    continue
-                best_rank[node] = r
-                results[node] = nb.NodeDataResult(
-                    value=f"#{r}: {cause}" if cause else f"#{r}",
-                    bgColor=RANK_COLORS[min(r, len(RANK_COLORS)) - 1],
-                    textColor=WHITE,
-                )
-            elif node not in results:
-                results[node] = nb.NodeDataResult(value=cause or "not a culprit")
+        results, culprits = _ranking(nb, table, rows, nodes, name_col, rank_col, cause_col)
         if results:
             save(
                 "culprit ranking",
@@ -356,6 +329,47 @@ def write_overlays(
         view_command(out.final_dir),
     )
     return out
+
+
+def _worst_per_node(nodes: list, values, score: Score) -> dict[str, float]:
+    """A score column per graph node: several rows on one node keep the worst value."""
+    out: dict[str, float] = {}
+    for node, v in zip(nodes, values, strict=True):
+        v = _finite(v)
+        if node is None or v is None:
+            continue
+        old = out.get(node)
+        worse = old is None or (v < old if score.higher_is_better else v > old)
+        out[node] = v if worse else old
+    return out
+
+
+def _ranking(nb, table: pd.DataFrame, rows, nodes, name_col, rank_col, cause_col):
+    """The culprit ranking's node results (the best rank per node, coloured) and the
+    culprits' marks by row name."""
+    results: dict[str, Any] = {}
+    culprits: dict[str, str] = {}
+    best_rank: dict[str, int] = {}
+    ranks = pd.to_numeric(table[rank_col], errors="coerce").astype("float64")
+    causes = table[cause_col] if cause_col in table.columns else [""] * len(table)
+    for row, node, rank, cause in zip(rows, nodes, ranks, causes, strict=True):
+        if node is None:
+            continue
+        cause = cause if isinstance(cause, str) else ""
+        if math.isfinite(rank):
+            r = int(rank)
+            culprits[str(row[name_col])] = f"#{r}" + (f": {cause}" if cause else "")
+            if best_rank.get(node, math.inf) < r:  # several rows on one node: the best
+                continue
+            best_rank[node] = r
+            results[node] = nb.NodeDataResult(
+                value=f"#{r}: {cause}" if cause else f"#{r}",
+                bgColor=RANK_COLORS[min(r, len(RANK_COLORS)) - 1],
+                textColor=WHITE,
+            )
+        elif node not in results:
+            results[node] = nb.NodeDataResult(value=cause or "not a culprit")
+    return results, culprits
 
 
 def _mark_text(label: str, detail: str) -> str:

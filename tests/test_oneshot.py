@@ -220,6 +220,47 @@ def example_run(tmp_path_factory):
     return tmp, Path(report), proc.stderr
 
 
+VERDICT_HEADING = "## The example's verdict"
+TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}")
+
+
+def readme_verdict() -> list[str]:
+    """The lines of the README's example verdict: the first fenced block after its heading."""
+    text = (REPO / "README.md").read_text()
+    assert VERDICT_HEADING in text, f"the README has no {VERDICT_HEADING!r} section"
+    after = text[text.index(VERDICT_HEADING) :]
+    block = re.search(r"```[a-z]*\n(.*?)\n```", after, re.S).group(1)
+    return block.splitlines()
+
+
+def printed_verdict(err: str, folder: Path) -> list[str]:
+    """The verdict as the command printed it, from "the outputs meet..." (or "outputs
+    failing...") to "report:", with the scratch folder's absolute paths made relative and the
+    run folders' timestamps made ``<timestamp>``: nothing else is changed."""
+    lines = err.splitlines()
+    start = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith(("the outputs meet their thresholds", "outputs failing"))
+    )
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("report: "))
+    out = []
+    for line in lines[start : end + 1]:
+        for root in dict.fromkeys((str(folder.resolve()), str(folder))):
+            line = line.replace(root + "/", "")
+        out.append(TIMESTAMP.sub("<timestamp>", line))
+    return out
+
+
+@pytest.mark.slow
+def test_readme_example_verdict_is_what_the_command_prints(example_run):
+    """The README shows the example's verdict exactly as the first command prints it (progress
+    lines off, as ACCDBG_NO_PROGRESS=1 does): each line, in order. A verdict word changed in
+    the code is a change of the README's block, nothing else."""
+    tmp, _, err = example_run
+    assert printed_verdict(err, tmp) == readme_verdict()
+
+
 @pytest.mark.slow
 def test_readme_command_finds_the_planted_layer(example_run):
     tmp, report, err = example_run

@@ -10,7 +10,15 @@ verification on their ``latest`` runs, then the end-to-end command.
 
 The first block (install and the bundled example) runs in ``test_oneshot.example_run`` and the
 second (the CI command) in ``test_packaging``; this module checks that the two are the ones
-those tests read, and that the CI command's pinned packages are the ones installed.
+those tests read, and that the CI command's pinned packages are the ones installed. The
+example's verdict, as the README shows it, is compared with what the first block prints in
+``test_oneshot.test_readme_example_verdict_is_what_the_command_prints``.
+
+The guides under ``docs/`` hold no command of their own: a shell block there (```bash, ```sh,
+```shell, ```console) must be one of the README's blocks, character for character, so the test
+that runs the README's block runs it too; output samples and flag syntax are ```text or
+indented blocks. The README stays a first ten minutes' read (at most 300 lines), and every
+file it or a guide links to exists.
 """
 
 from __future__ import annotations
@@ -35,11 +43,43 @@ REPO = Path(__file__).resolve().parents[1]
 COMMAND = "qnn-accuracy-debugger"
 
 
+README_MAX_LINES = 300
+SHELL_FENCE = re.compile(r"^```(bash|sh|shell|console|zsh)\s*\n(.*?)\n```", re.S | re.M)
+
+
 def fenced_blocks() -> list[str]:
     return [
         b.strip()
         for b in re.findall(r"```bash\n(.*?)\n```", (REPO / "README.md").read_text(), re.S)
     ]
+
+
+def guides() -> list[Path]:
+    return sorted((REPO / "docs").glob("*.md"))
+
+
+def guide_blocks(path: Path) -> list[str]:
+    """A guide's shell blocks, whatever their fence's language."""
+    return [m.group(2).strip() for m in SHELL_FENCE.finditer(path.read_text())]
+
+
+def links(path: Path, anchors: bool = False) -> list[str]:
+    """The local targets a Markdown file links to (``[text](target)``, images included),
+    without their ``#anchor`` unless ``anchors``; web addresses left out."""
+    found = re.findall(r"\]\(([^()\s]+)\)", path.read_text())
+    return [
+        t if anchors else t.split("#")[0]
+        for t in found
+        if not re.match(r"[a-z]+:", t) and not t.startswith("#") and t.split("#")[0]
+    ]
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub makes of a Markdown file's headings."""
+    return {
+        re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)
+    }
 
 
 def command(block: str, keep: tuple[str, ...] = ()) -> list[str]:
@@ -88,6 +128,68 @@ def test_every_fenced_block_is_executed_by_a_test():
         "--dataset_mode",
     }
     assert "--fix_search" in fix_search_block()
+
+
+def test_readme_is_short_and_its_guides_exist():
+    """At most 300 lines; every file the README links to (the guides, the Model Explorer
+    picture, ARCHITECTURE.md) exists, and so does every file a guide links to."""
+    readme = REPO / "README.md"
+    n = len(readme.read_text().splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines (at most {README_MAX_LINES})"
+    linked = links(readme)
+    for guide in (
+        "docs/own-model.md",
+        "docs/culprits.md",
+        "docs/fix-search.md",
+        "docs/dataset.md",
+        "docs/frameworks.md",
+        "docs/benchmarks.md",
+        "docs/measurements.md",
+        "ARCHITECTURE.md",
+        "docs/model_explorer_overlay.png",
+    ):
+        assert guide in linked, f"the README links to {guide}"
+    assert "## Reading the verdict" in readme.read_text()
+    for source in (readme, *guides()):
+        for target in links(source, anchors=True):
+            file, _, anchor = target.partition("#")
+            assert (source.parent / file).exists(), f"{source.name} links to {file}"
+            if anchor:
+                assert anchor in heading_anchors(source.parent / file), (source.name, target)
+    # every guide is reachable from the README
+    docs = {p.name for p in guides()}
+    reached = {Path(t).name for t in linked if t.startswith("docs/")}
+    assert docs <= reached, f"guides the README does not link to: {sorted(docs - reached)}"
+
+
+def test_guides_run_only_the_readme_commands():
+    """A guide's shell block is one of the README's blocks, verbatim, so the test running that
+    block runs it; a command of a guide's own fails here until a test runs it (add it to the
+    README and to this module, or make it a ```text illustration)."""
+    readme = set(fenced_blocks())
+    assert guides(), "no guide under docs/"
+    for guide in guides():
+        for block in guide_blocks(guide):
+            assert block in readme, (
+                f"{guide.relative_to(REPO)} has a shell block no test runs "
+                f"(not one of the README's): {block[:120]!r}"
+            )
+
+
+def test_guide_check_sees_a_new_block(tmp_path):
+    """The check above is not blind: a ```bash (or ```sh) block of a guide's own is found, a
+    README block copied verbatim passes, and ```text samples are not commands."""
+    page = tmp_path / "guide.md"
+    readme_block = fenced_blocks()[2]
+    page.write_text(
+        f"# g\n\n```bash\n{readme_block}\n```\n\n```text\nqnn-accuracy-debugger --out\n```\n\n"
+        "```sh\nqnn-accuracy-debugger --new_flag\n```\n"
+    )
+    found = guide_blocks(page)
+    assert found == [readme_block, "qnn-accuracy-debugger --new_flag"]
+    assert [b for b in found if b not in set(fenced_blocks())] == [
+        "qnn-accuracy-debugger --new_flag"
+    ]
 
 
 def test_ci_block_pins_what_is_installed():

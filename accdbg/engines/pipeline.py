@@ -253,6 +253,7 @@ def _quantize(
                 fixed or None,
                 notes=said,
                 keep_activations=quant.keep_activations,
+                weight_block_size=quant.weight_block_size,
             )
 
     if quant.restricts_steps:  # onnxruntime's ranges first, then the restricted steps

@@ -204,7 +204,12 @@ def run_fix_search(
             judged,
         )  # fmt: skip
         cands, notes = C.propose(
-            prepared, culprits, quant.per_channel, quant.act_bitwidth, quant.act_quantizer
+            prepared,
+            culprits,
+            quant.per_channel,
+            quant.act_bitwidth,
+            quant.act_quantizer,
+            C.int4_weights(prepared, quant.weights_bitwidth),
         )
         for n in notes:
             log.info("fix search: %s", n)

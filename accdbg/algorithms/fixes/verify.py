@@ -244,7 +244,8 @@ class Verifier:
         q = self.ctx.config.quant
         region = [t for t in dict.fromkeys(c.region or (c.name,)) if t]
         out = [Change("float_region", ",".join(region), c.name, f"culprit #{c.rank}")]
-        own, _ = C.changes_for(self.setup.prepared, c, q.per_channel, q.act_bitwidth)
+        int4 = C.int4_weights(self.setup.prepared, q.weights_bitwidth)
+        own, _ = C.changes_for(self.setup.prepared, c, q.per_channel, q.act_bitwidth, int4=int4)
         if c.kind == MASK and c.source not in self.setup.clamps:
             own = [x for x in own if x.kind != "clamp_mask"]
         return out + own

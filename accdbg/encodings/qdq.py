@@ -213,6 +213,9 @@ def export_qdq_encodings(
 WEIGHT_INPUT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
+OUTPUT_RENAMED = "_QuantizeLinear_Input"  # what onnxruntime's quantizer renames a graph output
+
+
 def weight_bitwidths(model: onnx.ModelProto | str | os.PathLike) -> dict[str, int]:
     """Each weighted layer's weight bitwidth in a QDQ model, by the layer's output names:
     the storage type of the DequantizeLinear giving its weight (input 1) from an
@@ -231,6 +234,6 @@ def weight_bitwidths(model: onnx.ModelProto | str | os.PathLike) -> dict[str, in
     for node in model.graph.node:
         if node.op_type in WEIGHT_INPUT_OPS and len(node.input) > 1 and node.input[1] in bits_of:
             for name in node.output:
-                if name:
-                    out[name] = bits_of[node.input[1]]
+                if name:  # a graph output is renamed <output>_QuantizeLinear_Input
+                    out[name] = out[name.removesuffix(OUTPUT_RENAMED)] = bits_of[node.input[1]]
     return out

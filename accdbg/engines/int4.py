@@ -149,3 +149,24 @@ def int4_plan(
         else:
             plan.others += len(layers[w])
     return plan
+
+
+def check_int4_overrides(
+    overrides: dict[str, list[dict[str, Any]]], model: onnx.ModelProto, where: str
+) -> None:
+    """A ``-qo`` 4-bit weight HTP cannot run refused in one line naming the tensor and the op:
+    a per-tensor (one-encoding) int4 weight of a Conv is refused by onnxruntime-qnn at session
+    creation (checked on its emulation); per channel it runs, as do per-tensor Gemm/MatMul."""
+    from onnxruntime.quantization import QuantType
+
+    four = {QuantType.QInt4, QuantType.QUInt4}
+    for node in model.graph.node:
+        if node.op_type != "Conv" or len(node.input) < 2:
+            continue
+        entries = overrides.get(node.input[1]) or []
+        if entries and entries[0].get("quant_type") in four and "axis" not in entries[0]:
+            raise AccdbgError(
+                f"-qo/--quantization_overrides {where!r}: parameter {node.input[1]!r} has one "
+                f"4-bit encoding (per tensor) and feeds Conv {node.name!r}; HTP runs int4 Conv "
+                "weights per channel only: give one encoding per output channel"
+            )

@@ -245,3 +245,15 @@ def test_an_int4_layer_gets_8_bit_weights_as_its_first_fix(tmp_path):
     assert st["overrides"]["w1x1"] == [{"quant_type": "QUInt8"}]
     assert st["landed"] == [("w8", "w1x1")]
     assert not C.compatible([changes[0]], C.Change("w16", "w1x1", "r1"))
+
+
+def test_a_w4_run_tries_8_bit_weights_everywhere_first_among_the_global_knobs(tmp_path):
+    from accdbg.algorithms.fixes import candidates as C
+
+    built = models.int4_mix(tmp_path, inputs=1)
+    model = onnx.load(str(built.path))
+    cands, _ = C.propose(model, [], False, 16, "tf", C.int4_weights(model, 4))
+    assert cands[0].kind == "w8_all" and cands[0].is_global
+    assert "w8_all" not in {c.kind for c in C.propose(model, [], False, 16, "tf")[0]}
+    st = C.settings([cands[0]], False, 16, "tf", "QUInt8", {})
+    assert st["weights_bitwidth"] == 8

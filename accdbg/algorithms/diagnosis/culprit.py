@@ -47,6 +47,7 @@ class Change:
             "per_channel_all": "per-channel weights (all layers)",
             "calibration": f"activation calibration {t} ({CALIBRATIONS.get(t, '')})",
             "act16_all": "16-bit activations (all layers)",
+            "w8_all": "8-bit weights (all layers; int4 in the run)",
             "per_channel": f"per-channel weights: {t}",
             "act16": f"16-bit activation: {t}",
             "w16": f"16-bit weights: {t}",
@@ -72,7 +73,7 @@ class Change:
         return {"kind": self.kind, "target": self.target, "layer": self.layer, "why": self.why}
 
 
-GLOBAL_KINDS = ("per_channel_all", "calibration", "act16_all")
+GLOBAL_KINDS = ("per_channel_all", "calibration", "act16_all", "w8_all")
 CALIBRATIONS = {"enhanced": "Entropy", "adjusted": "Percentile 99.999"}
 
 

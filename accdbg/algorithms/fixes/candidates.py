@@ -270,9 +270,12 @@ def int4_weights(model: onnx.ModelProto, weights_bitwidth: int) -> frozenset[str
     return frozenset(int4_plan(model).overrides)
 
 
-def global_changes(per_channel: bool, act_bitwidth: int, act_quantizer: str) -> list[Change]:
-    """The model-wide knobs not already turned."""
-    glob: list[Change] = []
+def global_changes(
+    per_channel: bool, act_bitwidth: int, act_quantizer: str, int4: bool = False
+) -> list[Change]:
+    """The model-wide knobs not already turned (``int4``: the run has int4 weights, whose
+    8-bit weights come first: the cheapest, the run's own other layers have them)."""
+    glob: list[Change] = [Change("w8_all", why="global knob")] if int4 else []
     if not per_channel:
         glob.append(Change("per_channel_all", why="global knob"))
     for q in CALIBRATIONS:
@@ -303,7 +306,7 @@ def propose(
             notes.append(note)
     if not culprits:
         notes.append("no culprit in the diagnosis: only global knobs are tried")
-    return local + global_changes(per_channel, act_bitwidth, act_quantizer), notes
+    return local + global_changes(per_channel, act_bitwidth, act_quantizer, bool(int4)), notes
 
 
 def pairs_of(model: onnx.ModelProto, changes: Sequence[Change]) -> list[Pair]:
@@ -371,6 +374,8 @@ def settings(
             out["act_quantizer"] = c.target
         elif c.kind == "act16_all":
             out["act_bitwidth"] = 16
+        elif c.kind == "w8_all":
+            out["weights_bitwidth"] = 8
         elif c.kind == "per_channel":
             out["overrides"][c.target] = [
                 {"axis": axes.get(c.target, 0), "quant_type": weight_type}

@@ -109,6 +109,11 @@ class Setup:
         baseline's; its per-tensor overrides go beside them."""
         keys = ("per_channel", "act_bitwidth", "act_quantizer", "keep_activations")
         quant = replace(self.quant, **{k: settings[k] for k in keys if k in settings})
+        if settings.get("weights_bitwidth", quant.weights_bitwidth) != quant.weights_bitwidth:
+            # 8-bit weights everywhere (w8_all): no int4, so no blocks either
+            quant = replace(
+                quant, weights_bitwidth=settings["weights_bitwidth"], weight_block_size=None
+            )
         if settings.get("recalibrate"):  # the given encodings dropped: calibrated here
             quant = replace(quant, quantization_overrides=None)
         return quant

@@ -367,7 +367,8 @@ class Verifier:
 
     def _globals(self, base: dict) -> list[dict[str, Any]]:
         q = self.ctx.config.quant
-        knobs = C.global_changes(q.per_channel, q.act_bitwidth, q.act_quantizer)
+        int4 = bool(C.int4_weights(self.setup.prepared, q.weights_bitwidth))
+        knobs = C.global_changes(q.per_channel, q.act_bitwidth, q.act_quantizer, int4)
         results = self.search._many([[k] for k in knobs])
         rows = []
         for k, res in zip(knobs, results, strict=True):
@@ -390,6 +391,8 @@ class Verifier:
         }
         if x.kind in flags:
             return shlex.join(cmd + flags[x.kind])
+        if x.kind == "w8_all":  # the default 8-bit weights: the run's -wbw 4 dropped
+            return shlex.join(_without(cmd, ("-wbw", "--weights_bitwidth", "--weight_block_size")))
         if x.kind == "calibration":
             return shlex.join(cmd + ["--act_quantizer", x.target])
         if x.kind == "recalibrate":  # the given encodings dropped, min/max on the inputs

@@ -652,3 +652,64 @@ def shared_bias(tmp: Path) -> Built:
     path, x_path = save(graph, tmp / "shared_bias.onnx"), tmp / "shared_x.raw"
     rng.standard_normal((1, 3, 8, 8)).astype(np.float32).tofile(x_path)
     return Built(path, x_path, "x", (1, 3, 8, 8), {})
+
+
+def int4_mix(tmp: Path, seed: int = 0, inputs: int = 4) -> Built:
+    """x[1,8,8,8] -> Conv 1x1 -> Relu -> Conv 3x3 -> Relu -> Flatten -> Gemm(transB) -> y[1,10]:
+    the layers ``-wbw 4`` gives int4 weights (the 1x1 Conv, the Gemm) and one it leaves 8-bit.
+    ``inputs`` calibration inputs are written (``x{i}.raw``, listed in ``list.txt``)."""
+    rng = np.random.default_rng(seed)
+
+    def f(*shape, k=0.3):
+        return (rng.standard_normal(shape) * k).astype(np.float32)
+
+    inits = {"w1x1": f(16, 8, 1, 1), "b1x1": f(16, k=0.1), "w3x3": f(16, 16, 3, 3, k=0.1),
+             "b3x3": f(16, k=0.1), "wg": f(10, 16 * 8 * 8, k=0.05), "bg": f(10, k=0.1)}  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w1x1", "b1x1"], ["c1"], name="conv1x1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w3x3", "b3x3"], ["c3"], pads=[1, 1, 1, 1], name="conv3x3"),
+        helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
+        helper.make_node("Flatten", ["r3"], ["fl"], name="flat"),
+        helper.make_node("Gemm", ["fl", "wg", "bg"], ["y"], transB=1, name="gemm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "int4_mix",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    path = save(graph, tmp / "int4_mix.onnx")
+    lines = []
+    for i in range(inputs):
+        rng.standard_normal((1, 8, 8, 8)).astype(np.float32).tofile(tmp / f"x{i}.raw")
+        lines.append(str(tmp / f"x{i}.raw"))
+    (tmp / "list.txt").write_text("\n".join(lines) + "\n")
+    return Built(path, tmp / "x0.raw", "x", (1, 8, 8, 8), {})
+
+
+def matmul_chain(tmp: Path, seed: int = 5, inputs: int = 4) -> Built:
+    """x[1,64] -> MatMul [64,32] -> Relu -> MatMul [32,16] -> y: bias-free 2-D weights, what
+    ``--weight_block_size`` runs on (inputs ``bx{i}.raw`` listed in ``bq_list.txt``)."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((64, 32)) * 0.2).astype(np.float32)
+    w2 = (rng.standard_normal((32, 16)) * 0.2).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["m1"], name="fc1"),
+            helper.make_node("Relu", ["m1"], ["r1"], name="relu1"),
+            helper.make_node("MatMul", ["r1", "w2"], ["y"], name="fc2"),
+        ],
+        "matmul_chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    path = save(graph, tmp / "matmul_chain.onnx")
+    lines = []
+    for i in range(inputs):
+        rng.standard_normal((1, 64)).astype(np.float32).tofile(tmp / f"bx{i}.raw")
+        lines.append(str(tmp / f"bx{i}.raw"))
+    (tmp / "bq_list.txt").write_text("\n".join(lines) + "\n")
+    return Built(path, tmp / "bx0.raw", "x", (1, 64), {})

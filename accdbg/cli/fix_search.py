@@ -96,6 +96,7 @@ class BaselineArgs(A.ArgGroup):
             runtime=args.runtime,
             act_bitwidth=args.act_bitwidth,
             weights_bitwidth=args.weights_bitwidth,
+            weight_block_size=args.weight_block_size,
             act_quantizer=args.act_quantizer,
             param_quantizer=args.param_quantizer,
             per_channel=args.per_channel_quantization,

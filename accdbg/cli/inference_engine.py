@@ -57,7 +57,20 @@ def add_quantizer_arguments(group) -> None:
     Q = QuantOptions
     group.add_argument("-abw", "--act_bitwidth", type=int, choices=(8, 16), default=Q.act_bitwidth)
     group.add_argument(
-        "-wbw", "--weights_bitwidth", type=int, choices=(8, 16), default=Q.weights_bitwidth
+        "-wbw",
+        "--weights_bitwidth",
+        type=int,
+        choices=(4, 8, 16),
+        default=Q.weights_bitwidth,
+        help="4: int4 weights (per channel, symmetric) on Conv 1x1, Gemm and MatMul - where "
+        "HTP runs int4 - and 8-bit weights on the other layers",
+    )
+    group.add_argument(
+        "--weight_block_size",
+        type=int,
+        default=Q.weight_block_size,
+        help="with -wbw 4: int4 weights in blocks of N input channels (LPBQ); onnxruntime-qnn "
+        "runs them on MatMul with 16-bit activations only",
     )
     group.add_argument("-pq", "--param_quantizer", choices=QUANTIZERS, default=Q.param_quantizer)
     group.add_argument("--act_quantizer", choices=QUANTIZERS, default=Q.act_quantizer)
@@ -328,6 +341,7 @@ class EngineArgs(A.ArgGroup):
             quant=QuantOptions(
                 act_bitwidth=args.act_bitwidth,
                 weights_bitwidth=args.weights_bitwidth,
+                weight_block_size=args.weight_block_size,
                 bias_bitwidth=args.bias_bitwidth,
                 act_quantizer=args.act_quantizer,
                 param_quantizer=args.param_quantizer,

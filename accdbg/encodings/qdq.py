@@ -207,3 +207,33 @@ def export_qdq_encodings(
         *(shown_as or (model_path, out)),
     )
     return out
+
+
+# the ops whose input 1 is the layer's weight (what a weight_bitwidth column reports)
+WEIGHT_INPUT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+OUTPUT_RENAMED = "_QuantizeLinear_Input"  # what onnxruntime's quantizer renames a graph output
+
+
+def weight_bitwidths(model: onnx.ModelProto | str | os.PathLike) -> dict[str, int]:
+    """Each weighted layer's weight bitwidth in a QDQ model, by the layer's output names:
+    the storage type of the DequantizeLinear giving its weight (input 1) from an
+    initializer (int4/uint4 -> 4, int8/uint8 -> 8, int16/uint16 -> 16). A float weight, or a
+    weight computed at run time, has no entry."""
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
+    inits = {i.name: i.data_type for i in model.graph.initializer}
+    bits_of = {}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in inits:
+            qtype = QTYPES.get(inits[node.input[0]])
+            if qtype is not None:
+                bits_of[node.output[0]] = qtype[0]
+    out = {}
+    for node in model.graph.node:
+        if node.op_type in WEIGHT_INPUT_OPS and len(node.input) > 1 and node.input[1] in bits_of:
+            for name in node.output:
+                if name:  # a graph output is renamed <output>_QuantizeLinear_Input
+                    out[name] = out[name.removesuffix(OUTPUT_RENAMED)] = bits_of[node.input[1]]
+    return out

@@ -51,6 +51,9 @@ class QuantOptions:
     # -rqs 'MIN MAX' (hex literals): scale = (max - min) / (MAX - MIN) steps
     restrict_quantization_steps: str | None = None
     float_bias_bitwidth: int | None = None  # -fbw 16|32: biases of a float (fp16) run
+    # --weight_block_size N (-wbw 4 only): int4 weights in blocks of N along their input
+    # channels (onnxruntime's BlockSize; HTP's LPBQ): see accdbg.engines.int4
+    weight_block_size: int | None = None
 
     def __post_init__(self) -> None:
         """The flags whose bad values need no model to be told: one line at once (the CLI's
@@ -61,6 +64,13 @@ class QuantOptions:
             )
         if self.restrict_quantization_steps is not None:
             parse_steps(self.restrict_quantization_steps)
+        block = self.weight_block_size
+        if block is not None and (
+            isinstance(block, bool) or not isinstance(block, int) or block < 1
+        ):
+            raise AccdbgError(
+                f"--weight_block_size {block!r}: expected a whole number of weights, 1 or more"
+            )
 
     @property
     def quantizes(self) -> bool:
@@ -113,8 +123,10 @@ class QuantOptions:
                 f"{self.act_bitwidth} and -wbw {self.weights_bitwidth} quantize no "
                 f"{self.restricted_bits}-bit tensor"
             )
+        from accdbg.engines.int4 import check_block_size
         from accdbg.engines.quantize import check_quantizer_options
 
+        check_block_size(self.weight_block_size, self.weights_bitwidth, self.act_bitwidth)
         check_quantizer_options(
             self.act_bitwidth,
             self.weights_bitwidth,
@@ -221,6 +233,8 @@ def parse_steps(text: str) -> tuple[int, int]:
 # what HTP's integer kernels take (Qualcomm's HTP op definitions; onnxruntime-qnn's QDQ path):
 # activations in 8 or 16 bits, weights in 4, 8 or 16, biases in 32 (or 8 with 8-bit weights)
 HTP_ACTIVATION_BITS = (8, 16)
+# onnxruntime-qnn's provider option that makes HTP take block-quantized int4 weights (LPBQ)
+BLOCK_QUANT_OPTION = "enable_block_quant_weight_optimization"
 HTP_PARAM_BITS = (4, 8, 16, 32)
 
 
@@ -455,7 +469,12 @@ class EngineConfig:
         return replace(self, quant=replace(self.quant, **changes))
 
     def engine_options(self) -> EngineOptions:
-        return self.backend.engine_options(self.quant.precision)
+        options = self.backend.engine_options(self.quant.precision)
+        if self.quant.quantizes and self.quant.weight_block_size and self.stage == "source":
+            # HTP runs block-quantized int4 weights as LPBQ only when asked to
+            extra = {**options.extra_provider_options, BLOCK_QUANT_OPTION: "1"}
+            options = replace(options, extra_provider_options=extra)
+        return options
 
     def check(self) -> Engine:
         """The options that do not depend on the model, checked (no model is read); returns

@@ -253,6 +253,7 @@ def _quantize(
                 fixed or None,
                 notes=said,
                 keep_activations=quant.keep_activations,
+                weight_block_size=quant.weight_block_size,
             )
 
     if quant.restricts_steps:  # onnxruntime's ranges first, then the restricted steps
@@ -378,12 +379,17 @@ def load_overrides(quant: QuantOptions, model_path: Path) -> dict | None:
         raise AccdbgError(
             f"-qo/--quantization_overrides {str(quant.quantization_overrides)!r} does not exist"
         )
-    return aimet_to_tensor_quant_overrides(
+    from accdbg.engines.int4 import check_int4_overrides
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    overrides = aimet_to_tensor_quant_overrides(
         read_aimet(quant.overrides),
-        onnx.load(str(model_path), load_external_data=False),
+        model,
         f"the model as prepared for QNN ({model_path.name}: its pre-processing folds constants "
         "and fuses ops, and their tensors go with them)",
     )
+    check_int4_overrides(overrides, model, str(quant.quantization_overrides))
+    return overrides
 
 
 def select_layers(

@@ -17,7 +17,8 @@ How the reference's quantizer flags map onto ``onnxruntime.quantization``:
 ``--param_quantizer``: weights always take their min/max in onnxruntime; ``symmetric``
 makes them symmetric, ``tf`` asymmetric; ``enhanced``/``adjusted`` fall back to min/max
 (logged). Bitwidths: ``-abw 8|16`` -> uint8/uint16 activations, ``-wbw 8|16`` -> uint8/uint16
-weights (int8/int16 when symmetric), ``-bbw 32`` -> int32 bias (the only bias QNN's QDQ path
+weights (int8/int16 when symmetric; ``-wbw 4``: per-channel int4 on Conv 1x1, Gemm and MatMul,
+8-bit elsewhere, :mod:`accdbg.engines.int4`), ``-bbw 32`` -> int32 bias (the only bias QNN's QDQ path
 takes; ``-bbw 8`` is refused with that reason).
 """
 
@@ -35,6 +36,7 @@ from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, Q
 
 from accdbg.core.imports import qnn_quantization
 from accdbg.core.inputs import count_nonfinite
+from accdbg.engines.int4 import int4_plan
 from accdbg.engines.integrity import check_wiring, own_biases
 from accdbg.engines.source import load_feed
 from accdbg.engines.static_inputs import (
@@ -115,16 +117,24 @@ def root_records_to_log():
         root.removeFilter(f)
 
 
-def quant_type(bits: int, symmetric: bool, what: str) -> QuantType:
+def quant_type(
+    bits: int, symmetric: bool, what: str, allowed: tuple[int, ...] = (8, 16)
+) -> QuantType:
+    """The storage type of ``bits`` (``allowed``: what the flag takes; 4 for weights only, which
+    are int4 on the layers HTP runs so and 8-bit elsewhere: :mod:`accdbg.engines.int4`)."""
     table = {
         (8, False): QuantType.QUInt8,
         (16, False): QuantType.QUInt16,
         (8, True): QuantType.QInt8,
         (16, True): QuantType.QInt16,
     }
-    if (bits, symmetric) not in table:
-        raise AccdbgError(f"{what} {bits} is not supported; expected 8 or 16")
-    return table[(bits, symmetric)]
+    if bits not in allowed:
+        expected = ", ".join(map(str, allowed[:-1])) + f" or {allowed[-1]}"
+        raise AccdbgError(f"{what} {bits} is not supported; expected {expected}")
+    return table[(8 if bits == 4 else bits, symmetric)]
+
+
+WEIGHT_BITS = (4, 8, 16)  # -wbw: 4 means int4 where HTP runs it, 8-bit weights elsewhere
 
 
 def overrides_for_ort(overrides: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict:
@@ -171,7 +181,12 @@ def check_quantizer_options(
                 f"{flag} {value!r} is not known; expected one of: {', '.join(QUANTIZERS)}"
             )
     quant_type(int(act_bitwidth), False, "-abw/--act_bitwidth")
-    quant_type(int(weights_bitwidth), param_quantizer == "symmetric", "-wbw/--weights_bitwidth")
+    quant_type(
+        int(weights_bitwidth),
+        param_quantizer == "symmetric",
+        "-wbw/--weights_bitwidth",
+        WEIGHT_BITS,
+    )
 
 
 MAX_STRIDE = 32
@@ -199,6 +214,7 @@ def quantize_for_qnn(
     overrides: dict | None = None,
     notes: list[str] | None = None,
     keep_activations: bool = False,
+    weight_block_size: int | None = None,
 ) -> Path:
     """Write the QDQ model for QNN; returns its path. Constants kept float because QNN takes
     them only as initializers are described in ``notes`` (logged when there is no ``notes``)."""
@@ -213,18 +229,30 @@ def quantize_for_qnn(
         )
     w_sym = param_quantizer == "symmetric"
     a_sym = act_quantizer == "symmetric"
-    extra = {}
+    extra: dict[str, Any] = {}
     calib = ACT_CALIBRATION[act_quantizer]
     float_model, float_proto = _named(float_model)
+    init_overrides = dict(overrides or {})
+    if int(weights_bitwidth) == 4:
+        plan = int4_plan(float_proto, set(init_overrides), weight_block_size)
+        init_overrides = {**plan.overrides, **init_overrides}  # given encodings stay as given
+        if weight_block_size:
+            # blocks are opset 21's DequantizeLinear (block_size): the quantizer upgrades the
+            # model to it; com.microsoft's DequantizeLinear has no blocks
+            extra.update({"BlockSize": int(weight_block_size), "UseQDQContribOps": False})
+        if notes is None:
+            log.info("%s", plan.line(weight_block_size))
+        else:
+            notes.append(plan.line(weight_block_size))
     config = get_qnn_qdq_config(
         str(float_model),
         reader,
         calibrate_method=calib,
         stride=calibration_stride(len(reader)) if calib == CalibrationMethod.MinMax else None,
         activation_type=quant_type(act_bitwidth, False, "-abw/--act_bitwidth"),
-        weight_type=quant_type(weights_bitwidth, w_sym, "-wbw/--weights_bitwidth"),
+        weight_type=quant_type(weights_bitwidth, w_sym, "-wbw/--weights_bitwidth", WEIGHT_BITS),
         per_channel=per_channel,
-        init_overrides=overrides or None,
+        init_overrides=init_overrides or None,
         activation_symmetric=a_sym,
         weight_symmetric=w_sym,
     )

@@ -166,6 +166,41 @@ class Plan:
     order: dict[str, tuple[int, str]]
     qnn: QnnGraph | None
     sources: dict[str, str] = field(default_factory=dict)
+    # each weighted layer's weight bitwidth (its output's name -> bits), from the engine
+    # run's QDQ model; empty when the run has none (a float or compiled run)
+    weight_bits: dict[str, int] = field(default_factory=dict)
+
+
+WEIGHT_BITWIDTH = "weight_bitwidth"
+
+
+def _weight_bits(engine_run: Path | None) -> dict[str, int]:
+    """The weight bitwidths of the engine run's QDQ model (its ``*.qdq.onnx``, else its
+    ``-m`` when that is a QDQ model: ``--stage converted``)."""
+    from accdbg.encodings.qdq import weight_bitwidths
+    from accdbg.reports.model_explorer.engine import engine_model
+
+    model, qdq = engine_model(engine_run)
+    for path in (qdq, model):
+        if path is not None and path.suffix == ".onnx":
+            try:
+                found = weight_bitwidths(path)
+            except Exception as exc:  # a model the report cannot read: no column, said
+                log.warning("weight_bitwidth column: %s not read: %s", path.name, exc)
+                return {}
+            if found:
+                return found
+    return {}
+
+
+def with_weight_bitwidth(df: pd.DataFrame, plan: Plan) -> pd.DataFrame:
+    """``df`` with a ``weight_bitwidth`` column (blank for a layer without a quantized
+    weight) when the run's model has quantized weights."""
+    if not plan.weight_bits or "Name" not in df.columns:
+        return df
+    values = [plan.weight_bits.get(n) for n in df["Name"]]
+    df[WEIGHT_BITWIDTH] = pd.array(values, dtype="Int64")
+    return df
 
 
 # ---------------------------------------------------------------- one tensor pair
@@ -397,7 +432,7 @@ def verify_input(
         )
     finally:
         writer.close()
-    df = pd.DataFrame(rows, columns=summary_columns(plan.verifiers))
+    df = with_weight_bitwidth(pd.DataFrame(rows, columns=summary_columns(plan.verifiers)), plan)
     meta = {
         "format": SUMMARY_FORMAT,
         "golden": str(golden.root),
@@ -717,7 +752,7 @@ def run_verification(
     mapping = _mapping(tensor_mapping, model_path, framework, folders, sources)
     layers = load_graph_struct(graph_struct) if graph_struct is not None else []
     qnn = QnnGraph(qnn_model_json_path) if qnn_model_json_path is not None else None
-    plan = Plan(verifiers, mapping, execution_order(layers), qnn, sources)
+    plan = Plan(verifiers, mapping, execution_order(layers), qnn, sources, _weight_bits(target_run))
     for g_folder, t_folder in folders.values():
         plan_pairs(g_folder, t_folder, plan)  # bad names fail here, before a run folder exists
 
@@ -754,6 +789,7 @@ def run_verification(
         aggregate = None
         if several:
             aggregate, passed = aggregate_inputs(per_input, verifiers)
+            aggregate = with_weight_bitwidth(aggregate, plan)
             page = _aggregate_page(aggregate, passed, per_input, folders, verifiers, plan, table)
         summary = page.df
         folder_pairs = {k: (g.root, t.root) for k, (g, t) in folders.items()}

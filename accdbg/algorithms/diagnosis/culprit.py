@@ -33,7 +33,7 @@ BEFORE_RUN = (MASK, UNHOLDABLE, DROPPED)
 class Change:
     """One knob. ``target``: the tensor, weight, calibration or Conv pair it acts on."""
 
-    # per_channel_all | calibration | act16_all | per_channel | act16 | w16 | equalize |
+    # per_channel_all | calibration | act16_all | per_channel | act16 | w16 | w8 | equalize |
     # encoding | float_region | clamp_mask | keep_activation | recalibrate
     kind: str
     target: str = ""
@@ -47,9 +47,11 @@ class Change:
             "per_channel_all": "per-channel weights (all layers)",
             "calibration": f"activation calibration {t} ({CALIBRATIONS.get(t, '')})",
             "act16_all": "16-bit activations (all layers)",
+            "w8_all": "8-bit weights (all layers; int4 in the run)",
             "per_channel": f"per-channel weights: {t}",
             "act16": f"16-bit activation: {t}",
             "w16": f"16-bit weights: {t}",
+            "w8": f"8-bit weights: {t} (int4 in the run)",
             "equalize": f"equalize {t}",
             "encoding": f"{t.replace(',', ', ')}: the encoding of {self.layer}",
             "float_region": f"{self.layer} and its region in fp16 ({len(t.split(','))} tensors)",
@@ -71,7 +73,7 @@ class Change:
         return {"kind": self.kind, "target": self.target, "layer": self.layer, "why": self.why}
 
 
-GLOBAL_KINDS = ("per_channel_all", "calibration", "act16_all")
+GLOBAL_KINDS = ("per_channel_all", "calibration", "act16_all", "w8_all")
 CALIBRATIONS = {"enhanced": "Entropy", "adjusted": "Percentile 99.999"}
 
 

@@ -14,7 +14,7 @@ Concat's encoding are its candidate.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +46,8 @@ FOLDED = ("Relu", "Clip", "LeakyRelu", "BatchNormalization", "Add", "Identity")
 PER_CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1}
 # what a culprit's changes aim at first: its weights, or its activations
 AIMS_AT_ACTIVATIONS = (ACTIVATION, CLIPPING, CONCAT)
+# the changes of one weight's storage: one of them per weight
+WEIGHT_KINDS = ("per_channel", "w16", "w8")
 SUMMARY_JSON = "summary.json"  # a verification run's, holding oneshot's culprits
 CULPRITS_JSON = "culprits.json"  # a snooping run's (accdbg.algorithms.report writes it)
 
@@ -216,11 +218,13 @@ def changes_for(
     per_channel: bool,
     act_bitwidth: int,
     pairs: Sequence[Pair] | None = None,
+    int4: Collection[str] = (),
 ) -> tuple[list[Change], str]:
     """The changes a culprit's kind calls for, aimed at it first, and a note when it gets
     none (a backend layer: precision is not its problem). ``pairs``: the model's Conv pairs
     (:func:`~accdbg.algorithms.fixes.equalize.conv_pairs`), computed once by a caller asking
-    for several culprits."""
+    for several culprits. ``int4``: the weights a ``-wbw 4`` run stores in int4 - their
+    layer's cheapest weight change is 8-bit weights (they are per-channel already)."""
     tensors = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     why = f"culprit #{c.rank}: {c.cause}"
     if c.kind == MASK and c.source:  # the sentinel clamped, or its tensors in 16 bits
@@ -243,7 +247,9 @@ def changes_for(
         return [], f"{c.name}: not a tensor of the float model; no local candidate"
     layer = resolve_layer(model, c.name)
     weight = []
-    if layer.weight and not per_channel and layer.axis is not None:
+    if layer.weight and layer.weight in int4:
+        weight.append(Change("w8", layer.weight, c.name, why))
+    elif layer.weight and not per_channel and layer.axis is not None:
         weight.append(Change("per_channel", layer.weight, c.name, why))
     node_name = layer.node.name if layer.node is not None else None
     for p in conv_pairs(model) if pairs is None else pairs:
@@ -255,9 +261,21 @@ def changes_for(
     return list(dict.fromkeys(order)), ""
 
 
-def global_changes(per_channel: bool, act_bitwidth: int, act_quantizer: str) -> list[Change]:
-    """The model-wide knobs not already turned."""
-    glob: list[Change] = []
+def int4_weights(model: onnx.ModelProto, weights_bitwidth: int) -> frozenset[str]:
+    """The weights a run stores in int4 (``-wbw 4``: :mod:`accdbg.engines.int4`)."""
+    if int(weights_bitwidth) != 4:
+        return frozenset()
+    from accdbg.engines.int4 import int4_plan
+
+    return frozenset(int4_plan(model).overrides)
+
+
+def global_changes(
+    per_channel: bool, act_bitwidth: int, act_quantizer: str, int4: bool = False
+) -> list[Change]:
+    """The model-wide knobs not already turned (``int4``: the run has int4 weights, whose
+    8-bit weights come first: the cheapest, the run's own other layers have them)."""
+    glob: list[Change] = [Change("w8_all", why="global knob")] if int4 else []
     if not per_channel:
         glob.append(Change("per_channel_all", why="global knob"))
     for q in CALIBRATIONS:
@@ -274,20 +292,21 @@ def propose(
     per_channel: bool,
     act_bitwidth: int,
     act_quantizer: str,
+    int4: Collection[str] = (),
 ) -> tuple[list[Change], list[str]]:
     """The candidates, aimed at the causes first, then the global knobs; and notes (e.g. the
-    backend culprits that get no precision candidate)."""
+    backend culprits that get no precision candidate). ``int4``: as :func:`changes_for`."""
     notes: list[str] = []
     local: list[Change] = []
     pairs = conv_pairs(model)
     for c in culprits:
-        changes, note = changes_for(model, c, per_channel, act_bitwidth, pairs)
+        changes, note = changes_for(model, c, per_channel, act_bitwidth, pairs, int4)
         local.extend(x for x in changes if x not in local)
         if note:
             notes.append(note)
     if not culprits:
         notes.append("no culprit in the diagnosis: only global knobs are tried")
-    return local + global_changes(per_channel, act_bitwidth, act_quantizer), notes
+    return local + global_changes(per_channel, act_bitwidth, act_quantizer, bool(int4)), notes
 
 
 def pairs_of(model: onnx.ModelProto, changes: Sequence[Change]) -> list[Pair]:
@@ -305,8 +324,8 @@ def compatible(changes: Sequence[Change], new: Change) -> bool:
         return False
     if new.kind == "act16" and "act16_all" in kinds:
         return False
-    if new.kind in ("per_channel", "w16") and any(
-        c.kind in ("per_channel", "w16") and c.target == new.target for c in changes
+    if new.kind in WEIGHT_KINDS and any(
+        c.kind in WEIGHT_KINDS and c.target == new.target for c in changes
     ):
         return False
     if new.kind == "equalize":
@@ -355,6 +374,8 @@ def settings(
             out["act_quantizer"] = c.target
         elif c.kind == "act16_all":
             out["act_bitwidth"] = 16
+        elif c.kind == "w8_all":
+            out["weights_bitwidth"] = 8
         elif c.kind == "per_channel":
             out["overrides"][c.target] = [
                 {"axis": axes.get(c.target, 0), "quant_type": weight_type}
@@ -375,6 +396,10 @@ def settings(
         elif c.kind == "w16":
             out["overrides"][c.target] = [{"quant_type": "QUInt16"}]
             out["landed"].append(("w16", c.target))
+        elif c.kind == "w8":  # the 8-bit weights the run's other layers have (per channel too)
+            axis = {"axis": axes[c.target]} if out["per_channel"] and c.target in axes else {}
+            out["overrides"][c.target] = [{"quant_type": weight_type, **axis}]
+            out["landed"].append(("w8", c.target))
         elif c.kind == "encoding" and c.layer in encodings:
             scale, zero, qtype = encodings[c.layer]
             for t in c.target.split(","):

@@ -47,7 +47,7 @@ class Spec:
     options: EngineOptions
     quant: QuantOptions = field(default_factory=QuantOptions)
     overrides: dict = field(default_factory=dict)  # TensorQuantOverrides, JSON form
-    # (what, tensor): what in act16|w16|per_channel|"encoding of <layer>"
+    # (what, tensor): what in act16|w16|w8|per_channel|"encoding of <layer>"
     landed: list = field(default_factory=list)
     judged: list = field(default_factory=list)  # the float tensors the outputs are judged at
     # a QDQ model already made (the run's own; a region of it in float): measured as it is
@@ -149,6 +149,11 @@ def _qnn_tensor(name: str, tensors: dict) -> tuple[str, dict] | None:
     return (hits[0], tensors[hits[0]]) if hits else None
 
 
+# the encoding onnxruntime-qnn gives an int4 per-channel weight (its JSON dump: sfixed 8 storage,
+# the bitwidth in the encoding); 8-bit weights are 0 (per tensor) or 1 (per channel)
+QNN_BW_AXIS_SCALE_OFFSET = 3
+
+
 def _landed(what: str, name: str, tensors: dict, qdq: onnx.ModelProto) -> dict[str, Any]:
     from accdbg.encodings.qnn_json import datatype_bits, datatype_name
 
@@ -161,6 +166,8 @@ def _landed(what: str, name: str, tensors: dict, qdq: onnx.ModelProto) -> dict[s
     enc = (t.get("quant_params") or {}).get("encoding")
     if what in ("act16", "w16"):
         ok = bits == 16 and cls in ("ufixed", "sfixed")
+    elif what == "w8":  # int4 shows as sfixed 8 with a bitwidth encoding: not that one
+        ok = bits == 8 and cls in ("ufixed", "sfixed") and enc != QNN_BW_AXIS_SCALE_OFFSET
     elif what == "per_channel":
         ok = enc in (1, 3)  # QNN_QUANTIZATION_ENCODING_(BW_)AXIS_SCALE_OFFSET
     elif what.startswith(ENCODING_OF):  # the tensor holds that layer's scale and offset

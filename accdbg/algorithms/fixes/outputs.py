@@ -200,7 +200,7 @@ def changed_by_fix(model, accepted) -> tuple[dict, list[str]]:
     for c in accepted:
         if c.is_global:
             glob.append(f"the best fix changes every layer: {c.label}")
-        elif c.kind in ("per_channel", "w16"):
+        elif c.kind in C.WEIGHT_KINDS:
             marks[(c.target, c.layer)] = c.label
         elif c.kind == "act16":
             for t in C.act16_region(model, c.target):

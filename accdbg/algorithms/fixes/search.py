@@ -109,6 +109,11 @@ class Setup:
         baseline's; its per-tensor overrides go beside them."""
         keys = ("per_channel", "act_bitwidth", "act_quantizer", "keep_activations")
         quant = replace(self.quant, **{k: settings[k] for k in keys if k in settings})
+        if settings.get("weights_bitwidth", quant.weights_bitwidth) != quant.weights_bitwidth:
+            # 8-bit weights everywhere (w8_all): no int4, so no blocks either
+            quant = replace(
+                quant, weights_bitwidth=settings["weights_bitwidth"], weight_block_size=None
+            )
         if settings.get("recalibrate"):  # the given encodings dropped: calibrated here
             quant = replace(quant, quantization_overrides=None)
         return quant
@@ -198,7 +203,12 @@ def run_fix_search(
             judged,
         )  # fmt: skip
         cands, notes = C.propose(
-            prepared, culprits, quant.per_channel, quant.act_bitwidth, quant.act_quantizer
+            prepared,
+            culprits,
+            quant.per_channel,
+            quant.act_bitwidth,
+            quant.act_quantizer,
+            C.int4_weights(prepared, quant.weights_bitwidth),
         )
         for n in notes:
             log.info("fix search: %s", n)

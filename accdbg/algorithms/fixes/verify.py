@@ -244,7 +244,8 @@ class Verifier:
         q = self.ctx.config.quant
         region = [t for t in dict.fromkeys(c.region or (c.name,)) if t]
         out = [Change("float_region", ",".join(region), c.name, f"culprit #{c.rank}")]
-        own, _ = C.changes_for(self.setup.prepared, c, q.per_channel, q.act_bitwidth)
+        int4 = C.int4_weights(self.setup.prepared, q.weights_bitwidth)
+        own, _ = C.changes_for(self.setup.prepared, c, q.per_channel, q.act_bitwidth, int4=int4)
         if c.kind == MASK and c.source not in self.setup.clamps:
             own = [x for x in own if x.kind != "clamp_mask"]
         return out + own
@@ -366,7 +367,8 @@ class Verifier:
 
     def _globals(self, base: dict) -> list[dict[str, Any]]:
         q = self.ctx.config.quant
-        knobs = C.global_changes(q.per_channel, q.act_bitwidth, q.act_quantizer)
+        int4 = bool(C.int4_weights(self.setup.prepared, q.weights_bitwidth))
+        knobs = C.global_changes(q.per_channel, q.act_bitwidth, q.act_quantizer, int4)
         results = self.search._many([[k] for k in knobs])
         rows = []
         for k, res in zip(knobs, results, strict=True):
@@ -389,6 +391,8 @@ class Verifier:
         }
         if x.kind in flags:
             return shlex.join(cmd + flags[x.kind])
+        if x.kind == "w8_all":  # the default 8-bit weights: the run's -wbw 4 dropped
+            return shlex.join(_without(cmd, ("-wbw", "--weights_bitwidth", "--weight_block_size")))
         if x.kind == "calibration":
             return shlex.join(cmd + ["--act_quantizer", x.target])
         if x.kind == "recalibrate":  # the given encodings dropped, min/max on the inputs

@@ -152,13 +152,7 @@ def run_fix_search(
     processes)."""
     t0 = time.perf_counter()
     check_search_options(target_sqnr, target_gap, max_16bit_tensors, time_budget, workers)
-    config = EngineConfig.coerce(engine_kwargs)
-    if engine_keywords:
-        config = EngineConfig.from_keywords(**{**config.keywords(), **engine_keywords})
-    check_search_config(config)
-    if executor is not None:
-        executor.check()
-    check_engine_options(config)
+    config = _baseline_config(engine_kwargs, engine_keywords, executor)
     options = config.engine_options()
     quant = config.quant
     model_path = Path(model_path).expanduser().absolute()
@@ -273,6 +267,18 @@ def run_fix_search(
         seconds,
         notes,
     )
+
+
+def _baseline_config(engine_kwargs, engine_keywords: Mapping[str, Any], executor) -> EngineConfig:
+    """The diagnosed run's engine options with the plain keywords over them, checked."""
+    config = EngineConfig.coerce(engine_kwargs)
+    if engine_keywords:
+        config = EngineConfig.from_keywords(**{**config.keywords(), **engine_keywords})
+    check_search_config(config)
+    if executor is not None:
+        executor.check()
+    check_engine_options(config)
+    return config
 
 
 def _float_model(model_path: Path):

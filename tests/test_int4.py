@@ -19,7 +19,7 @@ from tests.helpers import one_line_error, run_cli
 
 INT4_LINE = (
     "int4 weights on 2 layers (Conv 1x1, Gemm, MatMul); 1 other weighted layers keep 8-bit "
-    "weights: HTP runs int4 only there"
+    "weights: Qualcomm documents HTP's int4 weights for those only"
 )
 
 

@@ -111,7 +111,7 @@ class Int4Plan:
         blocks = f" in blocks of {block} input channels" if block else ""
         return (
             f"int4 weights{blocks} on {self.layers} layers ({INT4_OPS}); {self.others} other "
-            "weighted layers keep 8-bit weights: HTP runs int4 only there"
+            "weighted layers keep 8-bit weights: Qualcomm documents HTP's int4 weights for those only"
         )
 
 

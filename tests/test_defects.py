@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import onnx
@@ -365,6 +366,18 @@ def test_oneshot_names_a_calibration_that_misses_the_input_and_measures_recalibr
     v = first.verified
     assert v is not None and v.confirmed and v.fix.startswith("recalibrated") and v.gain_db > 3
     assert res.findings[-1].startswith("fix: recalibrated") and "-qo" not in res.findings[-1]
+    # the graph input has a row: the file against what QNN was fed, its clipping said
+    row = res.summary.set_index("Name").loc[built.input_name]
+    assert row["LayerType"] == "graph input" and res.summary["Name"].iloc[0] == built.input_name
+    x_dim = x / 10
+    lo, hi = x_dim.min(), x_dim.max()  # the range min/max calibration gives the dim input
+    share = float(np.mean((x < lo) | (x > hi)))  # ~ what falls outside it (the grid aside)
+    said = float(re.search(r"clips (\d+\.\d)% of the input", row["Status"]).group(1)) / 100
+    assert share > 0.5 and said == pytest.approx(share, abs=0.02)
+    fed = np.clip(x, lo, hi)
+    sqnr = 10 * np.log10(np.sum(x**2) / np.sum((x - fed) ** 2))
+    assert float(row["SQNR"]) == pytest.approx(sqnr, abs=0.5)
+    assert float(row["target_max"]) == pytest.approx(hi, rel=0.02)
 
 
 def test_tensors_the_preprocessing_renamed_are_found_again_by_their_values(tmp_path):

@@ -284,8 +284,8 @@ def test_report_renders_offline_in_chromium(example_run, tmp_path):
     assert external_references(html) == []  # nothing is fetched from the network
     dom, console = browser.render(report, tmp_path)
     assert 'class="main-svg"' in dom  # plotly drew the chart
-    assert "8 of 8 layers" in dom  # the table script ran
-    assert dom.count('<tr id="row-') == 8
+    assert "9 of 9 layers" in dom  # the table script ran
+    assert dom.count('<tr id="row-') == 9  # the graph input and the 8 layer outputs
     errors = [
         line
         for line in console.splitlines()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -236,4 +237,58 @@ def weight_bitwidths(model: onnx.ModelProto | str | os.PathLike) -> dict[str, in
             for name in node.output:
                 if name:  # a graph output is renamed <output>_QuantizeLinear_Input
                     out[name] = out[name.removesuffix(OUTPUT_RENAMED)] = bits_of[node.input[1]]
+    return out
+
+
+@dataclass(frozen=True)
+class InputQuantizer:
+    """A graph input's QuantizeLinear (per tensor): what the backend is fed. onnxruntime runs
+    a Q that reads a graph input on the CPU (the QNN EP does not take it), so these integers,
+    rounded half to even and saturated, are exactly what QNN receives."""
+
+    scale: float
+    zero_point: int
+    qmin: int
+    qmax: int
+
+    @property
+    def range(self) -> tuple[float, float]:
+        return (self.qmin - self.zero_point) * self.scale, (
+            self.qmax - self.zero_point
+        ) * self.scale
+
+    def fake_quant(self, x: np.ndarray) -> np.ndarray:
+        """The input as the quantized model sees it, dequantized (float64)."""
+        q = np.clip(np.rint(np.asarray(x, np.float64) / self.scale) + self.zero_point,
+                    self.qmin, self.qmax)  # fmt: skip
+        return (q - self.zero_point) * self.scale
+
+    def clipped(self, x: np.ndarray) -> float:
+        """The share of ``x`` outside the encoding's range (rounding to its ends is none)."""
+        v = np.asarray(x, np.float64)
+        if not v.size:
+            return 0.0
+        lo, hi = self.range
+        half = self.scale / 2
+        return float(np.mean((v < lo - half) | (v > hi + half)))
+
+
+def input_quantizers(model: onnx.ModelProto) -> dict[str, InputQuantizer]:
+    """Each graph input a QuantizeLinear reads directly, with a finite per-tensor encoding."""
+    inputs = {i.name for i in model.graph.input}
+    inits = {i.name: i for i in model.graph.initializer}
+    out: dict[str, InputQuantizer] = {}
+    for q in model.graph.node:
+        if q.op_type != "QuantizeLinear" or q.input[0] not in inputs or len(q.input) < 3:
+            continue
+        if q.input[1] not in inits or q.input[2] not in inits:
+            continue
+        scale = numpy_helper.to_array(inits[q.input[1]]).ravel()
+        zp = numpy_helper.to_array(inits[q.input[2]])
+        if scale.size != 1 or not np.isfinite(scale[0]) or scale[0] <= 0:
+            continue
+        info = np.iinfo(zp.dtype)
+        out[q.input[0]] = InputQuantizer(
+            float(scale[0]), int(zp.ravel()[0]), int(info.min), int(info.max)
+        )
     return out

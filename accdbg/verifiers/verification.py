@@ -31,7 +31,7 @@ import pandas as pd
 from accdbg.core.progress import progress
 from accdbg.core.provenance import recorded_inputs
 from accdbg.core.run_dir import RunDir, options_dict
-from accdbg.core.tensor_store import TensorFolder, safe_relpath
+from accdbg.core.tensor_store import TensorFolder, TensorRecord, safe_relpath
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import execution_order, load_graph_struct
 from accdbg.mapping.layout import reconcile
@@ -288,6 +288,8 @@ def _verify_pair(
             break
     else:
         row["LayerType"] = (g_rec.op_type if g_rec else None) or (t_rec.op_type if t_rec else None)
+    if g_rec is None and _fed(target, t_name):
+        return _fed_row(row, target, t_rec, verifiers)
     if g_rec is None or t_rec is None:
         rec = t_rec or g_rec
         row["Size"], row["Tensor_dims"] = rec.size, list(rec.shape)
@@ -319,6 +321,35 @@ def _verify_pair(
     return row, results
 
 
+def _fed(target: TensorFolder, name: str | None) -> bool:
+    """Whether ``name`` is a graph input the engine recorded as fed (its file beside it)."""
+    rec = target.records.get(name) if name else None
+    return rec is not None and bool((rec.extra or {}).get("graph_input"))
+
+
+def _fed_row(row, target: TensorFolder, rec: TensorRecord, verifiers):
+    """A graph input's row: the input file (the golden) against what the backend was fed;
+    its Status says how much of the input its encoding clips."""
+    shape = tuple(rec.shape)
+    t_arr = np.asarray(target.load(rec.name), dtype=np.float64)
+    dtype = rec.extra.get("input_dtype", "float32")
+    g_arr = np.fromfile(rec.extra["graph_input"], dtype=dtype).astype(np.float64)
+    row["LayerType"] = rec.op_type
+    row["Size"], row["Tensor_dims"] = int(np.prod(shape)) if shape else 1, fmt_shape(shape)
+    row["Golden_name"] = rec.name
+    if g_arr.size != t_arr.size:
+        row["Status"] = f"input file holds {g_arr.size} values, {t_arr.size} fed"
+        return row, {}
+    g_arr = g_arr.reshape(t_arr.shape)
+    row["golden_min"], row["golden_max"] = finite_range(g_arr)
+    results = score_pair(row, g_arr, t_arr, rec.extra.get("scale"), None, verifiers)
+    clipped = float(rec.extra.get("clipped") or 0.0)
+    if clipped > 0:
+        note = f"its encoding clips {clipped:.1%} of the input"
+        row["Status"] = f"{row['Status']}; {note}" if row["Status"] else note
+    return row, results
+
+
 def _detail_record(row: dict[str, Any], result: VerifierResult) -> dict[str, Any]:
     return {
         "Name": row["Name"],
@@ -345,6 +376,8 @@ def _order_key(plan: Plan, golden: TensorFolder, target: TensorFolder):
 
     def key(pair: tuple[str | None, str | None]) -> tuple:
         g, t = pair
+        if g is None and _fed(target, t):  # the graph inputs first, as the model reads them
+            return (-1, 0, 0)
         for name in (t, g):
             if name in plan.order:
                 return (0, plan.order[name][0], 0)
@@ -363,7 +396,10 @@ def plan_pairs(
     """The pairs to compare, in execution order; checked before anything is written."""
     mapping = plan.mapping
     pairing = pair_tensors(golden.names(), target.names(), mapping)
-    pairs = list(pairing.pairs)
+    fed = [t for t in pairing.target_only if _fed(target, t)]
+    if fed:  # a graph input as the backend is fed it: a row against the input file
+        pairing.target_only = [t for t in pairing.target_only if t not in fed]
+    pairs = list(pairing.pairs) + [(None, t) for t in fed]
     # tensors named by the verifier config must be rows even if only one side has them
     by_name: dict[str, tuple[str | None, str | None]] = {}
     for g, t in pairs:

@@ -14,32 +14,17 @@ from collections.abc import Mapping
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from accdbg.algorithms.diagnosis.culprit import CALIBRATION, Culprit
 from accdbg.algorithms.diagnosis.evidence import Evidence
 from accdbg.algorithms.diagnosis.policy import POLICY
 from accdbg.core.shares import share_words
+from accdbg.encodings.qdq import input_quantizers
 
 
 def input_clipping(qdq: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, float]:
     """Each quantized graph input's share of values outside its encoding's range."""
-    inits = {i.name: i for i in qdq.graph.initializer}
-    out: dict[str, float] = {}
-    for q in qdq.graph.node:
-        x = q.input[0] if q.op_type == "QuantizeLinear" else None
-        if x not in feeds or len(q.input) < 3 or q.input[1] not in inits:
-            continue
-        scale = float(numpy_helper.to_array(inits[q.input[1]]).ravel()[0])
-        zp_t = numpy_helper.to_array(inits[q.input[2]])
-        info = np.iinfo(zp_t.dtype)
-        zp = float(zp_t.ravel()[0])
-        lo, hi = (info.min - zp) * scale, (info.max - zp) * scale
-        v = np.asarray(feeds[x], np.float64)
-        if v.size and np.isfinite(scale) and scale > 0:
-            half = scale / 2  # rounding to the grid's ends is no clipping
-            out[x] = float(np.mean((v < lo - half) | (v > hi + half)))
-    return out
+    return {n: q.clipped(feeds[n]) for n, q in input_quantizers(qdq).items() if n in feeds}
 
 
 def coverage_culprit(

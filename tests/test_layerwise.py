@@ -906,3 +906,36 @@ def test_no_standout_among_the_layers_measured_says_so():
         "noise floor's level",
         findings[1],
     ]
+
+
+def test_a_run_that_measured_no_layer_names_none_and_says_so():
+    """Every layer refused by the backend: the CPU ranking's culprit is dropped (nothing was
+    compared on the backend), and the verdict says no layer was measured, not "diffuse"; with
+    one layer measured, the verdict holds for it and the culprit stays."""
+    from accdbg.algorithms.diagnosis.culprit import Culprit
+    from accdbg.algorithms.diagnosis.ranking import Ranking
+    from accdbg.algorithms.snooping import NOTHING_MEASURED, with_unmeasured
+
+    def ranking():
+        return Ranking(
+            [Culprit(1, "c1", "Conv", "weight range")],
+            40.0,
+            1.0,
+            ["culprit #1: c1 (Conv) - weight range", "no single layer stands out: diffuse"],
+            {"c1": {"culprit_rank": 1}},
+        )
+
+    refused = {"Status": "err_cntx", "Layer Type": "Conv", "_ops": []}
+    rows = [{**refused, "_position": i, "O/P Name": f"c{i}"} for i in range(2)]
+    r = ranking()
+    with_unmeasured(r, rows, "QNN")
+    assert r.culprits == [] and r.columns == {}
+    assert r.findings[0].startswith("2 layer(s) not measured on QNN") and r.findings[1:] == [
+        NOTHING_MEASURED
+    ]
+    rows[1] = {"_position": 1, "Status": "", "O/P Name": "c1", "Layer Type": "Conv"}
+    r = ranking()
+    with_unmeasured(r, rows, "QNN")
+    assert [c.name for c in r.culprits] == ["c1"]
+    assert r.findings[0].startswith("1 layer(s) not measured on QNN")
+    assert "among the 1 layer(s) measured" in r.findings[2]

@@ -476,11 +476,8 @@ class Context:
         title = f"{'Cumulative-layerwise' if self.req.cumulative else 'Layerwise'} snooping: {self.req.model_path.name}"
         if final:
             self.ranking = self.rank(report.frame(rows, self.judge.labels, self.req.cumulative))
-            unmeasured = not_measured(rows, self.backend.engine.label)
-            if unmeasured and self.ranking is not None:
-                measured = sum(1 for r in rows if r.get("Status") not in ERRORS)
-                self.ranking.findings[:] = among_measured(self.ranking.findings, measured)
-                self.ranking.findings.insert(0, unmeasured)
+            if self.ranking is not None:
+                with_unmeasured(self.ranking, rows, self.backend.engine.label)
             if self.ranking is not None and self.ranking.culprits:
                 self.ranking = self.verified(self.ranking)
         return report.write_reports(
@@ -720,6 +717,27 @@ def snoop(
         findings,
         list(ctx.ranking.culprits) if ctx.ranking is not None else [],
     )
+
+
+NOTHING_MEASURED = (
+    "no layer was measured: the culprit ranking has nothing to rank, and names no layer - "
+    "run oneshot-layerwise (the whole model on the backend), or --engine simulation for the "
+    "quantization's own findings"
+)
+
+
+def with_unmeasured(ranking: Ranking, rows: Sequence[dict[str, Any]], engine: str) -> None:
+    """The layers the backend could not measure, said first; the verdict then holds for the
+    layers measured only, and with none measured it names none (nothing was compared)."""
+    unmeasured = not_measured(rows, engine)
+    if not unmeasured:
+        return
+    measured = sum(1 for r in rows if r.get("Status") not in ERRORS)
+    if measured == 0:
+        ranking.culprits, ranking.columns = [], {}
+        ranking.findings[:] = [unmeasured, NOTHING_MEASURED]
+        return
+    ranking.findings[:] = [unmeasured, *among_measured(ranking.findings, measured)]
 
 
 def among_measured(findings: Sequence[str], measured: int) -> list[str]:

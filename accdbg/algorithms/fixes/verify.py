@@ -412,8 +412,9 @@ class Verifier:
         if not qdq.is_file():
             return ""
         enc = fixes / f"{stem}.encodings"
-        export_qdq_encodings(qdq, enc, overwrite=True)
-        return shlex.join(cmd + ["-qo", str(self.ctx.final / FIXES_DIR / enc.name)])
+        final = self.ctx.final / FIXES_DIR / enc.name  # where the finished run has it
+        export_qdq_encodings(qdq, enc, overwrite=True, shown_as=("the fix's QDQ model", final))
+        return shlex.join(cmd + ["-qo", str(final)])
 
     def _lines(self, out: Verification) -> list[str]:
         """The findings: what QNN confirmed, what it did not, and the best change last."""

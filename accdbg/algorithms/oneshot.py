@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import pandas as pd
 
+from accdbg.algorithms.diagnosis import story
 from accdbg.algorithms.diagnosis.attribution import Attribution, attribute
 from accdbg.algorithms.diagnosis.culprits import Prefetch, find_culprits, prepared_model
 from accdbg.algorithms.diagnosis.policy import POLICY
@@ -300,6 +301,29 @@ def _judged(output_tensors, input_list, qdq_model: Path) -> tuple[list[str], lis
     return judged, judged or [o.name for o in graph.output]
 
 
+def _result(golden_dir, engine, ver, notes, seconds, conversion, engine_inputs) -> OneshotResult:
+    """The verdict printed, the report named, the tables returned."""
+    report = ver.run_dir / "summary.html"
+    for line in notes.findings:
+        log.info("%s", line)
+    log.info("report: %s", report)
+    return OneshotResult(
+        golden_dir,
+        engine.run_dir,
+        ver.run_dir,
+        ver.summary,
+        notes.marks,
+        report,
+        seconds,
+        notes.findings,
+        notes.culprits,
+        ver.inputs,
+        notes.worst,
+        conversion.onnx_path if conversion is not None else None,
+        engine_inputs if conversion is not None else [],
+    )
+
+
 def run_oneshot(
     framework: str,
     model_path: str | Path,
@@ -414,6 +438,11 @@ def run_oneshot(
                 engine, engine_model, engine_inputs, input_list, config, framework, model_path
             ),
             judged=judged,
+            story=(
+                Path(model_path),
+                tuple(story.input_files(input_list, input_tensors)),
+                Path(working_dir),
+            ),
         )
         ver = run_verification(
             golden_dir,
@@ -431,25 +460,7 @@ def run_oneshot(
         )
         if ver.overlay_seconds is not None:
             seconds["model explorer overlays"] = ver.overlay_seconds
-        report = ver.run_dir / "summary.html"
-        for line in notes.findings:
-            log.info("%s", line)
-        log.info("report: %s", report)
-        return OneshotResult(
-            golden_dir,
-            engine.run_dir,
-            ver.run_dir,
-            ver.summary,
-            notes.marks,
-            report,
-            seconds,
-            notes.findings,
-            notes.culprits,
-            ver.inputs,
-            notes.worst,
-            conversion.onnx_path if conversion is not None else None,
-            engine_inputs if conversion is not None else [],
-        )
+        return _result(golden_dir, engine, ver, notes, seconds, conversion, engine_inputs)
 
 
 @dataclass
@@ -475,6 +486,8 @@ class _Annotator:
     # what the culprits' fixes are measured with on QNN (None: not verified, e.g. simulation)
     verify: VerifyPlan | None = None
     judged: Sequence[str] = ()  # the outputs asked for (-o, the list's '#' line), if any
+    # what the verdict is compared with the other algorithms' on (the model, its input files)
+    story: tuple[Path, tuple[Path, ...], Path] | None = None
 
     def __call__(self, ver: VerificationResult) -> SummaryAnnotation:
         seconds, engine = self.seconds, self.engine
@@ -541,6 +554,12 @@ class _Annotator:
             seconds["verification on QNN"] = time.perf_counter() - t
         elif worst_line:
             ranking.findings.insert(len(ranking.findings), worst_line)
+        if self.story is not None:
+            model, files, working = self.story
+            told = story.tell(
+                "oneshot-layerwise", ver.run_dir, working, model, files, ranking.culprits
+            )
+            ranking.findings[:] = story.before_fix(ranking.findings, told)
         summary = ranking.apply(summary, "Name")
         self.culprits = ranking.culprits
         self.unconfirmed = ranking.unconfirmed

@@ -29,6 +29,7 @@ import pandas as pd
 from accdbg.algorithms import checkpoint
 from accdbg.algorithms.backend import Backend
 from accdbg.algorithms.checkpoint import Journal
+from accdbg.algorithms.diagnosis import story
 from accdbg.algorithms.diagnosis.culprit import Culprit
 from accdbg.algorithms.diagnosis.ranking import NONE_STANDS, Ranking
 from accdbg.algorithms.fragments import Layer, QdqModel
@@ -480,6 +481,8 @@ class Context:
                 with_unmeasured(self.ranking, rows, self.backend.engine.label)
             if self.ranking is not None and self.ranking.culprits:
                 self.ranking = self.verified(self.ranking)
+            if self.ranking is not None:
+                self._tell(self.ranking)
         return report.write_reports(
             self.run_path,
             self.req.algorithm,
@@ -492,6 +495,19 @@ class Context:
             html=html,
             ranking=self.ranking if final else None,
         )
+
+    def _tell(self, ranking: Ranking) -> None:
+        """This verdict beside the other algorithms' on the same model and inputs."""
+        req = self.req
+        files = (
+            [p for f in req.feeds for (p, *_) in f.values()]
+            if req.feeds
+            else [t.path for t in req.inputs]
+        )
+        name = "cumulative-layerwise" if req.cumulative else "layerwise"
+        working = req.record.get("working_dir", ".")
+        told = story.tell(name, self.run_path, working, req.model_path, files, ranking.culprits)
+        ranking.findings[:] = story.before_fix(ranking.findings, told)
 
     def rank(self, df: pd.DataFrame) -> Ranking | None:
         """The culprit ranking over the finished table (layerwise scores are local: golden

@@ -39,6 +39,7 @@ from accdbg.algorithms.dataset import tables
 from accdbg.algorithms.dataset.keep import KeepSet, remove_unrecorded
 from accdbg.algorithms.dataset.stats import RunningStats, encoding_edges
 from accdbg.algorithms.dataset.worker import GOLDEN_DIR, TARGET_DIR, score_columns
+from accdbg.algorithms.diagnosis import story
 from accdbg.algorithms.diagnosis.culprits import find_culprits
 from accdbg.algorithms.diagnosis.ranking import Culprit
 from accdbg.core import onnx_model as om
@@ -526,6 +527,13 @@ def _files(feed: dict) -> str:
     return ", ".join(str(p) for p, *_ in feed.values())
 
 
+def _fix_last(findings: list[str]) -> list[str]:
+    """The measured fix moved to the end (the lines on the inputs come after the ranking's):
+    the last finding is what to do."""
+    fix = [f for f in findings if f.startswith("fix: ")]
+    return [f for f in findings if f not in fix] + fix[:1]
+
+
 def _finish(
     root: Path,
     req: _Request,
@@ -599,6 +607,10 @@ def _finish(
     failed = {f"Result_{i}": e for i, e in sorted(state.failed.items())}
     for key, error in failed.items():
         findings.append(f"{key} failed, not scored: {error}")
+    files = [p for f in req.calibration.feeds for (p, *_) in f.values()]
+    # the run folder is <working_dir>/dataset/<name>: the other algorithms' runs are beside it
+    told = story.tell("dataset", root, root.parent.parent, req.model_path, files, culprits)
+    findings = story.before_fix(_fix_last(findings), told)
     layer_df = _with_culprits(layer_df, culprits)
     write_csv(scores, root / "scores.csv")
     write_csv(layer_df, root / "layers.csv")

@@ -955,6 +955,16 @@ def test_ppocr_det_qnn_engine_verification(capsys, qnn_det):
     target = TensorFolder(engine.results[0])
     mapping = json.loads(engine.tensor_mapping.read_text())
     expected = [t for t in target.names() if mapping.get(t, t) in golden.records]
+    # the graph input as QNN was fed it, first: the input file against its encoding's grid
+    fed = [t for t in target.names() if target.records[t].extra.get("graph_input")]
+    assert fed == ["x"] and list(s["Name"][:1]) == fed and s["LayerType"].iloc[0] == "graph input"
+    x = np.fromfile(target.records["x"].extra["graph_input"], np.float32).astype(np.float64)
+    rec = target.records["x"].extra
+    q = np.clip(np.rint(x / rec["scale"]) - rec["offset"], 0, 255)  # uint8, offset = -zero point
+    x_fed = (q + rec["offset"]) * rec["scale"]
+    sqnr = 10 * np.log10(np.sum(x * x) / np.sum((x - x_fed) ** 2))
+    assert s["SQNR"].iloc[0] == pytest.approx(sqnr, rel=1e-6)
+    s = s.iloc[1:].reset_index(drop=True)
     # every row filled and ok
     assert sorted(s["Name"]) == sorted(expected) and len(s) > 250
     compared = s["Status"].isin(["ok", "fail"])  # no note: every pair compared in full
@@ -1004,6 +1014,7 @@ def test_ppocr_det_qnn_engine_verification(capsys, qnn_det):
     )
     assert code == 0, err
     again = pd.read_csv(qnn_det["tmp"] / "w" / "verification" / "discovered" / "summary.csv")
+    again = again.iloc[1:].reset_index(drop=True)  # the graph input's row aside, as above
     assert list(again["Name"]) == list(s["Name"])
     np.testing.assert_allclose(again["CosineSimilarity"], s["CosineSimilarity"], rtol=1e-12)
     opts = json.loads(

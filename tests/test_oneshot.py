@@ -137,7 +137,9 @@ def test_real_model_summary_is_complete(ppocr_oneshot):
     res = ppocr_oneshot
     dumped = TensorFolder(res.engine_run / "output" / "Result_0")
     mapping = json.loads((res.engine_run / "tensor_mapping.json").read_text())
-    assert set(res.summary["Name"]) == set(mapping) == set(dumped.names())
+    # every dumped tensor has a row: the layers (mapped to the golden), the graph input as fed
+    fed = {n for n in dumped.names() if dumped.records[n].extra.get("graph_input")}
+    assert fed == {"x"} and set(res.summary["Name"]) == set(mapping) | fed == set(dumped.names())
     csv = pd.read_csv(res.verification_run / "summary.csv", keep_default_na=False)
     assert list(csv.columns[:4]) == ["Name", "LayerType", "Size", "Tensor_dims"]
     for col in ("CosineSimilarity", "SQNR", "golden_min", "golden_max", "target_min", "target_max"):
@@ -148,7 +150,7 @@ def test_real_model_summary_is_complete(ppocr_oneshot):
     assert ((csv["Status"] == "fail") == (csv["Failed"] != "")).all()
     # tensor inspection ran for every layer
     insp = res.verification_run / "tensor_inspection"
-    assert len(pd.read_csv(insp / "summary.csv")) == len(csv)
+    assert len(pd.read_csv(insp / "summary.csv")) == len(csv) - len(fed)  # no golden tensor
 
 
 @pytest.mark.slow
@@ -359,7 +361,9 @@ def test_golden_directory_skips_framework_diagnosis(tmp_path, capsys):
     )
     assert code == 0, err
     assert not (tmp_path / "w" / "framework_diagnosis" / "second").exists()
-    assert len(pd.read_csv(tmp_path / "w" / "verification" / "second" / "summary.csv")) == 3
+    assert (
+        len(pd.read_csv(tmp_path / "w" / "verification" / "second" / "summary.csv")) == 4
+    )  # the graph input and the 3 layers
 
 
 @pytest.mark.slow
@@ -398,7 +402,7 @@ def test_sample_configs_run(config, tmp_path, capsys, monkeypatch):
     code, _, err = run_cli(capsys, "--config", f"configs/{config}", "-w", tmp_path / "w")
     assert code == 0, err
     summary = next((tmp_path / "w" / "verification").glob("*/summary.csv"))
-    assert len(pd.read_csv(summary)) == 8  # every layer of the example
+    assert len(pd.read_csv(summary)) == 9  # the graph input and every layer of the example
 
 
 @pytest.mark.parametrize(
@@ -664,7 +668,8 @@ def test_real_rec_model_with_metadata_runs_as_shipped(ppocr_rec_oneshot, ppocr_r
     assert [r.name for r in results] == ["Result_0", "Result_1"]
     for result, reference, text in zip(results, references, texts, strict=True):
         target = TensorFolder(result)
-        assert {r.extra["qdq_tensor"] for r in target} == acts and len(acts) > 300
+        layers = [r for r in target if not r.extra.get("graph_input")]  # the input as fed aside
+        assert {r.extra["qdq_tensor"] for r in layers} == acts and len(acts) > 300
         # the final output from QNN HTP: a softmax of the float model's shape that reads the
         # same text (8-bit noise moves probabilities, not most of the best classes)
         out = np.asarray(target.load("softmax_11.tmp_0"), np.float64)
@@ -675,7 +680,8 @@ def test_real_rec_model_with_metadata_runs_as_shipped(ppocr_rec_oneshot, ppocr_r
         assert ctc_decode(out, characters).strip() == text
     # verification: one row per dumped tensor that has a golden, all compared
     first = TensorFolder(results[0])
-    assert set(res.summary["Name"]) <= set(first.names()) & set(golden.names())
+    rows = res.summary[res.summary["LayerType"] != "graph input"]
+    assert set(rows["Name"]) <= set(first.names()) & set(golden.names())
     assert len(res.summary) > 300 and res.summary["CosineSimilarity"].notna().all()
 
 

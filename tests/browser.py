@@ -127,6 +127,48 @@ def layout(report: Path, tmp: Path, name: str) -> tuple[dict, list[str]]:
     return json.loads(html.unescape(found.group(1))), errors
 
 
+FOLD_PROBE = """
+<script>
+window.addEventListener("load", function () {
+  const heads = Array.from(document.querySelectorAll("h2"));
+  const findings = heads.find(h => h.textContent.trim() === "Findings");
+  const first = heads.find(h => h.textContent.trim() !== "Findings");
+  const pre = document.createElement("pre");
+  pre.id = "probe-result";
+  pre.style.display = "none";
+  pre.textContent = JSON.stringify({
+    viewport: document.documentElement.clientWidth,
+    page: document.documentElement.scrollWidth,
+    findings: findings ? findings.getBoundingClientRect().top : null,
+    first_other: first ? first.textContent.trim() : null,
+    first_other_top: first ? first.getBoundingClientRect().top : null,
+  });
+  document.body.appendChild(pre);
+});
+</script>
+"""
+
+
+def fold(report: Path, tmp: Path, width: int) -> dict:
+    """Where a page's Findings heading is at ``width`` px, before anything scrolls, and the
+    page's width against the window's (a page wider than its window scrolls sideways)."""
+    page = report.with_name(f".probe_{report.name}")  # beside it: its relative links resolve
+    text = report.read_text(encoding="utf-8")
+    page.write_text(text.replace("</body>", FOLD_PROBE + "</body>", 1), encoding="utf-8")
+    try:
+        proc = subprocess.run(
+            [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             f"--user-data-dir={tmp / 'profile'}", f"--window-size={width},{HEIGHT}",
+             "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    finally:
+        page.unlink()
+    found = re.search(r'<pre id="probe-result"[^>]*>(.*?)</pre>', proc.stdout, re.S)
+    assert found, proc.stderr[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
 def screenshot(report: Path, tmp: Path, name: str) -> Path:
     """A 1400 px wide screenshot of the whole page, the row ``name`` scrolled into the table's
     box (the box scrolls, the page does not)."""

@@ -100,3 +100,24 @@ def test_example_oneshot_matches_the_gallery(tmp_path):
     assert fresh["sections"] == entry["sections"], (
         "summary.html's sections changed: run python reports/regenerate.py"
     )
+
+
+FOLD_WIDTH, FOLD = 1280, 800  # a laptop's window: the findings must show without scrolling
+
+
+@pytest.mark.slow  # headless Chromium, one page at a time
+def test_every_page_opens_with_its_findings_and_never_scrolls_sideways(tmp_path):
+    """Each algorithm's page of the gallery at 1280 px: its Findings heading above the fold,
+    before any other section, and the page no wider than the window (tables scroll in their
+    box)."""
+    from tests import browser
+
+    pages = [GALLERY / p["page"] for p in _manifest()["pages"]]
+    assert len(pages) >= 10
+    for page in pages:
+        seen = browser.fold(page, tmp_path, FOLD_WIDTH)
+        where = page.relative_to(GALLERY)
+        assert seen["page"] <= seen["viewport"], (where, seen)
+        assert seen["findings"] is not None and 0 <= seen["findings"] < FOLD, (where, seen)
+        if seen["first_other_top"] is not None:
+            assert seen["findings"] < seen["first_other_top"], (where, seen)

@@ -31,6 +31,7 @@ th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right;white-space:nowr
 th{background:#f0f0f0;position:sticky;top:0} td.text{text-align:left}
 td.fail{background:#f8d0d0;color:#800} td.pass{background:#e3f3e3} td.na{color:#999}
 tr.problem td.text{color:#a05000}
+div.table-wrap{overflow:auto;max-width:100%;max-height:75vh}
 """
 
 
@@ -112,13 +113,14 @@ def write_record_csv(record: Mapping[str, Any], path: str | os.PathLike) -> Path
 
 
 def html_page(title: str, body: str, notes: Iterable[str] = (), before: str = "") -> str:
-    """A page: title, notes, then ``before`` (HTML built by this module, e.g. a small table),
-    then the body."""
+    """A page: title, ``before`` (HTML built by this module: the findings, a small table),
+    then the body, then the notes."""
     note_html = "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
-    return (
+    notes_part = f"<h2>Notes</h2>{note_html}" if note_html else ""
+    return (  # the findings lead (in ``before``); how the page was made comes last
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{_CSS}</style></head>"
-        f"<body><h1>{escape(title)}</h1>{note_html}{before}{body}</body></html>\n"
+        f"<body><h1>{escape(title)}</h1>{before}{body}{notes_part}</body></html>\n"
     )
 
 
@@ -152,7 +154,11 @@ def html_table(
         rc = row_class(i) if row_class else None
         rows.append(f'<tr class="{escape(rc)}">' if rc else "<tr>")
         rows.append("".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    # in its own box: a wide table scrolls there, never the page
+    return (
+        f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
 
 
 def write_html(

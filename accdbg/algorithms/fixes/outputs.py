@@ -26,6 +26,7 @@ from accdbg.core import onnx_model as om
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.encodings.qdq import export_qdq_encodings
 from accdbg.reports.cells import escape, safe_frame
+from accdbg.reports.html_report import findings_html
 
 CSV_COLUMNS = (
     "round",
@@ -286,6 +287,14 @@ def _f(x, digits: int = 2) -> str:
         return "n/a"
 
 
+CHART_LABEL = 28  # characters of a change shown beside its point (the rest on hover)
+
+
+def _short(change: Any) -> str:
+    text = str(change)
+    return text if len(text) <= CHART_LABEL else text[: CHART_LABEL - 1] + "…"
+
+
 def _chart(table: pd.DataFrame) -> str:
     ok = table[(table["status"] == "ok") & table["cost"].notna()]
     fig = go.Figure()
@@ -295,14 +304,17 @@ def _chart(table: pd.DataFrame) -> str:
         ("accepted", ok["accepted"], "#6a1b9a"),
     ):
         part = ok[sel]
+        labelled = name != "measured"  # the accepted path and the front say what they are
         fig.add_trace(
             go.Scatter(
                 x=part["cost"],
                 y=part["SQNR mean"],
-                mode="markers",
+                mode="markers+text" if labelled else "markers",
                 name=name,
                 marker={"size": 11, "color": color},
-                text=[
+                text=[_short(c) for c in part["change"]] if labelled else None,
+                textposition="top center",
+                hovertext=[
                     f"{c}<br>{cfg}" for c, cfg in zip(part["change"], part["config"], strict=True)
                 ],
                 hoverinfo="text+x+y",
@@ -340,18 +352,18 @@ def _html(path: Path, table: pd.DataFrame, cols, lines, notes, cmd: str) -> None
 <style>
 body{{font-family:sans-serif;margin:1.5em}} table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;vertical-align:top}} tr.accepted{{background:#efe3f7}}
-.findings li{{margin:.2em 0}} code{{background:#f4f4f4;padding:2px 4px;word-break:break-all}}
+.findings li{{margin:.2em 0}} .table-wrap{{overflow:auto;max-height:70vh;max-width:100%}} code{{background:#f4f4f4;padding:2px 4px;word-break:break-all}}
 </style>
 <script>{get_plotlyjs()}</script></head><body>
 <h1>accdbg fix search</h1>
-<ul class="findings">{"".join(f"<li>{escape(x)}</li>" for x in lines)}</ul>
+{findings_html(lines)}
 {"<h2>Notes</h2><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>" if notes else ""}
 <h2>Reproduce the best result</h2><p><code>{escape(cmd)}</code></p>
 <h2>Output SQNR against cost (QNN HTP)</h2>{_chart(table)}
 <h2>Every candidate measured</h2>
 <p>Each row was quantized with the inference engine's pipeline and run on QNN HTP over every input;
 the accepted path is highlighted. Rows of a round are measured on top of the changes accepted before it.</p>
-<table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>
+<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>
 </body></html>
 """
     path.write_text(doc, encoding="utf-8")

@@ -69,15 +69,19 @@ def links_html(overlays: Overlays, page_dir: str | Path) -> str:
 
 
 def add_links(page: str | Path, overlays: Overlays) -> None:
-    """Put :func:`links_html` into a written report page: before the chart when there is
-    one (after the findings), else after the title."""
+    """Put :func:`links_html` into a written report page: after its findings, else before
+    the chart, else after the title."""
     page = Path(page)
     text = page.read_text(encoding="utf-8")
     text = re.sub(r'<section class="model-explorer".*?</section>', "", text, flags=re.S)
     section = links_html(overlays, page.parent)
-    for anchor, before in (('<section class="chart">', True), ("</h1>", False)):
-        if anchor in text:
-            i = text.index(anchor) + (0 if before else len(anchor))
-            text = text[:i] + section + text[i:]
-            break
+    found = re.search(r'<section class="findings".*?</section>', text, flags=re.S)
+    if found:  # the findings lead every page; the graph's links come after them
+        text = text[: found.end()] + section + text[found.end() :]
+    else:
+        for anchor, before in (('<section class="chart">', True), ("</h1>", False)):
+            if anchor in text:
+                i = text.index(anchor) + (0 if before else len(anchor))
+                text = text[:i] + section + text[i:]
+                break
     write_bytes_atomic(page, text.encode("utf-8"))

@@ -956,12 +956,13 @@ def test_ppocr_det_qnn_engine_verification(capsys, qnn_det):
     mapping = json.loads(engine.tensor_mapping.read_text())
     expected = [t for t in target.names() if mapping.get(t, t) in golden.records]
     # the graph input as QNN was fed it, first: the input file against its encoding's grid
-    fed = [t for t in target.names() if target.records[t].extra.get("graph_input")]
-    assert fed == ["x"] and list(s["Name"][:1]) == fed and s["LayerType"].iloc[0] == "graph input"
-    x = np.fromfile(target.records["x"].extra["graph_input"], np.float32).astype(np.float64)
-    rec = target.records["x"].extra
-    q = np.clip(np.rint(x / rec["scale"]) - rec["offset"], 0, 255)  # uint8, offset = -zero point
-    x_fed = (q + rec["offset"]) * rec["scale"]
+    assert list(s["Name"][:1]) == ["x"] and s["LayerType"].iloc[0] == "graph input"
+    x = np.fromfile(target.meta["inputs"]["x"]["path"], np.float32).astype(np.float64)
+    qdq = onnx.load(str(engine.qdq_model))  # the input's QuantizeLinear, read here
+    (quant,) = [n for n in qdq.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x"]
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in qdq.graph.initializer}
+    scale, zp = float(inits[quant.input[1]]), int(inits[quant.input[2]])
+    x_fed = (np.clip(np.rint(x / scale) + zp, 0, 255) - zp) * scale  # uint8
     sqnr = 10 * np.log10(np.sum(x * x) / np.sum((x - x_fed) ** 2))
     assert s["SQNR"].iloc[0] == pytest.approx(sqnr, rel=1e-6)
     s = s.iloc[1:].reset_index(drop=True)

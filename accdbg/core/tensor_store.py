@@ -176,20 +176,6 @@ def update_manifest(root: str | os.PathLike, annotate: Callable[[TensorRecord], 
     return path
 
 
-def add_tensor(root: str | os.PathLike, name: str, array: np.ndarray, **info: Any) -> TensorRecord:
-    """Add one tensor to a written folder (its file and its record; the manifest rewritten
-    atomically) - how a component adds what the backend did not dump (a graph input as fed)."""
-    folder = TensorFolder(root)
-    if not folder.has_manifest:
-        raise AccdbgError(f"{str(folder.root)!r} has no {MANIFEST_NAME} to add to")
-    writer = TensorWriter(folder.root, meta=folder.meta)
-    writer.records = dict(folder.records)
-    writer._used_paths = {r.file.lower() for r in folder}
-    rec = writer.write(name, array, **info)
-    writer.save_manifest()
-    return rec
-
-
 def _record_dict(r: TensorRecord) -> dict[str, Any]:
     d = asdict(r)
     if not d["extra"]:

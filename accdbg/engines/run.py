@@ -30,18 +30,12 @@ from accdbg.core.inputs import InputTensor, parse_input_list, requested_outputs
 from accdbg.core.isolate import Isolated
 from accdbg.core.provenance import inputs_record
 from accdbg.core.run_dir import RunDir, check_run_folder, options_dict, write_json_atomic
-from accdbg.core.tensor_store import (
-    TensorFolder,
-    TensorRecord,
-    add_tensor,
-    records_table,
-    update_manifest,
-)
+from accdbg.core.tensor_store import TensorFolder, TensorRecord, records_table, update_manifest
 from accdbg.engines import artifacts, exposure, partitioning
 from accdbg.engines.base import Engine
 from accdbg.engines.options import OUTPUT_DATA_TYPES, STAGES, EngineConfig, LayerFilter
 from accdbg.engines.pipeline import Calibration, prepare_model, select_layers
-from accdbg.engines.source import build_feeds, load_feed
+from accdbg.engines.source import build_feeds
 from accdbg.engines.worker import Job, JobReport, debug_job, load_finals, plain_job
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import write_graph_struct
@@ -337,7 +331,6 @@ def run_inference_engine(
         )
         qnn_tensors = artifacts.qnn_tensor_names(model_net)
         _annotate_manifests([Path(r) for r in report.results], selected, qnn_tensors)
-        _graph_inputs([Path(r) for r in report.results], target_model, feeds)
         if conversion is not None:
             mapping = _through_conversion(run.path, report.results, mapping, conversion)
         write_tensor_mapping(run.path / MAPPING_FILE, mapping)
@@ -486,37 +479,6 @@ def _annotate_manifests(
 
     for root in results:
         update_manifest(root, annotate)
-
-
-GRAPH_INPUT = "graph input"  # the LayerType of a graph input's row (the input as fed)
-
-
-def _graph_inputs(results: list[Path], target_model: onnx.ModelProto, feeds) -> None:
-    """Each quantized graph input as the backend is fed it (its QuantizeLinear, which
-    onnxruntime runs on the CPU, dequantized), added to each input's dump: verification gives
-    it a row against the input file, so an input encoding that clips shows."""
-    from accdbg.encodings.qdq import input_quantizers
-
-    quantizers = input_quantizers(target_model)
-    for root, feed in zip(results, feeds, strict=False):
-        for name, q in quantizers.items():
-            if name not in feed:
-                continue
-            path, _, _, stored = feed[name]
-            x = load_feed({name: feed[name]})[name]
-            add_tensor(
-                root,
-                name,
-                q.fake_quant(x).astype(np.float32),
-                op_type=GRAPH_INPUT,
-                index=-1,
-                graph_input=str(path),
-                input_dtype=str(np.dtype(stored)),
-                clipped=q.clipped(x),
-                scale=q.scale,
-                offset=-q.zero_point,
-                bitwidth=int(np.log2(q.qmax - q.qmin + 1)),
-            )
 
 
 def _through_conversion(

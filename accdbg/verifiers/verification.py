@@ -31,7 +31,7 @@ import pandas as pd
 from accdbg.core.progress import progress
 from accdbg.core.provenance import recorded_inputs
 from accdbg.core.run_dir import RunDir, options_dict
-from accdbg.core.tensor_store import TensorFolder, TensorRecord, safe_relpath
+from accdbg.core.tensor_store import TensorFolder, safe_relpath
 from accdbg.errors import AccdbgError
 from accdbg.mapping.graph_struct import execution_order, load_graph_struct
 from accdbg.mapping.layout import reconcile
@@ -169,6 +169,9 @@ class Plan:
     # each weighted layer's weight bitwidth (its output's name -> bits), from the engine
     # run's QDQ model; empty when the run has none (a float or compiled run)
     weight_bits: dict[str, int] = field(default_factory=dict)
+    # each quantized graph input (its QuantizeLinear, run on the CPU: exactly what QNN is fed)
+    # and its dims, from the engine run's QDQ model; a row each against the input file
+    fed: dict[str, tuple[Any, tuple[int, ...]]] = field(default_factory=dict)
 
 
 WEIGHT_BITWIDTH = "weight_bitwidth"
@@ -190,6 +193,32 @@ def _weight_bits(engine_run: Path | None) -> dict[str, int]:
                 return {}
             if found:
                 return found
+    return {}
+
+
+def _fed_inputs(engine_run: Path | None) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    """The engine run's quantized graph inputs: name -> (its quantizer, its dims)."""
+    import onnx
+
+    from accdbg.encodings.qdq import input_quantizers
+    from accdbg.reports.model_explorer.engine import engine_model
+
+    given, qdq = engine_model(engine_run)
+    for path in (qdq, given):  # its QDQ model, else its -m when that is one (converted stage)
+        if path is None or path.suffix != ".onnx":
+            continue
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # a model the verification cannot read: no input rows, said
+            log.warning("graph input rows: %s not read: %s", path.name, exc)
+            return {}
+        found = input_quantizers(model)
+        if found:
+            dims = {
+                i.name: tuple(d.dim_value for d in i.type.tensor_type.shape.dim)
+                for i in model.graph.input
+            }
+            return {n: (q, dims[n]) for n, q in found.items() if dims.get(n) and all(dims[n])}
     return {}
 
 
@@ -288,8 +317,8 @@ def _verify_pair(
             break
     else:
         row["LayerType"] = (g_rec.op_type if g_rec else None) or (t_rec.op_type if t_rec else None)
-    if g_rec is None and _fed(target, t_name):
-        return _fed_row(row, target, t_rec, verifiers)
+    if g_rec is None and t_rec is None and t_name in plan.fed:
+        return _fed_row(row, target, t_name, plan.fed[t_name], verifiers)
     if g_rec is None or t_rec is None:
         rec = t_rec or g_rec
         row["Size"], row["Tensor_dims"] = rec.size, list(rec.shape)
@@ -321,29 +350,33 @@ def _verify_pair(
     return row, results
 
 
-def _fed(target: TensorFolder, name: str | None) -> bool:
-    """Whether ``name`` is a graph input the engine recorded as fed (its file beside it)."""
-    rec = target.records.get(name) if name else None
-    return rec is not None and bool((rec.extra or {}).get("graph_input"))
+def _input_file(target: TensorFolder, name: str) -> Path | None:
+    """The file the target's run fed to graph input ``name`` (its manifest records it)."""
+    rec = (recorded_inputs(target.meta) or {}).get(name)
+    path = Path(rec["path"]) if rec and rec.get("path") else None
+    return path if path is not None and path.is_file() else None
 
 
-def _fed_row(row, target: TensorFolder, rec: TensorRecord, verifiers):
-    """A graph input's row: the input file (the golden) against what the backend was fed;
-    its Status says how much of the input its encoding clips."""
-    shape = tuple(rec.shape)
-    t_arr = np.asarray(target.load(rec.name), dtype=np.float64)
-    dtype = rec.extra.get("input_dtype", "float32")
-    g_arr = np.fromfile(rec.extra["graph_input"], dtype=dtype).astype(np.float64)
-    row["LayerType"] = rec.op_type
-    row["Size"], row["Tensor_dims"] = int(np.prod(shape)) if shape else 1, fmt_shape(shape)
-    row["Golden_name"] = rec.name
-    if g_arr.size != t_arr.size:
-        row["Status"] = f"input file holds {g_arr.size} values, {t_arr.size} fed"
+GRAPH_INPUT = "graph input"  # a graph input's row's LayerType
+
+
+def _fed_row(row, target: TensorFolder, name: str, fed, verifiers):
+    """A graph input's row: the input file (the golden) against what the backend is fed (its
+    QuantizeLinear's grid, computed exactly); its Status says how much its encoding clips."""
+    quantizer, dims = fed
+    path = _input_file(target, name)
+    n = int(np.prod(dims))
+    row["LayerType"], row["Golden_name"] = GRAPH_INPUT, name
+    row["Size"], row["Tensor_dims"] = n, fmt_shape(dims)
+    dtype = {4 * n: np.float32, 2 * n: np.float16}.get(path.stat().st_size)
+    if dtype is None:
+        row["Status"] = f"input file {path.name} does not hold {n} float values"
         return row, {}
-    g_arr = g_arr.reshape(t_arr.shape)
+    g_arr = np.fromfile(path, dtype=dtype).astype(np.float64).reshape(dims)
+    t_arr = quantizer.fake_quant(g_arr)
     row["golden_min"], row["golden_max"] = finite_range(g_arr)
-    results = score_pair(row, g_arr, t_arr, rec.extra.get("scale"), None, verifiers)
-    clipped = float(rec.extra.get("clipped") or 0.0)
+    results = score_pair(row, g_arr, t_arr, quantizer.scale, None, verifiers)
+    clipped = quantizer.clipped(g_arr)
     if clipped > 0:
         note = f"its encoding clips {clipped:.1%} of the input"
         row["Status"] = f"{row['Status']}; {note}" if row["Status"] else note
@@ -376,7 +409,7 @@ def _order_key(plan: Plan, golden: TensorFolder, target: TensorFolder):
 
     def key(pair: tuple[str | None, str | None]) -> tuple:
         g, t = pair
-        if g is None and _fed(target, t):  # the graph inputs first, as the model reads them
+        if g is None and t in plan.fed and t not in target.records:  # graph inputs first
             return (-1, 0, 0)
         for name in (t, g):
             if name in plan.order:
@@ -396,10 +429,10 @@ def plan_pairs(
     """The pairs to compare, in execution order; checked before anything is written."""
     mapping = plan.mapping
     pairing = pair_tensors(golden.names(), target.names(), mapping)
-    fed = [t for t in pairing.target_only if _fed(target, t)]
-    if fed:  # a graph input as the backend is fed it: a row against the input file
-        pairing.target_only = [t for t in pairing.target_only if t not in fed]
-    pairs = list(pairing.pairs) + [(None, t) for t in fed]
+    # each quantized graph input as the backend is fed it: a row against the input file
+    paired = {n for pair in pairing.pairs for n in pair if n}
+    fed = [n for n in plan.fed if n not in paired and _input_file(target, n) is not None]
+    pairs = list(pairing.pairs) + [(None, n) for n in fed]
     # tensors named by the verifier config must be rows even if only one side has them
     by_name: dict[str, tuple[str | None, str | None]] = {}
     for g, t in pairs:
@@ -788,7 +821,15 @@ def run_verification(
     mapping = _mapping(tensor_mapping, model_path, framework, folders, sources)
     layers = load_graph_struct(graph_struct) if graph_struct is not None else []
     qnn = QnnGraph(qnn_model_json_path) if qnn_model_json_path is not None else None
-    plan = Plan(verifiers, mapping, execution_order(layers), qnn, sources, _weight_bits(target_run))
+    plan = Plan(
+        verifiers,
+        mapping,
+        execution_order(layers),
+        qnn,
+        sources,
+        _weight_bits(target_run),
+        _fed_inputs(target_run) if not engine_vs_engine else {},
+    )
     for g_folder, t_folder in folders.values():
         plan_pairs(g_folder, t_folder, plan)  # bad names fail here, before a run folder exists
 

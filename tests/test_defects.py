@@ -250,6 +250,35 @@ def test_an_attention_with_an_infinite_mask_runs_on_qnn_with_the_mask_named(tmp_
     assert 10 * np.log10(1 / err) > 15  # an 8-bit attention head, not garbage
 
 
+@pytest.mark.slow  # oneshot on QNN
+def test_oneshot_keeps_a_mask_it_clamped_as_culprit_one_with_the_clamp_as_its_fix(tmp_path):
+    """The model as given does not run on QNN (-inf: infinite scales); the run clamps the mask,
+    so its region in fp16 gains nothing over the clamped run - it stays culprit #1, confirmed
+    by that, its fix the clamp (the clamped model written for -m), said without a gain."""
+    from accdbg.algorithms.oneshot import run_oneshot
+    from accdbg.core.inputs import parse_input_tensor
+
+    built = models.masked_attention(tmp_path, -math.inf)
+    (mask_dims, mask_path) = built.more_inputs["mask"]
+    res = run_oneshot(
+        "onnx",
+        built.path,
+        [
+            parse_input_tensor(["x", ",".join(map(str, built.dims)), str(built.input_path)]),
+            parse_input_tensor(["mask", ",".join(map(str, mask_dims)), str(mask_path)]),
+        ],
+        working_dir=tmp_path / "w",
+    )
+    first = res.culprits[0]
+    assert first.kind == MASK and first.rank == 1, res.findings
+    v = first.verified
+    assert v.confirmed and v.fix.startswith("mask") and math.isnan(v.gain_db), v
+    line = next(f for f in res.findings if f.startswith("culprit #1:"))
+    assert "the model as given does not run" in line and "this run applies the fix" in line
+    clamped = res.verification_run / "fixes"
+    assert any(p.suffix == ".onnx" for p in clamped.iterdir()) and "-m " in v.command
+
+
 @pytest.mark.parametrize(
     "section, bits, kind",
     [("activation_encodings", 4, "activation"), ("param_encodings", 2, "parameter")],

@@ -112,7 +112,7 @@ class FixContext:
         clamps = {
             d.constant: float(d.extra["clamp"])
             for d in defects_beside(qdq)
-            if d.extra.get("clamp") is not None and not d.fatal
+            if d.extra.get("clamp") is not None  # the run clamped it (an infinite scale too)
         }
         return cls(
             qdq.with_name(f"{stem}.prepared.onnx"),
@@ -285,7 +285,7 @@ class Verifier:
         for r, c in enumerate(confirmed, start=1):
             c.rank = r
         out = Verification(confirmed, dropped, baseline, sessions=self.search.sessions)
-        if not any(c.verified and c.verified.confirmed for c in confirmed) and outputs_fail:
+        if outputs_fail and _best(out) is None:  # no culprit's change measured to help
             out.global_rows = self._globals(base)
             out.sessions = self.search.sessions
         out.findings = self._lines(out)
@@ -333,6 +333,10 @@ class Verifier:
         )
         if before_run and math.isnan(float(base.get("SQNR mean", math.nan))):
             confirmed = True  # the model as quantized does not run: structural, named
+        # a mask this run clamped already (its encodings could not hold it: the model as given
+        # does not run on QNN): confirmed by that; its fix is the clamp, which no gain measures
+        clamped = c.kind == MASK and bool(c.source) and c.source in self.setup.clamps
+        confirmed = confirmed or clamped
         # the fix: a change a user can make (not the counterfactual), the cheapest within
         # within_db of the most any measured change gained; else the best that gains at all
         real = [
@@ -346,7 +350,11 @@ class Verifier:
             near = [max(real, key=lambda tx: tx[0]["gain_db"])] if real else []
             near = [(t, x) for t, x in near if t["gain_db"] >= p.confirm_db]
         fix, gain, command = "", math.nan, ""
-        if confirmed and near:
+        clamp = [(t, x) for t, (x, _) in zip(tried, rows, strict=True) if x.kind == "clamp_mask"]
+        if clamped and clamp and clamp[0][0]["status"] == "ok":
+            t, x = clamp[0]
+            fix, command = x.label, self._command(c, x, t["folder"])
+        elif confirmed and near:
             t, x = min(near, key=lambda tx: (tx[0]["cost"], -tx[0]["gain_db"]))
             fix, gain = x.label, float(t["gain_db"])
             command = self._command(c, x, t["folder"])
@@ -457,7 +465,7 @@ def _best(out: Verification) -> tuple[str, float, str] | None:
     """The best measured change: the first confirmed culprit's fix, else the best global."""
     for c in out.culprits:
         v = c.verified
-        if v is not None and v.confirmed and v.fix:
+        if v is not None and v.confirmed and v.fix and math.isfinite(v.gain_db):
             return f"{v.fix} ({c.name})", v.gain_db, v.command
     ok = [r for r in out.global_rows if r.get("command")]
     if ok:
@@ -593,5 +601,10 @@ def _verified_words(v: Verified | None) -> str:
         )
     if math.isnan(v.baseline_db) and v.confirmed:
         return "; on QNN HTP: the model as quantized does not run"
+    if v.confirmed and v.fix and math.isnan(v.gain_db):  # a mask this run clamped already
+        return (
+            f"; on QNN HTP: the model as given does not run (infinite scales); this run "
+            f"applies the fix, {v.fix}"
+        )
     fix = f", fix {v.fix} {_db(v.gain_db)}" if v.fix else ""
     return f"; on QNN HTP: its region in fp16 {_db(v.float_gain_db)}{fix} (measured)"

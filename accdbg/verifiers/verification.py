@@ -753,6 +753,19 @@ def _verify_each(folders, plan: Plan, root: Path) -> tuple[dict[str, pd.DataFram
     return per_input, page
 
 
+def _opened(inputs, first_golden: TensorFolder, one_golden: bool):
+    """Each input's folders, opened once (one golden against N results is read once), and
+    matched by their recorded input files."""
+    opened = {first_golden.root: first_golden}
+
+    def folder(path: Path) -> TensorFolder:
+        if path not in opened:
+            opened[path] = TensorFolder(path)
+        return opened[path]
+
+    return match_inputs({k: (folder(g), folder(t)) for k, (g, t) in inputs.items()}, one_golden)
+
+
 def run_verification(
     golden_dir: str | os.PathLike,
     inference_results: str | os.PathLike,
@@ -800,16 +813,7 @@ def run_verification(
         len(golden_inputs) > 1 and first_golden.meta.get("component") != "framework_diagnosis"
     )
     inputs = pair_inputs(golden_inputs, target_inputs, golden_dir)
-    opened = {first_golden.root: first_golden}
-
-    def folder(path: Path) -> TensorFolder:
-        if path not in opened:  # one golden against N results is read once
-            opened[path] = TensorFolder(path)
-        return opened[path]
-
-    folders, input_notes = match_inputs(
-        {key: (folder(g), folder(t)) for key, (g, t) in inputs.items()}, len(golden_inputs) == 1
-    )
+    folders, input_notes = _opened(inputs, first_golden, len(golden_inputs) == 1)
     tensor_mapping, graph_struct, qnn_model_json_path, sources = _side_files(
         target_run,
         discover,

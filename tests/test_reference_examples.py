@@ -3,9 +3,9 @@
 accdbg follows the flags of Qualcomm's tool, and its guide is the contract: a command copied
 from it must be accepted (what then cannot run here - an Android device, a converter's
 ``.cpp`` - is refused when it runs, with the reason). The guide's commands are kept in
-``tests/data/reference_examples.txt``, collected from the guide by :func:`collect_examples`;
-where the guide's text is at hand (``ACCDBG_REFERENCE_GUIDE``, else the shared reference
-folder), the kept list is checked against it.
+``tests/data/reference_examples.txt``, collected from the guide by :func:`collect_examples`,
+and checked against the guide's text (``../shared/reference`` beside the clone, as CI has it, or
+``ACCDBG_REFERENCE_GUIDE``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ import pytest
 from accdbg.cli.main import parse_command
 
 DATA = Path(__file__).parent / "data" / "reference_examples.txt"
-GUIDE = Path(
-    os.environ.get("ACCDBG_REFERENCE_GUIDE", "/work/shared/reference/qnn-accuracy-debugger.txt")
+# the shared reference beside the clone (CI's layout), unless the variable says otherwise
+SHARED_GUIDE = (
+    Path(__file__).resolve().parents[2] / "shared" / "reference" / "qnn-accuracy-debugger.txt"
 )
+GUIDE = Path(os.environ.get("ACCDBG_REFERENCE_GUIDE", SHARED_GUIDE))
 START = re.compile(r"^qnn-accuracy-debugger( |\\|$)")
 
 
@@ -83,7 +85,9 @@ EXAMPLES = kept_examples()
 
 def test_the_kept_examples_are_the_guides():
     if not GUIDE.is_file():
-        pytest.skip(f"the guide's text is not at {GUIDE} (set ACCDBG_REFERENCE_GUIDE)")
+        pytest.fail(
+            f"the guide's text is not at {GUIDE}: clone beside ../shared or set ACCDBG_REFERENCE_GUIDE"
+        )
     assert collect_examples(GUIDE.read_text()) == EXAMPLES
 
 

@@ -560,6 +560,9 @@ class _Annotator:
                 "oneshot-layerwise", ver.run_dir, working, model, files, ranking.culprits
             )
             ranking.findings[:] = story.before_fix(ranking.findings, told)
+        # what the encoding rules flag (Concat inputs on one range, norms at 16 bits, int4
+        # where HTP runs it), before what to do
+        ranking.findings[:] = story.before_fix(ranking.findings, engine.rules)
         summary = ranking.apply(summary, "Name")
         self.culprits = ranking.culprits
         self.unconfirmed = ranking.unconfirmed

@@ -114,6 +114,7 @@ class CheckOptions:
     max_plot_points: int = MAX_PLOT_POINTS
     seed: int = SEED
     memory_budget_mb: float = 4096
+    encoding_rules: str | None = None  # a JSON/YAML file: rules turned off, their parameters
 
     def keywords(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,6 +167,13 @@ class CheckArgs(A.ArgGroup):
             "--seed", type=int, default=C.seed, help=f"seed of the samples (default {C.seed})"
         )
         c.add_argument(
+            "--encoding_rules",
+            default=None,
+            metavar="FILE",
+            help='a JSON/YAML file of encoding rules: {"disable": [ids], "params": {id: '
+            "{...}}} (rules: concat-one-range, add-one-range, norm-16bit, int4-supported)",
+        )
+        c.add_argument(
             "--memory_budget_mb",
             type=float,
             default=C.memory_budget_mb,
@@ -181,6 +189,7 @@ class CheckArgs(A.ArgGroup):
             args.max_plot_points,
             args.seed,
             args.memory_budget_mb,
+            args.encoding_rules,
         )
 
 

@@ -31,6 +31,7 @@ from accdbg.core.isolate import Isolated
 from accdbg.core.provenance import inputs_record
 from accdbg.core.run_dir import RunDir, check_run_folder, options_dict, write_json_atomic
 from accdbg.core.tensor_store import TensorFolder, TensorRecord, records_table, update_manifest
+from accdbg.encodings.rules import check_rules, summary_lines
 from accdbg.engines import artifacts, exposure, partitioning
 from accdbg.engines.base import Engine
 from accdbg.engines.options import OUTPUT_DATA_TYPES, STAGES, EngineConfig, LayerFilter
@@ -97,6 +98,8 @@ class EngineResult:
     simulated: bool = False  # a CPU simulation ran it, not a backend
     # graph outputs the debug graph computes otherwise than the deployable one
     observer: list[ObserverEffect] = field(default_factory=list)
+    # what the encoding rules flag in the QDQ model run (accdbg.encodings.rules)
+    rules: list[str] = field(default_factory=list)
 
 
 def check_engine_options(config: EngineConfig | None = None, **keywords: object) -> Engine:
@@ -304,6 +307,9 @@ def run_inference_engine(
         for d in prepared.defects:  # before the backend is asked: what no encoding can hold
             log.warning("encodings: %s", d.line())
         target_model = onnx.load(str(target), load_external_data=False)
+        rules = summary_lines(check_rules(target_model))  # before the backend is asked
+        for line in rules:
+            log.info("%s", line)
         selected = _selected(target_model, config, fw_names, req.dumped_instead)
         json_dir = run.path / "qnn_json"
         options.json_graph_dir = None if eng.simulation else str(json_dir)
@@ -366,6 +372,7 @@ def run_inference_engine(
         seconds=time.perf_counter() - start,
         simulated=eng.simulation,
         observer=effects,
+        rules=rules,
     )
 
 

@@ -40,6 +40,7 @@ from accdbg.core.progress import progress
 from accdbg.core.run_dir import RunDir, check_run_folder, write_json_atomic
 from accdbg.encodings.aimet import aimet_dict
 from accdbg.encodings.model import ACTIVATION
+from accdbg.encodings.rules import RuleConfig, check_rules, summary_lines
 from accdbg.engines.options import QuantOptions
 from accdbg.engines.pipeline import Calibration, prepare_float
 from accdbg.engines.quantize import QUANTIZERS, check_quantizer_options
@@ -101,6 +102,11 @@ def check_plot_options(plots_mode: str, max_plot_points: int, threshold: float) 
         raise AccdbgError(f"--sqnr_threshold must be a finite number of dB, got {threshold}")
 
 
+RULES_CSV = "encoding_rules.csv"  # every flag of the encoding rules: rule, tensors, what, change
+FLAG_COLUMNS = ("rule", "tensors", "what", "change")
+NO_RULE_FILE = RuleConfig()  # every rule, its default parameters
+
+
 def run_quant_checker(
     model_path: str | os.PathLike,
     framework: str = "onnx",
@@ -124,6 +130,7 @@ def run_quant_checker(
     allow_nonfinite_inputs: bool = False,
     options_record: dict | None = None,
     model_explorer: bool = True,
+    encoding_rules: str | os.PathLike | None = None,
 ) -> QuantCheckerResult:
     """Check every weight, bias and activation under each quantizer variant; see the module
     docstring for what is written. ``quantizers`` (``tf``, ``enhanced``, ``adjusted``,
@@ -137,6 +144,7 @@ def run_quant_checker(
     converted one for other frameworks): a weight or bias on the node using it, an
     activation on the node producing it."""
     start = time.perf_counter()
+    rules = RuleConfig.load(encoding_rules)  # a bad rule file is refused before any work
     variants = parse_variants(quantizers, per_channel_variants)
     for v in variants:
         check_quantizer_options(
@@ -230,6 +238,7 @@ def run_quant_checker(
             seed,
             memory_budget_mb,
             quantization_overrides,
+            rules,
         )
         if conversion is not None:
             _framework_names(result, conversion.tensor_mapping, run.path)
@@ -298,6 +307,7 @@ def _run(
     seed: int,
     memory_budget_mb: float,
     quantization_overrides: str | os.PathLike | None = None,
+    rules: RuleConfig = NO_RULE_FILE,
 ) -> QuantCheckerResult:
     models_dir, enc_dir = out / "models", out / "encodings"
     models_dir.mkdir()
@@ -362,6 +372,11 @@ def _run(
         write_csv(df, out / "checks" / f"{k}.csv")
     write_csv(summary, out / f"{COMPONENT}.csv")
     findings = tables.findings(summary, names, threshold)
+    flags = check_rules(qdq_models[names[0]], rules)  # the first variant's encodings
+    write_csv(
+        pd.DataFrame([f.as_dict() for f in flags], columns=list(FLAG_COLUMNS)), out / RULES_CSV
+    )
+    findings += summary_lines(flags)
     if not calibrated:
         findings.append(
             "weights only: no calibration data (-l/-i), activations and biases not checked"

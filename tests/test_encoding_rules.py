@@ -137,3 +137,44 @@ def test_the_quant_checker_refuses_a_bad_rule_file_in_one_line(tmp_path, capsys,
     code, _, err = run_cli(capsys, "--quant_checker", "-m", built.path, "--encoding_rules", bad)
     assert code == 2 and "--encoding_rules" in one_line_error(err) and "rules.json" in err
     assert not (tmp_path / "working_directory").exists()  # refused before anything is written
+
+
+def test_the_quantizer_s_own_layernorm_at_8_bits_is_flagged(tmp_path):
+    """onnxruntime's quantizer (the engine's pipeline) on a LayerNormalization: at A8W8 its
+    input and weight are flagged; at A16W8 only the weight is left at 8 bits."""
+    from accdbg.core.inputs import InputTensor
+    from accdbg.engines.options import QuantOptions
+    from accdbg.engines.pipeline import Calibration, prepare_float, quantize_prepared
+    from tests.models import save
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node("LayerNormalization", ["h", "g", "b"], ["y"], name="ln", axis=-1),
+        ],
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])],
+        [
+            numpy_helper.from_array(rng.normal(size=(16, 16)).astype(np.float32), "w"),
+            numpy_helper.from_array(rng.uniform(0.5, 2, 16).astype(np.float32), "g"),
+            numpy_helper.from_array(np.zeros(16, np.float32), "b"),
+        ],
+    )
+    path = save(graph, tmp_path / "ln.onnx")
+    x = tmp_path / "x.raw"
+    rng.normal(size=(1, 8, 16)).astype(np.float32).tofile(x)
+    model = onnx.load(str(path))
+    calib = Calibration.from_inputs(
+        model, None, [InputTensor("x", (1, 8, 16), x, np.dtype("float32"))]
+    )
+    prepared = prepare_float(model, "ln", calib, tmp_path / "p")
+    flagged = {}
+    for abw in (8, 16):
+        q = quantize_prepared(
+            prepared.path, "ln", calib, QuantOptions(act_bitwidth=abw), tmp_path / f"q{abw}"
+        )
+        flags = [f for f in check_rules(q.load()) if f.rule == "norm-16bit"]
+        flagged[abw] = set(flags[0].tensors) if flags else set()
+    assert flagged[8] == {"h", "g"} and flagged[16] == {"g"}

@@ -178,3 +178,26 @@ def test_the_quantizer_s_own_layernorm_at_8_bits_is_flagged(tmp_path):
         flags = [f for f in check_rules(q.load()) if f.rule == "norm-16bit"]
         flagged[abw] = set(flags[0].tensors) if flags else set()
     assert flagged[8] == {"h", "g"} and flagged[16] == {"g"}
+
+
+def test_a_bias_added_to_its_matmul_is_no_add_on_two_ranges():
+    """A quantized bias (a parameter, ~1e-4 steps) added to an activation (1.0 steps): HTP folds
+    it into the MatMul, so the add-one-range rule compares activations only; two activations on
+    ranges 200x apart are flagged."""
+    nodes, inits = [], []
+    a = _qdq("a", 1.0, 8, nodes, inits)
+    inits += [
+        helper.make_tensor("b_quantized", TensorProto.INT32, [4], [1, 2, 3, 4]),
+        numpy_helper.from_array(np.array(1e-4, np.float32), "b_s"),
+        helper.make_tensor("b_zp", TensorProto.INT32, [], [0]),
+    ]
+    nodes += [
+        helper.make_node("DequantizeLinear", ["b_quantized", "b_s", "b_zp"], ["b_dq"]),
+        helper.make_node("Add", [a, "b_dq"], ["y"], name="add"),
+    ]
+    assert check_rules(_model(nodes, inits, ["a"])) == []
+    nodes, inits = [], []
+    a, c = _qdq("a", 1.0, 8, nodes, inits), _qdq("c", 0.005, 8, nodes, inits)
+    nodes.append(helper.make_node("Add", [a, c], ["y"], name="add"))
+    (flag,) = check_rules(_model(nodes, inits, ["a", "c"]))
+    assert flag.rule == "add-one-range" and flag.tensors == ("a", "c")

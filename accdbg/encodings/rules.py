@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from accdbg.encodings.model import Encoding
+from accdbg.encodings.model import ACTIVATION, Encoding
 from accdbg.encodings.qdq import qdq_encodings
 from accdbg.errors import AccdbgError
 
@@ -73,7 +73,12 @@ def _one_range(op: str, rule: str):
         for node in model.graph.node:
             if node.op_type != op:
                 continue
-            ins = [encs[i] for i in _dq_sources(model, node) if i in encs]
+            # activations only: a bias added to its MatMul's output is folded into it on HTP
+            ins = [
+                encs[i]
+                for i in _dq_sources(model, node)
+                if i in encs and encs[i].kind == ACTIVATION
+            ]
             scales = [_scale(e) for e in ins if e.bitwidth and _scale(e) > 0]
             if len(scales) > 1 and max(scales) / min(scales) > params["ratio"]:
                 out.append(

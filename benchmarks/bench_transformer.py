@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import onnxruntime as ort
@@ -46,6 +47,8 @@ def encoder(seq: int, out: Path) -> tuple[Path, list[dict[str, Path]]]:
     """The MiniLM encoder exported at ``seq`` tokens, and ``n`` tokenized sentences."""
     gauntlet.SEQ_LEN = seq  # the export and the tokenizer pad to it
     model = next(m for m in gauntlet.iter_models() if m.name == "minilm_l6")
+    specs = tuple(replace(t, dims=(1, seq)) for t in model.inputs)
+    model = replace(model, inputs=specs)
     path = out / f"minilm_l6_{seq}.onnx"
     if not path.is_file():
         gauntlet._export_minilm("sdpa")(path)

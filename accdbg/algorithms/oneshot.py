@@ -417,7 +417,7 @@ def run_oneshot(
             on_ready=ready,
             output_tensors=output_tensors if conversion is None else (),
         )
-        seconds["inference_engine"] = time.perf_counter() - t
+        seconds["inference_engine"] = engine.seconds  # as its console line says
         t = time.perf_counter()
         target = _target(goldens, engine.results, input_list, input_tensors)
         judged, graph_outputs = _judged(output_tensors, input_list, engine.qdq_model)
@@ -491,7 +491,7 @@ class _Annotator:
 
     def __call__(self, ver: VerificationResult) -> SummaryAnnotation:
         seconds, engine = self.seconds, self.engine
-        seconds["verification"] = time.perf_counter() - self.started
+        seconds["verification: tensor pairs compared"] = time.perf_counter() - self.started
         verifiers = {
             v["label"]: get_verifier(v["spec"]) for v in ver.verifiers if v.get("spec") is not None
         }

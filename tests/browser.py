@@ -73,7 +73,9 @@ def chromium() -> str:
     return exe
 
 
-def _run(page: Path, tmp: Path, *mode: str, height: int = HEIGHT) -> subprocess.CompletedProcess:
+def _run(
+    page: Path, tmp: Path, *mode: str, height: int = HEIGHT, width: int = WIDTH
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             chromium(),
@@ -89,7 +91,7 @@ def _run(page: Path, tmp: Path, *mode: str, height: int = HEIGHT) -> subprocess.
             f"--user-data-dir={tmp / 'profile'}",
             "--enable-logging=stderr",
             "--v=0",
-            f"--window-size={WIDTH},{height}",
+            f"--window-size={width},{height}",
             "--virtual-time-budget=5000",
             *mode,
             page.as_uri(),
@@ -156,12 +158,7 @@ def fold(report: Path, tmp: Path, width: int) -> dict:
     text = report.read_text(encoding="utf-8")
     page.write_text(text.replace("</body>", FOLD_PROBE + "</body>", 1), encoding="utf-8")
     try:
-        proc = subprocess.run(
-            [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-             f"--user-data-dir={tmp / 'profile'}", f"--window-size={width},{HEIGHT}",
-             "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-            capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+        proc = _run(page, tmp, "--dump-dom", width=width)
     finally:
         page.unlink()
     found = re.search(r'<pre id="probe-result"[^>]*>(.*?)</pre>', proc.stdout, re.S)

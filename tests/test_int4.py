@@ -208,7 +208,7 @@ def test_weight_bitwidth_column_from_the_qdq_model(tmp_path):
     import pandas as pd
 
     from accdbg.encodings.qdq import weight_bitwidths
-    from accdbg.verifiers.verification import Plan, _weight_bits, with_weight_bitwidth
+    from accdbg.verifiers.verification import Plan, _engine_qdq, _weight_bits, with_weight_bitwidth
 
     built = models.int4_mix(tmp_path, inputs=1)
     prepared = _prepare(tmp_path, built, act_bitwidth=16, weights_bitwidth=4)
@@ -218,7 +218,7 @@ def test_weight_bitwidth_column_from_the_qdq_model(tmp_path):
     run = tmp_path / "engine_run"
     run.mkdir()
     (run / "net.qdq.onnx").write_bytes(prepared.path.read_bytes())
-    plan = Plan([], None, {}, None, weight_bits=_weight_bits(run))
+    plan = Plan([], None, {}, None, weight_bits=_weight_bits(_engine_qdq(run)))
     df = with_weight_bitwidth(pd.DataFrame({"Name": ["r1", "fl", "r3", "y"]}), plan)
     assert df["weight_bitwidth"].tolist()[0] == 4 and pd.isna(df["weight_bitwidth"][1])
     assert df["weight_bitwidth"].tolist()[2:] == [8, 4]

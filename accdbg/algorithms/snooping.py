@@ -499,11 +499,7 @@ class Context:
     def _tell(self, ranking: Ranking) -> None:
         """This verdict beside the other algorithms' on the same model and inputs."""
         req = self.req
-        files = (
-            [p for f in req.feeds for (p, *_) in f.values()]
-            if req.feeds
-            else [t.path for t in req.inputs]
-        )
+        files = story.feed_files(req.feeds) if req.feeds else [t.path for t in req.inputs]
         name = "cumulative-layerwise" if req.cumulative else "layerwise"
         working = req.record.get("working_dir", ".")
         told = story.tell(name, self.run_path, working, req.model_path, files, ranking.culprits)

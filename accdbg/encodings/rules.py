@@ -22,13 +22,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from accdbg.encodings.htp_int4 import INT4_OPS, int4_axis
 from accdbg.encodings.model import ACTIVATION, Encoding
 from accdbg.encodings.qdq import qdq_encodings
 from accdbg.errors import AccdbgError
 
 INT4_TYPES = (TensorProto.INT4, TensorProto.UINT4)
 NORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization")
-INT4_OPS = ("Conv", "Gemm", "MatMul")  # Conv with a 1x1 kernel only
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class Rule:
 
     id: str
     statement: str
-    check: Callable[[onnx.ModelProto, Mapping[str, Encoding], Mapping[str, Any]], list[Flag]]
+    # (the QDQ model, its encodings, the parameters, DequantizeLinear output -> encoding name)
+    check: Callable[..., list[Flag]]
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -68,7 +69,7 @@ def _scale(e: Encoding) -> float:
 
 
 def _one_range(op: str, rule: str):
-    def check(model, encs, params) -> list[Flag]:
+    def check(model, encs, params, sources) -> list[Flag]:
         out = []
         for node in model.graph.node:
             if node.op_type != op:
@@ -76,7 +77,7 @@ def _one_range(op: str, rule: str):
             # activations only: a bias added to its MatMul's output is folded into it on HTP
             ins = [
                 encs[i]
-                for i in _dq_sources(model, node)
+                for i in _dq_sources(sources, node)
                 if i in encs and encs[i].kind == ACTIVATION
             ]
             scales = [_scale(e) for e in ins if e.bitwidth and _scale(e) > 0]
@@ -96,30 +97,28 @@ def _one_range(op: str, rule: str):
     return check
 
 
-def _dq_sources(model: onnx.ModelProto, node: onnx.NodeProto) -> list[str]:
-    """The float tensors a node's DequantizeLinear inputs were quantized from (their encodings'
-    names), else the inputs themselves."""
-    dq = {n.output[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}
-    q = {n.output[0]: n for n in model.graph.node if n.op_type == "QuantizeLinear"}
-    out = []
-    for i in node.input:
-        d = dq.get(i)
-        if d is None:
-            src = i
-        elif d.input[0] in q:  # an activation: the tensor its QuantizeLinear reads
-            src = q[d.input[0]].input[0]
-        else:  # a parameter: its quantized initializer
-            src = d.input[0]
-        out.append(src.removesuffix("_quantized"))
-    return out
+def _sources(model: onnx.ModelProto) -> dict[str, str]:
+    """Each DequantizeLinear output -> the float tensor it was quantized from (its encoding's
+    name): an activation's QuantizeLinear input, a parameter's quantized initializer."""
+    q = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    return {
+        n.output[0]: q.get(n.input[0], n.input[0]).removesuffix("_quantized")
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear"
+    }
 
 
-def _norm16(model, encs, params) -> list[Flag]:
+def _dq_sources(sources: Mapping[str, str], node: onnx.NodeProto) -> list[str]:
+    """The encodings' names of a node's inputs (an input no DequantizeLinear gives: itself)."""
+    return [sources.get(i, i) for i in node.input]
+
+
+def _norm16(model, encs, params, sources) -> list[Flag]:
     out = []
     for node in model.graph.node:
         if node.op_type not in NORM_OPS:
             continue
-        named = _dq_sources(model, node)[:2]  # its input and its weight (scale)
+        named = _dq_sources(sources, node)[:2]  # its input and its weight (scale)
         low = [
             n for n in named if n in encs and encs[n].bitwidth and encs[n].bitwidth < params["bits"]
         ]
@@ -137,7 +136,7 @@ def _norm16(model, encs, params) -> list[Flag]:
     return out
 
 
-def _int4(model, encs, params) -> list[Flag]:
+def _int4(model, encs, params, sources) -> list[Flag]:
     inits = {i.name: i for i in model.graph.initializer}
     dq4 = {
         n.output[0]: n.input[0]
@@ -151,16 +150,14 @@ def _int4(model, encs, params) -> list[Flag]:
         for i in node.input:
             if i not in dq4:
                 continue
-            w = inits[dq4[i]]
-            kernel_1x1 = node.op_type == "Conv" and all(d == 1 for d in list(w.dims)[2:])
-            if node.op_type not in INT4_OPS or (node.op_type == "Conv" and not kernel_1x1):
+            if int4_axis(node, inits[dq4[i]]) is None:
                 out.append(
                     Flag(
                         "int4-supported",
                         (dq4[i].removesuffix("_quantized"),),
                         f"int4 weight on {node.op_type} {node.name or node.output[0]}",
-                        "8-bit weights there: Qualcomm documents HTP's int4 weights for Conv "
-                        "1x1, FullyConnected and MatMul only",
+                        f"8-bit weights there: Qualcomm documents HTP's int4 weights for "
+                        f"{INT4_OPS} only",
                     )
                 )
     return out
@@ -237,10 +234,12 @@ def check_rules(model: onnx.ModelProto, config: RuleConfig | None = None) -> lis
     except Exception:  # not a QDQ model: no encodings to check
         return []
     config = config or RuleConfig()
+    sources = _sources(model)  # once for every rule
     out = []
     for rule in RULES.values():
         if rule.id not in config.disabled:
-            out += rule.check(model, encs, {**rule.params, **config.params.get(rule.id, {})})
+            params = {**rule.params, **config.params.get(rule.id, {})}
+            out += rule.check(model, encs, params, sources)
     return out
 
 

@@ -16,32 +16,11 @@ from typing import Any
 
 import onnx
 
+from accdbg.encodings.htp_int4 import INT4_OPS, int4_axis
 from accdbg.errors import AccdbgError
 
 # the ops whose weight initializer (input 1) makes a "weighted layer"
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-INT4_OPS = "Conv 1x1, Gemm, MatMul"
-
-
-def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
-    return next((a.i for a in node.attribute if a.name == name), default)
-
-
-def int4_axis(node: onnx.NodeProto, weight: onnx.TensorProto) -> int | None:
-    """The output-channel axis of ``node``'s int4 weight, or None when HTP runs no int4 there
-    (a Conv whose kernel is not 1x1 or that is grouped, a ConvTranspose, a weight not 2-D)."""
-    dims = list(weight.dims)
-    if node.op_type == "Conv":
-        one_by_one = len(dims) >= 3 and all(d == 1 for d in dims[2:])
-        return 0 if one_by_one and _attr(node, "group", 1) == 1 else None
-    if len(dims) != 2:
-        return None
-    if node.op_type == "Gemm":
-        return 0 if _attr(node, "transB", 0) else 1
-    if node.op_type == "MatMul":
-        return 1  # [K, N]: one scale per output column
-    return None
-
 
 BLOCK_FLAG = "--weight_block_size"
 

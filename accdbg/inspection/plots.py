@@ -35,6 +35,8 @@ from matplotlib.ticker import FixedLocator, MaxNLocator
 from matplotlib.transforms import Bbox
 from PIL import Image
 
+from accdbg.reports.cells import shorten
+
 HISTOGRAM_BINS = 100
 CDF_BINS = 512
 KDE_GRID = 512
@@ -64,8 +66,7 @@ PIXEL_MARKERS_FROM = 5_000  # beyond this many points one pixel per point reads 
 
 def short(name: str) -> str:
     """A tensor name fit for a title: one line, at most ``TITLE_CHARS`` characters."""
-    text = " ".join(str(name).split())
-    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "…"
+    return shorten(name, TITLE_CHARS)
 
 
 def span(lo: float, hi: float) -> tuple[float, float]:

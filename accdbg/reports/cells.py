@@ -35,3 +35,9 @@ def safe_frame(df: pd.DataFrame) -> pd.DataFrame:
 def escape(value: Any) -> str:
     """HTML-escaped text of any value (quotes included, for attributes)."""
     return html.escape(str(value), quote=True)
+
+
+def shorten(text: Any, limit: int) -> str:
+    """One line of at most ``limit`` characters, an ellipsis where it was cut."""
+    one = " ".join(str(text).split())
+    return one if len(one) <= limit else one[: limit - 1] + "…"

@@ -177,49 +177,46 @@ class Plan:
 WEIGHT_BITWIDTH = "weight_bitwidth"
 
 
-def _weight_bits(engine_run: Path | None) -> dict[str, int]:
-    """The weight bitwidths of the engine run's QDQ model (its ``*.qdq.onnx``, else its
-    ``-m`` when that is a QDQ model: ``--stage converted``)."""
-    from accdbg.encodings.qdq import weight_bitwidths
-    from accdbg.reports.model_explorer.engine import engine_model
-
-    model, qdq = engine_model(engine_run)
-    for path in (qdq, model):
-        if path is not None and path.suffix == ".onnx":
-            try:
-                found = weight_bitwidths(path)
-            except Exception as exc:  # a model the report cannot read: no column, said
-                log.warning("weight_bitwidth column: %s not read: %s", path.name, exc)
-                return {}
-            if found:
-                return found
-    return {}
-
-
-def _fed_inputs(engine_run: Path | None) -> dict[str, tuple[Any, tuple[int, ...]]]:
-    """The engine run's quantized graph inputs: name -> (its quantizer, its dims)."""
+def _engine_qdq(engine_run: Path | None):
+    """The engine run's QDQ model (its ``*.qdq.onnx``, else its ``-m`` when that is a QDQ
+    model: ``--stage converted``), read once for the weight bitwidths and the graph inputs'
+    rows; None when it has none or it cannot be read (said: no such columns, no such rows)."""
     import onnx
 
-    from accdbg.encodings.qdq import input_quantizers
     from accdbg.reports.model_explorer.engine import engine_model
 
     given, qdq = engine_model(engine_run)
-    for path in (qdq, given):  # its QDQ model, else its -m when that is one (converted stage)
+    for path in (qdq, given):
         if path is None or path.suffix != ".onnx":
             continue
         try:
             model = onnx.load(str(path), load_external_data=False)
-        except Exception as exc:  # a model the verification cannot read: no input rows, said
-            log.warning("graph input rows: %s not read: %s", path.name, exc)
-            return {}
-        found = input_quantizers(model)
-        if found:
-            dims = {
-                i.name: tuple(d.dim_value for d in i.type.tensor_type.shape.dim)
-                for i in model.graph.input
-            }
-            return {n: (q, dims[n]) for n, q in found.items() if dims.get(n) and all(dims[n])}
-    return {}
+        except Exception as exc:  # a model the report cannot read
+            log.warning("weight bitwidths and graph input rows: %s not read: %s", path.name, exc)
+            return None
+        if any(n.op_type == "DequantizeLinear" for n in model.graph.node):
+            return model
+    return None
+
+
+def _weight_bits(qdq) -> dict[str, int]:
+    """Each weighted layer's weight bitwidth in the run's QDQ model."""
+    from accdbg.encodings.qdq import weight_bitwidths
+
+    return weight_bitwidths(qdq) if qdq is not None else {}
+
+
+def _fed_inputs(qdq) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    """The run's quantized graph inputs: name -> (its quantizer, its dims)."""
+    from accdbg.encodings.qdq import input_quantizers
+
+    if qdq is None:
+        return {}
+    dims = {
+        i.name: tuple(d.dim_value for d in i.type.tensor_type.shape.dim) for i in qdq.graph.input
+    }
+    found = input_quantizers(qdq)
+    return {n: (q, dims[n]) for n, q in found.items() if dims.get(n) and all(dims[n])}
 
 
 def with_weight_bitwidth(df: pd.DataFrame, plan: Plan) -> pd.DataFrame:
@@ -825,14 +822,15 @@ def run_verification(
     mapping = _mapping(tensor_mapping, model_path, framework, folders, sources)
     layers = load_graph_struct(graph_struct) if graph_struct is not None else []
     qnn = QnnGraph(qnn_model_json_path) if qnn_model_json_path is not None else None
+    qdq = _engine_qdq(target_run)
     plan = Plan(
         verifiers,
         mapping,
         execution_order(layers),
         qnn,
         sources,
-        _weight_bits(target_run),
-        _fed_inputs(target_run) if not engine_vs_engine else {},
+        _weight_bits(qdq),
+        _fed_inputs(qdq) if not engine_vs_engine else {},
     )
     for g_folder, t_folder in folders.values():
         plan_pairs(g_folder, t_folder, plan)  # bad names fail here, before a run folder exists

@@ -607,7 +607,7 @@ def _finish(
     failed = {f"Result_{i}": e for i, e in sorted(state.failed.items())}
     for key, error in failed.items():
         findings.append(f"{key} failed, not scored: {error}")
-    files = [p for f in req.calibration.feeds for (p, *_) in f.values()]
+    files = story.feed_files(req.calibration.feeds)
     # the run folder is <working_dir>/dataset/<name>: the other algorithms' runs are beside it
     told = story.tell("dataset", root, root.parent.parent, req.model_path, files, culprits)
     findings = story.before_fix(_fix_last(findings), told)

@@ -72,6 +72,11 @@ def input_files(input_list, input_tensors) -> list[Path]:
     return [t.path for t in input_tensors]
 
 
+def feed_files(feeds) -> list[Path]:
+    """The files of an engine's feeds (one dict per inference: name -> (path, ...))."""
+    return [Path(p) for f in feeds for (p, *_) in f.values()]
+
+
 def record(verdict: Verdict, folder: Path) -> None:
     """``verdict.json`` in the run folder being written."""
     write_json_atomic(

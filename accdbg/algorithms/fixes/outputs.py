@@ -25,7 +25,7 @@ from accdbg.algorithms.diagnosis.sensitivity import scores
 from accdbg.core import onnx_model as om
 from accdbg.core.run_dir import write_json_atomic
 from accdbg.encodings.qdq import export_qdq_encodings
-from accdbg.reports.cells import escape, safe_frame
+from accdbg.reports.cells import escape, safe_frame, shorten
 from accdbg.reports.html_report import findings_html
 
 CSV_COLUMNS = (
@@ -290,11 +290,6 @@ def _f(x, digits: int = 2) -> str:
 CHART_LABEL = 28  # characters of a change shown beside its point (the rest on hover)
 
 
-def _short(change: Any) -> str:
-    text = str(change)
-    return text if len(text) <= CHART_LABEL else text[: CHART_LABEL - 1] + "…"
-
-
 def _chart(table: pd.DataFrame) -> str:
     ok = table[(table["status"] == "ok") & table["cost"].notna()]
     fig = go.Figure()
@@ -312,7 +307,7 @@ def _chart(table: pd.DataFrame) -> str:
                 mode="markers+text" if labelled else "markers",
                 name=name,
                 marker={"size": 11, "color": color},
-                text=[_short(c) for c in part["change"]] if labelled else None,
+                text=[shorten(c, CHART_LABEL) for c in part["change"]] if labelled else None,
                 textposition="top center",
                 hovertext=[
                     f"{c}<br>{cfg}" for c, cfg in zip(part["change"], part["config"], strict=True)
